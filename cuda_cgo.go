@@ -1,0 +1,675 @@
+//go:build cgo
+
+package rmm
+
+/*
+#cgo LDFLAGS: -ldl
+#include <dlfcn.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <stdio.h>
+#define RMM_PATTERN_BYTES 256
+
+// Our own declarations of the driver API (no CUDA headers needed): plain C types on LP64.
+typedef int CUresult;
+typedef int CUdevice;
+typedef unsigned long long CUdeviceptr;
+typedef void *CUcontext;
+typedef void *CUstream;
+typedef void *CUevent;
+typedef void *CUmodule;
+typedef void *CUfunction;
+typedef void *CUmemoryPool;
+
+typedef struct { int type; int id; } CUmemLocation;
+typedef struct {
+	int allocType;
+	int handleTypes;
+	CUmemLocation location;
+	void *win32SecurityAttributes;
+	size_t maxSize;
+	unsigned short usage;
+	unsigned char reserved[54];
+} CUmemPoolProps; // 88 bytes
+
+static void *rmm_lib;
+static CUresult (*p_cuInit)(unsigned int);
+static CUresult (*p_cuDriverGetVersion)(int *);
+static CUresult (*p_cuGetErrorName)(CUresult, const char **);
+static CUresult (*p_cuGetErrorString)(CUresult, const char **);
+static CUresult (*p_cuDeviceGetCount)(int *);
+static CUresult (*p_cuDeviceGet)(CUdevice *, int);
+static CUresult (*p_cuDeviceGetName)(char *, int, CUdevice);
+static CUresult (*p_cuDeviceGetAttribute)(int *, int, CUdevice);
+static CUresult (*p_cuDeviceTotalMem)(size_t *, CUdevice);
+static CUresult (*p_cuDevicePrimaryCtxRetain)(CUcontext *, CUdevice);
+static CUresult (*p_cuCtxGetCurrent)(CUcontext *);
+static CUresult (*p_cuCtxSetCurrent)(CUcontext);
+static CUresult (*p_cuCtxSynchronize)(void);
+static CUresult (*p_cuMemGetInfo)(size_t *, size_t *);
+static CUresult (*p_cuMemAlloc)(CUdeviceptr *, size_t);
+static CUresult (*p_cuMemFree)(CUdeviceptr);
+static CUresult (*p_cuMemAllocManaged)(CUdeviceptr *, size_t, unsigned int);
+static CUresult (*p_cuMemHostAlloc)(void **, size_t, unsigned int);
+static CUresult (*p_cuMemFreeHost)(void *);
+static CUresult (*p_cuMemAllocAsync)(CUdeviceptr *, size_t, CUstream);
+static CUresult (*p_cuMemFreeAsync)(CUdeviceptr, CUstream);
+static CUresult (*p_cuMemPoolCreate)(CUmemoryPool *, const CUmemPoolProps *);
+static CUresult (*p_cuMemPoolDestroy)(CUmemoryPool);
+static CUresult (*p_cuMemAllocFromPoolAsync)(CUdeviceptr *, size_t, CUmemoryPool, CUstream);
+static CUresult (*p_cuMemPoolSetAttribute)(CUmemoryPool, int, void *);
+static CUresult (*p_cuMemPoolGetAttribute)(CUmemoryPool, int, void *);
+static CUresult (*p_cuMemPoolTrimTo)(CUmemoryPool, size_t);
+static CUresult (*p_cuMemcpyAsync)(CUdeviceptr, CUdeviceptr, size_t, CUstream);
+static CUresult (*p_cuMemcpyHtoDAsync)(CUdeviceptr, const void *, size_t, CUstream);
+static CUresult (*p_cuMemcpyDtoHAsync)(void *, CUdeviceptr, size_t, CUstream);
+static CUresult (*p_cuMemcpyDtoDAsync)(CUdeviceptr, CUdeviceptr, size_t, CUstream);
+static CUresult (*p_cuMemsetD8Async)(CUdeviceptr, unsigned char, size_t, CUstream);
+static CUresult (*p_cuMemsetD16Async)(CUdeviceptr, unsigned short, size_t, CUstream);
+static CUresult (*p_cuMemsetD32Async)(CUdeviceptr, unsigned int, size_t, CUstream);
+static CUresult (*p_cuMemPrefetchAsync_v2)(CUdeviceptr, size_t, CUmemLocation, unsigned int, CUstream);
+static CUresult (*p_cuStreamCreate)(CUstream *, unsigned int);
+static CUresult (*p_cuStreamDestroy)(CUstream);
+static CUresult (*p_cuStreamSynchronize)(CUstream);
+static CUresult (*p_cuStreamQuery)(CUstream);
+static CUresult (*p_cuStreamWaitEvent)(CUstream, CUevent, unsigned int);
+static CUresult (*p_cuStreamGetId)(CUstream, unsigned long long *);
+static CUresult (*p_cuEventCreate)(CUevent *, unsigned int);
+static CUresult (*p_cuEventRecord)(CUevent, CUstream);
+static CUresult (*p_cuEventSynchronize)(CUevent);
+static CUresult (*p_cuEventQuery)(CUevent);
+static CUresult (*p_cuEventDestroy)(CUevent);
+static CUresult (*p_cuEventElapsedTime)(float *, CUevent, CUevent);
+static CUresult (*p_cuModuleLoadData)(CUmodule *, const void *);
+static CUresult (*p_cuModuleGetFunction)(CUfunction *, CUmodule, const char *);
+static CUresult (*p_cuLaunchKernel)(CUfunction, unsigned int, unsigned int, unsigned int,
+	unsigned int, unsigned int, unsigned int, unsigned int, CUstream, void **, void **);
+
+static char rmm_load_err[512];
+
+#define RMM_SYM(var, name, required) do { \
+	*(void **)(&var) = dlsym(rmm_lib, name); \
+	if (!var && required) { \
+		snprintf(rmm_load_err, sizeof rmm_load_err, "libcuda.so.1 lacks %s (driver too old)", name); \
+		return rmm_load_err; \
+	} } while (0)
+
+// rmm_load opens the driver and binds every symbol. It returns NULL or a static error text. The
+// dlopen/dlsym/dlerror sequence stays inside this one C call, so dlerror's per-thread state is
+// read on the thread that set it.
+static const char *rmm_load(void) {
+	rmm_lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+	if (!rmm_lib) {
+		const char *e = dlerror();
+		snprintf(rmm_load_err, sizeof rmm_load_err, "cannot load libcuda.so.1: %s", e ? e : "unknown error");
+		return rmm_load_err;
+	}
+	RMM_SYM(p_cuInit, "cuInit", 1);
+	RMM_SYM(p_cuDriverGetVersion, "cuDriverGetVersion", 1);
+	RMM_SYM(p_cuGetErrorName, "cuGetErrorName", 1);
+	RMM_SYM(p_cuGetErrorString, "cuGetErrorString", 1);
+	RMM_SYM(p_cuDeviceGetCount, "cuDeviceGetCount", 1);
+	RMM_SYM(p_cuDeviceGet, "cuDeviceGet", 1);
+	RMM_SYM(p_cuDeviceGetName, "cuDeviceGetName", 1);
+	RMM_SYM(p_cuDeviceGetAttribute, "cuDeviceGetAttribute", 1);
+	RMM_SYM(p_cuDeviceTotalMem, "cuDeviceTotalMem_v2", 1);
+	RMM_SYM(p_cuDevicePrimaryCtxRetain, "cuDevicePrimaryCtxRetain", 1);
+	RMM_SYM(p_cuCtxGetCurrent, "cuCtxGetCurrent", 1);
+	RMM_SYM(p_cuCtxSetCurrent, "cuCtxSetCurrent", 1);
+	RMM_SYM(p_cuCtxSynchronize, "cuCtxSynchronize", 1);
+	RMM_SYM(p_cuMemGetInfo, "cuMemGetInfo_v2", 1);
+	RMM_SYM(p_cuMemAlloc, "cuMemAlloc_v2", 1);
+	RMM_SYM(p_cuMemFree, "cuMemFree_v2", 1);
+	RMM_SYM(p_cuMemAllocManaged, "cuMemAllocManaged", 1);
+	RMM_SYM(p_cuMemHostAlloc, "cuMemHostAlloc", 1);
+	RMM_SYM(p_cuMemFreeHost, "cuMemFreeHost", 1);
+	RMM_SYM(p_cuMemcpyAsync, "cuMemcpyAsync", 1);
+	RMM_SYM(p_cuMemcpyHtoDAsync, "cuMemcpyHtoDAsync_v2", 1);
+	RMM_SYM(p_cuMemcpyDtoHAsync, "cuMemcpyDtoHAsync_v2", 1);
+	RMM_SYM(p_cuMemcpyDtoDAsync, "cuMemcpyDtoDAsync_v2", 1);
+	RMM_SYM(p_cuMemsetD8Async, "cuMemsetD8Async", 1);
+	RMM_SYM(p_cuMemsetD16Async, "cuMemsetD16Async", 1);
+	RMM_SYM(p_cuMemsetD32Async, "cuMemsetD32Async", 1);
+	RMM_SYM(p_cuStreamCreate, "cuStreamCreate", 1);
+	RMM_SYM(p_cuStreamDestroy, "cuStreamDestroy_v2", 1);
+	RMM_SYM(p_cuStreamSynchronize, "cuStreamSynchronize", 1);
+	RMM_SYM(p_cuStreamQuery, "cuStreamQuery", 1);
+	RMM_SYM(p_cuStreamWaitEvent, "cuStreamWaitEvent", 1);
+	RMM_SYM(p_cuEventCreate, "cuEventCreate", 1);
+	RMM_SYM(p_cuEventRecord, "cuEventRecord", 1);
+	RMM_SYM(p_cuEventSynchronize, "cuEventSynchronize", 1);
+	RMM_SYM(p_cuEventQuery, "cuEventQuery", 1);
+	RMM_SYM(p_cuEventDestroy, "cuEventDestroy_v2", 1);
+	RMM_SYM(p_cuModuleLoadData, "cuModuleLoadData", 1);
+	RMM_SYM(p_cuModuleGetFunction, "cuModuleGetFunction", 1);
+	RMM_SYM(p_cuLaunchKernel, "cuLaunchKernel", 1);
+	// Optional: the stream-ordered allocator (11.2), stream ids (12.0), prefetch v2 (12.2),
+	// elapsed time v2 (12.8, falling back to v1).
+	RMM_SYM(p_cuMemAllocAsync, "cuMemAllocAsync", 0);
+	RMM_SYM(p_cuMemFreeAsync, "cuMemFreeAsync", 0);
+	RMM_SYM(p_cuMemPoolCreate, "cuMemPoolCreate", 0);
+	RMM_SYM(p_cuMemPoolDestroy, "cuMemPoolDestroy", 0);
+	RMM_SYM(p_cuMemAllocFromPoolAsync, "cuMemAllocFromPoolAsync", 0);
+	RMM_SYM(p_cuMemPoolSetAttribute, "cuMemPoolSetAttribute", 0);
+	RMM_SYM(p_cuMemPoolGetAttribute, "cuMemPoolGetAttribute", 0);
+	RMM_SYM(p_cuMemPoolTrimTo, "cuMemPoolTrimTo", 0);
+	RMM_SYM(p_cuStreamGetId, "cuStreamGetId", 0);
+	RMM_SYM(p_cuMemPrefetchAsync_v2, "cuMemPrefetchAsync_v2", 0);
+	RMM_SYM(p_cuEventElapsedTime, "cuEventElapsedTime_v2", 0);
+	if (!p_cuEventElapsedTime) RMM_SYM(p_cuEventElapsedTime, "cuEventElapsedTime", 0);
+	return NULL;
+}
+
+// CUDA_ERROR_NOT_SUPPORTED: returned by a trampoline whose optional symbol is missing.
+#define RMM_MISSING 801
+
+// use_ctx makes ctx current on the calling OS thread unless it already is. Every trampoline
+// calls it first, inside the same C call as the work, because a goroutine may run on another
+// thread at its next cgo call.
+static inline CUresult use_ctx(uintptr_t ctx) {
+	CUcontext cur = 0;
+	CUresult r = p_cuCtxGetCurrent(&cur);
+	if (r) return r;
+	if ((uintptr_t)cur != ctx) return p_cuCtxSetCurrent((CUcontext)ctx);
+	return 0;
+}
+
+typedef struct { CUresult r; uintptr_t v; } rmm_res;
+typedef struct { CUresult r; size_t a; size_t b; } rmm_res2;
+
+static CUresult rmm_init(void) { return p_cuInit(0); }
+static rmm_res rmm_driver_version(void) { int v = 0; rmm_res o; o.r = p_cuDriverGetVersion(&v); o.v = (uintptr_t)v; return o; }
+static const char *rmm_error_name(CUresult c) { const char *s = NULL; if (p_cuGetErrorName(c, &s)) return NULL; return s; }
+static const char *rmm_error_string(CUresult c) { const char *s = NULL; if (p_cuGetErrorString(c, &s)) return NULL; return s; }
+static rmm_res rmm_device_count(void) { int n = 0; rmm_res o; o.r = p_cuDeviceGetCount(&n); o.v = (uintptr_t)n; return o; }
+static CUresult rmm_device_name(int ord, char *buf, int len) {
+	CUdevice d; CUresult r = p_cuDeviceGet(&d, ord); if (r) return r;
+	return p_cuDeviceGetName(buf, len, d);
+}
+static rmm_res rmm_device_attribute(int ord, int attr) {
+	rmm_res o = {0, 0}; CUdevice d; int v = 0;
+	o.r = p_cuDeviceGet(&d, ord); if (o.r) return o;
+	o.r = p_cuDeviceGetAttribute(&v, attr, d); o.v = (uintptr_t)(intptr_t)v; return o;
+}
+static rmm_res rmm_device_total_mem(int ord) {
+	rmm_res o = {0, 0}; CUdevice d; size_t v = 0;
+	o.r = p_cuDeviceGet(&d, ord); if (o.r) return o;
+	o.r = p_cuDeviceTotalMem(&v, d); o.v = v; return o;
+}
+static rmm_res rmm_primary_ctx_retain(int ord) {
+	rmm_res o = {0, 0}; CUdevice d; CUcontext c = 0;
+	o.r = p_cuDeviceGet(&d, ord); if (o.r) return o;
+	o.r = p_cuDevicePrimaryCtxRetain(&c, d); o.v = (uintptr_t)c; return o;
+}
+static CUresult rmm_ctx_synchronize(uintptr_t ctx) { CUresult r = use_ctx(ctx); if (r) return r; return p_cuCtxSynchronize(); }
+static rmm_res2 rmm_mem_get_info(uintptr_t ctx) {
+	rmm_res2 o = {0, 0, 0}; o.r = use_ctx(ctx); if (o.r) return o;
+	o.r = p_cuMemGetInfo(&o.a, &o.b); return o;
+}
+static rmm_res rmm_mem_alloc(uintptr_t ctx, size_t n) {
+	rmm_res o = {0, 0}; CUdeviceptr p = 0; o.r = use_ctx(ctx); if (o.r) return o;
+	o.r = p_cuMemAlloc(&p, n); o.v = (uintptr_t)p; return o;
+}
+static CUresult rmm_mem_free(uintptr_t ctx, uintptr_t p) { CUresult r = use_ctx(ctx); if (r) return r; return p_cuMemFree((CUdeviceptr)p); }
+static rmm_res rmm_mem_alloc_managed(uintptr_t ctx, size_t n, unsigned int flags) {
+	rmm_res o = {0, 0}; CUdeviceptr p = 0; o.r = use_ctx(ctx); if (o.r) return o;
+	o.r = p_cuMemAllocManaged(&p, n, flags); o.v = (uintptr_t)p; return o;
+}
+static rmm_res rmm_mem_host_alloc(uintptr_t ctx, size_t n, unsigned int flags) {
+	rmm_res o = {0, 0}; void *p = 0; o.r = use_ctx(ctx); if (o.r) return o;
+	o.r = p_cuMemHostAlloc(&p, n, flags); o.v = (uintptr_t)p; return o;
+}
+static CUresult rmm_mem_free_host(uintptr_t ctx, uintptr_t p) { CUresult r = use_ctx(ctx); if (r) return r; return p_cuMemFreeHost((void *)p); }
+static rmm_res rmm_mem_pool_create(uintptr_t ctx, int ord, int handle_types) {
+	rmm_res o = {RMM_MISSING, 0}; CUmemoryPool pool = 0; CUmemPoolProps props;
+	if (!p_cuMemPoolCreate) return o;
+	o.r = use_ctx(ctx); if (o.r) return o;
+	memset(&props, 0, sizeof props);
+	props.allocType = 1; props.handleTypes = handle_types; props.location.type = 1; props.location.id = ord;
+	o.r = p_cuMemPoolCreate(&pool, &props); o.v = (uintptr_t)pool; return o;
+}
+static CUresult rmm_mem_pool_destroy(uintptr_t ctx, uintptr_t pool) {
+	CUresult r = use_ctx(ctx); if (r) return r; return p_cuMemPoolDestroy((CUmemoryPool)pool);
+}
+static CUresult rmm_mem_pool_set_u64(uintptr_t ctx, uintptr_t pool, int attr, unsigned long long v) {
+	CUresult r = use_ctx(ctx); if (r) return r; return p_cuMemPoolSetAttribute((CUmemoryPool)pool, attr, &v);
+}
+static rmm_res rmm_mem_pool_get_u64(uintptr_t ctx, uintptr_t pool, int attr) {
+	rmm_res o = {0, 0}; unsigned long long v = 0; o.r = use_ctx(ctx); if (o.r) return o;
+	o.r = p_cuMemPoolGetAttribute((CUmemoryPool)pool, attr, &v); o.v = (uintptr_t)v; return o;
+}
+static CUresult rmm_mem_pool_trim(uintptr_t ctx, uintptr_t pool, size_t keep) {
+	CUresult r = use_ctx(ctx); if (r) return r; return p_cuMemPoolTrimTo((CUmemoryPool)pool, keep);
+}
+static rmm_res rmm_mem_alloc_from_pool(uintptr_t ctx, size_t n, uintptr_t pool, uintptr_t s) {
+	rmm_res o = {0, 0}; CUdeviceptr p = 0; o.r = use_ctx(ctx); if (o.r) return o;
+	o.r = p_cuMemAllocFromPoolAsync(&p, n, (CUmemoryPool)pool, (CUstream)s); o.v = (uintptr_t)p; return o;
+}
+static CUresult rmm_mem_free_async(uintptr_t ctx, uintptr_t p, uintptr_t s) {
+	CUresult r = use_ctx(ctx); if (r) return r; return p_cuMemFreeAsync((CUdeviceptr)p, (CUstream)s);
+}
+static CUresult rmm_memcpy_async(uintptr_t ctx, uintptr_t dst, uintptr_t src, size_t n, uintptr_t s) {
+	CUresult r = use_ctx(ctx); if (r) return r; return p_cuMemcpyAsync((CUdeviceptr)dst, (CUdeviceptr)src, n, (CUstream)s);
+}
+static CUresult rmm_memcpy_dtod_async(uintptr_t ctx, uintptr_t dst, uintptr_t src, size_t n, uintptr_t s) {
+	CUresult r = use_ctx(ctx); if (r) return r; return p_cuMemcpyDtoDAsync((CUdeviceptr)dst, (CUdeviceptr)src, n, (CUstream)s);
+}
+// The two host copies below take Go memory: they finish before returning (the copy is queued on
+// s, then s is synchronised), so the driver holds no Go pointer afterwards.
+static CUresult rmm_memcpy_htod_sync(uintptr_t ctx, uintptr_t dst, const void *src, size_t n, uintptr_t s) {
+	CUresult r = use_ctx(ctx); if (r) return r;
+	r = p_cuMemcpyHtoDAsync((CUdeviceptr)dst, src, n, (CUstream)s); if (r) return r;
+	return p_cuStreamSynchronize((CUstream)s);
+}
+static CUresult rmm_memcpy_dtoh_sync(uintptr_t ctx, void *dst, uintptr_t src, size_t n, uintptr_t s) {
+	CUresult r = use_ctx(ctx); if (r) return r;
+	r = p_cuMemcpyDtoHAsync(dst, (CUdeviceptr)src, n, (CUstream)s); if (r) return r;
+	return p_cuStreamSynchronize((CUstream)s);
+}
+static CUresult rmm_memcpy_htod_async_ptr(uintptr_t ctx, uintptr_t dst, uintptr_t src, size_t n, uintptr_t s) {
+	CUresult r = use_ctx(ctx); if (r) return r;
+	return p_cuMemcpyHtoDAsync((CUdeviceptr)dst, (const void *)src, n, (CUstream)s);
+}
+static CUresult rmm_memcpy_dtoh_async_ptr(uintptr_t ctx, uintptr_t dst, uintptr_t src, size_t n, uintptr_t s) {
+	CUresult r = use_ctx(ctx); if (r) return r;
+	return p_cuMemcpyDtoHAsync((void *)dst, (CUdeviceptr)src, n, (CUstream)s);
+}
+static CUresult rmm_memset_async(uintptr_t ctx, uintptr_t dst, unsigned int v, size_t n, int width, uintptr_t s) {
+	CUresult r = use_ctx(ctx); if (r) return r;
+	switch (width) {
+	case 1: return p_cuMemsetD8Async((CUdeviceptr)dst, (unsigned char)v, n, (CUstream)s);
+	case 2: return p_cuMemsetD16Async((CUdeviceptr)dst, (unsigned short)v, n, (CUstream)s);
+	default: return p_cuMemsetD32Async((CUdeviceptr)dst, v, n, (CUstream)s);
+	}
+}
+static CUresult rmm_mem_prefetch(uintptr_t ctx, uintptr_t p, size_t n, int loc_type, int loc_id, uintptr_t s) {
+	CUmemLocation loc; CUresult r;
+	if (!p_cuMemPrefetchAsync_v2) return RMM_MISSING;
+	r = use_ctx(ctx); if (r) return r;
+	loc.type = loc_type; loc.id = loc_id;
+	return p_cuMemPrefetchAsync_v2((CUdeviceptr)p, n, loc, 0, (CUstream)s);
+}
+static rmm_res rmm_stream_create(uintptr_t ctx, unsigned int flags) {
+	rmm_res o = {0, 0}; CUstream s = 0; o.r = use_ctx(ctx); if (o.r) return o;
+	o.r = p_cuStreamCreate(&s, flags); o.v = (uintptr_t)s; return o;
+}
+static CUresult rmm_stream_destroy(uintptr_t ctx, uintptr_t s) { CUresult r = use_ctx(ctx); if (r) return r; return p_cuStreamDestroy((CUstream)s); }
+static CUresult rmm_stream_synchronize(uintptr_t ctx, uintptr_t s) { CUresult r = use_ctx(ctx); if (r) return r; return p_cuStreamSynchronize((CUstream)s); }
+static CUresult rmm_stream_query(uintptr_t ctx, uintptr_t s) { CUresult r = use_ctx(ctx); if (r) return r; return p_cuStreamQuery((CUstream)s); }
+static CUresult rmm_stream_wait_event(uintptr_t ctx, uintptr_t s, uintptr_t e) {
+	CUresult r = use_ctx(ctx); if (r) return r; return p_cuStreamWaitEvent((CUstream)s, (CUevent)e, 0);
+}
+// Records e on from, then makes to wait for it: the whole cross-stream hand-over in one call.
+static CUresult rmm_record_and_wait(uintptr_t ctx, uintptr_t e, uintptr_t from, uintptr_t to) {
+	CUresult r = use_ctx(ctx); if (r) return r;
+	r = p_cuEventRecord((CUevent)e, (CUstream)from); if (r) return r;
+	return p_cuStreamWaitEvent((CUstream)to, (CUevent)e, 0);
+}
+static rmm_res rmm_stream_get_id(uintptr_t ctx, uintptr_t s) {
+	rmm_res o = {RMM_MISSING, 0}; unsigned long long id = 0;
+	if (!p_cuStreamGetId) return o;
+	o.r = use_ctx(ctx); if (o.r) return o;
+	o.r = p_cuStreamGetId((CUstream)s, &id); o.v = (uintptr_t)id; return o;
+}
+static rmm_res rmm_event_create(uintptr_t ctx, unsigned int flags) {
+	rmm_res o = {0, 0}; CUevent e = 0; o.r = use_ctx(ctx); if (o.r) return o;
+	o.r = p_cuEventCreate(&e, flags); o.v = (uintptr_t)e; return o;
+}
+static CUresult rmm_event_record(uintptr_t ctx, uintptr_t e, uintptr_t s) { CUresult r = use_ctx(ctx); if (r) return r; return p_cuEventRecord((CUevent)e, (CUstream)s); }
+static CUresult rmm_event_synchronize(uintptr_t ctx, uintptr_t e) { CUresult r = use_ctx(ctx); if (r) return r; return p_cuEventSynchronize((CUevent)e); }
+static CUresult rmm_event_query(uintptr_t ctx, uintptr_t e) { CUresult r = use_ctx(ctx); if (r) return r; return p_cuEventQuery((CUevent)e); }
+static CUresult rmm_event_destroy(uintptr_t ctx, uintptr_t e) { CUresult r = use_ctx(ctx); if (r) return r; return p_cuEventDestroy((CUevent)e); }
+typedef struct { CUresult r; float ms; } rmm_resf;
+static rmm_resf rmm_event_elapsed(uintptr_t ctx, uintptr_t a, uintptr_t b) {
+	rmm_resf o = {RMM_MISSING, 0}; if (!p_cuEventElapsedTime) return o;
+	o.r = use_ctx(ctx); if (o.r) return o;
+	o.r = p_cuEventElapsedTime(&o.ms, (CUevent)a, (CUevent)b); return o;
+}
+// image must be NUL-terminated PTX text.
+static rmm_res rmm_module_load(uintptr_t ctx, const char *image) {
+	rmm_res o = {0, 0}; CUmodule m = 0; o.r = use_ctx(ctx); if (o.r) return o;
+	o.r = p_cuModuleLoadData(&m, image); o.v = (uintptr_t)m; return o;
+}
+static rmm_res rmm_module_get_function(uintptr_t ctx, uintptr_t m, const char *name) {
+	rmm_res o = {0, 0}; CUfunction f = 0; o.r = use_ctx(ctx); if (o.r) return o;
+	o.r = p_cuModuleGetFunction(&f, (CUmodule)m, name); o.v = (uintptr_t)f; return o;
+}
+
+// Kernel launches. The parameter array lives on the C stack; cuLaunchKernel copies the values.
+// Every kernel of kernels/*.cu takes (dst, src_or_pattern..., n) as below.
+typedef struct { unsigned char b[RMM_PATTERN_BYTES]; } rmm_pattern;
+static CUresult rmm_launch_fill(uintptr_t ctx, uintptr_t fn, unsigned int grid, unsigned int block, uintptr_t s,
+		uintptr_t dst, size_t n, unsigned int period, unsigned int phase, const void *pattern, size_t patlen) {
+	rmm_pattern pat; unsigned long long d = dst; size_t nn = n;
+	void *params[5];
+	CUresult r = use_ctx(ctx); if (r) return r;
+	memset(&pat, 0, sizeof pat);
+	memcpy(pat.b, pattern, patlen < sizeof pat.b ? patlen : sizeof pat.b);
+	params[0] = &d; params[1] = &nn; params[2] = &period; params[3] = &phase; params[4] = &pat;
+	return p_cuLaunchKernel((CUfunction)fn, grid, 1, 1, block, 1, 1, 0, (CUstream)s, params, NULL);
+}
+static CUresult rmm_launch_copy(uintptr_t ctx, uintptr_t fn, unsigned int grid, unsigned int block, uintptr_t s,
+		uintptr_t dst, uintptr_t src, size_t n) {
+	unsigned long long d = dst, sr = src; size_t nn = n;
+	void *params[3];
+	CUresult r = use_ctx(ctx); if (r) return r;
+	params[0] = &d; params[1] = &sr; params[2] = &nn;
+	return p_cuLaunchKernel((CUfunction)fn, grid, 1, 1, block, 1, 1, 0, (CUstream)s, params, NULL);
+}
+
+// Host memory for SystemMemoryResource: 256-byte aligned, outside the Go heap.
+static rmm_res rmm_host_malloc(size_t n) {
+	rmm_res o = {0, 0}; void *p = NULL;
+	if (posix_memalign(&p, 256, n)) { o.r = 2; return o; }
+	o.v = (uintptr_t)p; return o;
+}
+static void rmm_host_free(uintptr_t p) { free((void *)p); }
+*/
+import "C"
+
+import (
+	"sync"
+	"unsafe"
+)
+
+// patternBytes is the largest fill pattern passed by value to the fill kernels; larger element
+// types are filled by doubling device copies.
+const patternBytes = C.RMM_PATTERN_BYTES
+
+const cgoEnabled = true
+
+var (
+	errNameMu    sync.Mutex
+	errNameCache = map[int][2]string{}
+)
+
+// loadDriver dlopens libcuda.so.1 and binds its symbols; "" on success, else why not.
+func loadDriver() string {
+	if e := C.rmm_load(); e != nil {
+		return C.GoString(e)
+	}
+	return ""
+}
+
+// cuErr converts a CUresult into nil or a *CUDAError naming op.
+func cuErr(op string, r C.CUresult) error {
+	if r == 0 {
+		return nil
+	}
+	code := int(r)
+	errNameMu.Lock()
+	names, ok := errNameCache[code]
+	if !ok {
+		names[0], names[1] = cuErrorNames[code], ""
+		if driverLoaded {
+			if s := C.rmm_error_name(r); s != nil {
+				names[0] = C.GoString(s)
+			}
+			if s := C.rmm_error_string(r); s != nil {
+				names[1] = C.GoString(s)
+			}
+		}
+		if names[0] == "" {
+			names[0] = "CUDA_ERROR_UNKNOWN"
+		}
+		if code == C.RMM_MISSING && names[1] == "" {
+			names[1] = "operation not supported"
+		}
+		errNameCache[code] = names
+	}
+	errNameMu.Unlock()
+	return &CUDAError{Op: op, Code: code, Name: names[0], Message: names[1]}
+}
+
+func cuInit() error { return cuErr("cuInit", C.rmm_init()) }
+
+func cuDriverVersion() (int, error) {
+	r := C.rmm_driver_version()
+	return int(r.v), cuErr("cuDriverGetVersion", r.r)
+}
+
+func cuDeviceCount() (int, error) {
+	r := C.rmm_device_count()
+	return int(r.v), cuErr("cuDeviceGetCount", r.r)
+}
+
+func cuDeviceName(ord int) (string, error) {
+	var buf [256]C.char
+	if err := cuErr("cuDeviceGetName", C.rmm_device_name(C.int(ord), &buf[0], C.int(len(buf)))); err != nil {
+		return "", err
+	}
+	return C.GoString(&buf[0]), nil
+}
+
+func cuDeviceAttribute(ord, attr int) (int, error) {
+	r := C.rmm_device_attribute(C.int(ord), C.int(attr))
+	return int(int32(r.v)), cuErr("cuDeviceGetAttribute", r.r)
+}
+
+func cuDeviceTotalMem(ord int) (int, error) {
+	r := C.rmm_device_total_mem(C.int(ord))
+	return int(r.v), cuErr("cuDeviceTotalMem_v2", r.r)
+}
+
+func cuPrimaryCtxRetain(ord int) (uintptr, error) {
+	r := C.rmm_primary_ctx_retain(C.int(ord))
+	return uintptr(r.v), cuErr("cuDevicePrimaryCtxRetain", r.r)
+}
+
+func cuCtxSynchronize(ctx uintptr) error {
+	return cuErr("cuCtxSynchronize", C.rmm_ctx_synchronize(C.uintptr_t(ctx)))
+}
+
+func cuMemGetInfo(ctx uintptr) (free, total int, err error) {
+	r := C.rmm_mem_get_info(C.uintptr_t(ctx))
+	return int(r.a), int(r.b), cuErr("cuMemGetInfo_v2", r.r)
+}
+
+func cuMemAlloc(ctx uintptr, n int) (DevicePtr, error) {
+	r := C.rmm_mem_alloc(C.uintptr_t(ctx), C.size_t(n))
+	return DevicePtr(r.v), cuErr("cuMemAlloc_v2", r.r)
+}
+
+func cuMemFree(ctx uintptr, p DevicePtr) error {
+	return cuErr("cuMemFree_v2", C.rmm_mem_free(C.uintptr_t(ctx), C.uintptr_t(p)))
+}
+
+func cuMemAllocManaged(ctx uintptr, n int, flags uint) (DevicePtr, error) {
+	r := C.rmm_mem_alloc_managed(C.uintptr_t(ctx), C.size_t(n), C.uint(flags))
+	return DevicePtr(r.v), cuErr("cuMemAllocManaged", r.r)
+}
+
+func cuMemHostAlloc(ctx uintptr, n int, flags uint) (uintptr, error) {
+	r := C.rmm_mem_host_alloc(C.uintptr_t(ctx), C.size_t(n), C.uint(flags))
+	return uintptr(r.v), cuErr("cuMemHostAlloc", r.r)
+}
+
+func cuMemFreeHost(ctx uintptr, p uintptr) error {
+	return cuErr("cuMemFreeHost", C.rmm_mem_free_host(C.uintptr_t(ctx), C.uintptr_t(p)))
+}
+
+func cuMemPoolCreate(ctx uintptr, ord int, handleTypes int) (uintptr, error) {
+	r := C.rmm_mem_pool_create(C.uintptr_t(ctx), C.int(ord), C.int(handleTypes))
+	return uintptr(r.v), cuErr("cuMemPoolCreate", r.r)
+}
+
+func cuMemPoolDestroy(ctx, pool uintptr) error {
+	return cuErr("cuMemPoolDestroy", C.rmm_mem_pool_destroy(C.uintptr_t(ctx), C.uintptr_t(pool)))
+}
+
+func cuMemPoolSetAttributeU64(ctx, pool uintptr, attr int, v uint64) error {
+	return cuErr("cuMemPoolSetAttribute", C.rmm_mem_pool_set_u64(C.uintptr_t(ctx), C.uintptr_t(pool), C.int(attr), C.ulonglong(v)))
+}
+
+func cuMemPoolGetAttributeU64(ctx, pool uintptr, attr int) (uint64, error) {
+	r := C.rmm_mem_pool_get_u64(C.uintptr_t(ctx), C.uintptr_t(pool), C.int(attr))
+	return uint64(r.v), cuErr("cuMemPoolGetAttribute", r.r)
+}
+
+func cuMemPoolTrimTo(ctx, pool uintptr, keep int) error {
+	return cuErr("cuMemPoolTrimTo", C.rmm_mem_pool_trim(C.uintptr_t(ctx), C.uintptr_t(pool), C.size_t(keep)))
+}
+
+func cuMemAllocFromPoolAsync(ctx uintptr, n int, pool, stream uintptr) (DevicePtr, error) {
+	r := C.rmm_mem_alloc_from_pool(C.uintptr_t(ctx), C.size_t(n), C.uintptr_t(pool), C.uintptr_t(stream))
+	return DevicePtr(r.v), cuErr("cuMemAllocFromPoolAsync", r.r)
+}
+
+func cuMemFreeAsync(ctx uintptr, p DevicePtr, stream uintptr) error {
+	return cuErr("cuMemFreeAsync", C.rmm_mem_free_async(C.uintptr_t(ctx), C.uintptr_t(p), C.uintptr_t(stream)))
+}
+
+// cuMemcpyAsync copies n bytes between any two CUDA-known addresses (unified addressing infers
+// the direction), ordered on stream.
+func cuMemcpyAsync(ctx uintptr, dst, src uintptr, n int, stream uintptr) error {
+	return cuErr("cuMemcpyAsync", C.rmm_memcpy_async(C.uintptr_t(ctx), C.uintptr_t(dst), C.uintptr_t(src), C.size_t(n), C.uintptr_t(stream)))
+}
+
+func cuMemcpyDtoDAsync(ctx uintptr, dst, src DevicePtr, n int, stream uintptr) error {
+	return cuErr("cuMemcpyDtoDAsync_v2", C.rmm_memcpy_dtod_async(C.uintptr_t(ctx), C.uintptr_t(dst), C.uintptr_t(src), C.size_t(n), C.uintptr_t(stream)))
+}
+
+// cuMemcpyHtoDSync copies n bytes of Go memory at src to dst in stream order and returns when
+// stream has finished the copy.
+func cuMemcpyHtoDSync(ctx uintptr, dst DevicePtr, src unsafe.Pointer, n int, stream uintptr) error {
+	return cuErr("cuMemcpyHtoDAsync_v2", C.rmm_memcpy_htod_sync(C.uintptr_t(ctx), C.uintptr_t(dst), src, C.size_t(n), C.uintptr_t(stream)))
+}
+
+// cuMemcpyDtoHSync copies n bytes at src into Go memory at dst in stream order and returns when
+// stream has finished the copy.
+func cuMemcpyDtoHSync(ctx uintptr, dst unsafe.Pointer, src DevicePtr, n int, stream uintptr) error {
+	return cuErr("cuMemcpyDtoHAsync_v2", C.rmm_memcpy_dtoh_sync(C.uintptr_t(ctx), dst, C.uintptr_t(src), C.size_t(n), C.uintptr_t(stream)))
+}
+
+// cuMemcpyHtoDAsyncPtr / cuMemcpyDtoHAsyncPtr copy to or from host memory outside the Go heap
+// (pinned or malloc'd), without waiting.
+func cuMemcpyHtoDAsyncPtr(ctx uintptr, dst DevicePtr, src uintptr, n int, stream uintptr) error {
+	return cuErr("cuMemcpyHtoDAsync_v2", C.rmm_memcpy_htod_async_ptr(C.uintptr_t(ctx), C.uintptr_t(dst), C.uintptr_t(src), C.size_t(n), C.uintptr_t(stream)))
+}
+
+func cuMemcpyDtoHAsyncPtr(ctx uintptr, dst uintptr, src DevicePtr, n int, stream uintptr) error {
+	return cuErr("cuMemcpyDtoHAsync_v2", C.rmm_memcpy_dtoh_async_ptr(C.uintptr_t(ctx), C.uintptr_t(dst), C.uintptr_t(src), C.size_t(n), C.uintptr_t(stream)))
+}
+
+// cuMemsetAsync sets n values of width 1, 2 or 4 bytes at dst to v.
+func cuMemsetAsync(ctx uintptr, dst DevicePtr, v uint32, n int, width int, stream uintptr) error {
+	op := "cuMemsetD32Async"
+	switch width {
+	case 1:
+		op = "cuMemsetD8Async"
+	case 2:
+		op = "cuMemsetD16Async"
+	}
+	return cuErr(op, C.rmm_memset_async(C.uintptr_t(ctx), C.uintptr_t(dst), C.uint(v), C.size_t(n), C.int(width), C.uintptr_t(stream)))
+}
+
+// cuMemPrefetchAsync prefetches managed memory to a device (locType 1) or the host (locType 2).
+func cuMemPrefetchAsync(ctx uintptr, p DevicePtr, n int, locType, locID int, stream uintptr) error {
+	return cuErr("cuMemPrefetchAsync_v2", C.rmm_mem_prefetch(C.uintptr_t(ctx), C.uintptr_t(p), C.size_t(n), C.int(locType), C.int(locID), C.uintptr_t(stream)))
+}
+
+func cuStreamCreate(ctx uintptr, flags uint) (uintptr, error) {
+	r := C.rmm_stream_create(C.uintptr_t(ctx), C.uint(flags))
+	return uintptr(r.v), cuErr("cuStreamCreate", r.r)
+}
+
+func cuStreamDestroy(ctx, s uintptr) error {
+	return cuErr("cuStreamDestroy_v2", C.rmm_stream_destroy(C.uintptr_t(ctx), C.uintptr_t(s)))
+}
+
+func cuStreamSynchronize(ctx, s uintptr) error {
+	return cuErr("cuStreamSynchronize", C.rmm_stream_synchronize(C.uintptr_t(ctx), C.uintptr_t(s)))
+}
+
+// cuStreamQuery reports whether all work on s is done.
+func cuStreamQuery(ctx, s uintptr) (bool, error) {
+	r := C.rmm_stream_query(C.uintptr_t(ctx), C.uintptr_t(s))
+	if r == cudaErrorNotReady {
+		return false, nil
+	}
+	return r == 0, cuErr("cuStreamQuery", r)
+}
+
+func cuStreamWaitEvent(ctx, s, e uintptr) error {
+	return cuErr("cuStreamWaitEvent", C.rmm_stream_wait_event(C.uintptr_t(ctx), C.uintptr_t(s), C.uintptr_t(e)))
+}
+
+// cuRecordAndWait records e on from and makes to wait on it, in one cgo call.
+func cuRecordAndWait(ctx, e, from, to uintptr) error {
+	return cuErr("cuEventRecord/cuStreamWaitEvent", C.rmm_record_and_wait(C.uintptr_t(ctx), C.uintptr_t(e), C.uintptr_t(from), C.uintptr_t(to)))
+}
+
+func cuStreamGetID(ctx, s uintptr) (uint64, error) {
+	r := C.rmm_stream_get_id(C.uintptr_t(ctx), C.uintptr_t(s))
+	return uint64(r.v), cuErr("cuStreamGetId", r.r)
+}
+
+func cuEventCreate(ctx uintptr, flags uint) (uintptr, error) {
+	r := C.rmm_event_create(C.uintptr_t(ctx), C.uint(flags))
+	return uintptr(r.v), cuErr("cuEventCreate", r.r)
+}
+
+func cuEventRecord(ctx, e, s uintptr) error {
+	return cuErr("cuEventRecord", C.rmm_event_record(C.uintptr_t(ctx), C.uintptr_t(e), C.uintptr_t(s)))
+}
+
+func cuEventSynchronize(ctx, e uintptr) error {
+	return cuErr("cuEventSynchronize", C.rmm_event_synchronize(C.uintptr_t(ctx), C.uintptr_t(e)))
+}
+
+func cuEventQuery(ctx, e uintptr) (bool, error) {
+	r := C.rmm_event_query(C.uintptr_t(ctx), C.uintptr_t(e))
+	if r == cudaErrorNotReady {
+		return false, nil
+	}
+	return r == 0, cuErr("cuEventQuery", r)
+}
+
+func cuEventDestroy(ctx, e uintptr) error {
+	return cuErr("cuEventDestroy_v2", C.rmm_event_destroy(C.uintptr_t(ctx), C.uintptr_t(e)))
+}
+
+func cuEventElapsedTime(ctx, a, b uintptr) (float32, error) {
+	r := C.rmm_event_elapsed(C.uintptr_t(ctx), C.uintptr_t(a), C.uintptr_t(b))
+	return float32(r.ms), cuErr("cuEventElapsedTime", r.r)
+}
+
+// cuModuleLoadData loads PTX text (a NUL is appended here).
+func cuModuleLoadData(ctx uintptr, ptx string) (uintptr, error) {
+	cs := C.CString(ptx)
+	defer C.free(unsafe.Pointer(cs))
+	r := C.rmm_module_load(C.uintptr_t(ctx), cs)
+	return uintptr(r.v), cuErr("cuModuleLoadData", r.r)
+}
+
+func cuModuleGetFunction(ctx, mod uintptr, name string) (uintptr, error) {
+	cs := C.CString(name)
+	defer C.free(unsafe.Pointer(cs))
+	r := C.rmm_module_get_function(C.uintptr_t(ctx), C.uintptr_t(mod), cs)
+	return uintptr(r.v), cuErr("cuModuleGetFunction", r.r)
+}
+
+// cuLaunchFill launches a fill kernel (dst, n, period, phase, pattern).
+func cuLaunchFill(ctx, fn uintptr, grid, block int, stream uintptr, dst DevicePtr, n int, period, phase int, pattern []byte) error {
+	var p unsafe.Pointer
+	if len(pattern) > 0 {
+		p = unsafe.Pointer(&pattern[0])
+	}
+	return cuErr("cuLaunchKernel", C.rmm_launch_fill(C.uintptr_t(ctx), C.uintptr_t(fn), C.uint(grid), C.uint(block), C.uintptr_t(stream),
+		C.uintptr_t(dst), C.size_t(n), C.uint(period), C.uint(phase), p, C.size_t(len(pattern))))
+}
+
+// cuLaunchCopy launches a copy kernel (dst, src, n).
+func cuLaunchCopy(ctx, fn uintptr, grid, block int, stream uintptr, dst, src DevicePtr, n int) error {
+	return cuErr("cuLaunchKernel", C.rmm_launch_copy(C.uintptr_t(ctx), C.uintptr_t(fn), C.uint(grid), C.uint(block), C.uintptr_t(stream),
+		C.uintptr_t(dst), C.uintptr_t(src), C.size_t(n)))
+}
+
+// hostMalloc returns n bytes of 256-byte-aligned C heap memory (posix_memalign).
+func hostMalloc(n int) (uintptr, bool) {
+	r := C.rmm_host_malloc(C.size_t(n))
+	return uintptr(r.v), r.r == 0
+}
+
+func hostFree(p uintptr) { C.rmm_host_free(C.uintptr_t(p)) }

@@ -1,0 +1,121 @@
+//go:build !cgo
+
+package rmm
+
+// Built with CGO_ENABLED=0: the CUDA driver cannot be loaded. Every driver entry point returns
+// errNoCgo; initDriver reports ErrNoDevice before any of them is reached, so they exist only to
+// keep one API. Host memory for SystemMemoryResource comes from the Go heap.
+
+import (
+	"sync"
+	"unsafe"
+)
+
+const cgoEnabled = false
+
+const patternBytes = 256
+
+var errNoCgo = &CUDAError{Op: "dlopen", Code: cudaErrorNoDevice, Name: "CUDA_ERROR_NO_DEVICE", Message: "built without cgo"}
+
+func loadDriver() string { return "built without cgo" }
+
+func cuInit() error                              { return errNoCgo }
+func cuDriverVersion() (int, error)              { return 0, errNoCgo }
+func cuDeviceCount() (int, error)                { return 0, errNoCgo }
+func cuDeviceName(int) (string, error)           { return "", errNoCgo }
+func cuDeviceAttribute(int, int) (int, error)    { return 0, errNoCgo }
+func cuDeviceTotalMem(int) (int, error)          { return 0, errNoCgo }
+func cuPrimaryCtxRetain(int) (uintptr, error)    { return 0, errNoCgo }
+func cuCtxSynchronize(uintptr) error             { return errNoCgo }
+func cuMemGetInfo(uintptr) (int, int, error)     { return 0, 0, errNoCgo }
+func cuMemAlloc(uintptr, int) (DevicePtr, error) { return 0, errNoCgo }
+func cuMemFree(uintptr, DevicePtr) error         { return errNoCgo }
+func cuMemAllocManaged(uintptr, int, uint) (DevicePtr, error) {
+	return 0, errNoCgo
+}
+func cuMemHostAlloc(uintptr, int, uint) (uintptr, error) { return 0, errNoCgo }
+func cuMemFreeHost(uintptr, uintptr) error               { return errNoCgo }
+func cuMemPoolCreate(uintptr, int, int) (uintptr, error) { return 0, errNoCgo }
+func cuMemPoolDestroy(uintptr, uintptr) error            { return errNoCgo }
+func cuMemPoolSetAttributeU64(uintptr, uintptr, int, uint64) error {
+	return errNoCgo
+}
+func cuMemPoolGetAttributeU64(uintptr, uintptr, int) (uint64, error) {
+	return 0, errNoCgo
+}
+func cuMemPoolTrimTo(uintptr, uintptr, int) error { return errNoCgo }
+func cuMemAllocFromPoolAsync(uintptr, int, uintptr, uintptr) (DevicePtr, error) {
+	return 0, errNoCgo
+}
+func cuMemFreeAsync(uintptr, DevicePtr, uintptr) error            { return errNoCgo }
+func cuMemcpyAsync(uintptr, uintptr, uintptr, int, uintptr) error { return errNoCgo }
+func cuMemcpyDtoDAsync(uintptr, DevicePtr, DevicePtr, int, uintptr) error {
+	return errNoCgo
+}
+func cuMemcpyHtoDSync(uintptr, DevicePtr, unsafe.Pointer, int, uintptr) error {
+	return errNoCgo
+}
+func cuMemcpyDtoHSync(uintptr, unsafe.Pointer, DevicePtr, int, uintptr) error {
+	return errNoCgo
+}
+func cuMemcpyHtoDAsyncPtr(uintptr, DevicePtr, uintptr, int, uintptr) error {
+	return errNoCgo
+}
+func cuMemcpyDtoHAsyncPtr(uintptr, uintptr, DevicePtr, int, uintptr) error {
+	return errNoCgo
+}
+func cuMemsetAsync(uintptr, DevicePtr, uint32, int, int, uintptr) error { return errNoCgo }
+func cuMemPrefetchAsync(uintptr, DevicePtr, int, int, int, uintptr) error {
+	return errNoCgo
+}
+func cuStreamCreate(uintptr, uint) (uintptr, error)            { return 0, errNoCgo }
+func cuStreamDestroy(uintptr, uintptr) error                   { return errNoCgo }
+func cuStreamSynchronize(uintptr, uintptr) error               { return errNoCgo }
+func cuStreamQuery(uintptr, uintptr) (bool, error)             { return false, errNoCgo }
+func cuStreamWaitEvent(uintptr, uintptr, uintptr) error        { return errNoCgo }
+func cuRecordAndWait(uintptr, uintptr, uintptr, uintptr) error { return errNoCgo }
+func cuStreamGetID(uintptr, uintptr) (uint64, error)           { return 0, errNoCgo }
+func cuEventCreate(uintptr, uint) (uintptr, error)             { return 0, errNoCgo }
+func cuEventRecord(uintptr, uintptr, uintptr) error            { return errNoCgo }
+func cuEventSynchronize(uintptr, uintptr) error                { return errNoCgo }
+func cuEventQuery(uintptr, uintptr) (bool, error)              { return false, errNoCgo }
+func cuEventDestroy(uintptr, uintptr) error                    { return errNoCgo }
+func cuEventElapsedTime(uintptr, uintptr, uintptr) (float32, error) {
+	return 0, errNoCgo
+}
+func cuModuleLoadData(uintptr, string) (uintptr, error)             { return 0, errNoCgo }
+func cuModuleGetFunction(uintptr, uintptr, string) (uintptr, error) { return 0, errNoCgo }
+func cuLaunchFill(uintptr, uintptr, int, int, uintptr, DevicePtr, int, int, int, []byte) error {
+	return errNoCgo
+}
+func cuLaunchCopy(uintptr, uintptr, int, int, uintptr, DevicePtr, DevicePtr, int) error {
+	return errNoCgo
+}
+
+// Host memory from the Go heap: the slice is kept reachable in hostBlocks until hostFree, and
+// Go's collector does not move objects, so the address stays valid.
+var (
+	hostMu     sync.Mutex
+	hostBlocks = map[uintptr][]byte{}
+)
+
+func hostMalloc(n int) (p uintptr, ok bool) {
+	defer func() {
+		if recover() != nil {
+			p, ok = 0, false
+		}
+	}()
+	b := make([]byte, n+255)
+	base := uintptr(unsafe.Pointer(unsafe.SliceData(b)))
+	p = (base + 255) &^ 255
+	hostMu.Lock()
+	hostBlocks[p] = b
+	hostMu.Unlock()
+	return p, true
+}
+
+func hostFree(p uintptr) {
+	hostMu.Lock()
+	delete(hostBlocks, p)
+	hostMu.Unlock()
+}

@@ -1,0 +1,116 @@
+package rmm
+
+import (
+	"errors"
+	"fmt"
+)
+
+// Sentinel errors. Every error this package returns wraps one of them (or is a *CUDAError), so
+// callers test with errors.Is.
+var (
+	// ErrOutOfMemory: a resource could not provide the bytes asked for. The resource stays usable;
+	// the call may succeed after memory is freed. CUDA_ERROR_OUT_OF_MEMORY maps to it.
+	ErrOutOfMemory = errors.New("rmm: out of memory")
+
+	// ErrInvalidArgument: a negative or overflowing size, a bad option, an alignment that is not a
+	// power of two, a stream or device that does not fit the call.
+	ErrInvalidArgument = errors.New("rmm: invalid argument")
+
+	// ErrInvalidFree: Deallocate was given a pointer the resource never handed out or already
+	// took back (a double free), or a size that differs from the one allocated. The resource's
+	// state is unchanged.
+	ErrInvalidFree = errors.New("rmm: invalid free")
+
+	// ErrNoDevice: there is no usable CUDA driver or device (the wrapping error says why: library
+	// missing, no device, driver too old, built without cgo).
+	ErrNoDevice = errors.New("rmm: no CUDA device")
+
+	// ErrOutOfRange: an element index outside a container.
+	ErrOutOfRange = errors.New("rmm: index out of range")
+
+	// ErrClosed: the resource, stream or container was closed.
+	ErrClosed = errors.New("rmm: use after close")
+
+	// ErrNotSupported: the memory or device does not support the operation (for example a fill
+	// on memory that is neither host- nor device-accessible).
+	ErrNotSupported = errors.New("rmm: not supported")
+)
+
+// CUDAError is a CUDA driver call that returned a status other than CUDA_SUCCESS.
+type CUDAError struct {
+	Op      string // the driver function, e.g. "cuMemAlloc_v2"
+	Code    int    // the CUresult value
+	Name    string // e.g. "CUDA_ERROR_OUT_OF_MEMORY"
+	Message string // the driver's description
+}
+
+func (e *CUDAError) Error() string {
+	return fmt.Sprintf("rmm: %s: %s (%d): %s", e.Op, e.Name, e.Code, e.Message)
+}
+
+// Is reports CUDA_ERROR_OUT_OF_MEMORY as ErrOutOfMemory, and the driver's "no device" family
+// (CUDA_ERROR_NO_DEVICE, CUDA_ERROR_STUB_LIBRARY, insufficient driver) as ErrNoDevice.
+func (e *CUDAError) Is(target error) bool {
+	switch target {
+	case ErrOutOfMemory:
+		return e.Code == cudaErrorOutOfMemory
+	case ErrNoDevice:
+		return e.Code == cudaErrorNoDevice || e.Code == cudaErrorStubLibrary ||
+			e.Code == cudaErrorInsufficientDriver
+	}
+	return false
+}
+
+// CUresult values this package interprets.
+const (
+	cudaSuccess                 = 0
+	cudaErrorInvalidValue       = 1
+	cudaErrorOutOfMemory        = 2
+	cudaErrorNotInitialized     = 3
+	cudaErrorDeinitialized      = 4
+	cudaErrorStubLibrary        = 34
+	cudaErrorInsufficientDriver = 35
+	cudaErrorNoDevice           = 100
+	cudaErrorInvalidDevice      = 101
+	cudaErrorInvalidContext     = 201
+	cudaErrorInvalidHandle      = 400
+	cudaErrorNotFound           = 500
+	cudaErrorNotReady           = 600
+	cudaErrorIllegalAddress     = 700
+)
+
+// cuErrorNames is the fallback for codes whose name the driver cannot give (no driver loaded).
+var cuErrorNames = map[int]string{
+	0: "CUDA_SUCCESS", 1: "CUDA_ERROR_INVALID_VALUE", 2: "CUDA_ERROR_OUT_OF_MEMORY",
+	3: "CUDA_ERROR_NOT_INITIALIZED", 4: "CUDA_ERROR_DEINITIALIZED", 34: "CUDA_ERROR_STUB_LIBRARY",
+	35: "CUDA_ERROR_INSUFFICIENT_DRIVER", 100: "CUDA_ERROR_NO_DEVICE", 101: "CUDA_ERROR_INVALID_DEVICE",
+	201: "CUDA_ERROR_INVALID_CONTEXT", 400: "CUDA_ERROR_INVALID_HANDLE", 500: "CUDA_ERROR_NOT_FOUND",
+	600: "CUDA_ERROR_NOT_READY", 700: "CUDA_ERROR_ILLEGAL_ADDRESS", 999: "CUDA_ERROR_UNKNOWN",
+}
+
+// outOfMemory builds the error a resource returns when it cannot provide nbytes.
+func outOfMemory(resource string, nbytes int, cause error) error {
+	if cause != nil {
+		return fmt.Errorf("%w: %s failed to allocate %d bytes (%s): %w", ErrOutOfMemory, resource, nbytes, FormatBytes(int64(nbytes)), cause)
+	}
+	return fmt.Errorf("%w: %s failed to allocate %d bytes (%s)", ErrOutOfMemory, resource, nbytes, FormatBytes(int64(nbytes)))
+}
+
+// invalidSize is the error for a negative size given to resource.op.
+func invalidSize(resource, op string, nbytes int) error {
+	return fmt.Errorf("%w: %s.%s: negative size %d", ErrInvalidArgument, resource, op, nbytes)
+}
+
+// FormatBytes renders a byte count with a binary unit, dividing by 1024 while the value is above
+// 1024, as librmm prints sizes in its messages: FormatBytes(1<<50) == "1.000000 PiB",
+// FormatBytes(1024) == "1024.000000 B".
+func FormatBytes(n int64) string {
+	units := []string{"B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"}
+	v := float64(n)
+	i := 0
+	for (v > 1024 || v < -1024) && i < len(units)-1 {
+		v /= 1024
+		i++
+	}
+	return fmt.Sprintf("%f %s", v, units[i])
+}

@@ -1,0 +1,3 @@
+module github.com/gormm/rmm
+
+go 1.26.0

@@ -1,0 +1,151 @@
+package rmm
+
+import (
+	"errors"
+	"fmt"
+	"math/bits"
+)
+
+// DevicePtr is an address of memory handed out by a MemoryResource: device memory, managed
+// memory, or host memory for host resources. The zero value is the null pointer.
+type DevicePtr uintptr
+
+// Alignment is the alignment, in bytes, of every pointer a MemoryResource returns (CUDA's
+// allocation alignment, as librmm's CUDA_ALLOCATION_ALIGNMENT).
+const Alignment = 256
+
+// MemoryResource is the contract every device memory resource keeps.
+//
+//   - Allocate returns a pointer to at least nbytes bytes, aligned to Alignment (256 bytes), that
+//     may be used by work ordered on stream s (other streams need an ordering edge first, e.g. an
+//     Event). Allocate(0, s) returns (0, nil) and touches nothing. A negative size returns
+//     ErrInvalidArgument. When the memory cannot be had the error wraps ErrOutOfMemory, names the
+//     resource and the size asked, and the resource stays fully usable.
+//   - Deallocate returns p, which Allocate(nbytes, ·) gave, so that it may be reused by work
+//     ordered after everything queued on s at the time of the call. nbytes must be the size given to
+//     Allocate. Deallocate(0, 0, s) is a no-op. Sub-allocators (pool, arena, fixed-size, binning)
+//     detect a pointer they never gave out, a double free and a wrong size, and return
+//     ErrInvalidFree without changing their state.
+//   - Both are safe for concurrent use by many goroutines.
+//
+// Optional behaviour is discovered by type assertion, as io.WriterTo is: Releaser (give unused
+// memory back), Upstreamer (adaptors and sub-allocators), Accessible (where the memory can be
+// touched), DeviceResource (the device the resource belongs to).
+type MemoryResource interface {
+	Allocate(nbytes int, s StreamView) (DevicePtr, error)
+	Deallocate(p DevicePtr, nbytes int, s StreamView) error
+}
+
+// Releaser is implemented by resources that can give memory they hold but do not use back to
+// their upstream (PoolMemoryResource.Release).
+type Releaser interface {
+	Release() error
+}
+
+// Upstreamer is implemented by adaptors and sub-allocators: the resource they take memory from.
+type Upstreamer interface {
+	Upstream() MemoryResource
+}
+
+// Access says where memory from a resource can be read and written.
+type Access uint8
+
+const (
+	// DeviceAccessible memory can be used by kernels and device copies.
+	DeviceAccessible Access = 1 << iota
+	// HostAccessible memory can be read and written by the CPU through a plain pointer.
+	HostAccessible
+)
+
+func (a Access) String() string {
+	switch a {
+	case 0:
+		return "inaccessible"
+	case DeviceAccessible:
+		return "device"
+	case HostAccessible:
+		return "host"
+	default:
+		return "host+device"
+	}
+}
+
+// Accessible is implemented by resources that know where their memory can be touched.
+type Accessible interface {
+	Access() Access
+}
+
+// DeviceResource is implemented by resources tied to one CUDA device.
+type DeviceResource interface {
+	Device() Device
+}
+
+// AccessOf reports where memory from mr can be touched: mr's own answer when it implements
+// Accessible, else its upstream's, else DeviceAccessible (a resource we know nothing of is assumed
+// to hand out device memory).
+func AccessOf(mr MemoryResource) Access {
+	for mr != nil {
+		if a, ok := mr.(Accessible); ok {
+			return a.Access()
+		}
+		u, ok := mr.(Upstreamer)
+		if !ok {
+			break
+		}
+		mr = u.Upstream()
+	}
+	return DeviceAccessible
+}
+
+// DeviceOf returns the device mr belongs to: its own answer when it implements DeviceResource,
+// else its upstream's, else the current device.
+func DeviceOf(mr MemoryResource) Device {
+	for mr != nil {
+		if d, ok := mr.(DeviceResource); ok {
+			return d.Device()
+		}
+		u, ok := mr.(Upstreamer)
+		if !ok {
+			break
+		}
+		mr = u.Upstream()
+	}
+	return CurrentDevice()
+}
+
+// resourceName is the name used in error messages: the type's name without the package.
+func resourceName(mr any) string {
+	s := fmt.Sprintf("%T", mr)
+	for i := len(s) - 1; i >= 0; i-- {
+		if s[i] == '.' {
+			s = s[i+1:]
+			break
+		}
+	}
+	if len(s) > 0 && s[0] == '*' {
+		s = s[1:]
+	}
+	return s
+}
+
+// AlignUp rounds n up to a multiple of align, which must be a power of two. It returns false
+// when the result would overflow int.
+func AlignUp(n, align int) (int, bool) {
+	r := (n + align - 1) &^ (align - 1)
+	if r < n {
+		return 0, false
+	}
+	return r, true
+}
+
+// AlignDown rounds n down to a multiple of align, which must be a power of two.
+func AlignDown(n, align int) int { return n &^ (align - 1) }
+
+// IsPowerOfTwo reports whether n is a power of two.
+func IsPowerOfTwo(n int) bool { return n > 0 && bits.OnesCount(uint(n)) == 1 }
+
+// alignSize rounds a non-negative request to Alignment; ok is false on overflow.
+func alignSize(n int) (int, bool) { return AlignUp(n, Alignment) }
+
+// errIs is errors.Is (kept short for the resource files).
+func errIs(err, target error) bool { return errors.Is(err, target) }

@@ -1,0 +1,161 @@
+package rmm
+
+import (
+	"fmt"
+	"math"
+)
+
+// CUmemPool_attribute values.
+const (
+	memPoolAttrReleaseThreshold   = 4
+	memPoolAttrReservedMemCurrent = 5
+	memPoolAttrUsedMemCurrent     = 7
+)
+
+// CudaAsyncOptions configures NewCudaAsyncMemoryResource. nil means the defaults.
+type CudaAsyncOptions struct {
+	// InitialPoolSize, when positive, primes the pool: that many bytes are allocated and freed on
+	// the default stream at construction, so the first allocations do not reach the driver.
+	// Default 0 (not primed).
+	InitialPoolSize int
+	// ReleaseThreshold is the number of free bytes the pool keeps reserved at synchronisation
+	// points (CU_MEMPOOL_ATTR_RELEASE_THRESHOLD). Default -1, meaning unlimited (the pool never
+	// gives memory back on its own), as librmm's default; 0 releases at every synchronisation.
+	ReleaseThreshold int
+	// EnablePOSIXFileDescriptor creates the pool exportable through a POSIX file descriptor
+	// (CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR). Default false.
+	EnablePOSIXFileDescriptor bool
+}
+
+// CudaAsyncMemoryResource is a stream-ordered allocator over its own CUDA memory pool
+// (cuMemPoolCreate): Allocate is cuMemAllocFromPoolAsync on the given stream, Deallocate is
+// cuMemFreeAsync on the given stream. Close destroys the pool.
+type CudaAsyncMemoryResource struct {
+	dev  Device
+	ctx  uintptr
+	pool uintptr
+}
+
+// NewCudaAsyncMemoryResource creates a memory pool on device dev. It returns ErrNotSupported
+// when the device or driver lacks memory pools, ErrInvalidArgument for a negative initial size.
+func NewCudaAsyncMemoryResource(dev Device, opts *CudaAsyncOptions) (*CudaAsyncMemoryResource, error) {
+	o := CudaAsyncOptions{ReleaseThreshold: -1}
+	if opts != nil {
+		o = *opts
+	}
+	if o.InitialPoolSize < 0 {
+		return nil, fmt.Errorf("%w: CudaAsyncOptions.InitialPoolSize %d is negative", ErrInvalidArgument, o.InitialPoolSize)
+	}
+	ctx, err := dev.ctx()
+	if err != nil {
+		return nil, err
+	}
+	if v, err := dev.Attribute(attrMemoryPoolsSupported); err != nil || v == 0 {
+		return nil, fmt.Errorf("%w: %s does not support stream-ordered memory pools", ErrNotSupported, dev)
+	}
+	handles := 0
+	if o.EnablePOSIXFileDescriptor {
+		handles = 1
+	}
+	pool, err := cuMemPoolCreate(ctx, int(dev), handles)
+	if err != nil {
+		return nil, err
+	}
+	r := &CudaAsyncMemoryResource{dev: dev, ctx: ctx, pool: pool}
+	threshold := uint64(math.MaxUint64)
+	if o.ReleaseThreshold >= 0 {
+		threshold = uint64(o.ReleaseThreshold)
+	}
+	if err := cuMemPoolSetAttributeU64(ctx, pool, memPoolAttrReleaseThreshold, threshold); err != nil {
+		cuMemPoolDestroy(ctx, pool)
+		return nil, err
+	}
+	if o.InitialPoolSize > 0 {
+		p, err := r.Allocate(o.InitialPoolSize, DefaultStream)
+		if err == nil {
+			err = r.Deallocate(p, o.InitialPoolSize, DefaultStream)
+		}
+		if err == nil {
+			err = DefaultStream.deviceView(dev).Synchronize()
+		}
+		if err != nil {
+			cuMemPoolDestroy(ctx, pool)
+			return nil, err
+		}
+	}
+	return r, nil
+}
+
+// Allocate returns nbytes from the pool, ordered on s (cuMemAllocFromPoolAsync). Out of memory is
+// reported synchronously and wraps ErrOutOfMemory.
+func (r *CudaAsyncMemoryResource) Allocate(nbytes int, s StreamView) (DevicePtr, error) {
+	if nbytes <= 0 {
+		if nbytes < 0 {
+			return 0, invalidSize("CudaAsyncMemoryResource", "Allocate", nbytes)
+		}
+		return 0, nil
+	}
+	if r.pool == 0 {
+		return 0, fmt.Errorf("%w: CudaAsyncMemoryResource.Allocate after Close", ErrClosed)
+	}
+	p, err := cuMemAllocFromPoolAsync(r.ctx, nbytes, r.pool, s.cu())
+	if err != nil {
+		if isOOM(err) {
+			return 0, outOfMemory("CudaAsyncMemoryResource", nbytes, err)
+		}
+		return 0, fmt.Errorf("CudaAsyncMemoryResource: allocating %d bytes: %w", nbytes, err)
+	}
+	return p, nil
+}
+
+// Deallocate returns p to the pool, ordered on s (cuMemFreeAsync).
+func (r *CudaAsyncMemoryResource) Deallocate(p DevicePtr, nbytes int, s StreamView) error {
+	if p == 0 {
+		return nil
+	}
+	return cuMemFreeAsync(r.ctx, p, s.cu())
+}
+
+// Device returns the resource's device.
+func (r *CudaAsyncMemoryResource) Device() Device { return r.dev }
+
+// Access reports DeviceAccessible.
+func (r *CudaAsyncMemoryResource) Access() Access { return DeviceAccessible }
+
+// PoolHandle returns the CUmemoryPool handle.
+func (r *CudaAsyncMemoryResource) PoolHandle() uintptr { return r.pool }
+
+// ReservedBytes returns the bytes the pool holds from the device (CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT).
+func (r *CudaAsyncMemoryResource) ReservedBytes() (int, error) {
+	v, err := cuMemPoolGetAttributeU64(r.ctx, r.pool, memPoolAttrReservedMemCurrent)
+	return int(v), err
+}
+
+// UsedBytes returns the bytes allocated from the pool and not freed (CU_MEMPOOL_ATTR_USED_MEM_CURRENT).
+func (r *CudaAsyncMemoryResource) UsedBytes() (int, error) {
+	v, err := cuMemPoolGetAttributeU64(r.ctx, r.pool, memPoolAttrUsedMemCurrent)
+	return int(v), err
+}
+
+// Release gives the pool's unused memory back to the device (cuMemPoolTrimTo 0) after
+// synchronising the device, so that frees still queued on streams are counted.
+func (r *CudaAsyncMemoryResource) Release() error {
+	if err := r.dev.Synchronize(); err != nil {
+		return err
+	}
+	return cuMemPoolTrimTo(r.ctx, r.pool, 0)
+}
+
+// Close synchronises the device and destroys the pool. Memory still allocated from it is freed
+// by the driver. Closing twice returns nil.
+func (r *CudaAsyncMemoryResource) Close() error {
+	if r.pool == 0 {
+		return nil
+	}
+	if err := r.dev.Synchronize(); err != nil {
+		return err
+	}
+	p := r.pool
+	r.pool = 0
+	return cuMemPoolDestroy(r.ctx, p)
+}

@@ -1,0 +1,130 @@
+package rmm
+
+import "fmt"
+
+// CudaMemoryResource allocates device memory with cuMemAlloc and frees it with cuMemFree, one
+// driver call per operation, on the device given at construction. The stream is ignored:
+// cuMemAlloc memory is usable on every stream, and cuMemFree synchronises. It is the initial
+// resource of every device. All CudaMemoryResources of one device are interchangeable.
+type CudaMemoryResource struct {
+	dev Device
+}
+
+// NewCudaMemoryResource returns a resource over cuMemAlloc on device dev. It returns an error
+// wrapping ErrNoDevice without CUDA, ErrInvalidArgument for a bad ordinal.
+func NewCudaMemoryResource(dev Device) (*CudaMemoryResource, error) {
+	if _, err := dev.ctx(); err != nil {
+		return nil, err
+	}
+	return &CudaMemoryResource{dev: dev}, nil
+}
+
+// Allocate returns nbytes of device memory from cuMemAlloc (256-byte aligned; in practice the
+// driver aligns to 512 bytes or more).
+func (r *CudaMemoryResource) Allocate(nbytes int, s StreamView) (DevicePtr, error) {
+	if nbytes <= 0 {
+		if nbytes < 0 {
+			return 0, invalidSize("CudaMemoryResource", "Allocate", nbytes)
+		}
+		return 0, nil
+	}
+	ctx, err := r.dev.ctx()
+	if err != nil {
+		return 0, err
+	}
+	p, err := cuMemAlloc(ctx, nbytes)
+	if err != nil {
+		if isOOM(err) {
+			return 0, outOfMemory("CudaMemoryResource", nbytes, err)
+		}
+		return 0, fmt.Errorf("CudaMemoryResource: allocating %d bytes: %w", nbytes, err)
+	}
+	return p, nil
+}
+
+// Deallocate frees p with cuMemFree.
+func (r *CudaMemoryResource) Deallocate(p DevicePtr, nbytes int, s StreamView) error {
+	if p == 0 {
+		return nil
+	}
+	ctx, err := r.dev.ctx()
+	if err != nil {
+		return err
+	}
+	return cuMemFree(ctx, p)
+}
+
+// Device returns the resource's device.
+func (r *CudaMemoryResource) Device() Device { return r.dev }
+
+// Access reports DeviceAccessible.
+func (r *CudaMemoryResource) Access() Access { return DeviceAccessible }
+
+// ManagedMemoryResource allocates CUDA managed (unified) memory with cuMemAllocManaged
+// (CU_MEM_ATTACH_GLOBAL) on the device given at construction; it is usable from the host and
+// every device. Freed with cuMemFree; the stream is ignored.
+type ManagedMemoryResource struct {
+	dev Device
+}
+
+// NewManagedMemoryResource returns a resource over cuMemAllocManaged on device dev. It returns
+// ErrNotSupported when the device cannot allocate managed memory.
+func NewManagedMemoryResource(dev Device) (*ManagedMemoryResource, error) {
+	if _, err := dev.ctx(); err != nil {
+		return nil, err
+	}
+	if v, err := dev.Attribute(attrManagedMemory); err != nil {
+		return nil, err
+	} else if v == 0 {
+		return nil, fmt.Errorf("%w: %s does not support managed memory", ErrNotSupported, dev)
+	}
+	return &ManagedMemoryResource{dev: dev}, nil
+}
+
+// Allocate returns nbytes of managed memory, 256-byte aligned.
+func (r *ManagedMemoryResource) Allocate(nbytes int, s StreamView) (DevicePtr, error) {
+	if nbytes <= 0 {
+		if nbytes < 0 {
+			return 0, invalidSize("ManagedMemoryResource", "Allocate", nbytes)
+		}
+		return 0, nil
+	}
+	ctx, err := r.dev.ctx()
+	if err != nil {
+		return 0, err
+	}
+	const cuMemAttachGlobal = 1
+	p, err := cuMemAllocManaged(ctx, nbytes, cuMemAttachGlobal)
+	if err != nil {
+		if isOOM(err) {
+			return 0, outOfMemory("ManagedMemoryResource", nbytes, err)
+		}
+		return 0, fmt.Errorf("ManagedMemoryResource: allocating %d bytes: %w", nbytes, err)
+	}
+	return p, nil
+}
+
+// Deallocate frees p with cuMemFree.
+func (r *ManagedMemoryResource) Deallocate(p DevicePtr, nbytes int, s StreamView) error {
+	if p == 0 {
+		return nil
+	}
+	ctx, err := r.dev.ctx()
+	if err != nil {
+		return err
+	}
+	return cuMemFree(ctx, p)
+}
+
+// Device returns the resource's device.
+func (r *ManagedMemoryResource) Device() Device { return r.dev }
+
+// Access reports HostAccessible|DeviceAccessible.
+func (r *ManagedMemoryResource) Access() Access { return HostAccessible | DeviceAccessible }
+
+// isOOM reports whether err is an out-of-memory condition. CUDA_ERROR_INVALID_VALUE also counts
+// for a size too large for the driver to consider (cuMemAlloc of 1 PiB returns OUT_OF_MEMORY on
+// current drivers; older ones said INVALID_VALUE).
+func isOOM(err error) bool {
+	return errIs(err, ErrOutOfMemory)
+}
