@@ -1,0 +1,564 @@
+package rmm
+
+import (
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+)
+
+// PoolOptions configures NewPoolMemoryResource. nil means the defaults.
+type PoolOptions struct {
+	// InitialPoolSize is the number of bytes taken from the upstream at construction, in one
+	// allocation on the default stream. It must be a multiple of 256. Default 0: nothing is taken
+	// until the first allocation. (librmm's Python API defaults to half the free device memory:
+	// PercentOfFreeDeviceMemory(50) gives that.)
+	InitialPoolSize int
+	// MaximumPoolSize caps the bytes the pool takes from its upstream. It must be a multiple of 256
+	// and at least InitialPoolSize. Default 0: no maximum.
+	MaximumPoolSize int
+}
+
+// PoolMemoryResource is a coalescing best-fit sub-allocator over an upstream resource, with
+// librmm's pool semantics: memory taken from the upstream in large blocks is cut into
+// allocations and coalesced again as they are freed, with free lists kept per stream so that
+// memory freed on a stream is reused on that stream at once, without synchronisation.
+//
+// Allocate rounds the size up to 256 bytes and then, in order: (1) takes the best fit (smallest
+// free block that is large enough, lowest address among equals) from the stream's own free list;
+// (2) else takes a block that fits from another stream's list, after making the allocating stream
+// wait (on the device, the host does not block) for an event recorded on that stream; (3) else
+// merges other streams' whole lists into its own one by one, after the same wait, so that free
+// neighbours from different streams coalesce, retrying after each; (4) else grows the pool by
+// taking a new block from the upstream (growth policy as librmm: without a maximum, at least
+// double the pool; with one, half the remaining headroom; a failing upstream is retried with
+// halved sizes down to the request). Blocks from different upstream allocations never coalesce.
+//
+// Events: on the default stream and on our own Streams, whose lifetime the package knows, the
+// event is recorded only when another stream takes the blocks (Stream.Close records it first if
+// needed); on streams made from foreign handles (NewStreamView) it is recorded at every free.
+// Best fit and coalescing are O(log n) in the number of free blocks.
+//
+// Deallocate detects a pointer the pool never handed out, a double free and a size different from
+// the one allocated, and returns ErrInvalidFree without changing anything. Safe for concurrent use
+// (one mutex; no CUDA call is made under it on the common path).
+type PoolMemoryResource struct {
+	upstream MemoryResource
+	dev      Device
+	ctx      uintptr // 0 without CUDA: no events are used
+	maximum  int     // 0 = unbounded
+
+	mu        sync.Mutex
+	size      int // bytes taken from upstream
+	upstreams map[DevicePtr]int
+	lists     []*freeList
+	byStream  map[uint64]*freeList
+	byStart   map[DevicePtr]*block
+	byEnd     map[DevicePtr]*block
+	live      map[DevicePtr]int // allocated pointer -> size asked
+	liveBytes int               // sum of the rounded sizes of live allocations
+	hooked    map[uint64]bool   // Streams whose Close will tell us
+	spare     []*block
+	closed    bool
+
+	sizeAtomic atomic.Int64
+}
+
+// NewPoolMemoryResource returns a pool over upstream (nil: the current device resource). Sizes
+// are validated as librmm does: both multiples of 256 and initial ≤ maximum, else
+// ErrInvalidArgument. When InitialPoolSize is positive that many bytes are taken from the upstream
+// now; its failure is returned.
+func NewPoolMemoryResource(upstream MemoryResource, opts *PoolOptions) (*PoolMemoryResource, error) {
+	upstream = resourceOrCurrent(upstream)
+	var o PoolOptions
+	if opts != nil {
+		o = *opts
+	}
+	switch {
+	case o.InitialPoolSize < 0 || o.MaximumPoolSize < 0:
+		return nil, fmt.Errorf("%w: NewPoolMemoryResource: negative size (initial %d, maximum %d)", ErrInvalidArgument, o.InitialPoolSize, o.MaximumPoolSize)
+	case o.InitialPoolSize%Alignment != 0:
+		return nil, fmt.Errorf("%w: NewPoolMemoryResource: InitialPoolSize %d is not a multiple of %d bytes", ErrInvalidArgument, o.InitialPoolSize, Alignment)
+	case o.MaximumPoolSize%Alignment != 0:
+		return nil, fmt.Errorf("%w: NewPoolMemoryResource: MaximumPoolSize %d is not a multiple of %d bytes", ErrInvalidArgument, o.MaximumPoolSize, Alignment)
+	case o.MaximumPoolSize > 0 && o.InitialPoolSize > o.MaximumPoolSize:
+		return nil, fmt.Errorf("%w: NewPoolMemoryResource: InitialPoolSize %d exceeds MaximumPoolSize %d", ErrInvalidArgument, o.InitialPoolSize, o.MaximumPoolSize)
+	}
+	p := &PoolMemoryResource{
+		upstream:  upstream,
+		dev:       DeviceOf(upstream),
+		maximum:   o.MaximumPoolSize,
+		upstreams: map[DevicePtr]int{},
+		byStream:  map[uint64]*freeList{},
+		byStart:   map[DevicePtr]*block{},
+		byEnd:     map[DevicePtr]*block{},
+		live:      map[DevicePtr]int{},
+		hooked:    map[uint64]bool{},
+	}
+	if CUDAAvailable() == nil {
+		ctx, err := p.dev.ctx()
+		if err != nil {
+			return nil, err
+		}
+		p.ctx = ctx
+	}
+	if o.InitialPoolSize > 0 {
+		ptr, err := upstream.Allocate(o.InitialPoolSize, DefaultStream)
+		if err != nil {
+			return nil, fmt.Errorf("NewPoolMemoryResource: taking the initial %d bytes from %s: %w", o.InitialPoolSize, resourceName(upstream), err)
+		}
+		p.mu.Lock()
+		l, err := p.listFor(DefaultStream)
+		if err != nil {
+			p.mu.Unlock()
+			upstream.Deallocate(ptr, o.InitialPoolSize, DefaultStream)
+			return nil, err
+		}
+		p.addUpstreamBlock(ptr, o.InitialPoolSize)
+		p.insertFree(l, ptr, o.InitialPoolSize)
+		p.mu.Unlock()
+	}
+	return p, nil
+}
+
+// Upstream returns the resource the pool takes its memory from.
+func (p *PoolMemoryResource) Upstream() MemoryResource { return p.upstream }
+
+// Device returns the device the pool belongs to (its upstream's).
+func (p *PoolMemoryResource) Device() Device { return p.dev }
+
+// Access reports the upstream's access.
+func (p *PoolMemoryResource) Access() Access { return AccessOf(p.upstream) }
+
+// PoolSize returns the bytes the pool holds from its upstream (free and allocated).
+func (p *PoolMemoryResource) PoolSize() int { return int(p.sizeAtomic.Load()) }
+
+// MaximumPoolSize returns the maximum size, 0 when unbounded.
+func (p *PoolMemoryResource) MaximumPoolSize() int { return p.maximum }
+
+// Allocate returns nbytes (rounded up to 256) ordered on s. See the type's documentation for
+// where the memory comes from. Out of memory (the pool cannot grow, or the upstream refuses every
+// size tried) wraps ErrOutOfMemory and says the requested size, the pool size and the maximum.
+func (p *PoolMemoryResource) Allocate(nbytes int, s StreamView) (DevicePtr, error) {
+	if nbytes <= 0 {
+		if nbytes < 0 {
+			return 0, invalidSize("PoolMemoryResource", "Allocate", nbytes)
+		}
+		return 0, nil
+	}
+	n, ok := alignSize(nbytes)
+	if !ok {
+		return 0, outOfMemory("PoolMemoryResource", nbytes, errors.New("size overflows when rounded to 256 bytes"))
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.closed {
+		return 0, fmt.Errorf("%w: PoolMemoryResource.Allocate after Close", ErrClosed)
+	}
+	l, err := p.listFor(s)
+	if err != nil {
+		return 0, err
+	}
+	b, err := p.findBlock(l, n, s)
+	if err != nil {
+		return 0, err
+	}
+	if b == nil {
+		if b, err = p.grow(l, n, s); err != nil {
+			return 0, err
+		}
+	}
+	ptr := p.carve(b, n)
+	p.live[ptr] = nbytes
+	p.liveBytes += n
+	return ptr, nil
+}
+
+// findBlock takes a free block of at least n bytes for stream s (own list l first, then other
+// lists, then merging other lists), removed from its list; nil when none is free.
+func (p *PoolMemoryResource) findBlock(l *freeList, n int, s StreamView) (*block, error) {
+	if b := l.bestFit(n); b != nil {
+		p.removeFree(b)
+		return b, nil
+	}
+	// A block that fits on its own in another stream's list: wait for that stream, take it. The
+	// remainder after the split stays in that list.
+	for _, o := range p.lists {
+		if o == l {
+			continue
+		}
+		if b := o.bestFit(n); b != nil {
+			if err := p.waitFor(o, s); err != nil {
+				return nil, err
+			}
+			p.removeFree(b)
+			if rest := b.size - n; rest > 0 {
+				p.insertFree(o, b.addr+DevicePtr(n), rest)
+				b.size = n
+			}
+			return b, nil
+		}
+	}
+	// Merge whole lists into ours, so that neighbours from different streams coalesce.
+	for i := 0; i < len(p.lists); {
+		o := p.lists[i]
+		if o == l || o.count == 0 {
+			i++
+			continue
+		}
+		if err := p.waitFor(o, s); err != nil {
+			return nil, err
+		}
+		p.mergeInto(l, o)
+		if l.lazy {
+			l.dirty = true // l's event must now also cover what s waited for
+		} else if p.ctx != 0 {
+			if err := cuEventRecord(p.ctx, l.event, s.cu()); err != nil {
+				return nil, err
+			}
+		}
+		p.dropList(o)
+		if b := l.bestFit(n); b != nil {
+			p.removeFree(b)
+			return b, nil
+		}
+	}
+	return nil, nil
+}
+
+// carve returns the first n bytes of free block b (already out of its list) and puts the rest
+// back into b's former list — the allocating stream's own list for a block found there or grown.
+func (p *PoolMemoryResource) carve(b *block, n int) DevicePtr {
+	ptr := b.addr
+	if rest := b.size - n; rest > 0 {
+		p.insertFree(b.list0, ptr+DevicePtr(n), rest)
+	}
+	p.spare = append(p.spare, b)
+	return ptr
+}
+
+// growSize is librmm's growth policy for an n-byte request: the size to ask the upstream for
+// first, 0 when the pool cannot grow enough.
+func (p *PoolMemoryResource) growSize(n int) int {
+	if p.maximum == 0 {
+		return max(n, p.size)
+	}
+	room, _ := AlignUp(p.maximum-p.size, Alignment)
+	if n > room {
+		return 0
+	}
+	return max(n, room/2)
+}
+
+// grow takes a new block from the upstream for an n-byte request on s and returns it, out of any
+// list, with list0 set to l.
+func (p *PoolMemoryResource) grow(l *freeList, n int, s StreamView) (*block, error) {
+	try := p.growSize(n)
+	if try == 0 {
+		err := fmt.Errorf("not enough room to grow: pool size %d, maximum %d, request %d", p.size, p.maximum, n)
+		DebugLogger().Error("rmm: PoolMemoryResource cannot grow", "request", n, "pool_size", p.size, "maximum", p.maximum)
+		return nil, p.oom(n, err)
+	}
+	var lastErr error
+	for try >= n {
+		ptr, err := p.upstream.Allocate(try, s)
+		if err == nil {
+			p.addUpstreamBlock(ptr, try)
+			b := p.newBlock(ptr, try)
+			b.list0 = l
+			return b, nil
+		}
+		lastErr = err
+		if try == n {
+			break
+		}
+		try = max(n, try/2)
+	}
+	DebugLogger().Error("rmm: PoolMemoryResource failed to grow", "request", n, "pool_size", p.size, "maximum", p.maximum, "err", lastErr)
+	return nil, p.oom(n, lastErr)
+}
+
+func (p *PoolMemoryResource) oom(n int, cause error) error {
+	max := "unbounded"
+	if p.maximum > 0 {
+		max = fmt.Sprint(p.maximum)
+	}
+	return outOfMemory(fmt.Sprintf("PoolMemoryResource (pool size %d, free %d, maximum %s)", p.size, p.size-p.liveBytes, max), n, cause)
+}
+
+func (p *PoolMemoryResource) addUpstreamBlock(ptr DevicePtr, n int) {
+	p.upstreams[ptr] = n
+	p.size += n
+	p.sizeAtomic.Store(int64(p.size))
+}
+
+// Deallocate returns p's block to the free list of stream s, coalescing it with free neighbours
+// of that list (never across upstream blocks). nbytes must be the size given to Allocate. A
+// pointer the pool did not hand out, a double free or another size returns ErrInvalidFree and
+// changes nothing. The memory may be handed out again at once to work ordered on s.
+func (p *PoolMemoryResource) Deallocate(ptr DevicePtr, nbytes int, s StreamView) error {
+	if ptr == 0 {
+		return nil
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.closed {
+		return fmt.Errorf("%w: PoolMemoryResource.Deallocate after Close", ErrClosed)
+	}
+	size, ok := p.live[ptr]
+	if !ok {
+		return fmt.Errorf("%w: PoolMemoryResource.Deallocate(%#x, %d): the pointer was not allocated by this pool or was already freed", ErrInvalidFree, uintptr(ptr), nbytes)
+	}
+	if size != nbytes {
+		return fmt.Errorf("%w: PoolMemoryResource.Deallocate(%#x, %d): the block was allocated with %d bytes", ErrInvalidFree, uintptr(ptr), nbytes, size)
+	}
+	l, err := p.listFor(s)
+	if err != nil {
+		return err
+	}
+	if !l.lazy && p.ctx != 0 {
+		// A stream we hold only a view of: record now, while it surely exists.
+		if err := cuEventRecord(p.ctx, l.event, s.cu()); err != nil {
+			return fmt.Errorf("PoolMemoryResource.Deallocate: recording the event on %v: %w", s, err)
+		}
+	} else {
+		l.dirty = true
+	}
+	n, _ := alignSize(size)
+	delete(p.live, ptr)
+	p.liveBytes -= n
+	p.insertFree(l, ptr, n)
+	return nil
+}
+
+// insertFree adds [ptr, ptr+n) to list l, coalescing with l's free neighbours unless an upstream
+// block starts between them.
+func (p *PoolMemoryResource) insertFree(l *freeList, ptr DevicePtr, n int) {
+	end := ptr + DevicePtr(n)
+	if prev := p.byEnd[ptr]; prev != nil && prev.list == l {
+		if _, head := p.upstreams[ptr]; !head {
+			p.removeFree(prev)
+			ptr = prev.addr
+			n += prev.size
+			p.spare = append(p.spare, prev)
+		}
+	}
+	if next := p.byStart[end]; next != nil && next.list == l {
+		if _, head := p.upstreams[end]; !head {
+			p.removeFree(next)
+			n += next.size
+			p.spare = append(p.spare, next)
+		}
+	}
+	b := p.newBlock(ptr, n)
+	l.insert(b)
+	p.byStart[b.addr] = b
+	p.byEnd[b.end()] = b
+}
+
+// removeFree takes b out of its list and the address maps; b.list0 remembers the list.
+func (p *PoolMemoryResource) removeFree(b *block) {
+	b.list0 = b.list
+	b.list.remove(b)
+	delete(p.byStart, b.addr)
+	delete(p.byEnd, b.end())
+}
+
+func (p *PoolMemoryResource) newBlock(ptr DevicePtr, n int) *block {
+	var b *block
+	if k := len(p.spare); k > 0 {
+		b = p.spare[k-1]
+		p.spare = p.spare[:k-1]
+		*b = block{}
+	} else {
+		b = new(block)
+	}
+	b.addr, b.size = ptr, n
+	return b
+}
+
+// mergeInto moves every block of o into l, coalescing.
+func (p *PoolMemoryResource) mergeInto(l, o *freeList) {
+	var blocks []*block
+	o.each(func(b *block) { blocks = append(blocks, b) })
+	for _, b := range blocks {
+		p.removeFree(b)
+		p.insertFree(l, b.addr, b.size)
+		p.spare = append(p.spare, b)
+	}
+}
+
+// listFor returns stream s's free list, creating it (and its event) on first use.
+func (p *PoolMemoryResource) listFor(s StreamView) (*freeList, error) {
+	if l := p.byStream[s.id]; l != nil {
+		return l, nil
+	}
+	l := &freeList{stream: s.deviceView(p.dev), rng: uint32(len(p.byStream))*2654435761 + 1}
+	if l.rng == 0 {
+		l.rng = 1
+	}
+	l.lazy = s.lifetimeKnown()
+	if l.lazy && s.id != 0 && !p.hooked[s.id] {
+		if addStreamCloseHook(s, p) {
+			p.hooked[s.id] = true
+		} else {
+			l.lazy = false // closed or unknown: record at every free
+		}
+	}
+	if p.ctx != 0 {
+		e, err := cuEventCreate(p.ctx, cuEventDisableTiming)
+		if err != nil {
+			return nil, fmt.Errorf("PoolMemoryResource: creating the event for %v: %w", s, err)
+		}
+		l.event = e
+	}
+	p.byStream[s.id] = l
+	p.lists = append(p.lists, l)
+	return l, nil
+}
+
+// dropList forgets an empty list (after a merge) and destroys its event.
+func (p *PoolMemoryResource) dropList(o *freeList) {
+	delete(p.byStream, o.stream.id)
+	for i, x := range p.lists {
+		if x == o {
+			p.lists = append(p.lists[:i], p.lists[i+1:]...)
+			break
+		}
+	}
+	if o.event != 0 {
+		cuEventDestroy(p.ctx, o.event)
+		o.event = 0
+	}
+}
+
+// waitFor orders stream s after everything stream o's list was freed behind.
+func (p *PoolMemoryResource) waitFor(o *freeList, s StreamView) error {
+	if p.ctx == 0 || o.event == 0 {
+		return nil
+	}
+	if o.dirty && !o.closed {
+		o.dirty = false
+		return cuRecordAndWait(p.ctx, o.event, o.stream.cu(), s.cu())
+	}
+	return cuStreamWaitEvent(p.ctx, s.cu(), o.event)
+}
+
+// streamClosing is called by Stream.Close before the stream is destroyed: record the event of the
+// stream's list if frees are not covered yet.
+func (p *PoolMemoryResource) streamClosing(s StreamView) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	delete(p.hooked, s.id)
+	l := p.byStream[s.id]
+	if l == nil {
+		return
+	}
+	if l.dirty && p.ctx != 0 && l.event != 0 {
+		if err := cuEventRecord(p.ctx, l.event, s.cu()); err != nil {
+			// Cannot order on the stream any more: wait for it instead.
+			DebugLogger().Warn("rmm: PoolMemoryResource: recording the event of a closing stream failed; synchronising it", "stream", s.String(), "err", err)
+			cuStreamSynchronize(p.ctx, s.cu())
+		}
+	}
+	l.dirty = false
+	l.closed = true
+	l.lazy = false
+}
+
+// syncAll waits (on the host) for the work behind every list's frees.
+func (p *PoolMemoryResource) syncAll() error {
+	if p.ctx == 0 {
+		return nil
+	}
+	for _, l := range p.lists {
+		if l.event == 0 {
+			continue
+		}
+		if l.dirty && !l.closed {
+			if err := cuEventRecord(p.ctx, l.event, l.stream.cu()); err != nil {
+				return err
+			}
+			l.dirty = false
+		}
+		if err := cuEventSynchronize(p.ctx, l.event); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// Release returns to the upstream every upstream block that is wholly free. It first waits (on
+// the host) for the work behind every free, then merges all free lists into the default stream's,
+// so that a block freed in pieces on several streams counts as wholly free.
+func (p *PoolMemoryResource) Release() error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.closed {
+		return nil
+	}
+	if err := p.syncAll(); err != nil {
+		return fmt.Errorf("PoolMemoryResource.Release: %w", err)
+	}
+	def, err := p.listFor(DefaultStream)
+	if err != nil {
+		return err
+	}
+	for _, o := range append([]*freeList(nil), p.lists...) {
+		if o != def {
+			p.mergeInto(def, o)
+			p.dropList(o)
+		}
+	}
+	var firstErr error
+	var whole []*block
+	def.each(func(b *block) {
+		if size, head := p.upstreams[b.addr]; head && size == b.size {
+			whole = append(whole, b)
+		}
+	})
+	for _, b := range whole {
+		if err := p.upstream.Deallocate(b.addr, b.size, DefaultStream); err != nil {
+			if firstErr == nil {
+				firstErr = fmt.Errorf("PoolMemoryResource.Release: returning %d bytes at %#x to %s: %w", b.size, uintptr(b.addr), resourceName(p.upstream), err)
+			}
+			continue
+		}
+		p.removeFree(b)
+		delete(p.upstreams, b.addr)
+		p.size -= b.size
+		p.spare = append(p.spare, b)
+	}
+	p.sizeAtomic.Store(int64(p.size))
+	return firstErr
+}
+
+// Close waits for the work behind every free, returns every upstream block to the upstream —
+// also those with allocations still live, as librmm's pool destructor does — and destroys the
+// pool's events. Afterwards Allocate and Deallocate return ErrClosed. Closing twice returns nil.
+func (p *PoolMemoryResource) Close() error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.closed {
+		return nil
+	}
+	firstErr := p.syncAll()
+	for ptr, n := range p.upstreams {
+		if err := p.upstream.Deallocate(ptr, n, DefaultStream); err != nil && firstErr == nil {
+			firstErr = err
+		}
+	}
+	for _, l := range p.lists {
+		if l.event != 0 {
+			cuEventDestroy(p.ctx, l.event)
+		}
+	}
+	p.closed = true
+	p.lists, p.byStream, p.byStart, p.byEnd, p.live, p.upstreams, p.spare = nil, nil, nil, nil, nil, nil, nil
+	p.size, p.liveBytes = 0, 0
+	p.sizeAtomic.Store(0)
+	if firstErr != nil {
+		return fmt.Errorf("PoolMemoryResource.Close: %w", firstErr)
+	}
+	return nil
+}

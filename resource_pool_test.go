@@ -1,0 +1,300 @@
+package rmm
+
+import (
+	"errors"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+)
+
+func newSimPool(t *testing.T, capacity int, opts *PoolOptions) (*PoolMemoryResource, *SimulatedMemoryResource) {
+	t.Helper()
+	sim, err := NewSimulatedMemoryResource(capacity)
+	require.NoError(t, err)
+	p, err := NewPoolMemoryResource(sim, opts)
+	require.NoError(t, err)
+	return p, sim
+}
+
+func TestPoolOptionsValidation(t *testing.T) {
+	sim, _ := NewSimulatedMemoryResource(1 << 30)
+	for _, o := range []PoolOptions{
+		{InitialPoolSize: 100},
+		{MaximumPoolSize: 1000},
+		{InitialPoolSize: 2048, MaximumPoolSize: 1024},
+		{InitialPoolSize: -256},
+	} {
+		_, err := NewPoolMemoryResource(sim, &o)
+		require.ErrorIs(t, err, ErrInvalidArgument, "%+v", o)
+	}
+	p, err := NewPoolMemoryResource(sim, &PoolOptions{InitialPoolSize: 1024, MaximumPoolSize: 1024})
+	require.NoError(t, err, "initial == maximum is allowed")
+	require.Equal(t, 1024, p.PoolSize())
+	require.Equal(t, 1024, sim.UsedBytes())
+	// The initial block is too big for the upstream.
+	_, err = NewPoolMemoryResource(sim, &PoolOptions{InitialPoolSize: 2 << 30})
+	require.ErrorIs(t, err, ErrOutOfMemory)
+}
+
+// librmm's PoolTest.ForceGrowth over a 6000-byte limited upstream, number for number.
+func TestPoolForceGrowthUnbounded(t *testing.T) {
+	up := newLimitedUpstream(6000)
+	p, err := NewPoolMemoryResource(up, nil)
+	require.NoError(t, err)
+	s := DefaultStream
+
+	_, err = p.Allocate(1000, s)
+	require.NoError(t, err)
+	require.Equal(t, []int{1024}, up.asked)
+	require.Equal(t, 1024, p.PoolSize())
+
+	_, err = p.Allocate(4000, s)
+	require.NoError(t, err)
+	require.Equal(t, []int{1024, 4096}, up.asked)
+	require.Equal(t, 5120, p.PoolSize())
+
+	_, err = p.Allocate(500, s)
+	require.NoError(t, err)
+	require.Equal(t, []int{1024, 4096, 5120, 2560, 1280, 640}, up.asked)
+	require.Equal(t, 5760, p.PoolSize())
+
+	_, err = p.Allocate(2000, s)
+	require.ErrorIs(t, err, ErrOutOfMemory)
+	require.Equal(t, []int{1024, 4096, 5120, 2560, 1280, 640, 5760, 2880, 2048}, up.asked)
+	require.Equal(t, 5760, p.PoolSize(), "a failed growth leaves the pool as it was")
+	require.NoError(t, p.CheckInvariants())
+}
+
+func TestPoolForceGrowthWithMaximum(t *testing.T) {
+	up := newLimitedUpstream(6000)
+	p, err := NewPoolMemoryResource(up, &PoolOptions{MaximumPoolSize: 8192})
+	require.NoError(t, err)
+	s := DefaultStream
+
+	_, err = p.Allocate(1000, s)
+	require.NoError(t, err)
+	require.Equal(t, []int{4096}, up.asked)
+
+	_, err = p.Allocate(4000, s)
+	require.ErrorIs(t, err, ErrOutOfMemory)
+	require.Equal(t, []int{4096, 4096}, up.asked)
+
+	_, err = p.Allocate(500, s)
+	require.NoError(t, err)
+	_, err = p.Allocate(2000, s)
+	require.NoError(t, err)
+	require.Equal(t, []int{4096, 4096}, up.asked, "both served from the 3072 bytes left")
+	require.Equal(t, 4096, p.PoolSize())
+	st := p.Stats()
+	require.Equal(t, 1024+512+2048, st.LiveBytes)
+	require.Equal(t, 512, st.FreeBytes)
+	require.NoError(t, p.CheckInvariants())
+}
+
+func TestPoolGrowthStopsAtMaximum(t *testing.T) {
+	p, _ := newSimPool(t, 1<<40, &PoolOptions{MaximumPoolSize: 1 << 20})
+	_, err := p.Allocate(1<<20+1, DefaultStream)
+	require.ErrorIs(t, err, ErrOutOfMemory)
+	require.Contains(t, err.Error(), "not enough room to grow")
+	ptr, err := p.Allocate(1<<20, DefaultStream)
+	require.NoError(t, err, "exactly the maximum fits")
+	require.NoError(t, p.Deallocate(ptr, 1<<20, DefaultStream))
+}
+
+// Four 256 KiB blocks freed on two streams must coalesce for a 1 MiB request on a third stream,
+// in a pool that cannot grow.
+func TestPoolStreamMerge(t *testing.T) {
+	p, _ := newSimPool(t, 1<<30, &PoolOptions{InitialPoolSize: 1 << 20, MaximumPoolSize: 1 << 20})
+	a := mustStream(t)
+	b := mustStream(t)
+	c := mustStream(t)
+	const q = 256 << 10
+	var ptrs [4]DevicePtr
+	for i := range ptrs {
+		var err error
+		ptrs[i], err = p.Allocate(q, DefaultStream)
+		require.NoError(t, err)
+	}
+	// Interleave: 0 and 2 on a, 1 and 3 on b, so neither list alone holds two neighbours.
+	require.NoError(t, p.Deallocate(ptrs[0], q, a))
+	require.NoError(t, p.Deallocate(ptrs[2], q, a))
+	require.NoError(t, p.Deallocate(ptrs[1], q, b))
+	require.NoError(t, p.Deallocate(ptrs[3], q, b))
+	st := p.Stats()
+	require.Equal(t, 4, st.FreeBlocks)
+	require.Equal(t, q, st.LargestFreeBlock)
+	require.NoError(t, p.CheckInvariants())
+
+	ptr, err := p.Allocate(1<<20, c)
+	require.NoError(t, err)
+	require.Equal(t, ptrs[0], ptr)
+	require.Equal(t, 1<<20, p.PoolSize(), "served without growing")
+	require.NoError(t, p.CheckInvariants())
+	require.NoError(t, p.Deallocate(ptr, 1<<20, c))
+	require.NoError(t, p.CheckInvariants())
+}
+
+func mustStream(t *testing.T) StreamView {
+	t.Helper()
+	s, err := NewStream(CurrentDevice(), &StreamOptions{NonBlocking: true})
+	require.NoError(t, err)
+	t.Cleanup(func() { s.Close() })
+	return s.View()
+}
+
+func TestPoolInvalidFree(t *testing.T) {
+	p, _ := newSimPool(t, 1<<30, nil)
+	s := DefaultStream
+	ptr, err := p.Allocate(1000, s)
+	require.NoError(t, err)
+	before := p.Stats()
+
+	require.ErrorIs(t, p.Deallocate(ptr+256, 1000, s), ErrInvalidFree, "interior pointer")
+	require.ErrorIs(t, p.Deallocate(0xdead00, 1000, s), ErrInvalidFree, "pointer never handed out")
+	require.ErrorIs(t, p.Deallocate(ptr, 999, s), ErrInvalidFree, "wrong size")
+	require.ErrorIs(t, p.Deallocate(ptr, -1, s), ErrInvalidFree, "negative size")
+	require.Equal(t, before, p.Stats(), "invalid frees change nothing")
+	require.NoError(t, p.CheckInvariants())
+
+	require.NoError(t, p.Deallocate(ptr, 1000, s))
+	err = p.Deallocate(ptr, 1000, s)
+	require.ErrorIs(t, err, ErrInvalidFree, "double free")
+	require.Contains(t, err.Error(), "already freed")
+	require.NoError(t, p.CheckInvariants())
+	require.Equal(t, 0, p.Stats().LiveAllocations)
+}
+
+func TestPoolZeroAndNegative(t *testing.T) {
+	p, sim := newSimPool(t, 1<<30, nil)
+	ptr, err := p.Allocate(0, DefaultStream)
+	require.NoError(t, err)
+	require.Zero(t, ptr)
+	require.NoError(t, p.Deallocate(0, 0, DefaultStream))
+	require.Zero(t, sim.UsedBytes(), "zero-byte calls never reach the upstream")
+	_, err = p.Allocate(-5, DefaultStream)
+	require.ErrorIs(t, err, ErrInvalidArgument)
+	_, err = p.Allocate(int(^uint(0)>>1), DefaultStream)
+	require.ErrorIs(t, err, ErrOutOfMemory, "a size that overflows when rounded")
+}
+
+func TestPoolBestFitAndCoalesce(t *testing.T) {
+	p, _ := newSimPool(t, 1<<30, &PoolOptions{InitialPoolSize: 1 << 20})
+	s := DefaultStream
+	sizes := []int{4096, 256, 8192, 512, 4096, 1024}
+	ptrs := make([]DevicePtr, len(sizes))
+	for i, n := range sizes {
+		var err error
+		ptrs[i], err = p.Allocate(n, s)
+		require.NoError(t, err)
+		if i > 0 {
+			require.Equal(t, ptrs[i-1]+DevicePtr(sizes[i-1]), ptrs[i], "carved front to back")
+		}
+	}
+	// Free the 4096 at 0, the 8192 at 2 and the 4096 at 4: holes of 4096, 8192, 4096.
+	for _, i := range []int{0, 2, 4} {
+		require.NoError(t, p.Deallocate(ptrs[i], sizes[i], s))
+	}
+	// Best fit for 3000 bytes is a 4096 hole, the lower-addressed one.
+	q, err := p.Allocate(3000, s)
+	require.NoError(t, err)
+	require.Equal(t, ptrs[0], q)
+	// 5000 bytes fit only the 8192 hole (the tail of the pool is larger).
+	r, err := p.Allocate(5000, s)
+	require.NoError(t, err)
+	require.Equal(t, ptrs[2], r)
+	require.NoError(t, p.CheckInvariants())
+	// Free everything: one block again.
+	require.NoError(t, p.Deallocate(q, 3000, s))
+	require.NoError(t, p.Deallocate(r, 5000, s))
+	for _, i := range []int{1, 3, 5} {
+		require.NoError(t, p.Deallocate(ptrs[i], sizes[i], s))
+	}
+	st := p.Stats()
+	require.Equal(t, 1, st.FreeBlocks)
+	require.Equal(t, 1<<20, st.LargestFreeBlock)
+	require.NoError(t, p.CheckInvariants())
+}
+
+func TestPoolUpstreamBlocksNeverCoalesce(t *testing.T) {
+	p, _ := newSimPool(t, 1<<30, nil) // unbounded, initial 0: grows 1 KiB, then doubles
+	s := DefaultStream
+	a, err := p.Allocate(1024, s)
+	require.NoError(t, err)
+	b, err := p.Allocate(1024, s) // grows by max(1024, 1024)
+	require.NoError(t, err)
+	require.Equal(t, a+1024, b, "the simulated upstream hands out adjacent ranges")
+	require.NoError(t, p.Deallocate(a, 1024, s))
+	require.NoError(t, p.Deallocate(b, 1024, s))
+	st := p.Stats()
+	require.Equal(t, 2, st.FreeBlocks, "adjacent blocks from two upstream allocations stay apart")
+	require.Equal(t, 2, st.UpstreamBlocks)
+	require.NoError(t, p.CheckInvariants())
+}
+
+func TestPoolRelease(t *testing.T) {
+	p, sim := newSimPool(t, 1<<30, nil)
+	a, _ := NewStream(0, nil)
+	defer a.Close()
+	x, err := p.Allocate(1<<20, DefaultStream) // upstream block 1: 1 MiB
+	require.NoError(t, err)
+	y, err := p.Allocate(2<<20, a.View()) // upstream block 2: 2 MiB
+	require.NoError(t, err)
+	z, err := p.Allocate(1<<20, DefaultStream) // upstream block 3: 3 MiB (doubling), 2 MiB free
+	require.NoError(t, err)
+	require.Equal(t, 6<<20, p.PoolSize())
+	require.NoError(t, p.Deallocate(y, 2<<20, a.View()))
+	require.NoError(t, p.Deallocate(x, 1<<20, DefaultStream))
+	require.NoError(t, p.Release())
+	require.Equal(t, 3<<20, p.PoolSize(), "blocks 1 and 2 were wholly free")
+	require.Equal(t, 3<<20, sim.UsedBytes())
+	require.NoError(t, p.CheckInvariants())
+	require.NoError(t, p.Deallocate(z, 1<<20, DefaultStream))
+	require.NoError(t, p.Release())
+	require.Zero(t, p.PoolSize())
+	require.Zero(t, sim.UsedBytes())
+	// Still usable.
+	w, err := p.Allocate(4096, DefaultStream)
+	require.NoError(t, err)
+	require.NoError(t, p.Deallocate(w, 4096, DefaultStream))
+}
+
+func TestPoolClose(t *testing.T) {
+	p, sim := newSimPool(t, 1<<30, &PoolOptions{InitialPoolSize: 1 << 20})
+	_, err := p.Allocate(4096, DefaultStream) // left live on purpose
+	require.NoError(t, err)
+	require.NoError(t, p.Close())
+	require.Zero(t, sim.UsedBytes(), "Close returns every upstream block, live or not")
+	_, err = p.Allocate(1, DefaultStream)
+	require.ErrorIs(t, err, ErrClosed)
+	require.NoError(t, p.Close())
+}
+
+func TestPoolOverPool(t *testing.T) {
+	outer, _ := newSimPool(t, 1<<30, &PoolOptions{InitialPoolSize: 1 << 24})
+	inner, err := NewPoolMemoryResource(outer, &PoolOptions{InitialPoolSize: 1 << 20})
+	require.NoError(t, err)
+	require.Same(t, outer, inner.Upstream())
+	var ptrs []DevicePtr
+	for i := 0; i < 100; i++ {
+		ptr, err := inner.Allocate(100_000, DefaultStream)
+		require.NoError(t, err)
+		ptrs = append(ptrs, ptr)
+	}
+	require.NoError(t, inner.CheckInvariants())
+	require.NoError(t, outer.CheckInvariants())
+	for _, ptr := range ptrs {
+		require.NoError(t, inner.Deallocate(ptr, 100_000, DefaultStream))
+	}
+	require.NoError(t, inner.Close())
+	require.Zero(t, outer.Stats().LiveAllocations)
+}
+
+func TestPoolOOMMessage(t *testing.T) {
+	p, _ := newSimPool(t, 1<<20, nil)
+	_, err := p.Allocate(2<<20, DefaultStream)
+	require.ErrorIs(t, err, ErrOutOfMemory)
+	var cause *CUDAError
+	require.False(t, errors.As(err, &cause))
+	require.Contains(t, err.Error(), "PoolMemoryResource")
+	require.Contains(t, err.Error(), "2097152")
+}
