@@ -206,7 +206,7 @@ func TestGPUCopyKernel(t *testing.T) {
 func TestGPUPoolCrossStreamReuse(t *testing.T) {
 	skipWithoutGPU(t)
 	cuda, _ := NewCudaMemoryResource(0)
-	const n = 1 << 30
+	const n = 256 << 20
 	pool, err := NewPoolMemoryResource(cuda, &PoolOptions{InitialPoolSize: n, MaximumPoolSize: n})
 	require.NoError(t, err)
 	defer pool.Close()
@@ -221,7 +221,7 @@ func TestGPUPoolCrossStreamReuse(t *testing.T) {
 	for round := 0; round < 3; round++ {
 		x, err := pool.Allocate(n, a.View())
 		require.NoError(t, err)
-		for i := 0; i < 40; i++ { // ~40 × 0.25 ms of work queued on A
+		for i := 0; i < 200; i++ { // ~200 × 60 µs of work queued on A
 			require.NoError(t, deviceFill(0, x, n, []byte{1, 2, 3, 4, 5, 6, 7, byte(i)}, a.View()))
 		}
 		require.NoError(t, deviceFill(0, x, n, le64(0x0707070707070707), a.View()))
