@@ -9,6 +9,7 @@ import (
 const (
 	memPoolAttrReleaseThreshold   = 4
 	memPoolAttrReservedMemCurrent = 5
+	memPoolAttrReservedMemHigh    = 6
 	memPoolAttrUsedMemCurrent     = 7
 )
 
@@ -128,6 +129,13 @@ func (r *CudaAsyncMemoryResource) PoolHandle() uintptr { return r.pool }
 // ReservedBytes returns the bytes the pool holds from the device (CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT).
 func (r *CudaAsyncMemoryResource) ReservedBytes() (int, error) {
 	v, err := cuMemPoolGetAttributeU64(r.ctx, r.pool, memPoolAttrReservedMemCurrent)
+	return int(v), err
+}
+
+// ReservedBytesHigh returns the most bytes the pool has held from the device since it was created
+// (CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH).
+func (r *CudaAsyncMemoryResource) ReservedBytesHigh() (int, error) {
+	v, err := cuMemPoolGetAttributeU64(r.ctx, r.pool, memPoolAttrReservedMemHigh)
 	return int(v), err
 }
 
