@@ -14,14 +14,16 @@ import (
 	"time"
 )
 
-// RMM's CSV event log: the format librmm's logging_resource_adaptor writes and its replay
-// benchmark reads. One header line, then one line per allocator event:
+// LogHeader is the first line (without its newline) of RMM's CSV event log: the format librmm's
+// logging_resource_adaptor writes and its replay benchmark reads. After the header comes one line
+// per allocator event:
 //
 //	Thread,Time,Action,Pointer,Size,Stream
 //	140212345678912,09:41:07.015233,allocate,0x7f3a2c000000,4096,0
 //	140212345678912,09:41:07.015420,free,0x7f3a2c000000,4096,0
 //	140212345678912,09:41:07.016001,allocate failure,(nil),1099511627776,0x7f3a30003840
 //
+// The columns:
 //   - Thread: the OS thread id, decimal.
 //   - Time: local wall-clock time of day, HH:MM:SS.uuuuuu (microseconds, no date; it wraps at
 //     midnight).
@@ -34,8 +36,6 @@ import (
 //
 // LogWriter writes exactly this. LogReader reads it and also the older forms: a null pointer as
 // 0x0 or 0, and a stream as decimal.
-
-// LogHeader is the first line of an RMM CSV event log (without its newline).
 const LogHeader = "Thread,Time,Action,Pointer,Size,Stream"
 
 // ErrMalformedLog: an RMM CSV event log could not be parsed. The error is a *LogParseError that
