@@ -1,0 +1,6 @@
+//go:build race
+
+package rmm
+
+// logRaceEnabled reports whether the test binary was built with -race.
+const logRaceEnabled = true
