@@ -4,4 +4,7 @@ go 1.26.0
 
 require github.com/stretchr/testify v1.12.1
 
-require go.yaml.in/yaml/v3 v3.0.5 // indirect
+require (
+	github.com/dustin/go-humanize v1.1.0 // indirect
+	go.yaml.in/yaml/v3 v3.0.5 // indirect
+)

@@ -1,0 +1,270 @@
+// Command rmm-replay replays an RMM CSV event log (written by librmm's logging_resource_adaptor
+// or by rmm.LoggingResourceAdaptor) against a gormm/rmm memory resource, in the log's exact
+// global order, and prints how fast it went and how much memory it took.
+//
+//	rmm-replay [flags] TRACE.csv[.gz]
+//
+// By default the resource is a PoolMemoryResource over the GPU (CudaMemoryResource on device 0),
+// or over host memory (SystemMemoryResource) where there is no CUDA device; the first line of
+// output names it. -simulate SIZE replaces the upstream with an address-only resource of SIZE
+// bytes, so that a trace recorded on a large GPU replays anywhere.
+//
+// Flags:
+//
+//	-mr pool|cuda|async|managed|system   the resource to replay on (default pool)
+//	-initial SIZE     pool initial size, or the async pool's priming size (default 0)
+//	-maximum SIZE     pool maximum size (default none)
+//	-simulate SIZE    replay the pool over an address-only upstream of SIZE bytes
+//	-device N         CUDA device (default 0)
+//	-passes N         replay N times on the same resource; report each and the median (default 1)
+//	-v                print every allocation that fails during the replay
+//
+// Sizes take units: 1073741824, 1GiB, 1.5GB (SI units are powers of 1000, "i" units of 1024).
+package main
+
+import (
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"sort"
+	"sync/atomic"
+	"time"
+
+	"github.com/dustin/go-humanize"
+	"github.com/gormm/rmm"
+)
+
+// sizeFlag is a byte count given with optional units.
+type sizeFlag struct {
+	n   int
+	set bool
+}
+
+func (f *sizeFlag) String() string { return fmt.Sprint(f.n) }
+
+func (f *sizeFlag) Set(s string) error {
+	v, err := humanize.ParseBytes(s)
+	if err != nil {
+		return fmt.Errorf("not a size: %q (examples: 1073741824, 1GiB, 512MB)", s)
+	}
+	if v > uint64(^uint(0)>>1) {
+		return fmt.Errorf("size %q is too large", s)
+	}
+	f.n, f.set = int(v), true
+	return nil
+}
+
+// peakResource counts the bytes that pass through it to its upstream, current and peak.
+type peakResource struct {
+	rmm.MemoryResource
+	cur, peak atomic.Int64
+}
+
+func (r *peakResource) Allocate(n int, s rmm.StreamView) (rmm.DevicePtr, error) {
+	p, err := r.MemoryResource.Allocate(n, s)
+	if err == nil {
+		c := r.cur.Add(int64(n))
+		for {
+			pk := r.peak.Load()
+			if c <= pk || r.peak.CompareAndSwap(pk, c) {
+				break
+			}
+		}
+	}
+	return p, err
+}
+
+func (r *peakResource) Deallocate(p rmm.DevicePtr, n int, s rmm.StreamView) error {
+	err := r.MemoryResource.Deallocate(p, n, s)
+	if err == nil && p != 0 {
+		r.cur.Add(-int64(n))
+	}
+	return err
+}
+
+func (r *peakResource) Upstream() rmm.MemoryResource { return r.MemoryResource }
+func (r *peakResource) Access() rmm.Access           { return rmm.AccessOf(r.MemoryResource) }
+
+func main() {
+	if err := run(os.Args[1:], os.Stdout, os.Stderr); err != nil {
+		fmt.Fprintln(os.Stderr, "rmm-replay:", err)
+		if errors.Is(err, flag.ErrHelp) {
+			os.Exit(2)
+		}
+		os.Exit(1)
+	}
+}
+
+func run(args []string, stdout, stderr io.Writer) error {
+	fs := flag.NewFlagSet("rmm-replay", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	mrName := fs.String("mr", "pool", "resource: pool, cuda, async, managed or system")
+	var initial, maximum, simulate sizeFlag
+	fs.Var(&initial, "initial", "pool initial size, or the async pool's priming size (default 0)")
+	fs.Var(&maximum, "maximum", "pool maximum size (default none)")
+	fs.Var(&simulate, "simulate", "replay the pool over an address-only upstream of this many bytes")
+	device := fs.Int("device", 0, "CUDA device")
+	passes := fs.Int("passes", 1, "replay this many times on the same resource")
+	verbose := fs.Bool("v", false, "print every allocation that fails during the replay")
+	fs.Usage = func() {
+		fmt.Fprintln(stderr, "usage: rmm-replay [flags] TRACE.csv[.gz]")
+		fs.PrintDefaults()
+	}
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if fs.NArg() != 1 {
+		fs.Usage()
+		return fmt.Errorf("%w: need exactly one trace file", flag.ErrHelp)
+	}
+	if *passes < 1 {
+		return fmt.Errorf("-passes %d: must be at least 1", *passes)
+	}
+	if simulate.set && *mrName != "pool" {
+		return fmt.Errorf("-simulate works with -mr pool only (got -mr %s)", *mrName)
+	}
+	path := fs.Arg(0)
+	events, err := rmm.ReadLogFile(path)
+	if err != nil {
+		return err
+	}
+
+	dev := rmm.Device(*device)
+	cudaErr := rmm.CUDAAvailable()
+	where := "no CUDA device: " + fmt.Sprint(cudaErr)
+	if cudaErr == nil {
+		if err := rmm.SetCurrentDevice(dev); err != nil {
+			return err
+		}
+		name, _ := dev.Name()
+		where = fmt.Sprintf("device %d (%s)", *device, name)
+	}
+
+	var mr rmm.MemoryResource
+	var upstream *peakResource
+	var desc string
+	var closer func() error
+	switch *mrName {
+	case "pool":
+		var up rmm.MemoryResource
+		switch {
+		case simulate.set:
+			sim, err := rmm.NewSimulatedMemoryResource(simulate.n)
+			if err != nil {
+				return err
+			}
+			up = sim
+			desc = fmt.Sprintf("PoolMemoryResource over SimulatedMemoryResource (%d bytes, address-only)", simulate.n)
+		case cudaErr == nil:
+			cuda, err := rmm.NewCudaMemoryResource(dev)
+			if err != nil {
+				return err
+			}
+			up = cuda
+			desc = "PoolMemoryResource over CudaMemoryResource on " + where
+		default:
+			up = rmm.NewSystemMemoryResource()
+			desc = "PoolMemoryResource over SystemMemoryResource (host memory; " + where + ")"
+		}
+		upstream = &peakResource{MemoryResource: up}
+		pool, err := rmm.NewPoolMemoryResource(upstream, &rmm.PoolOptions{InitialPoolSize: initial.n, MaximumPoolSize: maximum.n})
+		if err != nil {
+			return err
+		}
+		mr, closer = pool, pool.Close
+	case "cuda":
+		cuda, err := rmm.NewCudaMemoryResource(dev)
+		if err != nil {
+			return err
+		}
+		upstream = &peakResource{MemoryResource: cuda}
+		mr, desc = upstream, "CudaMemoryResource on "+where
+	case "managed":
+		m, err := rmm.NewManagedMemoryResource(dev)
+		if err != nil {
+			return err
+		}
+		upstream = &peakResource{MemoryResource: m}
+		mr, desc = upstream, "ManagedMemoryResource on "+where
+	case "async":
+		a, err := rmm.NewCudaAsyncMemoryResource(dev, &rmm.CudaAsyncOptions{InitialPoolSize: initial.n, ReleaseThreshold: -1})
+		if err != nil {
+			return err
+		}
+		mr, desc, closer = a, "CudaAsyncMemoryResource on "+where, a.Close
+	case "system":
+		upstream = &peakResource{MemoryResource: rmm.NewSystemMemoryResource()}
+		mr, desc = upstream, "SystemMemoryResource (host memory)"
+	default:
+		return fmt.Errorf("-mr %q: want pool, cuda, async, managed or system", *mrName)
+	}
+	if closer != nil {
+		defer closer()
+	}
+
+	fmt.Fprintf(stdout, "rmm-replay: %s\n", desc)
+	opts := &rmm.ReplayOptions{}
+	if *verbose {
+		opts.OnFailure = func(e rmm.LogEvent, err error) {
+			fmt.Fprintf(stderr, "line %d: allocate %d bytes: %v\n", e.Line, e.Size, err)
+		}
+	}
+	var results []rmm.ReplayResult
+	for i := 0; i < *passes; i++ {
+		r, err := rmm.Replay(events, mr, opts)
+		if err != nil {
+			return err
+		}
+		results = append(results, r)
+	}
+	r := results[0]
+	walls := make([]time.Duration, len(results))
+	for i, x := range results {
+		walls[i] = x.Wall
+	}
+	sort.Slice(walls, func(i, j int) bool { return walls[i] < walls[j] })
+	median := walls[len(walls)/2]
+
+	failures := 0
+	for _, x := range results {
+		failures += x.Failures
+	}
+	var reserved int64
+	switch {
+	case upstream != nil:
+		reserved = upstream.peak.Load()
+	default:
+		if a, ok := mr.(*rmm.CudaAsyncMemoryResource); ok {
+			if v, err := a.ReservedBytesHigh(); err == nil {
+				reserved = int64(v)
+			}
+		}
+	}
+	w := stdout
+	fmt.Fprintf(w, "trace            %s\n", path)
+	fmt.Fprintf(w, "events           %d (allocations %d, frees %d, logged failures %d; %d threads)\n", r.Events, r.Allocations, r.Frees, r.LoggedFailures, r.Threads)
+	fmt.Fprintf(w, "failures         %d\n", failures)
+	if len(results) > 1 {
+		fmt.Fprintf(w, "passes           %d, wall times", len(results))
+		for _, x := range results {
+			fmt.Fprintf(w, " %s", x.Wall.Round(time.Microsecond))
+		}
+		fmt.Fprintln(w)
+	}
+	fmt.Fprintf(w, "wall time        %s (%.0f ns/event)\n", median.Round(time.Microsecond), float64(median.Nanoseconds())/float64(max(r.Events, 1)))
+	fmt.Fprintf(w, "peak live        %d bytes (%s)\n", r.PeakLiveBytes, rmm.FormatBytes(r.PeakLiveBytes))
+	if reserved > 0 {
+		fmt.Fprintf(w, "peak upstream    %d bytes (%s), %.3f x peak live\n", reserved, rmm.FormatBytes(reserved), float64(reserved)/float64(max(r.PeakLiveBytes, 1)))
+	}
+	if p, ok := mr.(*rmm.PoolMemoryResource); ok {
+		st := p.Stats()
+		fmt.Fprintf(w, "pool at end      size %d bytes in %d upstream blocks, %d free blocks, largest %d bytes\n", st.PoolSize, st.UpstreamBlocks, st.FreeBlocks, st.LargestFreeBlock)
+	}
+	fmt.Fprintf(w, "left allocated   %d allocations, %d bytes (freed after the replay)\n", r.LeftAllocations, r.LeftBytes)
+	if r.UnmatchedFrees > 0 {
+		fmt.Fprintf(w, "unmatched frees  %d (skipped)\n", r.UnmatchedFrees)
+	}
+	return nil
+}

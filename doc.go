@@ -1,0 +1,38 @@
+// Package rmm is a GPU memory manager for Go: a port of the RAPIDS Memory Manager (RMM).
+//
+// Programs allocate typed device memory — Uvector[T], Scalar[T], DeviceBuffer — through pluggable,
+// stream-ordered memory resources, and stack adaptors on them:
+//
+//   - Resources: CudaMemoryResource (cuMemAlloc), ManagedMemoryResource (cuMemAllocManaged),
+//     CudaAsyncMemoryResource (the driver's stream-ordered pools), SystemMemoryResource (host
+//     memory), SimulatedMemoryResource (addresses without memory, for replaying and testing), and
+//     PoolMemoryResource, a coalescing best-fit sub-allocator whose allocations cost nanoseconds
+//     instead of the driver's tens of microseconds.
+//   - Adaptors: LoggingResourceAdaptor writes RMM's CSV event log, which ReadLog reads back and
+//     Replay (and the rmm-replay command) replays against any resource.
+//
+// # Devices, streams, the current resource
+//
+// A Device is a CUDA ordinal. The package loads libcuda.so.1 itself when first used (no CUDA
+// toolkit is needed to build), and makes each device's primary context current inside every
+// driver call, so goroutines need not lock OS threads. Work is ordered on streams: StreamView is a
+// comparable, non-owning reference (DefaultStream is the legacy default stream), Stream owns one.
+// Memory allocated on a stream may be used by work on that stream; another stream needs an
+// ordering edge (an Event) first.
+//
+// Every device has a current resource (CurrentDeviceResource, SetCurrentDeviceResource): a
+// CudaMemoryResource until something else is set. A nil MemoryResource argument means the current
+// device resource.
+//
+// # Without a GPU
+//
+// On a machine with no CUDA driver or device, CUDAAvailable reports why, the current resource is
+// a SystemMemoryResource, streams are host streams and containers fill and copy on the CPU: the
+// same program runs, on host memory.
+//
+// # Errors
+//
+// Failures wrap the sentinel errors of errors.go (test with errors.Is): ErrOutOfMemory,
+// ErrInvalidArgument, ErrInvalidFree, ErrNoDevice, ErrOutOfRange, ErrClosed, ErrNotSupported; a
+// failing driver call is a *CUDAError. A failed call leaves the resource or container as it was.
+package rmm

@@ -1,0 +1,217 @@
+package rmm
+
+import (
+	"errors"
+	"fmt"
+	"runtime"
+	"sort"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// ReplayOptions configures Replay. nil means the defaults.
+type ReplayOptions struct {
+	// Stream maps a stream handle recorded in the log to the stream to replay it on. Default: the
+	// logged default stream (0) to DefaultStream and every other logged stream to a stream of its
+	// own, created on the resource's device for the replay and closed afterwards.
+	Stream func(logged uintptr) StreamView
+	// OnFailure, when set, is called for each allocation that fails during the replay (not for
+	// the log's own "allocate failure" lines, which are skipped). Default: failures are counted.
+	OnFailure func(e LogEvent, err error)
+}
+
+// ReplayResult is what a Replay measured.
+type ReplayResult struct {
+	Events          int           // events in the log
+	Allocations     int           // allocations replayed (including zero-byte ones)
+	Frees           int           // frees replayed
+	LoggedFailures  int           // "allocate failure" lines in the log, skipped
+	Failures        int           // allocations that failed during the replay
+	UnmatchedFrees  int           // frees of pointers the log never allocated (skipped)
+	Threads         int           // goroutines used: one per logged thread
+	Wall            time.Duration // time to replay all events, in their logged order
+	PeakLiveBytes   int64         // highest sum of live (requested) sizes during the replay
+	LeftAllocations int           // allocations the log never frees
+	LeftBytes       int64         // their requested bytes
+}
+
+// NsPerEvent is the wall time per replayed event.
+func (r ReplayResult) NsPerEvent() float64 {
+	if r.Events == 0 {
+		return 0
+	}
+	return float64(r.Wall.Nanoseconds()) / float64(r.Events)
+}
+
+// Replay replays an RMM event log (as read by ReadLog) against mr in the log's exact global
+// order: one goroutine per logged thread, each event waiting for the one before it in the log,
+// as librmm's replay benchmark does. Logged pointers are remapped to the pointers mr returns;
+// "allocate failure" lines are skipped; a free of a pointer the log never allocated is skipped and
+// counted. Allocations the log leaves live are freed after the timed part. The error is non-nil
+// only for a failed Deallocate (which means a bug in mr) or a stream that cannot be created.
+func Replay(events []LogEvent, mr MemoryResource, opts *ReplayOptions) (ReplayResult, error) {
+	mr = resourceOrCurrent(mr)
+	var o ReplayOptions
+	if opts != nil {
+		o = *opts
+	}
+	res := ReplayResult{Events: len(events)}
+
+	// Pre-pass: match each free with its allocation, group events by thread, map streams.
+	type op struct {
+		kind   EventAction
+		size   int
+		match  int32 // for a free: index of its allocation in events, or -1
+		stream StreamView
+	}
+	ops := make([]op, len(events))
+	lastAlloc := map[DevicePtr]int32{}
+	threads := map[uint64][]int32{}
+	var owned []*Stream
+	defer func() {
+		for _, s := range owned {
+			s.Close()
+		}
+	}()
+	streams := map[uintptr]StreamView{}
+	streamFor := func(h uintptr) (StreamView, error) {
+		if s, ok := streams[h]; ok {
+			return s, nil
+		}
+		var s StreamView
+		switch {
+		case o.Stream != nil:
+			s = o.Stream(h)
+		case h == 0:
+			s = DefaultStream
+		default:
+			st, err := NewStream(DeviceOf(mr), &StreamOptions{NonBlocking: true})
+			if err != nil {
+				return s, err
+			}
+			owned = append(owned, st)
+			s = st.View()
+		}
+		streams[h] = s
+		return s, nil
+	}
+	var live, peak int64
+	for i, e := range events {
+		s, err := streamFor(e.Stream)
+		if err != nil {
+			return res, fmt.Errorf("Replay: creating a stream for logged stream %#x: %w", e.Stream, err)
+		}
+		ops[i] = op{kind: e.Action, size: e.Size, match: -1, stream: s}
+		switch e.Action {
+		case ActionAllocate:
+			res.Allocations++
+			if e.Pointer != 0 {
+				lastAlloc[e.Pointer] = int32(i)
+			}
+			live += int64(e.Size)
+			peak = max(peak, live)
+		case ActionFree:
+			if j, ok := lastAlloc[e.Pointer]; ok && e.Pointer != 0 {
+				ops[i].match = j
+				delete(lastAlloc, e.Pointer)
+				live -= int64(events[j].Size)
+				res.Frees++
+			} else {
+				res.UnmatchedFrees++
+			}
+		case ActionAllocateFailure:
+			res.LoggedFailures++
+		}
+		threads[e.Thread] = append(threads[e.Thread], int32(i))
+	}
+	res.PeakLiveBytes = peak
+	res.LeftAllocations = len(lastAlloc)
+	for _, j := range lastAlloc {
+		res.LeftBytes += int64(events[j].Size)
+	}
+	res.Threads = len(threads)
+
+	ptrs := make([]DevicePtr, len(events))
+	failed := make([]bool, len(events))
+	var turn atomic.Int64 // index of the event whose turn it is
+	var failures atomic.Int64
+	var firstErr error
+	var errMu sync.Mutex
+	run := func(idx []int32, wait bool) {
+		for _, i := range idx {
+			if wait {
+				for turn.Load() != int64(i) {
+					runtime.Gosched()
+				}
+			}
+			o := &ops[i]
+			switch o.kind {
+			case ActionAllocate:
+				p, err := mr.Allocate(o.size, o.stream)
+				if err != nil {
+					failed[i] = true
+					failures.Add(1)
+					if opts != nil && opts.OnFailure != nil {
+						opts.OnFailure(events[i], err)
+					}
+				}
+				ptrs[i] = p
+			case ActionFree:
+				if j := o.match; j >= 0 && !failed[j] {
+					if err := mr.Deallocate(ptrs[j], ops[j].size, o.stream); err != nil {
+						errMu.Lock()
+						if firstErr == nil {
+							firstErr = fmt.Errorf("Replay: line %d: freeing %d bytes: %w", events[i].Line, ops[j].size, err)
+						}
+						errMu.Unlock()
+					}
+					ptrs[j] = 0
+				}
+			}
+			if wait {
+				turn.Store(int64(i) + 1)
+			}
+		}
+	}
+	start := time.Now()
+	if len(threads) <= 1 {
+		all := make([]int32, len(events))
+		for i := range all {
+			all[i] = int32(i)
+		}
+		run(all, false)
+	} else {
+		ids := make([]uint64, 0, len(threads))
+		for id := range threads {
+			ids = append(ids, id)
+		}
+		sort.Slice(ids, func(a, b int) bool { return ids[a] < ids[b] })
+		var wg sync.WaitGroup
+		for _, id := range ids {
+			wg.Add(1)
+			go func(idx []int32) {
+				defer wg.Done()
+				run(idx, true)
+			}(threads[id])
+		}
+		wg.Wait()
+	}
+	res.Wall = time.Since(start)
+	res.Failures = int(failures.Load())
+
+	// Free what the log left allocated.
+	for j, p := range ptrs {
+		if p != 0 && ops[j].kind == ActionAllocate {
+			if err := mr.Deallocate(p, ops[j].size, ops[j].stream); err != nil && firstErr == nil {
+				firstErr = fmt.Errorf("Replay: freeing a leftover allocation of line %d: %w", events[j].Line, err)
+			}
+		}
+	}
+	for _, s := range streams {
+		s.Synchronize()
+	}
+	return res, firstErr
+}
+
+var _ = errors.New
