@@ -169,4 +169,3 @@ func deviceCopyKernel(dev Device, dst, src DevicePtr, nbytes int, s StreamView) 
 	}
 	return cuLaunchCopy(st.ctx, ks.copyBytes, launchGrid(st, nbytes), launchBlock, s.cu(), dst, src, nbytes)
 }
-
