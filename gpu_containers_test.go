@@ -282,12 +282,12 @@ func TestGPUAllocatorAndLeak(t *testing.T) {
 	require.NoError(t, sa.Deallocate(sp))
 
 	logs := captureDebugLog(t)
-	_, err = leakUvector(mr, s)
+	p, err := leakUvector(mr, s)
 	require.NoError(t, err)
-	awaitFrees(t, mr, 2)
+	awaitReclaim(t, mr, 2, logs, 1)
 	_, _, live := mr.counts()
 	assert.Zero(t, live)
-	recs := logs.all()
+	recs := ours(logs.all(), p)
 	require.Len(t, recs, 1)
 	assert.Equal(t, "Uvector[float64]", recs[0]["type"])
 }

@@ -212,7 +212,9 @@ func checkFill[T comparable](t *testing.T, mr MemoryResource, n, off, cnt int, x
 	got, err := v.ToSlice(DefaultStream)
 	require.NoError(t, err)
 	for i := range got {
-		require.Equal(t, x, got[i], "element %d after Fill", i)
+		if got[i] != x {
+			t.Fatalf("%s of %d: element %d is %v after Fill(%v)", v.st.kind, n, i, got[i], x)
+		}
 	}
 	sub, err := v.Span().Subspan(off, cnt)
 	require.NoError(t, err)
@@ -224,7 +226,9 @@ func checkFill[T comparable](t *testing.T, mr MemoryResource, n, off, cnt int, x
 		if i >= off && i < off+cnt {
 			want = y
 		}
-		require.Equal(t, want, got[i], "element %d after the subspan fill [%d, %d)", i, off, off+cnt)
+		if got[i] != want {
+			t.Fatalf("%s of %d: element %d is %v, want %v, after filling [%d, %d) with %v", v.st.kind, n, i, got[i], want, off, off+cnt, y)
+		}
 	}
 }
 
