@@ -2,9 +2,9 @@ module github.com/gormm/rmm
 
 go 1.26.0
 
-require github.com/stretchr/testify v1.12.1
-
 require (
-	github.com/dustin/go-humanize v1.1.0 // indirect
-	go.yaml.in/yaml/v3 v3.0.5 // indirect
+	github.com/dustin/go-humanize v1.1.0
+	github.com/stretchr/testify v1.12.1
 )
+
+require go.yaml.in/yaml/v3 v3.0.5 // indirect

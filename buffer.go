@@ -1,0 +1,620 @@
+package rmm
+
+import (
+	"fmt"
+	"runtime"
+	"unsafe"
+)
+
+// noCopy makes `go vet` (copylocks) report containers copied by value: a copy would share the
+// memory and free it twice.
+type noCopy struct{}
+
+func (*noCopy) Lock()   {}
+func (*noCopy) Unlock() {}
+
+// memState is what a container owns: one allocation and what is needed to free it. It lives
+// apart from the container so that the cleanup that reclaims a leaked container's memory can hold
+// it without keeping the container reachable.
+type memState struct {
+	ptr      DevicePtr
+	size     int // bytes in use
+	capacity int // bytes allocated (what Deallocate is given)
+	stream   StreamView
+	mr       MemoryResource
+	dev      Device
+	access   Access
+	kind     string // "DeviceBuffer", "Uvector[float32]", ... for messages
+	closed   bool
+}
+
+// newMemState allocates nbytes (exactly, none for 0) from mr, or the current device resource when
+// mr is nil, on s.
+func newMemState(kind string, nbytes int, s StreamView, mr MemoryResource) (*memState, error) {
+	mr = resourceOrCurrent(mr)
+	st := &memState{stream: s, mr: mr, dev: DeviceOf(mr), access: AccessOf(mr), kind: kind}
+	if nbytes > 0 {
+		p, err := mr.Allocate(nbytes, s)
+		if err != nil {
+			return nil, err
+		}
+		st.ptr = p
+	}
+	st.size, st.capacity = nbytes, nbytes
+	return st, nil
+}
+
+// ref is the allocation as one end of a copy or fill.
+func (st *memState) ref() memRef { return memRef{p: st.ptr, access: st.access, dev: st.dev} }
+
+// reallocate moves the first keep bytes into a new allocation of exactly newCap bytes, ordered on
+// s, frees the old allocation on s and makes s the stream. When the allocation or the copy fails
+// the state is unchanged. On memory with no access (SimulatedMemoryResource) only the addresses
+// change: there are no bytes to copy.
+func (st *memState) reallocate(op string, newCap, keep int, s StreamView) error {
+	var p DevicePtr
+	if newCap > 0 {
+		var err error
+		if p, err = st.mr.Allocate(newCap, s); err != nil {
+			return fmt.Errorf("%s: allocating %d bytes: %w", op, newCap, err)
+		}
+	}
+	if keep > 0 && st.access != 0 {
+		if err := copyMem(op, memRef{p, st.access, st.dev}, st.ref(), keep, s); err != nil {
+			_ = st.mr.Deallocate(p, newCap, s)
+			return err
+		}
+	}
+	oldPtr, oldCap := st.ptr, st.capacity
+	st.ptr, st.capacity, st.stream = p, newCap, s
+	if oldCap > 0 || oldPtr != 0 {
+		if err := st.mr.Deallocate(oldPtr, oldCap, s); err != nil {
+			return fmt.Errorf("%s: freeing the previous %d bytes at %#x (the contents were moved): %w", op, oldCap, uintptr(oldPtr), err)
+		}
+	}
+	return nil
+}
+
+// resize sets the size to n bytes: within the capacity only the size changes (shrinking keeps the
+// capacity); beyond it exactly n bytes are allocated and the old size copied. s becomes the
+// stream on success.
+func (st *memState) resize(op string, n int, s StreamView) error {
+	if n <= st.capacity {
+		st.size, st.stream = n, s
+		return nil
+	}
+	if err := st.reallocate(op, n, st.size, s); err != nil {
+		return err
+	}
+	st.size = n
+	return nil
+}
+
+// reserve grows the capacity to exactly n bytes when n exceeds it; the size stays.
+func (st *memState) reserve(op string, n int, s StreamView) error {
+	if n <= st.capacity {
+		st.stream = s
+		return nil
+	}
+	return st.reallocate(op, n, st.size, s)
+}
+
+// shrinkToFit reallocates exactly size bytes when the capacity is larger.
+func (st *memState) shrinkToFit(op string, s StreamView) error {
+	if st.size == st.capacity {
+		st.stream = s
+		return nil
+	}
+	return st.reallocate(op, st.size, st.size, s)
+}
+
+// close frees the capacity on the stream and empties the state.
+func (st *memState) close() error {
+	if st.closed {
+		return nil
+	}
+	p, n := st.ptr, st.capacity
+	st.ptr, st.size, st.capacity, st.closed = 0, 0, 0, true
+	if p == 0 && n == 0 {
+		return nil
+	}
+	if err := st.mr.Deallocate(p, n, st.stream); err != nil {
+		return fmt.Errorf("%s.Close: freeing %d bytes at %#x: %w", st.kind, n, uintptr(p), err)
+	}
+	return nil
+}
+
+// errClosed is the error of every method called after Close.
+func (st *memState) errClosed(op string) error {
+	return fmt.Errorf("%w: %s.%s called after Close", ErrClosed, st.kind, op)
+}
+
+// reclaimLeaked is the cleanup of a container that became unreachable without Close: it frees
+// the memory through its resource on its stream and says so in the debug log.
+func reclaimLeaked(st *memState) {
+	if st.closed || (st.ptr == 0 && st.capacity == 0) {
+		return
+	}
+	p, n := st.ptr, st.capacity
+	st.ptr, st.size, st.capacity, st.closed = 0, 0, 0, true
+	err := st.mr.Deallocate(p, n, st.stream)
+	attrs := []any{"type", st.kind, "bytes", n, "ptr", fmt.Sprintf("%#x", uintptr(p)),
+		"resource", resourceName(st.mr), "stream", st.stream.String()}
+	if err != nil {
+		attrs = append(attrs, "err", err)
+	}
+	DebugLogger().Warn("rmm: container reclaimed without Close (leak)", attrs...)
+}
+
+// ---- where memory is, and how to copy and fill it ----
+
+// memRef is one end of a copy or a fill: an address, where it can be touched, its device.
+type memRef struct {
+	p      DevicePtr
+	access Access
+	dev    Device
+}
+
+// route is how memory of some access is read and written.
+type route int
+
+const (
+	routeDevice route = iota // driver copies and kernels, ordered on the stream
+	routeHost                // the CPU, at once
+)
+
+// routeOf picks the device path for device-accessible memory when CUDA is available, else the
+// CPU for host-accessible memory. Memory with no access gives ErrNotSupported; device-only memory
+// without CUDA gives the reason CUDA is unavailable (ErrNoDevice).
+func routeOf(op string, a Access) (route, error) {
+	if a&DeviceAccessible != 0 {
+		err := CUDAAvailable()
+		if err == nil {
+			return routeDevice, nil
+		}
+		if a&HostAccessible == 0 {
+			return 0, fmt.Errorf("%s: device memory: %w", op, err)
+		}
+	}
+	if a&HostAccessible != 0 {
+		return routeHost, nil
+	}
+	return 0, fmt.Errorf("%w: %s: the memory has no access (an address-only resource such as SimulatedMemoryResource): it cannot be read or written", ErrNotSupported, op)
+}
+
+// copyMem copies n bytes from src to dst (not overlapping), choosing by where each lies:
+//   - both device-accessible: deviceCopy (cuMemcpyAsync), asynchronous on s;
+//   - both host-accessible: the CPU (after synchronising s when one end is also device memory
+//     that work on s may still be using);
+//   - host-only and device memory: cuMemcpyHtoDAsync / cuMemcpyDtoHAsync on s, then s is
+//     synchronised, because the host end is then touched by the CPU without stream order.
+func copyMem(op string, dst, src memRef, n int, s StreamView) error {
+	if n == 0 {
+		return nil
+	}
+	dr, err := routeOf(op, dst.access)
+	if err != nil {
+		return err
+	}
+	sr, err := routeOf(op, src.access)
+	if err != nil {
+		return err
+	}
+	switch {
+	case dr == routeDevice && sr == routeDevice:
+		if err := deviceCopy(dst.dev, dst.p, src.p, n, s); err != nil {
+			return fmt.Errorf("%s: copying %d bytes: %w", op, n, err)
+		}
+		return nil
+	case dst.access&HostAccessible != 0 && src.access&HostAccessible != 0:
+		if dr == routeDevice || sr == routeDevice {
+			dev := dst.dev
+			if dr != routeDevice {
+				dev = src.dev
+			}
+			if err := syncStream(dev, s); err != nil {
+				return fmt.Errorf("%s: %w", op, err)
+			}
+		}
+		copy(hostBytes(dst.p, n), hostBytes(src.p, n))
+		return nil
+	case dr == routeDevice: // src is host-only memory outside the Go heap
+		ctx, err := dst.dev.ctx()
+		if err == nil {
+			err = cuMemcpyHtoDAsyncPtr(ctx, dst.p, uintptr(src.p), n, s.cu())
+		}
+		if err == nil {
+			err = cuStreamSynchronize(ctx, s.cu())
+		}
+		if err != nil {
+			return fmt.Errorf("%s: copying %d bytes from host to device: %w", op, n, err)
+		}
+		return nil
+	default: // dst is host-only, src device memory
+		ctx, err := src.dev.ctx()
+		if err == nil {
+			err = cuMemcpyDtoHAsyncPtr(ctx, uintptr(dst.p), src.p, n, s.cu())
+		}
+		if err == nil {
+			err = cuStreamSynchronize(ctx, s.cu())
+		}
+		if err != nil {
+			return fmt.Errorf("%s: copying %d bytes from device to host: %w", op, n, err)
+		}
+		return nil
+	}
+}
+
+// copyFromAddr copies n bytes from src, an address of unknown kind, to dst. With CUDA the
+// driver infers the source's kind through unified addressing (cuMemcpyAsync on s; s is then
+// synchronised when dst is host-only memory). Without CUDA src must be host memory.
+func copyFromAddr(op string, dst memRef, src DevicePtr, n int, s StreamView) error {
+	if n == 0 {
+		return nil
+	}
+	dr, err := routeOf(op, dst.access)
+	if err != nil {
+		return err
+	}
+	if CUDAAvailable() != nil {
+		copy(hostBytes(dst.p, n), hostBytes(src, n))
+		return nil
+	}
+	ctx, err := dst.dev.ctx()
+	if err == nil {
+		err = cuMemcpyAsync(ctx, uintptr(dst.p), uintptr(src), n, s.cu())
+	}
+	if err == nil && dr != routeDevice {
+		err = cuStreamSynchronize(ctx, s.cu())
+	}
+	if err != nil {
+		return fmt.Errorf("%s: copying %d bytes from %#x: %w", op, n, uintptr(src), err)
+	}
+	return nil
+}
+
+// copyFromGo copies Go memory (which must hold no Go pointers) to dst; finished at return
+// (cuMemcpyHtoDAsync on s, then s synchronised, in one driver call).
+func copyFromGo(op string, dst memRef, src unsafe.Pointer, n int, s StreamView) error {
+	if n == 0 {
+		return nil
+	}
+	r, err := routeOf(op, dst.access)
+	if err != nil {
+		return err
+	}
+	if r == routeHost {
+		copy(hostBytes(dst.p, n), unsafe.Slice((*byte)(src), n))
+		return nil
+	}
+	ctx, err := dst.dev.ctx()
+	if err == nil {
+		err = cuMemcpyHtoDSync(ctx, dst.p, src, n, s.cu())
+	}
+	if err != nil {
+		return fmt.Errorf("%s: copying %d bytes from host: %w", op, n, err)
+	}
+	return nil
+}
+
+// copyToGo copies n bytes at src into Go memory; finished at return (cuMemcpyDtoHAsync on s,
+// then s synchronised).
+func copyToGo(op string, dst unsafe.Pointer, src memRef, n int, s StreamView) error {
+	if n == 0 {
+		return nil
+	}
+	r, err := routeOf(op, src.access)
+	if err != nil {
+		return err
+	}
+	if r == routeHost {
+		copy(unsafe.Slice((*byte)(dst), n), hostBytes(src.p, n))
+		return nil
+	}
+	ctx, err := src.dev.ctx()
+	if err == nil {
+		err = cuMemcpyDtoHSync(ctx, dst, src.p, n, s.cu())
+	}
+	if err != nil {
+		return fmt.Errorf("%s: copying %d bytes to host: %w", op, n, err)
+	}
+	return nil
+}
+
+// fillMem writes elem repeatedly over nbytes at dst (nbytes a multiple of len(elem)): deviceFill
+// (driver memset or fill kernels, asynchronous on s) on device memory, the CPU on host memory.
+func fillMem(op string, dst memRef, nbytes int, elem []byte, s StreamView) error {
+	if nbytes == 0 {
+		return nil
+	}
+	r, err := routeOf(op, dst.access)
+	if err != nil {
+		return err
+	}
+	if r == routeHost {
+		hostFill(hostBytes(dst.p, nbytes), elem)
+		return nil
+	}
+	if err := deviceFill(dst.dev, dst.p, nbytes, elem, s); err != nil {
+		return fmt.Errorf("%s: filling %d bytes with a %d-byte value: %w", op, nbytes, len(elem), err)
+	}
+	return nil
+}
+
+// hostFill writes elem over b (len(b) a multiple of len(elem)): once, then by doubling copies.
+func hostFill(b, elem []byte) {
+	if len(b) == 0 {
+		return
+	}
+	n := copy(b, elem)
+	for n < len(b) {
+		n += copy(b[n:], b[:n])
+	}
+}
+
+// syncStream waits for s on dev (cuStreamSynchronize).
+func syncStream(dev Device, s StreamView) error {
+	ctx, err := dev.ctx()
+	if err != nil {
+		return err
+	}
+	return cuStreamSynchronize(ctx, s.cu())
+}
+
+// rangeErr is the error for bytes [off, off+n) outside a container of length size.
+func rangeErr(op string, off, n, size int, unit string) error {
+	return fmt.Errorf("%w: %s: %s [%d, %d+%d) outside length %d", ErrOutOfRange, op, unit, off, off, n, size)
+}
+
+// inRange reports whether [off, off+n) lies in [0, size) without overflow.
+func inRange(off, n, size int) bool { return off >= 0 && n >= 0 && off <= size && n <= size-off }
+
+// ---- DeviceBuffer ----
+
+// DeviceBuffer is an untyped, uninitialized allocation of device memory (RMM's device_buffer):
+// a size in bytes, a capacity in bytes, the MemoryResource it came from, the stream on which it
+// was last used (and on which it is freed), and the device of that resource, recorded at
+// construction and used for every later call.
+//
+// Memory comes from the resource, aligned to Alignment (256 bytes). Copies and fills on
+// device-accessible memory are ordered on the stream passed to each call and run on the GPU;
+// methods that read or write Go memory (CopyFromHost, CopyToHost, Bytes) finish before they return.
+// On host-only memory (a SystemMemoryResource, the current device resource where there is no
+// GPU) everything runs on the CPU at once. Memory with no access (SimulatedMemoryResource) can be
+// allocated and resized but not read or written: those calls return ErrNotSupported.
+//
+// Close frees the memory; a buffer dropped without Close is freed by a cleanup once the collector
+// finds it unreachable, and the leak is reported to DebugLogger. A DeviceBuffer must not be copied
+// by value, and is not safe for concurrent use by several goroutines.
+type DeviceBuffer struct {
+	noCopy  noCopy
+	st      *memState
+	cleanup runtime.Cleanup
+}
+
+func newDeviceBuffer(st *memState) *DeviceBuffer {
+	b := &DeviceBuffer{st: st}
+	b.cleanup = runtime.AddCleanup(b, reclaimLeaked, st)
+	return b
+}
+
+// NewDeviceBuffer allocates size bytes (exactly; nothing for 0) from mr on stream s; nil mr means
+// CurrentDeviceResource(). The contents are uninitialized. A negative size returns
+// ErrInvalidArgument; a failed allocation returns the resource's error (ErrOutOfMemory).
+func NewDeviceBuffer(size int, s StreamView, mr MemoryResource) (*DeviceBuffer, error) {
+	if size < 0 {
+		return nil, fmt.Errorf("%w: NewDeviceBuffer: negative size %d", ErrInvalidArgument, size)
+	}
+	st, err := newMemState("DeviceBuffer", size, s, mr)
+	if err != nil {
+		return nil, fmt.Errorf("NewDeviceBuffer(%d bytes): %w", size, err)
+	}
+	return newDeviceBuffer(st), nil
+}
+
+// NewDeviceBufferFromHost allocates len(src) bytes from mr (nil: the current device resource) on
+// s and copies src into them; the copy is complete when it returns (cuMemcpyHtoDAsync, then s
+// synchronised). On failure nothing stays allocated.
+func NewDeviceBufferFromHost(src []byte, s StreamView, mr MemoryResource) (*DeviceBuffer, error) {
+	b, err := NewDeviceBuffer(len(src), s, mr)
+	if err != nil {
+		return nil, err
+	}
+	if err := copyFromGo("NewDeviceBufferFromHost", b.st.ref(), bytesPtr(src), len(src), s); err != nil {
+		b.Close()
+		return nil, err
+	}
+	return b, nil
+}
+
+// NewDeviceBufferFromDevice allocates size bytes from mr (nil: the current device resource) on s
+// and copies size bytes at src into them, asynchronously on s (cuMemcpyAsync; the driver tells
+// device, managed and host addresses apart by unified addressing). src must not be Go memory.
+// Without CUDA src must be host memory. A zero src with size > 0 returns ErrInvalidArgument and
+// allocates nothing.
+func NewDeviceBufferFromDevice(src DevicePtr, size int, s StreamView, mr MemoryResource) (*DeviceBuffer, error) {
+	if src == 0 && size > 0 {
+		return nil, fmt.Errorf("%w: NewDeviceBufferFromDevice: null source with size %d", ErrInvalidArgument, size)
+	}
+	b, err := NewDeviceBuffer(size, s, mr)
+	if err != nil {
+		return nil, err
+	}
+	if err := copyFromAddr("NewDeviceBufferFromDevice", b.st.ref(), src, size, s); err != nil {
+		b.Close()
+		return nil, err
+	}
+	return b, nil
+}
+
+// Copy returns a deep copy of b's Len() bytes in a new buffer whose capacity equals that size,
+// allocated from mr (nil: the current device resource, not b's resource) on s, copied on s
+// (asynchronously between device memories). The new buffer's stream is s.
+func (b *DeviceBuffer) Copy(s StreamView, mr MemoryResource) (*DeviceBuffer, error) {
+	if b.st.closed {
+		return nil, b.st.errClosed("Copy")
+	}
+	st, err := newMemState("DeviceBuffer", b.st.size, s, mr)
+	if err != nil {
+		return nil, fmt.Errorf("DeviceBuffer.Copy(%d bytes): %w", b.st.size, err)
+	}
+	c := newDeviceBuffer(st)
+	if err := copyMem("DeviceBuffer.Copy", st.ref(), b.st.ref(), b.st.size, s); err != nil {
+		c.Close()
+		return nil, err
+	}
+	return c, nil
+}
+
+// Data returns the address of the first byte (0 when nothing is allocated or after Close).
+func (b *DeviceBuffer) Data() DevicePtr { return b.st.ptr }
+
+// Len returns the size in bytes (0 after Close).
+func (b *DeviceBuffer) Len() int { return b.st.size }
+
+// Cap returns the capacity in bytes: what is allocated, at least Len (0 after Close).
+func (b *DeviceBuffer) Cap() int { return b.st.capacity }
+
+// IsEmpty reports whether Len() == 0; an empty buffer may still hold capacity.
+func (b *DeviceBuffer) IsEmpty() bool { return b.st.size == 0 }
+
+// Stream returns the stream on which the buffer was last used and on which Close frees it.
+func (b *DeviceBuffer) Stream() StreamView { return b.st.stream }
+
+// SetStream sets the stream on which the memory is next freed or reallocated. The caller keeps
+// the order: work on the old stream that uses the memory must be ordered before the new one.
+func (b *DeviceBuffer) SetStream(s StreamView) { b.st.stream = s }
+
+// MemoryResource returns the resource the memory came from (and is freed through).
+func (b *DeviceBuffer) MemoryResource() MemoryResource { return b.st.mr }
+
+// Device returns the device recorded at construction (DeviceOf the resource).
+func (b *DeviceBuffer) Device() Device { return b.st.dev }
+
+// Access reports where the memory can be touched (AccessOf the resource).
+func (b *DeviceBuffer) Access() Access { return b.st.access }
+
+// Resize sets the size to n bytes and makes s the stream. When n ≤ Cap() only the size changes
+// (no allocation; shrinking keeps the capacity). Otherwise exactly n bytes are allocated on s, the
+// old Len() bytes copied on s, and the old memory freed on s. Bytes past the old size are
+// uninitialized. Nothing is synchronised. A negative n returns ErrInvalidArgument; a failed
+// allocation returns the resource's error and leaves the buffer unchanged.
+func (b *DeviceBuffer) Resize(n int, s StreamView) error {
+	if b.st.closed {
+		return b.st.errClosed("Resize")
+	}
+	if n < 0 {
+		return fmt.Errorf("%w: DeviceBuffer.Resize: negative size %d", ErrInvalidArgument, n)
+	}
+	return b.st.resize(fmt.Sprintf("DeviceBuffer.Resize(%d)", n), n, s)
+}
+
+// Reserve grows the capacity to exactly n bytes when n > Cap() (allocate on s, copy Len() bytes
+// on s, free the old on s); the size is unchanged. s becomes the stream. Errors as Resize.
+func (b *DeviceBuffer) Reserve(n int, s StreamView) error {
+	if b.st.closed {
+		return b.st.errClosed("Reserve")
+	}
+	if n < 0 {
+		return fmt.Errorf("%w: DeviceBuffer.Reserve: negative capacity %d", ErrInvalidArgument, n)
+	}
+	return b.st.reserve(fmt.Sprintf("DeviceBuffer.Reserve(%d)", n), n, s)
+}
+
+// ShrinkToFit reallocates exactly Len() bytes when Cap() is larger (copying on s, freeing the
+// old on s); s becomes the stream. A failed allocation leaves the buffer unchanged.
+func (b *DeviceBuffer) ShrinkToFit(s StreamView) error {
+	if b.st.closed {
+		return b.st.errClosed("ShrinkToFit")
+	}
+	return b.st.shrinkToFit("DeviceBuffer.ShrinkToFit", s)
+}
+
+// CopyFromHost copies src into the buffer at byte offset dstOffset; complete at return
+// (cuMemcpyHtoDAsync on s, then s synchronised; a CPU copy on host memory). The bytes must lie in
+// [0, Len()), else ErrOutOfRange.
+func (b *DeviceBuffer) CopyFromHost(dstOffset int, src []byte, s StreamView) error {
+	if b.st.closed {
+		return b.st.errClosed("CopyFromHost")
+	}
+	if !inRange(dstOffset, len(src), b.st.size) {
+		return rangeErr("DeviceBuffer.CopyFromHost", dstOffset, len(src), b.st.size, "bytes")
+	}
+	dst := b.st.ref()
+	dst.p += DevicePtr(dstOffset)
+	return copyFromGo("DeviceBuffer.CopyFromHost", dst, bytesPtr(src), len(src), s)
+}
+
+// CopyToHost copies len(dst) bytes from byte offset srcOffset into dst; complete at return
+// (cuMemcpyDtoHAsync on s, then s synchronised). The bytes must lie in [0, Len()), else
+// ErrOutOfRange.
+func (b *DeviceBuffer) CopyToHost(dst []byte, srcOffset int, s StreamView) error {
+	if b.st.closed {
+		return b.st.errClosed("CopyToHost")
+	}
+	if !inRange(srcOffset, len(dst), b.st.size) {
+		return rangeErr("DeviceBuffer.CopyToHost", srcOffset, len(dst), b.st.size, "bytes")
+	}
+	src := b.st.ref()
+	src.p += DevicePtr(srcOffset)
+	return copyToGo("DeviceBuffer.CopyToHost", bytesPtr(dst), src, len(dst), s)
+}
+
+// Bytes returns a copy of the buffer's Len() bytes in Go memory, complete at return (ordered on
+// s, then s synchronised).
+func (b *DeviceBuffer) Bytes(s StreamView) ([]byte, error) {
+	if b.st.closed {
+		return nil, b.st.errClosed("Bytes")
+	}
+	if _, err := routeOf("DeviceBuffer.Bytes", b.st.access); err != nil {
+		return nil, err // before allocating the result
+	}
+	out := make([]byte, b.st.size)
+	if err := copyToGo("DeviceBuffer.Bytes", bytesPtr(out), b.st.ref(), len(out), s); err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+// CopyFromDevice copies nbytes at src (device, managed or host memory outside the Go heap) into
+// the buffer at byte offset dstOffset, asynchronously on s (cuMemcpyAsync; s is synchronised
+// when the buffer is host-only memory). The bytes must lie in [0, Len()) (ErrOutOfRange); a zero
+// src with nbytes > 0 returns ErrInvalidArgument. The ranges must not overlap.
+func (b *DeviceBuffer) CopyFromDevice(dstOffset int, src DevicePtr, nbytes int, s StreamView) error {
+	if b.st.closed {
+		return b.st.errClosed("CopyFromDevice")
+	}
+	if nbytes < 0 {
+		return fmt.Errorf("%w: DeviceBuffer.CopyFromDevice: negative size %d", ErrInvalidArgument, nbytes)
+	}
+	if src == 0 && nbytes > 0 {
+		return fmt.Errorf("%w: DeviceBuffer.CopyFromDevice: null source with size %d", ErrInvalidArgument, nbytes)
+	}
+	if !inRange(dstOffset, nbytes, b.st.size) {
+		return rangeErr("DeviceBuffer.CopyFromDevice", dstOffset, nbytes, b.st.size, "bytes")
+	}
+	dst := b.st.ref()
+	dst.p += DevicePtr(dstOffset)
+	return copyFromAddr("DeviceBuffer.CopyFromDevice", dst, src, nbytes, s)
+}
+
+// Release hands the memory to the caller and leaves the buffer empty (Data 0, Len 0, Cap 0; it
+// keeps its resource and stream and may be resized again), as moving from a device_buffer does.
+// The caller then owns p and frees it with MemoryResource().Deallocate(p, capacity, s) on the
+// stream where it was last used. After Close it returns (0, 0).
+func (b *DeviceBuffer) Release() (p DevicePtr, capacity int) {
+	p, capacity = b.st.ptr, b.st.capacity
+	b.st.ptr, b.st.size, b.st.capacity = 0, 0, 0
+	return p, capacity
+}
+
+// Close frees Cap() bytes through the resource on Stream() and leaves the buffer empty. Every
+// later call that can fail returns ErrClosed; closing again returns nil. An error of the
+// resource's Deallocate is returned, and the buffer is closed all the same.
+func (b *DeviceBuffer) Close() error {
+	if b.st.closed {
+		return nil
+	}
+	b.cleanup.Stop()
+	return b.st.close()
+}

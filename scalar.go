@@ -1,0 +1,105 @@
+package rmm
+
+import (
+	"fmt"
+	"unsafe"
+)
+
+// Scalar is one element of T in device memory (RMM's device_scalar), for results of device
+// work and parameters to it. Its storage is a one-element Uvector: the same rules about element
+// types, streams, where work runs, Close and leaks apply. A Scalar must not be copied by value.
+type Scalar[T any] struct {
+	noCopy noCopy
+	v      *Uvector[T]
+}
+
+func scalarKind[T any]() string { return "Scalar[" + typeName[T]() + "]" }
+
+// NewScalar allocates one uninitialized element of T (sizeof(T) bytes) from mr on s; nil mr means
+// CurrentDeviceResource(). An element type holding Go pointers returns ErrInvalidArgument; a
+// failed allocation returns the resource's error.
+func NewScalar[T any](s StreamView, mr MemoryResource) (*Scalar[T], error) {
+	kind := scalarKind[T]()
+	if err := checkElemType[T]("New" + kind); err != nil {
+		return nil, err
+	}
+	st, err := newMemState(kind, sizeOf[T](), s, mr)
+	if err != nil {
+		return nil, fmt.Errorf("New%s: %w", kind, err)
+	}
+	return &Scalar[T]{v: newUvector[T](st)}, nil
+}
+
+// NewScalarWithValue allocates one element from mr on s and sets it to x; the copy is complete at
+// return (it reads Go memory). On failure nothing stays allocated.
+func NewScalarWithValue[T any](x T, s StreamView, mr MemoryResource) (*Scalar[T], error) {
+	c, err := NewScalar[T](s, mr)
+	if err != nil {
+		return nil, err
+	}
+	if err := c.SetValue(x, s); err != nil {
+		c.Close()
+		return nil, err
+	}
+	return c, nil
+}
+
+// Copy returns a new Scalar from mr (nil: the current device resource) holding c's value, copied
+// on s (asynchronously between device memories).
+func (c *Scalar[T]) Copy(s StreamView, mr MemoryResource) (*Scalar[T], error) {
+	v, err := c.v.Copy(s, mr)
+	if err != nil {
+		return nil, err
+	}
+	return &Scalar[T]{v: v}, nil
+}
+
+// Value returns the element, copied to the host (cuMemcpyDtoHAsync on s, then s synchronised).
+func (c *Scalar[T]) Value(s StreamView) (T, error) {
+	var x T
+	if c.v.st.closed {
+		return x, c.v.st.errClosed("Value")
+	}
+	err := copyToGo(c.v.st.kind+".Value", unsafe.Pointer(&x), c.v.st.ref(), sizeOf[T](), s)
+	return x, err
+}
+
+// SetValue writes x (cuMemcpyHtoDAsync on s, then s synchronised: finished at return). The bytes
+// are copied as they are (-0.0 stays -0.0).
+func (c *Scalar[T]) SetValue(x T, s StreamView) error {
+	if c.v.st.closed {
+		return c.v.st.errClosed("SetValue")
+	}
+	return copyFromGo(c.v.st.kind+".SetValue", c.v.st.ref(), unsafe.Pointer(&x), sizeOf[T](), s)
+}
+
+// SetValueToZero sets the element's bytes to zero, asynchronously on s on device memory
+// (cuMemsetD8Async).
+func (c *Scalar[T]) SetValueToZero(s StreamView) error {
+	if c.v.st.closed {
+		return c.v.st.errClosed("SetValueToZero")
+	}
+	return fillMem(c.v.st.kind+".SetValueToZero", c.v.st.ref(), sizeOf[T](), []byte{0}, s)
+}
+
+// Data returns the element's address (0 after Close).
+func (c *Scalar[T]) Data() DevicePtr { return c.v.Data() }
+
+// Span returns a one-element view (empty after Close).
+func (c *Scalar[T]) Span() DeviceSpan[T] { return c.v.Span() }
+
+// Stream returns the stream on which the scalar was last used and on which Close frees it.
+func (c *Scalar[T]) Stream() StreamView { return c.v.Stream() }
+
+// SetStream sets the stream on which the memory is freed.
+func (c *Scalar[T]) SetStream(s StreamView) { c.v.SetStream(s) }
+
+// MemoryResource returns the resource the memory came from.
+func (c *Scalar[T]) MemoryResource() MemoryResource { return c.v.MemoryResource() }
+
+// Device returns the device recorded at construction.
+func (c *Scalar[T]) Device() Device { return c.v.Device() }
+
+// Close frees the element through its resource on Stream(); later calls that can fail return
+// ErrClosed; closing again returns nil.
+func (c *Scalar[T]) Close() error { return c.v.Close() }
