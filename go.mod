@@ -4,6 +4,7 @@ go 1.26.0
 
 require (
 	github.com/dustin/go-humanize v1.1.0
+	github.com/leanovate/gopter v0.2.11
 	github.com/stretchr/testify v1.12.1
 )
 

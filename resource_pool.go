@@ -243,7 +243,7 @@ func (p *PoolMemoryResource) growSize(n int) int {
 	if p.maximum == 0 {
 		return max(n, p.size)
 	}
-	room, _ := AlignUp(p.maximum-p.size, Alignment)
+	room := p.maximum - p.size // not rounded up: the pool must never pass its maximum
 	if n > room {
 		return 0
 	}
