@@ -24,16 +24,8 @@ func TestMain(m *testing.M) {
 	os.Exit(m.Run())
 }
 
-// skipWithoutGPU skips the test where there is no CUDA device.
-func skipWithoutGPU(t testing.TB) {
-	t.Helper()
-	if err := CUDAAvailable(); err != nil {
-		t.Skipf("no CUDA device: %v", err)
-	}
-}
-
 func TestGPUDevice(t *testing.T) {
-	skipWithoutGPU(t)
+	requireGPU(t)
 	require.GreaterOrEqual(t, DeviceCount(), 1)
 	name, err := Device(0).Name()
 	require.NoError(t, err)
@@ -79,7 +71,7 @@ func gpuResources(t *testing.T) map[string]MemoryResource {
 }
 
 func TestGPUResourcesRoundTrip(t *testing.T) {
-	skipWithoutGPU(t)
+	requireGPU(t)
 	s, err := NewStream(0, &StreamOptions{NonBlocking: true})
 	require.NoError(t, err)
 	defer s.Close()
@@ -112,7 +104,7 @@ func TestGPUResourcesRoundTrip(t *testing.T) {
 
 // 1 PiB fails with ErrOutOfMemory and the resource keeps working.
 func TestGPUOutOfMemory(t *testing.T) {
-	skipWithoutGPU(t)
+	requireGPU(t)
 	const pib = 1 << 50
 	for name, mr := range gpuResources(t) {
 		if name == "managed" {
@@ -130,7 +122,7 @@ func TestGPUOutOfMemory(t *testing.T) {
 }
 
 func TestGPUFillKernels(t *testing.T) {
-	skipWithoutGPU(t)
+	requireGPU(t)
 	mr, err := NewCudaMemoryResource(0)
 	require.NoError(t, err)
 	ctx, _ := Device(0).ctx()
@@ -172,7 +164,7 @@ func TestGPUFillKernels(t *testing.T) {
 }
 
 func TestGPUCopyKernel(t *testing.T) {
-	skipWithoutGPU(t)
+	requireGPU(t)
 	mr, err := NewCudaMemoryResource(0)
 	require.NoError(t, err)
 	ctx, _ := Device(0).ctx()
@@ -204,7 +196,7 @@ func TestGPUCopyKernel(t *testing.T) {
 // once. B must get the memory only after A's work: A's result is intact and the block holds B's
 // value.
 func TestGPUPoolCrossStreamReuse(t *testing.T) {
-	skipWithoutGPU(t)
+	requireGPU(t)
 	cuda, _ := NewCudaMemoryResource(0)
 	const n = 256 << 20
 	pool, err := NewPoolMemoryResource(cuda, &PoolOptions{InitialPoolSize: n, MaximumPoolSize: n})
@@ -260,7 +252,7 @@ func checkAll(t *testing.T, ctx uintptr, p DevicePtr, n int, want byte) {
 // Allocate and free on eight streams that are then destroyed, then allocate on the default
 // stream: the pool must take their blocks without touching the dead streams.
 func TestGPUPoolDestroyedStreams(t *testing.T) {
-	skipWithoutGPU(t)
+	requireGPU(t)
 	cuda, _ := NewCudaMemoryResource(0)
 	pool, err := NewPoolMemoryResource(cuda, &PoolOptions{InitialPoolSize: 64 << 20, MaximumPoolSize: 64 << 20})
 	require.NoError(t, err)

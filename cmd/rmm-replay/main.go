@@ -29,6 +29,7 @@ import (
 	"io"
 	"os"
 	"sort"
+	"strings"
 	"sync/atomic"
 	"time"
 
@@ -133,7 +134,10 @@ func run(args []string, stdout, stderr io.Writer) error {
 
 	dev := rmm.Device(*device)
 	cudaErr := rmm.CUDAAvailable()
-	where := "no CUDA device: " + fmt.Sprint(cudaErr)
+	where := ""
+	if cudaErr != nil {
+		where = "no CUDA device: " + strings.TrimPrefix(cudaErr.Error(), rmm.ErrNoDevice.Error()+": ")
+	}
 	if cudaErr == nil {
 		if err := rmm.SetCurrentDevice(dev); err != nil {
 			return err

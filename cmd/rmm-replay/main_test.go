@@ -1,0 +1,70 @@
+package main
+
+import (
+	"bytes"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"testing"
+
+	"github.com/gormm/rmm"
+	"github.com/stretchr/testify/require"
+)
+
+var cupy = filepath.Join("..", "..", "testdata", "traces", "cupy_fft_linalg_2threads.csv.gz")
+
+func TestReplaySimulated(t *testing.T) {
+	var out, errOut bytes.Buffer
+	require.NoError(t, run([]string{"-simulate", "16GiB", "-passes", "2", cupy}, &out, &errOut), errOut.String())
+	s := out.String()
+	lines := strings.Split(s, "\n")
+	require.Equal(t, "rmm-replay: PoolMemoryResource over SimulatedMemoryResource (17179869184 bytes, address-only)", lines[0])
+	require.Contains(t, s, "events           110156 (allocations 55078, frees 55078, logged failures 0; 2 threads)\n")
+	require.Contains(t, s, "failures         0\n")
+	require.Contains(t, s, "peak live        618135910 bytes")
+	// librmm's pool reaches 1579564032 bytes on this trace.
+	require.Contains(t, s, "peak upstream    1579564032 bytes (1.471084 GiB), 2.555 x peak live\n")
+	require.Contains(t, s, "left allocated   0 allocations, 0 bytes")
+	require.Regexp(t, regexp.MustCompile(`wall time        \S+ \(\d+ ns/event\)`), s)
+	require.Regexp(t, regexp.MustCompile(`passes           2, wall times \S+ \S+\n`), s)
+}
+
+func TestReplayDefaultResource(t *testing.T) {
+	var out, errOut bytes.Buffer
+	require.NoError(t, run([]string{cupy}, &out, &errOut))
+	first := strings.SplitN(out.String(), "\n", 2)[0]
+	if rmm.CUDAAvailable() == nil {
+		require.True(t, strings.HasPrefix(first, "rmm-replay: PoolMemoryResource over CudaMemoryResource on device 0 ("), first)
+	} else {
+		require.True(t, strings.HasPrefix(first, "rmm-replay: PoolMemoryResource over SystemMemoryResource (host memory; no CUDA device: "), first)
+	}
+	require.Contains(t, out.String(), "failures         0\n")
+}
+
+func TestReplayFlagErrors(t *testing.T) {
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{nil, "need exactly one trace file"},
+		{[]string{"-mr", "bogus", cupy}, `-mr "bogus"`},
+		{[]string{"-simulate", "lots", cupy}, `not a size: "lots"`},
+		{[]string{"-simulate", "1GiB", "-mr", "cuda", cupy}, "-simulate works with -mr pool only"},
+		{[]string{"-passes", "0", cupy}, "-passes 0"},
+		{[]string{"-initial", "100", cupy}, "not a multiple of 256"},
+		{[]string{"no-such-file.csv"}, "no-such-file.csv"},
+	} {
+		var out, errOut bytes.Buffer
+		err := run(tc.args, &out, &errOut)
+		require.Error(t, err, "%v", tc.args)
+		require.Contains(t, err.Error()+errOut.String(), tc.want, "%v", tc.args)
+	}
+}
+
+// A cap below the trace's peak: the failures are counted and reported, not fatal.
+func TestReplayCapped(t *testing.T) {
+	var out, errOut bytes.Buffer
+	require.NoError(t, run([]string{"-simulate", "256MiB", "-v", cupy}, &out, &errOut))
+	require.Regexp(t, regexp.MustCompile(`failures         [1-9]\d*\n`), out.String())
+	require.Contains(t, errOut.String(), "out of memory")
+}

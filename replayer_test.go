@@ -1,0 +1,122 @@
+package rmm
+
+import (
+	"fmt"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+)
+
+// Replaying each bundled trace through a pool (initial 0, no maximum) over an address-only
+// upstream gives no failure, the trace's peak live bytes, and exactly the pool size librmm's pool
+// reaches on the same trace (notes/benchmarks.md, W4): the same growth and best-fit rules.
+func TestReplayBundledTraces(t *testing.T) {
+	want := map[string]struct {
+		peakLive, poolSize int64
+		left              int
+	}{
+		"resnet50_train_b64_fp32.csv.gz":       {10891909120, 14596177920, 3},
+		"gpt2s_train_adamw_seq512_bf16.csv.gz": {8113058504, 9880928256, 3},
+		"bert_base_infer_dynamic_fp16.csv.gz":  {3076346368, 6000869376, 2},
+		"cupy_fft_linalg_2threads.csv.gz":      {618135910, 1579564032, 0},
+	}
+	for name, w := range want {
+		t.Run(strings.Split(name, ".")[0], func(t *testing.T) {
+			events, err := ReadLogFile(filepath.Join("testdata", "traces", name))
+			require.NoError(t, err)
+			sim, _ := NewSimulatedMemoryResource(1 << 40)
+			pool, err := NewPoolMemoryResource(sim, nil)
+			require.NoError(t, err)
+			r, err := Replay(events, pool, nil)
+			require.NoError(t, err)
+			require.Zero(t, r.Failures, "no allocation fails")
+			require.Zero(t, r.UnmatchedFrees)
+			require.Equal(t, w.peakLive, r.PeakLiveBytes)
+			require.Equal(t, w.left, r.LeftAllocations)
+			require.Equal(t, len(events), r.Events)
+			require.Equal(t, int(w.poolSize), pool.PoolSize(), "librmm's pool ends at this size")
+			require.NoError(t, pool.CheckInvariants())
+			require.Zero(t, pool.Stats().LiveAllocations, "leftovers are freed after the replay")
+		})
+	}
+}
+
+// The smallest trace over real host memory.
+func TestReplayOverSystemMemory(t *testing.T) {
+	events, err := ReadLogFile(filepath.Join("testdata", "traces", "cupy_fft_linalg_2threads.csv.gz"))
+	require.NoError(t, err)
+	pool, err := NewPoolMemoryResource(NewSystemMemoryResource(), nil)
+	require.NoError(t, err)
+	defer pool.Close()
+	r, err := Replay(events, pool, nil)
+	require.NoError(t, err)
+	require.Zero(t, r.Failures)
+	require.Equal(t, 2, r.Threads)
+	require.NoError(t, pool.CheckInvariants())
+}
+
+// orderRecorder records the sizes it is asked to allocate and free, in call order.
+type orderRecorder struct {
+	mu    sync.Mutex
+	inner MemoryResource
+	calls []string
+	fail  map[int]bool
+}
+
+func (r *orderRecorder) Allocate(n int, s StreamView) (DevicePtr, error) {
+	r.mu.Lock()
+	r.calls = append(r.calls, fmt.Sprintf("a%d", n))
+	fail := r.fail[n]
+	r.mu.Unlock()
+	if fail {
+		return 0, outOfMemory("orderRecorder", n, nil)
+	}
+	return r.inner.Allocate(n, s)
+}
+
+func (r *orderRecorder) Deallocate(p DevicePtr, n int, s StreamView) error {
+	r.mu.Lock()
+	r.calls = append(r.calls, fmt.Sprintf("f%d", n))
+	r.mu.Unlock()
+	return r.inner.Deallocate(p, n, s)
+}
+
+// Events of three logged threads are replayed in the log's global order; failure lines are
+// skipped; a free of an unknown pointer is skipped; a replayed allocation that fails is counted
+// and its free skipped.
+func TestReplayGlobalOrder(t *testing.T) {
+	log := LogHeader + "\n" +
+		"1,00:00:00.000001,allocate,0x1000,100,0\n" +
+		"2,00:00:00.000002,allocate,0x2000,200,0x10\n" +
+		"3,00:00:00.000003,allocate,0x3000,300,0\n" +
+		"1,00:00:00.000004,free,0x2000,200,0\n" +
+		"3,00:00:00.000005,allocate failure,(nil),999,0\n" +
+		"2,00:00:00.000006,allocate,0x4000,400,0x10\n" +
+		"2,00:00:00.000007,free,0x9999,50,0x10\n" +
+		"1,00:00:00.000008,allocate,0x5000,500,0\n" +
+		"3,00:00:00.000009,free,0x1000,100,0\n" +
+		"1,00:00:00.000010,free,0x5000,500,0\n" +
+		"2,00:00:00.000011,allocate,0x2000,600,0\n"
+	events, err := ReadLog(strings.NewReader(log))
+	require.NoError(t, err)
+	for i := 0; i < 20; i++ {
+		rec := &orderRecorder{inner: NewSystemMemoryResource(), fail: map[int]bool{500: true}}
+		r, err := Replay(events, rec, nil)
+		require.NoError(t, err)
+		require.Equal(t, []string{"a100", "a200", "a300", "f200", "a400", "a500", "f100", "a600",
+			// leftovers freed after the timed part, in log order
+			"f300", "f400", "f600"}, rec.calls)
+		require.Equal(t, 3, r.Threads)
+		require.Equal(t, 1, r.LoggedFailures)
+		require.Equal(t, 1, r.Failures)
+		require.Equal(t, 1, r.UnmatchedFrees)
+		require.Equal(t, 6, r.Allocations)
+		require.Equal(t, 3, r.Frees)
+		require.Equal(t, 3, r.LeftAllocations)
+		require.Equal(t, int64(1300), r.LeftBytes)
+		require.Equal(t, int64(100+300+400+500), r.PeakLiveBytes)
+	}
+}
