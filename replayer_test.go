@@ -16,7 +16,7 @@ import (
 func TestReplayBundledTraces(t *testing.T) {
 	want := map[string]struct {
 		peakLive, poolSize int64
-		left              int
+		left               int
 	}{
 		"resnet50_train_b64_fp32.csv.gz":       {10891909120, 14596177920, 3},
 		"gpt2s_train_adamw_seq512_bf16.csv.gz": {8113058504, 9880928256, 3},
