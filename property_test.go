@@ -206,7 +206,7 @@ func roundUp(n int) int {
 // its generators stop reaching a path.
 type propCoverage struct {
 	allocs, oom, crossFrees, invalidFrees, releasesToZero, upstreamRefusals, backoffGrants atomic.Int64
-	leaks                                                                                  atomic.Int64 // sequences after which Close left upstream memory
+	leaks                                                                                  atomic.Int64 // sequences after which Close and freeing the live allocations left upstream memory
 }
 
 type propHandle struct {
@@ -259,6 +259,14 @@ func (sys *propSystem) destroy() {
 	if c, ok := sys.mr.(interface{ Close() error }); ok {
 		if err := c.Close(); err != nil {
 			sys.cov.leaks.Add(1)
+		}
+		// Allocations live at Close stay valid; freeing them afterwards returns the rest.
+		for _, h := range sys.handles {
+			if h.ptr != 0 {
+				if err := sys.mr.Deallocate(h.ptr, h.size, sys.views[h.stream]); err != nil {
+					sys.cov.leaks.Add(1)
+				}
+			}
 		}
 		if n, _ := sys.up.held(); n != 0 {
 			sys.cov.leaks.Add(1)

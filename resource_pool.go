@@ -48,18 +48,19 @@ type PoolMemoryResource struct {
 	ctx      uintptr // 0 without CUDA: no events are used
 	maximum  int     // 0 = unbounded
 
-	mu        sync.Mutex
-	size      int // bytes taken from upstream
-	upstreams map[DevicePtr]int
-	lists     []*freeList
-	byStream  map[uint64]*freeList
-	byStart   map[DevicePtr]*block
-	byEnd     map[DevicePtr]*block
-	live      map[DevicePtr]int // allocated pointer -> size asked
-	liveBytes int               // sum of the rounded sizes of live allocations
-	hooked    map[uint64]bool   // Streams whose Close will tell us
-	spare     []*block
-	closed    bool
+	mu         sync.Mutex
+	size       int // bytes taken from upstream
+	upstreams  map[DevicePtr]int
+	lists      []*freeList
+	byStream   map[uint64]*freeList
+	byStart    map[DevicePtr]*block
+	byEnd      map[DevicePtr]*block
+	live       map[DevicePtr]int // allocated pointer -> size asked
+	liveBytes  int               // sum of the rounded sizes of live allocations
+	hooked     map[uint64]bool   // Streams whose Close will tell us
+	spare      []*block
+	closed     bool
+	closedList *freeList // after Close: the one list left
 
 	sizeAtomic atomic.Int64
 }
@@ -302,15 +303,15 @@ func (p *PoolMemoryResource) Deallocate(ptr DevicePtr, nbytes int, s StreamView)
 	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	if p.closed {
-		return fmt.Errorf("%w: PoolMemoryResource.Deallocate after Close", ErrClosed)
-	}
 	size, ok := p.live[ptr]
 	if !ok {
 		return fmt.Errorf("%w: PoolMemoryResource.Deallocate(%#x, %d): the pointer was not allocated by this pool or was already freed", ErrInvalidFree, uintptr(ptr), nbytes)
 	}
 	if size != nbytes {
 		return fmt.Errorf("%w: PoolMemoryResource.Deallocate(%#x, %d): the block was allocated with %d bytes", ErrInvalidFree, uintptr(ptr), nbytes, size)
+	}
+	if p.closed {
+		return p.deallocateAfterClose(ptr, size, s)
 	}
 	l, err := p.listFor(s)
 	if err != nil {
@@ -333,7 +334,7 @@ func (p *PoolMemoryResource) Deallocate(ptr DevicePtr, nbytes int, s StreamView)
 
 // insertFree adds [ptr, ptr+n) to list l, coalescing with l's free neighbours unless an upstream
 // block starts between them.
-func (p *PoolMemoryResource) insertFree(l *freeList, ptr DevicePtr, n int) {
+func (p *PoolMemoryResource) insertFree(l *freeList, ptr DevicePtr, n int) *block {
 	end := ptr + DevicePtr(n)
 	if prev := p.byEnd[ptr]; prev != nil && prev.list == l {
 		if _, head := p.upstreams[ptr]; !head {
@@ -354,6 +355,7 @@ func (p *PoolMemoryResource) insertFree(l *freeList, ptr DevicePtr, n int) {
 	l.insert(b)
 	p.byStart[b.addr] = b
 	p.byEnd[b.end()] = b
+	return b
 }
 
 // removeFree takes b out of its list and the address maps; b.list0 remembers the list.
@@ -497,12 +499,19 @@ func (p *PoolMemoryResource) Release() error {
 	if p.closed {
 		return nil
 	}
+	_, err := p.releaseWhole()
+	return err
+}
+
+// releaseWhole synchronises, merges every list into the default stream's list and returns the
+// wholly free upstream blocks; it returns that list.
+func (p *PoolMemoryResource) releaseWhole() (*freeList, error) {
 	if err := p.syncAll(); err != nil {
-		return fmt.Errorf("PoolMemoryResource.Release: %w", err)
+		return nil, fmt.Errorf("PoolMemoryResource: waiting for the streams: %w", err)
 	}
 	def, err := p.listFor(DefaultStream)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	for _, o := range append([]*freeList(nil), p.lists...) {
 		if o != def {
@@ -518,47 +527,75 @@ func (p *PoolMemoryResource) Release() error {
 		}
 	})
 	for _, b := range whole {
-		if err := p.upstream.Deallocate(b.addr, b.size, DefaultStream); err != nil {
-			if firstErr == nil {
-				firstErr = fmt.Errorf("PoolMemoryResource.Release: returning %d bytes at %#x to %s: %w", b.size, uintptr(b.addr), resourceName(p.upstream), err)
-			}
-			continue
+		if err := p.returnUpstream(b); err != nil && firstErr == nil {
+			firstErr = err
 		}
-		p.removeFree(b)
-		delete(p.upstreams, b.addr)
-		p.size -= b.size
-		p.spare = append(p.spare, b)
 	}
-	p.sizeAtomic.Store(int64(p.size))
-	return firstErr
+	return def, firstErr
 }
 
-// Close waits for the work behind every free, returns every upstream block to the upstream —
-// also those with allocations still live, as librmm's pool destructor does — and destroys the
-// pool's events. Afterwards Allocate and Deallocate return ErrClosed. Closing twice returns nil.
+// returnUpstream gives the wholly free upstream block b back to the upstream.
+func (p *PoolMemoryResource) returnUpstream(b *block) error {
+	if err := p.upstream.Deallocate(b.addr, b.size, DefaultStream); err != nil {
+		return fmt.Errorf("PoolMemoryResource: returning %d bytes at %#x to %s: %w", b.size, uintptr(b.addr), resourceName(p.upstream), err)
+	}
+	p.removeFree(b)
+	delete(p.upstreams, b.addr)
+	p.size -= b.size
+	p.sizeAtomic.Store(int64(p.size))
+	p.spare = append(p.spare, b)
+	return nil
+}
+
+// Close waits for the work behind every free, returns every wholly free upstream block to the
+// upstream and destroys the pool's events. Afterwards Allocate returns ErrClosed. Allocations
+// still live stay valid: Deallocate keeps working, and each upstream block goes back to the
+// upstream as soon as its last allocation is freed (after a synchronisation of the freeing stream).
+// Closing with live allocations writes a warning to the debug log. Closing twice returns nil.
 func (p *PoolMemoryResource) Close() error {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if p.closed {
 		return nil
 	}
-	firstErr := p.syncAll()
-	for ptr, n := range p.upstreams {
-		if err := p.upstream.Deallocate(ptr, n, DefaultStream); err != nil && firstErr == nil {
-			firstErr = err
-		}
+	def, err := p.releaseWhole()
+	if def == nil {
+		return fmt.Errorf("PoolMemoryResource.Close: %w", err)
 	}
 	for _, l := range p.lists {
 		if l.event != 0 {
 			cuEventDestroy(p.ctx, l.event)
+			l.event = 0
 		}
+		l.lazy, l.dirty = false, false
 	}
 	p.closed = true
-	p.lists, p.byStream, p.byStart, p.byEnd, p.live, p.upstreams, p.spare = nil, nil, nil, nil, nil, nil, nil
-	p.size, p.liveBytes = 0, 0
-	p.sizeAtomic.Store(0)
-	if firstErr != nil {
-		return fmt.Errorf("PoolMemoryResource.Close: %w", firstErr)
+	p.closedList = def
+	if n := len(p.live); n > 0 {
+		DebugLogger().Warn("rmm: PoolMemoryResource closed with live allocations; their upstream blocks go back as they are freed",
+			"live_allocations", n, "live_bytes", p.liveBytes, "pool_size", p.size)
+	}
+	if err != nil {
+		return fmt.Errorf("PoolMemoryResource.Close: %w", err)
+	}
+	return nil
+}
+
+// deallocateAfterClose frees an allocation that outlived Close: the stream is synchronised (the
+// pool has no events any more), the block is coalesced, and its upstream block is returned when
+// wholly free.
+func (p *PoolMemoryResource) deallocateAfterClose(ptr DevicePtr, size int, s StreamView) error {
+	if p.ctx != 0 {
+		if err := cuStreamSynchronize(p.ctx, s.cu()); err != nil {
+			return fmt.Errorf("PoolMemoryResource.Deallocate after Close: synchronising %v: %w", s, err)
+		}
+	}
+	n, _ := alignSize(size)
+	delete(p.live, ptr)
+	p.liveBytes -= n
+	b := p.insertFree(p.closedList, ptr, n)
+	if up, head := p.upstreams[b.addr]; head && up == b.size {
+		return p.returnUpstream(b)
 	}
 	return nil
 }

@@ -49,9 +49,6 @@ func (p *PoolMemoryResource) Stats() PoolStats {
 func (p *PoolMemoryResource) CheckInvariants() error {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	if p.closed {
-		return nil
-	}
 	type span struct {
 		addr DevicePtr
 		size int

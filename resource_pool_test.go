@@ -260,13 +260,43 @@ func TestPoolRelease(t *testing.T) {
 
 func TestPoolClose(t *testing.T) {
 	p, sim := newSimPool(t, 1<<30, &PoolOptions{InitialPoolSize: 1 << 20})
-	_, err := p.Allocate(4096, DefaultStream) // left live on purpose
+	a, err := p.Allocate(4096, DefaultStream) // left live across Close
 	require.NoError(t, err)
+	b, err := p.Allocate(2<<20, DefaultStream) // a second upstream block
+	require.NoError(t, err)
+	require.NoError(t, p.Deallocate(b, 2<<20, DefaultStream))
+	require.Equal(t, 3<<20, sim.UsedBytes())
 	require.NoError(t, p.Close())
-	require.Zero(t, sim.UsedBytes(), "Close returns every upstream block, live or not")
+	require.Equal(t, 1<<20, sim.UsedBytes(), "Close returns the wholly free block, keeps the one still in use")
 	_, err = p.Allocate(1, DefaultStream)
 	require.ErrorIs(t, err, ErrClosed)
 	require.NoError(t, p.Close())
+	require.NoError(t, p.CheckInvariants())
+	// The live allocation stays valid and can still be freed, once; its block then goes back.
+	require.ErrorIs(t, p.Deallocate(a, 4095, DefaultStream), ErrInvalidFree)
+	require.NoError(t, p.Deallocate(a, 4096, DefaultStream))
+	require.Zero(t, sim.UsedBytes())
+	require.Zero(t, p.PoolSize())
+	require.ErrorIs(t, p.Deallocate(a, 4096, DefaultStream), ErrInvalidFree)
+	require.NoError(t, p.CheckInvariants())
+	require.NoError(t, p.Release())
+}
+
+// A container outliving its pool's Close stays usable and is returned when closed.
+func TestPoolCloseWithLiveContainer(t *testing.T) {
+	p, err := NewPoolMemoryResource(NewSystemMemoryResource(), nil)
+	require.NoError(t, err)
+	v, err := NewUvector[float32](1000, DefaultStream, p)
+	require.NoError(t, err)
+	require.NoError(t, v.Fill(2.5, DefaultStream))
+	require.NoError(t, p.Close())
+	require.NotZero(t, p.PoolSize())
+	require.NoError(t, v.Fill(1.5, DefaultStream))
+	got, err := v.ToSlice(DefaultStream)
+	require.NoError(t, err)
+	require.Equal(t, float32(1.5), got[999])
+	require.NoError(t, v.Close())
+	require.Zero(t, p.PoolSize())
 }
 
 func TestPoolOverPool(t *testing.T) {
