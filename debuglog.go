@@ -8,11 +8,16 @@ import (
 	"sync/atomic"
 )
 
-// The debug log: where the package reports what is not an error of the call at hand — pool
-// growth failures, containers reclaimed without Close (leaks), invalid frees. It is RMM's debug
-// logger done with log/slog: set RMM_DEBUG_LOG_FILE to a path to write text records there (the
-// file is truncated), and RMM_DEBUG_LOG_LEVEL to debug, info, warn or error (default info). With
-// no file it is discarded. SetDebugLogger replaces it.
+// The debug log: where the package reports what is not an error of the call at hand — containers
+// reclaimed without Close (leaks, at Warn), a pool closed with live allocations (Warn), pool
+// growth that failed (Debug). It is RMM's debug logger done with log/slog:
+//
+//   - RMM_DEBUG_LOG_FILE: where to write text records. A path (the file is truncated), or
+//     "stderr" / "-" for standard error. Default: standard error.
+//   - RMM_DEBUG_LOG_LEVEL: trace or debug, info, warn (or warning), error (or critical), off.
+//     Default: warn. An unknown value is reported once and warn is used.
+//
+// SetDebugLogger replaces the logger, e.g. with one that discards or one of the program's own.
 var debugLogger atomic.Pointer[slog.Logger]
 
 func init() {
@@ -20,27 +25,39 @@ func init() {
 }
 
 func newEnvDebugLogger() *slog.Logger {
-	path := os.Getenv("RMM_DEBUG_LOG_FILE")
-	if path == "" {
-		return slog.New(slog.NewTextHandler(io.Discard, &slog.HandlerOptions{Level: slog.LevelError + 100}))
-	}
-	level := slog.LevelInfo
-	switch strings.ToLower(os.Getenv("RMM_DEBUG_LOG_LEVEL")) {
+	var w io.Writer = os.Stderr
+	var problems []any
+	level := slog.LevelWarn
+	switch v := strings.ToLower(os.Getenv("RMM_DEBUG_LOG_LEVEL")); v {
+	case "":
 	case "trace", "debug":
 		level = slog.LevelDebug
+	case "info":
+		level = slog.LevelInfo
 	case "warn", "warning":
 		level = slog.LevelWarn
 	case "error", "critical":
 		level = slog.LevelError
+	case "off":
+		return slog.New(slog.DiscardHandler)
+	default:
+		problems = append(problems, "RMM_DEBUG_LOG_LEVEL", v)
 	}
-	f, err := os.Create(path)
-	if err != nil {
-		h := slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level})
-		l := slog.New(h)
-		l.Warn("rmm: cannot open RMM_DEBUG_LOG_FILE, logging to stderr", "path", path, "err", err)
-		return l
+	switch path := os.Getenv("RMM_DEBUG_LOG_FILE"); path {
+	case "", "stderr", "-":
+	default:
+		f, err := os.Create(path)
+		if err != nil {
+			problems = append(problems, "RMM_DEBUG_LOG_FILE", path, "err", err)
+		} else {
+			w = f
+		}
 	}
-	return slog.New(slog.NewTextHandler(f, &slog.HandlerOptions{Level: level}))
+	l := slog.New(slog.NewTextHandler(w, &slog.HandlerOptions{Level: level}))
+	if len(problems) > 0 {
+		slog.New(slog.NewTextHandler(os.Stderr, nil)).Warn("rmm: ignoring a debug log setting", problems...)
+	}
+	return l
 }
 
 // DebugLogger returns the package's debug logger.

@@ -239,7 +239,11 @@ func TestSystemMemoryResource(t *testing.T) {
 		b[i] = byte(i)
 	}
 	require.Equal(t, byte(231), b[999])
+	require.ErrorIs(t, r.Deallocate(p, 999, DefaultStream), ErrInvalidFree, "wrong size")
+	require.ErrorIs(t, r.Deallocate(p+256, 1000, DefaultStream), ErrInvalidFree, "interior pointer")
+	require.Equal(t, byte(231), b[999], "an invalid free frees nothing")
 	require.NoError(t, r.Deallocate(p, 1000, DefaultStream))
+	require.ErrorIs(t, r.Deallocate(p, 1000, DefaultStream), ErrInvalidFree, "double free")
 	z, err := r.Allocate(0, DefaultStream)
 	require.NoError(t, err)
 	require.Zero(t, z)

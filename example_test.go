@@ -79,6 +79,6 @@ func ExamplePoolMemoryResource_outOfMemory() {
 	p, err := pool.Allocate(4096, rmm.DefaultStream)
 	fmt.Println(err, pool.Deallocate(p, 4096, rmm.DefaultStream))
 	// Output:
-	// rmm: out of memory: PoolMemoryResource (pool size 0, free 0, maximum 1048576) failed to allocate 2097152 bytes (2.000000 MiB): not enough room to grow: pool size 0, maximum 1048576, request 2097152
+	// rmm: out of memory: PoolMemoryResource (pool size 0, free 0, maximum 1048576) failed to allocate 2097152 bytes (2.000000 MiB): maximum pool size reached
 	// <nil> <nil>
 }

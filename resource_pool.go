@@ -256,9 +256,8 @@ func (p *PoolMemoryResource) growSize(n int) int {
 func (p *PoolMemoryResource) grow(l *freeList, n int, s StreamView) (*block, error) {
 	try := p.growSize(n)
 	if try == 0 {
-		err := fmt.Errorf("not enough room to grow: pool size %d, maximum %d, request %d", p.size, p.maximum, n)
-		DebugLogger().Error("rmm: PoolMemoryResource cannot grow", "request", n, "pool_size", p.size, "maximum", p.maximum)
-		return nil, p.oom(n, err)
+		DebugLogger().Debug("rmm: PoolMemoryResource cannot grow", "request", n, "pool_size", p.size, "maximum", p.maximum)
+		return nil, p.oom(n, errors.New("maximum pool size reached"))
 	}
 	var lastErr error
 	for try >= n {
@@ -275,7 +274,7 @@ func (p *PoolMemoryResource) grow(l *freeList, n int, s StreamView) (*block, err
 		}
 		try = max(n, try/2)
 	}
-	DebugLogger().Error("rmm: PoolMemoryResource failed to grow", "request", n, "pool_size", p.size, "maximum", p.maximum, "err", lastErr)
+	DebugLogger().Debug("rmm: PoolMemoryResource failed to grow", "request", n, "pool_size", p.size, "maximum", p.maximum, "err", lastErr)
 	return nil, p.oom(n, lastErr)
 }
 

@@ -10,9 +10,18 @@ import (
 // pageable-memory access (HMM or ATS systems) the memory is also device-accessible; otherwise
 // only the host can touch it. It is the initial resource when there is no CUDA device, so that
 // programs and tests run anywhere, on host memory.
+//
+// Every SystemMemoryResource shares one record of the pointers it handed out, so that a pointer it
+// never gave out, a double free or a wrong size returns ErrInvalidFree instead of corrupting the C
+// heap.
 type SystemMemoryResource struct {
 	access Access
 }
+
+var (
+	systemMu   sync.Mutex
+	systemLive = map[DevicePtr]int{}
+)
 
 var (
 	systemAccessOnce sync.Once
@@ -45,14 +54,31 @@ func (r *SystemMemoryResource) Allocate(nbytes int, s StreamView) (DevicePtr, er
 	if !ok {
 		return 0, outOfMemory("SystemMemoryResource", nbytes, nil)
 	}
+	systemMu.Lock()
+	systemLive[DevicePtr(p)] = nbytes
+	systemMu.Unlock()
 	return DevicePtr(p), nil
 }
 
-// Deallocate frees p.
+// Deallocate frees p. A pointer not allocated by a SystemMemoryResource, a double free or a size
+// other than the one allocated returns ErrInvalidFree and frees nothing.
 func (r *SystemMemoryResource) Deallocate(p DevicePtr, nbytes int, s StreamView) error {
-	if p != 0 {
-		hostFree(uintptr(p))
+	if p == 0 {
+		return nil
 	}
+	systemMu.Lock()
+	size, ok := systemLive[p]
+	if ok && size == nbytes {
+		delete(systemLive, p)
+	}
+	systemMu.Unlock()
+	switch {
+	case !ok:
+		return fmt.Errorf("%w: SystemMemoryResource.Deallocate(%#x, %d): the pointer was not allocated here or was already freed", ErrInvalidFree, uintptr(p), nbytes)
+	case size != nbytes:
+		return fmt.Errorf("%w: SystemMemoryResource.Deallocate(%#x, %d): the block was allocated with %d bytes", ErrInvalidFree, uintptr(p), nbytes, size)
+	}
+	hostFree(uintptr(p))
 	return nil
 }
 
