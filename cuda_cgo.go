@@ -102,7 +102,7 @@ static const char *rmm_load(void) {
 	rmm_lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
 	if (!rmm_lib) {
 		const char *e = dlerror();
-		snprintf(rmm_load_err, sizeof rmm_load_err, "cannot load libcuda.so.1: %s", e ? e : "unknown error");
+		snprintf(rmm_load_err, sizeof rmm_load_err, "cannot load the CUDA driver: %s", e ? e : "libcuda.so.1 not found");
 		return rmm_load_err;
 	}
 	RMM_SYM(p_cuInit, "cuInit", 1);

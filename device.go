@@ -191,20 +191,37 @@ func (d Device) ComputeCapability() (major, minor int, err error) {
 	return major, minor, err
 }
 
-// TotalMemory returns the device's memory in bytes (cuDeviceTotalMem).
+// TotalMemory returns the device's memory in bytes (cuDeviceTotalMem). Without CUDA, Device(0)
+// is the host and this is the host's memory (MemTotal on Linux; elsewhere an error wrapping
+// ErrNoDevice).
 func (d Device) TotalMemory() (int, error) {
-	if err := initDriver(); err != nil {
-		return 0, err
-	}
 	if err := d.check(); err != nil {
 		return 0, err
+	}
+	if err := initDriver(); err != nil {
+		_, total, herr := hostMemoryInfo()
+		if herr != nil {
+			return 0, fmt.Errorf("%w (and %v)", err, herr)
+		}
+		return total, nil
 	}
 	return cuDeviceTotalMem(int(d))
 }
 
 // MemoryInfo returns the free and total bytes of the device (cuMemGetInfo in its primary
-// context).
+// context). Without CUDA, Device(0) is the host and these are the host's available and total
+// memory (MemAvailable and MemTotal on Linux; elsewhere an error wrapping ErrNoDevice).
 func (d Device) MemoryInfo() (free, total int, err error) {
+	if err := d.check(); err != nil {
+		return 0, 0, err
+	}
+	if err := initDriver(); err != nil {
+		free, total, herr := hostMemoryInfo()
+		if herr != nil {
+			return 0, 0, fmt.Errorf("%w (and %v)", err, herr)
+		}
+		return free, total, nil
+	}
 	ctx, err := d.ctx()
 	if err != nil {
 		return 0, 0, err
@@ -228,13 +245,14 @@ func (d Device) Synchronize() error {
 func (d Device) String() string { return fmt.Sprintf("device %d", int(d)) }
 
 // AvailableDeviceMemory returns the free and total bytes of the current device, as
-// rmm::available_device_memory. Without CUDA it returns ErrNoDevice.
+// rmm::available_device_memory. Without CUDA these are the host's (see Device.MemoryInfo).
 func AvailableDeviceMemory() (free, total int, err error) {
 	return CurrentDevice().MemoryInfo()
 }
 
 // PercentOfFreeDeviceMemory returns percent% of the current device's free memory, rounded down
 // to a multiple of 256 bytes, as rmm::percent_of_free_device_memory. percent must be in 0..100.
+// Without CUDA it is a percentage of the host's available memory.
 func PercentOfFreeDeviceMemory(percent int) (int, error) {
 	if percent < 0 || percent > 100 {
 		return 0, fmt.Errorf("%w: PercentOfFreeDeviceMemory: percent %d is outside 0..100", ErrInvalidArgument, percent)

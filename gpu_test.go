@@ -2,6 +2,7 @@ package rmm
 
 import (
 	"encoding/binary"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"testing"
@@ -13,6 +14,10 @@ import (
 // TestMain lets a run load freshly generated PTX (RMM_TEST_PTX_DIR holding fill.ptx and
 // copy.ptx) instead of the embedded kernels, to check kernels before they are committed.
 func TestMain(m *testing.M) {
+	if os.Getenv("RMM_DEBUG_LOG_FILE") == "" && os.Getenv("RMM_DEBUG_LOG_LEVEL") == "" {
+		// Tests provoke warnings on purpose (leaks, pools closed in use): keep the output clean.
+		SetDebugLogger(slog.New(slog.DiscardHandler))
+	}
 	if dir := os.Getenv("RMM_TEST_PTX_DIR"); dir != "" {
 		fill, err1 := os.ReadFile(filepath.Join(dir, "fill.ptx"))
 		cp, err2 := os.ReadFile(filepath.Join(dir, "copy.ptx"))

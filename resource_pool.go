@@ -313,6 +313,16 @@ func (p *PoolMemoryResource) Deallocate(ptr DevicePtr, nbytes int, s StreamView)
 		return p.deallocateAfterClose(ptr, size, s)
 	}
 	l, err := p.listFor(s)
+	if errors.Is(err, ErrClosed) {
+		// The stream is gone: nothing can be ordered after it any more, so wait for the device.
+		if p.ctx != 0 {
+			if err := cuCtxSynchronize(p.ctx); err != nil {
+				return fmt.Errorf("PoolMemoryResource.Deallocate on closed %v: %w", s, err)
+			}
+		}
+		s = DefaultStream
+		l, err = p.listFor(s)
+	}
 	if err != nil {
 		return err
 	}
@@ -390,8 +400,12 @@ func (p *PoolMemoryResource) mergeInto(l, o *freeList) {
 }
 
 // listFor returns stream s's free list, creating it (and its event) on first use.
+// It returns ErrClosed for a Stream of ours that was closed.
 func (p *PoolMemoryResource) listFor(s StreamView) (*freeList, error) {
 	if l := p.byStream[s.id]; l != nil {
+		if l.closed {
+			return nil, errStreamClosed("PoolMemoryResource", s)
+		}
 		return l, nil
 	}
 	l := &freeList{stream: s.deviceView(p.dev), rng: uint32(len(p.byStream))*2654435761 + 1}
@@ -400,11 +414,10 @@ func (p *PoolMemoryResource) listFor(s StreamView) (*freeList, error) {
 	}
 	l.lazy = s.lifetimeKnown()
 	if l.lazy && s.id != 0 && !p.hooked[s.id] {
-		if addStreamCloseHook(s, p) {
-			p.hooked[s.id] = true
-		} else {
-			l.lazy = false // closed or unknown: record at every free
+		if !addStreamCloseHook(s, p) {
+			return nil, errStreamClosed("PoolMemoryResource", s)
 		}
+		p.hooked[s.id] = true
 	}
 	if p.ctx != 0 {
 		e, err := cuEventCreate(p.ctx, cuEventDisableTiming)

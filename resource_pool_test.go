@@ -328,3 +328,33 @@ func TestPoolOOMMessage(t *testing.T) {
 	require.Contains(t, err.Error(), "PoolMemoryResource")
 	require.Contains(t, err.Error(), "2097152")
 }
+
+// A Stream closed while the pool holds its frees: allocating on it is refused, freeing on it is
+// ordered by a device synchronisation and lands on the default stream, and its free blocks are
+// reused by other streams.
+func TestPoolClosedStream(t *testing.T) {
+	p, _ := newSimPool(t, 1<<30, &PoolOptions{InitialPoolSize: 1 << 20, MaximumPoolSize: 1 << 20})
+	a, err := NewStream(0, nil)
+	require.NoError(t, err)
+	x, err := p.Allocate(4096, a.View())
+	require.NoError(t, err)
+	y, err := p.Allocate(4096, a.View())
+	require.NoError(t, err)
+	require.NoError(t, p.Deallocate(x, 4096, a.View()))
+	require.NoError(t, a.Close())
+	require.ErrorIs(t, a.Synchronize(), ErrClosed)
+	require.ErrorIs(t, a.View().WaitEvent(&Event{host: true}), ErrClosed)
+	_, err = p.Allocate(256, a.View())
+	require.ErrorIs(t, err, ErrClosed)
+	require.NoError(t, p.Deallocate(y, 4096, a.View()), "a free on a closed stream still returns the memory")
+	z, err := p.Allocate(1<<20, DefaultStream)
+	require.NoError(t, err, "the closed stream's blocks coalesce back into the whole pool")
+	require.NoError(t, p.Deallocate(z, 1<<20, DefaultStream))
+	require.NoError(t, p.CheckInvariants())
+	// A stream closed before the pool ever saw it.
+	b, _ := NewStream(0, nil)
+	require.NoError(t, b.Close())
+	_, err = p.Allocate(256, b.View())
+	require.ErrorIs(t, err, ErrClosed)
+	require.Equal(t, 0, p.Stats().LiveAllocations)
+}

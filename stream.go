@@ -84,9 +84,25 @@ func (s StreamView) String() string {
 	}
 }
 
+// closed reports whether s is a view of one of our Streams that has been closed.
+func (s StreamView) closed() bool {
+	if s.id&ownedStreamBit == 0 {
+		return false
+	}
+	_, ok := streamRegistry.Load(s.id)
+	return !ok
+}
+
+func errStreamClosed(op string, s StreamView) error {
+	return fmt.Errorf("%w: %s on %v, which was closed", ErrClosed, op, s)
+}
+
 // Synchronize waits until all work queued on s is done (cuStreamSynchronize). Without CUDA it
-// returns nil at once.
+// returns nil at once. A view of a closed Stream returns ErrClosed.
 func (s StreamView) Synchronize() error {
+	if s.closed() {
+		return errStreamClosed("Synchronize", s)
+	}
 	if CUDAAvailable() != nil {
 		return nil
 	}
@@ -99,6 +115,9 @@ func (s StreamView) Synchronize() error {
 
 // Query reports whether all work queued on s is done (cuStreamQuery).
 func (s StreamView) Query() (bool, error) {
+	if s.closed() {
+		return false, errStreamClosed("Query", s)
+	}
 	if CUDAAvailable() != nil {
 		return true, nil
 	}
@@ -112,6 +131,9 @@ func (s StreamView) Query() (bool, error) {
 // WaitEvent makes all work queued on s after this call wait until e has completed
 // (cuStreamWaitEvent); the host does not block.
 func (s StreamView) WaitEvent(e *Event) error {
+	if s.closed() {
+		return errStreamClosed("WaitEvent", s)
+	}
 	if e == nil || e.h == 0 {
 		if e != nil && e.host {
 			return nil
@@ -198,12 +220,14 @@ func (s *Stream) View() StreamView { return s.view }
 // Device returns the stream's device.
 func (s *Stream) Device() Device { return s.view.Device() }
 
-// Synchronize waits for all work queued on the stream.
+// Synchronize waits for all work queued on the stream; ErrClosed after Close.
 func (s *Stream) Synchronize() error { return s.view.Synchronize() }
 
 // Close tells every resource holding free memory ordered on the stream (so that it records an
 // event while the stream still exists), then destroys the stream (cuStreamDestroy; queued work
-// still completes). Closing twice returns nil.
+// still completes). Closing twice returns nil. Afterwards the stream's views must not be used
+// for new work: StreamView's methods and PoolMemoryResource.Allocate return ErrClosed for them,
+// and a pool treats a free on them as a free on DefaultStream after synchronising the device.
 func (s *Stream) Close() error {
 	s.mu.Lock()
 	if s.closed {
