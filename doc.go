@@ -21,8 +21,8 @@
 // ordering edge (an Event) first.
 //
 // Every device has a current resource (CurrentDeviceResource, SetCurrentDeviceResource): a
-// CudaMemoryResource until something else is set. A nil MemoryResource argument means the current
-// device resource.
+// CudaMemoryResource until something else is set (a SystemMemoryResource without CUDA). A nil
+// MemoryResource argument means the current device resource.
 //
 // # Without a GPU
 //
@@ -32,7 +32,17 @@
 //
 // # Errors
 //
-// Failures wrap the sentinel errors of errors.go (test with errors.Is): ErrOutOfMemory,
-// ErrInvalidArgument, ErrInvalidFree, ErrNoDevice, ErrOutOfRange, ErrClosed, ErrNotSupported; a
-// failing driver call is a *CUDAError. A failed call leaves the resource or container as it was.
+// Failures wrap the sentinel errors (test with errors.Is): ErrOutOfMemory, ErrInvalidArgument,
+// ErrInvalidFree, ErrNoDevice, ErrOutOfRange, ErrClosed, ErrNotSupported, and ErrMalformedLog for
+// event logs; a failing driver call is a *CUDAError, and file access reports the operating
+// system's errors (errors.Is(err, fs.ErrNotExist)). A failed call leaves the resource or
+// container as it was.
+//
+// # The debug log
+//
+// What is not an error of the call at hand — a container reclaimed without Close (a leak), a pool
+// closed with live allocations — is reported through log/slog to DebugLogger: standard error at
+// level warn by default. RMM_DEBUG_LOG_FILE names a file instead ("stderr" or "-" for standard
+// error), RMM_DEBUG_LOG_LEVEL sets the level (debug, info, warn, error, off); SetDebugLogger
+// replaces the logger.
 package rmm

@@ -326,7 +326,7 @@ type EventOptions struct {
 }
 
 // Event is a CUDA event (cuEventCreate) on one device. Without CUDA it is a host event that is
-// always complete.
+// always complete (host work is synchronous) and ElapsedTime returns ErrNotSupported.
 type Event struct {
 	ctx  uintptr
 	h    uintptr

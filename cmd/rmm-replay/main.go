@@ -16,7 +16,8 @@
 //	-maximum SIZE     pool maximum size (default none)
 //	-simulate SIZE    replay the pool over an address-only upstream of SIZE bytes
 //	-device N         CUDA device (default 0)
-//	-passes N         replay N times on the same resource; report each and the median (default 1)
+//	-passes N         replay N times on the same resource (a pool keeps what it grew in earlier
+//	                  passes); report each wall time and the median (default 1)
 //	-v                print every allocation that fails during the replay
 //
 // Sizes take units: 1073741824, 1GiB, 1.5GB (SI units are powers of 1000, "i" units of 1024).
@@ -90,13 +91,19 @@ func (r *peakResource) Access() rmm.Access           { return rmm.AccessOf(r.Mem
 
 func main() {
 	if err := run(os.Args[1:], os.Stdout, os.Stderr); err != nil {
-		fmt.Fprintln(os.Stderr, "rmm-replay:", err)
 		if errors.Is(err, flag.ErrHelp) {
+			os.Exit(0) // -h: the usage was printed
+		}
+		fmt.Fprintln(os.Stderr, "rmm-replay:", err)
+		if errors.Is(err, errUsage) {
 			os.Exit(2)
 		}
 		os.Exit(1)
 	}
 }
+
+// errUsage marks a bad command line.
+var errUsage = errors.New("usage")
 
 func run(args []string, stdout, stderr io.Writer) error {
 	fs := flag.NewFlagSet("rmm-replay", flag.ContinueOnError)
@@ -107,24 +114,27 @@ func run(args []string, stdout, stderr io.Writer) error {
 	fs.Var(&maximum, "maximum", "pool maximum size (default none)")
 	fs.Var(&simulate, "simulate", "replay the pool over an address-only upstream of this many bytes")
 	device := fs.Int("device", 0, "CUDA device")
-	passes := fs.Int("passes", 1, "replay this many times on the same resource")
+	passes := fs.Int("passes", 1, "replay this many times on the same resource (a pool keeps what it grew); report the median")
 	verbose := fs.Bool("v", false, "print every allocation that fails during the replay")
 	fs.Usage = func() {
 		fmt.Fprintln(stderr, "usage: rmm-replay [flags] TRACE.csv[.gz]")
 		fs.PrintDefaults()
 	}
 	if err := fs.Parse(args); err != nil {
-		return err
+		if errors.Is(err, flag.ErrHelp) {
+			return err
+		}
+		return fmt.Errorf("%w: %w", errUsage, err)
 	}
 	if fs.NArg() != 1 {
 		fs.Usage()
-		return fmt.Errorf("%w: need exactly one trace file", flag.ErrHelp)
+		return fmt.Errorf("%w: need exactly one trace file", errUsage)
 	}
 	if *passes < 1 {
-		return fmt.Errorf("-passes %d: must be at least 1", *passes)
+		return fmt.Errorf("%w: -passes %d: must be at least 1", errUsage, *passes)
 	}
 	if simulate.set && *mrName != "pool" {
-		return fmt.Errorf("-simulate works with -mr pool only (got -mr %s)", *mrName)
+		return fmt.Errorf("%w: -simulate works with -mr pool only (got -mr %s)", errUsage, *mrName)
 	}
 	path := fs.Arg(0)
 	events, err := rmm.ReadLogFile(path)
@@ -202,7 +212,7 @@ func run(args []string, stdout, stderr io.Writer) error {
 		upstream = &peakResource{MemoryResource: rmm.NewSystemMemoryResource()}
 		mr, desc = upstream, "SystemMemoryResource (host memory)"
 	default:
-		return fmt.Errorf("-mr %q: want pool, cuda, async, managed or system", *mrName)
+		return fmt.Errorf("%w: -mr %q: want pool, cuda, async, managed or system", errUsage, *mrName)
 	}
 	if closer != nil {
 		defer closer()
@@ -248,7 +258,11 @@ func run(args []string, stdout, stderr io.Writer) error {
 	}
 	w := stdout
 	fmt.Fprintf(w, "trace            %s\n", path)
-	fmt.Fprintf(w, "events           %d (allocations %d, frees %d, logged failures %d; %d threads)\n", r.Events, r.Allocations, r.Frees, r.LoggedFailures, r.Threads)
+	threads := "threads"
+	if r.Threads == 1 {
+		threads = "thread"
+	}
+	fmt.Fprintf(w, "events           %d (allocations %d, frees %d, logged failures %d; %d %s)\n", r.Events, r.Allocations, r.Frees, r.LoggedFailures, r.Threads, threads)
 	fmt.Fprintf(w, "failures         %d\n", failures)
 	if len(results) > 1 {
 		fmt.Fprintf(w, "passes           %d, wall times", len(results))
@@ -257,7 +271,11 @@ func run(args []string, stdout, stderr io.Writer) error {
 		}
 		fmt.Fprintln(w)
 	}
-	fmt.Fprintf(w, "wall time        %s (%.0f ns/event)\n", median.Round(time.Microsecond), float64(median.Nanoseconds())/float64(max(r.Events, 1)))
+	label := "wall time       "
+	if len(results) > 1 {
+		label = "median wall time"
+	}
+	fmt.Fprintf(w, "%s %s (%.0f ns/event)\n", label, median.Round(time.Microsecond), float64(median.Nanoseconds())/float64(max(r.Events, 1)))
 	fmt.Fprintf(w, "peak live        %d bytes (%s)\n", r.PeakLiveBytes, rmm.FormatBytes(r.PeakLiveBytes))
 	if reserved > 0 {
 		fmt.Fprintf(w, "peak upstream    %d bytes (%s), %.3f x peak live\n", reserved, rmm.FormatBytes(reserved), float64(reserved)/float64(max(r.PeakLiveBytes, 1)))

@@ -2,6 +2,7 @@ package main
 
 import (
 	"bytes"
+	"flag"
 	"path/filepath"
 	"regexp"
 	"strings"
@@ -25,7 +26,7 @@ func TestReplaySimulated(t *testing.T) {
 	// librmm's pool reaches 1579564032 bytes on this trace.
 	require.Contains(t, s, "peak upstream    1579564032 bytes (1.471084 GiB), 2.555 x peak live\n")
 	require.Contains(t, s, "left allocated   0 allocations, 0 bytes")
-	require.Regexp(t, regexp.MustCompile(`wall time        \S+ \(\d+ ns/event\)`), s)
+	require.Regexp(t, regexp.MustCompile(`median wall time \S+ \(\d+ ns/event\)`), s)
 	require.Regexp(t, regexp.MustCompile(`passes           2, wall times \S+ \S+\n`), s)
 }
 
@@ -39,6 +40,14 @@ func TestReplayDefaultResource(t *testing.T) {
 		require.True(t, strings.HasPrefix(first, "rmm-replay: PoolMemoryResource over SystemMemoryResource (host memory; no CUDA device: "), first)
 	}
 	require.Contains(t, out.String(), "failures         0\n")
+}
+
+func TestReplayHelp(t *testing.T) {
+	var out, errOut bytes.Buffer
+	err := run([]string{"-h"}, &out, &errOut)
+	require.ErrorIs(t, err, flag.ErrHelp)
+	require.Contains(t, errOut.String(), "usage: rmm-replay [flags] TRACE.csv[.gz]")
+	require.Contains(t, errOut.String(), "-simulate")
 }
 
 func TestReplayFlagErrors(t *testing.T) {
