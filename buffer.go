@@ -451,6 +451,7 @@ func NewDeviceBufferFromDevice(src DevicePtr, size int, s StreamView, mr MemoryR
 // allocated from mr (nil: the current device resource, not b's resource) on s, copied on s
 // (asynchronously between device memories). The new buffer's stream is s.
 func (b *DeviceBuffer) Copy(s StreamView, mr MemoryResource) (*DeviceBuffer, error) {
+	defer runtime.KeepAlive(b) // the leak cleanup must not run during the call
 	if b.st.closed {
 		return nil, b.st.errClosed("Copy")
 	}
@@ -500,6 +501,7 @@ func (b *DeviceBuffer) Access() Access { return b.st.access }
 // uninitialized. Nothing is synchronised. A negative n returns ErrInvalidArgument; a failed
 // allocation returns the resource's error and leaves the buffer unchanged.
 func (b *DeviceBuffer) Resize(n int, s StreamView) error {
+	defer runtime.KeepAlive(b)
 	if b.st.closed {
 		return b.st.errClosed("Resize")
 	}
@@ -512,6 +514,7 @@ func (b *DeviceBuffer) Resize(n int, s StreamView) error {
 // Reserve grows the capacity to exactly n bytes when n > Cap() (allocate on s, copy Len() bytes
 // on s, free the old on s); the size is unchanged. s becomes the stream. Errors as Resize.
 func (b *DeviceBuffer) Reserve(n int, s StreamView) error {
+	defer runtime.KeepAlive(b)
 	if b.st.closed {
 		return b.st.errClosed("Reserve")
 	}
@@ -524,6 +527,7 @@ func (b *DeviceBuffer) Reserve(n int, s StreamView) error {
 // ShrinkToFit reallocates exactly Len() bytes when Cap() is larger (copying on s, freeing the
 // old on s); s becomes the stream. A failed allocation leaves the buffer unchanged.
 func (b *DeviceBuffer) ShrinkToFit(s StreamView) error {
+	defer runtime.KeepAlive(b)
 	if b.st.closed {
 		return b.st.errClosed("ShrinkToFit")
 	}
@@ -534,6 +538,7 @@ func (b *DeviceBuffer) ShrinkToFit(s StreamView) error {
 // (cuMemcpyHtoDAsync on s, then s synchronised; a CPU copy on host memory). The bytes must lie in
 // [0, Len()), else ErrOutOfRange.
 func (b *DeviceBuffer) CopyFromHost(dstOffset int, src []byte, s StreamView) error {
+	defer runtime.KeepAlive(b)
 	if b.st.closed {
 		return b.st.errClosed("CopyFromHost")
 	}
@@ -549,6 +554,7 @@ func (b *DeviceBuffer) CopyFromHost(dstOffset int, src []byte, s StreamView) err
 // (cuMemcpyDtoHAsync on s, then s synchronised). The bytes must lie in [0, Len()), else
 // ErrOutOfRange.
 func (b *DeviceBuffer) CopyToHost(dst []byte, srcOffset int, s StreamView) error {
+	defer runtime.KeepAlive(b)
 	if b.st.closed {
 		return b.st.errClosed("CopyToHost")
 	}
@@ -563,6 +569,7 @@ func (b *DeviceBuffer) CopyToHost(dst []byte, srcOffset int, s StreamView) error
 // Bytes returns a copy of the buffer's Len() bytes in Go memory, complete at return (ordered on
 // s, then s synchronised).
 func (b *DeviceBuffer) Bytes(s StreamView) ([]byte, error) {
+	defer runtime.KeepAlive(b)
 	if b.st.closed {
 		return nil, b.st.errClosed("Bytes")
 	}
@@ -581,6 +588,7 @@ func (b *DeviceBuffer) Bytes(s StreamView) ([]byte, error) {
 // when the buffer is host-only memory). The bytes must lie in [0, Len()) (ErrOutOfRange); a zero
 // src with nbytes > 0 returns ErrInvalidArgument. The ranges must not overlap.
 func (b *DeviceBuffer) CopyFromDevice(dstOffset int, src DevicePtr, nbytes int, s StreamView) error {
+	defer runtime.KeepAlive(b)
 	if b.st.closed {
 		return b.st.errClosed("CopyFromDevice")
 	}
@@ -603,6 +611,7 @@ func (b *DeviceBuffer) CopyFromDevice(dstOffset int, src DevicePtr, nbytes int, 
 // The caller then owns p and frees it with MemoryResource().Deallocate(p, capacity, s) on the
 // stream where it was last used. After Close it returns (0, 0).
 func (b *DeviceBuffer) Release() (p DevicePtr, capacity int) {
+	defer runtime.KeepAlive(b)
 	p, capacity = b.st.ptr, b.st.capacity
 	b.st.ptr, b.st.size, b.st.capacity = 0, 0, 0
 	return p, capacity
@@ -612,6 +621,7 @@ func (b *DeviceBuffer) Release() (p DevicePtr, capacity int) {
 // later call that can fail returns ErrClosed; closing again returns nil. An error of the
 // resource's Deallocate is returned, and the buffer is closed all the same.
 func (b *DeviceBuffer) Close() error {
+	defer runtime.KeepAlive(b)
 	if b.st.closed {
 		return nil
 	}

@@ -2,6 +2,7 @@ package rmm
 
 import (
 	"fmt"
+	"runtime"
 	"unsafe"
 )
 
@@ -47,6 +48,7 @@ func NewScalarWithValue[T any](x T, s StreamView, mr MemoryResource) (*Scalar[T]
 // Copy returns a new Scalar from mr (nil: the current device resource) holding c's value, copied
 // on s (asynchronously between device memories).
 func (c *Scalar[T]) Copy(s StreamView, mr MemoryResource) (*Scalar[T], error) {
+	defer runtime.KeepAlive(c) // the leak cleanup must not run during the call
 	v, err := c.v.Copy(s, mr)
 	if err != nil {
 		return nil, err
@@ -56,6 +58,7 @@ func (c *Scalar[T]) Copy(s StreamView, mr MemoryResource) (*Scalar[T], error) {
 
 // Value returns the element, copied to the host (cuMemcpyDtoHAsync on s, then s synchronised).
 func (c *Scalar[T]) Value(s StreamView) (T, error) {
+	defer runtime.KeepAlive(c)
 	var x T
 	if c.v.st.closed {
 		return x, c.v.st.errClosed("Value")
@@ -67,6 +70,7 @@ func (c *Scalar[T]) Value(s StreamView) (T, error) {
 // SetValue writes x (cuMemcpyHtoDAsync on s, then s synchronised: finished at return). The bytes
 // are copied as they are (-0.0 stays -0.0).
 func (c *Scalar[T]) SetValue(x T, s StreamView) error {
+	defer runtime.KeepAlive(c)
 	if c.v.st.closed {
 		return c.v.st.errClosed("SetValue")
 	}
@@ -76,6 +80,7 @@ func (c *Scalar[T]) SetValue(x T, s StreamView) error {
 // SetValueToZero sets the element's bytes to zero, asynchronously on s on device memory
 // (cuMemsetD8Async).
 func (c *Scalar[T]) SetValueToZero(s StreamView) error {
+	defer runtime.KeepAlive(c)
 	if c.v.st.closed {
 		return c.v.st.errClosed("SetValueToZero")
 	}

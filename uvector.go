@@ -333,6 +333,7 @@ func NewUvectorFromSlice[T any](src []T, s StreamView, mr MemoryResource) (*Uvec
 // (nil: the current device resource, not v's) on s and copied on s (asynchronously between device
 // memories). The new vector's stream is s.
 func (v *Uvector[T]) Copy(s StreamView, mr MemoryResource) (*Uvector[T], error) {
+	defer runtime.KeepAlive(v) // the leak cleanup must not run during the call
 	if v.st.closed {
 		return nil, v.st.errClosed("Copy")
 	}
@@ -366,6 +367,7 @@ func (v *Uvector[T]) Data() DevicePtr { return v.st.ptr }
 // ElementPtr returns the address of element i. Like indexing a slice, it panics unless
 // 0 ≤ i < Len().
 func (v *Uvector[T]) ElementPtr(i int) DevicePtr {
+	defer runtime.KeepAlive(v)
 	if i < 0 || i >= v.Len() {
 		panic(fmt.Sprintf("rmm: %s.ElementPtr: index %d out of range [0, %d)", v.st.kind, i, v.Len()))
 	}
@@ -374,6 +376,7 @@ func (v *Uvector[T]) ElementPtr(i int) DevicePtr {
 
 // Span returns a view of the Len() elements (empty after Close).
 func (v *Uvector[T]) Span() DeviceSpan[T] {
+	defer runtime.KeepAlive(v)
 	return DeviceSpan[T]{ptr: v.st.ptr, n: v.Len(), dev: v.st.dev, access: v.st.access}
 }
 
@@ -395,6 +398,7 @@ func (v *Uvector[T]) Access() Access { return v.st.access }
 // check returns ErrClosed after Close, or ErrOutOfRange (naming the index and the length) when
 // i is outside [0, Len()).
 func (v *Uvector[T]) check(op string, i int) error {
+	defer runtime.KeepAlive(v)
 	if v.st.closed {
 		return v.st.errClosed(op)
 	}
@@ -405,6 +409,7 @@ func (v *Uvector[T]) check(op string, i int) error {
 }
 
 func (v *Uvector[T]) elemRef(i int) memRef {
+	defer runtime.KeepAlive(v)
 	r := v.st.ref()
 	r.p += DevicePtr(i * sizeOf[T]())
 	return r
@@ -413,6 +418,7 @@ func (v *Uvector[T]) elemRef(i int) memRef {
 // Element returns element i, copied to the host (cuMemcpyDtoHAsync on s, then s synchronised).
 // An index outside [0, Len()) returns ErrOutOfRange.
 func (v *Uvector[T]) Element(i int, s StreamView) (T, error) {
+	defer runtime.KeepAlive(v)
 	var x T
 	if err := v.check("Element", i); err != nil {
 		return x, err
@@ -425,6 +431,7 @@ func (v *Uvector[T]) Element(i int, s StreamView) (T, error) {
 // reads Go memory, so it is finished at return). The bytes are copied as they are: -0.0 stays
 // -0.0. An index outside [0, Len()) returns ErrOutOfRange.
 func (v *Uvector[T]) SetElement(i int, x T, s StreamView) error {
+	defer runtime.KeepAlive(v)
 	if err := v.check("SetElement", i); err != nil {
 		return err
 	}
@@ -434,6 +441,7 @@ func (v *Uvector[T]) SetElement(i int, x T, s StreamView) error {
 // SetElementToZero sets the bytes of element i to zero, asynchronously on s on device memory
 // (cuMemsetD8Async). An index outside [0, Len()) returns ErrOutOfRange.
 func (v *Uvector[T]) SetElementToZero(i int, s StreamView) error {
+	defer runtime.KeepAlive(v)
 	if err := v.check("SetElementToZero", i); err != nil {
 		return err
 	}
@@ -442,6 +450,7 @@ func (v *Uvector[T]) SetElementToZero(i int, s StreamView) error {
 
 // Front returns the first element (as Element(0, s)); an empty vector returns ErrOutOfRange.
 func (v *Uvector[T]) Front(s StreamView) (T, error) {
+	defer runtime.KeepAlive(v)
 	var z T
 	if v.st.closed {
 		return z, v.st.errClosed("Front")
@@ -454,6 +463,7 @@ func (v *Uvector[T]) Front(s StreamView) (T, error) {
 
 // Back returns the last element (as Element(Len()-1, s)); an empty vector returns ErrOutOfRange.
 func (v *Uvector[T]) Back(s StreamView) (T, error) {
+	defer runtime.KeepAlive(v)
 	var z T
 	if v.st.closed {
 		return z, v.st.errClosed("Back")
@@ -470,6 +480,7 @@ func (v *Uvector[T]) Back(s StreamView) (T, error) {
 // uninitialized. A negative or overflowing n returns ErrInvalidArgument; a failed allocation
 // returns the resource's error and leaves the vector unchanged.
 func (v *Uvector[T]) Resize(n int, s StreamView) error {
+	defer runtime.KeepAlive(v)
 	if v.st.closed {
 		return v.st.errClosed("Resize")
 	}
@@ -485,6 +496,7 @@ func (v *Uvector[T]) Resize(n int, s StreamView) error {
 // elements on s, free the old on s); the length is unchanged and s becomes the stream. Errors as
 // Resize.
 func (v *Uvector[T]) Reserve(n int, s StreamView) error {
+	defer runtime.KeepAlive(v)
 	if v.st.closed {
 		return v.st.errClosed("Reserve")
 	}
@@ -499,6 +511,7 @@ func (v *Uvector[T]) Reserve(n int, s StreamView) error {
 // ShrinkToFit reallocates exactly Len() elements when Cap() is larger (copy and free on s); s
 // becomes the stream. A failed allocation leaves the vector unchanged.
 func (v *Uvector[T]) ShrinkToFit(s StreamView) error {
+	defer runtime.KeepAlive(v)
 	if v.st.closed {
 		return v.st.errClosed("ShrinkToFit")
 	}
@@ -509,6 +522,7 @@ func (v *Uvector[T]) ShrinkToFit(s StreamView) error {
 // resource, stream and device) and leaves the vector empty, as device_uvector::release. The
 // vector stays usable. After Close it returns nil.
 func (v *Uvector[T]) Release() *DeviceBuffer {
+	defer runtime.KeepAlive(v)
 	if v.st.closed {
 		return nil
 	}
@@ -521,6 +535,7 @@ func (v *Uvector[T]) Release() *DeviceBuffer {
 // CopyFromHost copies src into the first len(src) elements; complete at return. len(src) > Len()
 // returns ErrOutOfRange.
 func (v *Uvector[T]) CopyFromHost(src []T, s StreamView) error {
+	defer runtime.KeepAlive(v)
 	if v.st.closed {
 		return v.st.errClosed("CopyFromHost")
 	}
@@ -530,6 +545,7 @@ func (v *Uvector[T]) CopyFromHost(src []T, s StreamView) error {
 // CopyToHost copies the first len(dst) elements into dst; complete at return. len(dst) > Len()
 // returns ErrOutOfRange.
 func (v *Uvector[T]) CopyToHost(dst []T, s StreamView) error {
+	defer runtime.KeepAlive(v)
 	if v.st.closed {
 		return v.st.errClosed("CopyToHost")
 	}
@@ -538,6 +554,7 @@ func (v *Uvector[T]) CopyToHost(dst []T, s StreamView) error {
 
 // ToSlice returns the Len() elements in a new Go slice; complete at return.
 func (v *Uvector[T]) ToSlice(s StreamView) ([]T, error) {
+	defer runtime.KeepAlive(v)
 	if v.st.closed {
 		return nil, v.st.errClosed("ToSlice")
 	}
@@ -557,6 +574,7 @@ func (v *Uvector[T]) ToSlice(s StreamView) ([]T, error) {
 // ordered on s and s then synchronised. src longer than v returns ErrOutOfRange; overlapping
 // ranges return ErrInvalidArgument; a closed source returns ErrClosed.
 func (v *Uvector[T]) CopyFrom(src SpanSource[T], s StreamView) error {
+	defer runtime.KeepAlive(v)
 	if v.st.closed {
 		return v.st.errClosed("CopyFrom")
 	}
@@ -566,6 +584,7 @@ func (v *Uvector[T]) CopyFrom(src SpanSource[T], s StreamView) error {
 // Fill writes x into every element: asynchronously on s on device memory (cuMemsetD8/16/32Async
 // for 1-, 2- and 4-byte elements, the fill kernels otherwise), on the CPU on host memory.
 func (v *Uvector[T]) Fill(x T, s StreamView) error {
+	defer runtime.KeepAlive(v)
 	if v.st.closed {
 		return v.st.errClosed("Fill")
 	}
@@ -576,6 +595,7 @@ func (v *Uvector[T]) Fill(x T, s StreamView) error {
 // calls that can fail return ErrClosed; closing again returns nil. An error of the resource's
 // Deallocate is returned, and the vector is closed all the same.
 func (v *Uvector[T]) Close() error {
+	defer runtime.KeepAlive(v)
 	if v.st.closed {
 		return nil
 	}
