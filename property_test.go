@@ -1246,19 +1246,22 @@ func TestPoolPropertyCappedUpstream(t *testing.T) {
 }
 
 // Found by TestPoolPropertyCappedUpstream, shrunk to: maximum 1280 bytes, Alloc(1), Alloc(628).
-// The first allocation grows the pool by half the headroom, 640 bytes, which is not a multiple of
-// 256; the headroom left, 640, rounded up to 256 is 768, enough for the second request (768
-// bytes, larger than the 384 free), so the pool takes 768 more bytes from the upstream: 1408 in
-// all, more than the maximum.
+// Growing by half the headroom unaligned (640 bytes) and then rounding the headroom left up to 256
+// took the pool to 1408 bytes, past its maximum. Growth under a maximum now stays on the 256-byte
+// grid: 512 bytes first, then the 768 that exactly reach the maximum.
 func TestPoolGrowthKeepsToMaximum(t *testing.T) {
 	p, sim := newSimPool(t, 1<<30, &PoolOptions{MaximumPoolSize: 1280})
 	_, err := p.Allocate(1, DefaultStream)
 	require.NoError(t, err)
-	require.Equal(t, 640, p.PoolSize(), "grown by half the headroom")
+	require.Equal(t, 512, p.PoolSize(), "grown by half the headroom, rounded down to 256")
 	_, err = p.Allocate(628, DefaultStream)
-	require.ErrorIs(t, err, ErrOutOfMemory, "768 bytes: 384 are free and 640 left below the maximum")
-	require.Equal(t, 640, p.PoolSize())
+	require.NoError(t, err, "768 bytes: 256 are free and 768 left below the maximum")
+	require.Equal(t, 1280, p.PoolSize())
 	require.LessOrEqual(t, sim.UsedBytes(), 1280)
+	_, err = p.Allocate(257, DefaultStream)
+	require.ErrorIs(t, err, ErrOutOfMemory, "512 bytes: 256 are free and the pool is at its maximum")
+	_, err = p.Allocate(256, DefaultStream)
+	require.NoError(t, err, "the last 256 bytes")
 	require.NoError(t, p.CheckInvariants())
 }
 

@@ -248,7 +248,19 @@ func (p *PoolMemoryResource) growSize(n int) int {
 	if n > room {
 		return 0
 	}
-	return max(n, room/2)
+	// Half the headroom, kept on the 256-byte grid so that what is left stays usable and the
+	// pool can reach its maximum exactly.
+	return max(n, AlignDown(room/2, Alignment))
+}
+
+// backOff is the next size to try after the upstream refused try bytes for an n-byte request:
+// half, at least n. Under a maximum it stays on the 256-byte grid; without one it is librmm's
+// exact halving.
+func (p *PoolMemoryResource) backOff(try, n int) int {
+	if p.maximum > 0 {
+		return max(n, AlignDown(try/2, Alignment))
+	}
+	return max(n, try/2)
 }
 
 // grow takes a new block from the upstream for an n-byte request on s and returns it, out of any
@@ -272,7 +284,7 @@ func (p *PoolMemoryResource) grow(l *freeList, n int, s StreamView) (*block, err
 		if try == n {
 			break
 		}
-		try = max(n, try/2)
+		try = p.backOff(try, n)
 	}
 	DebugLogger().Debug("rmm: PoolMemoryResource failed to grow", "request", n, "pool_size", p.size, "maximum", p.maximum, "err", lastErr)
 	return nil, p.oom(n, lastErr)
@@ -458,8 +470,10 @@ func (p *PoolMemoryResource) waitFor(o *freeList, s StreamView) error {
 	return cuStreamWaitEvent(p.ctx, s.cu(), o.event)
 }
 
-// streamClosing is called by Stream.Close before the stream is destroyed: record the event of the
-// stream's list if frees are not covered yet.
+// streamClosing is called by Stream.Close before the stream is destroyed. The stream's free
+// blocks move to the default stream's list, after making the default stream wait (on the device)
+// for the closing stream's work; the list and its event are dropped, so a pool used with many
+// short-lived streams keeps no state for them.
 func (p *PoolMemoryResource) streamClosing(s StreamView) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -468,16 +482,35 @@ func (p *PoolMemoryResource) streamClosing(s StreamView) {
 	if l == nil {
 		return
 	}
-	if l.dirty && p.ctx != 0 && l.event != 0 {
-		if err := cuEventRecord(p.ctx, l.event, s.cu()); err != nil {
-			// Cannot order on the stream any more: wait for it instead.
-			DebugLogger().Warn("rmm: PoolMemoryResource: recording the event of a closing stream failed; synchronising it", "stream", s.String(), "err", err)
-			cuStreamSynchronize(p.ctx, s.cu())
+	if p.closed {
+		l.closed = true
+		return
+	}
+	if l.count == 0 {
+		p.dropList(l)
+		return
+	}
+	def, err := p.listFor(DefaultStream)
+	if err == nil && p.ctx != 0 && l.event != 0 {
+		if l.dirty {
+			err = cuRecordAndWait(p.ctx, l.event, s.cu(), cuStreamLegacy)
+		} else {
+			err = cuStreamWaitEvent(p.ctx, cuStreamLegacy, l.event)
+		}
+		if err != nil {
+			// Cannot order on the device: wait for the stream on the host instead.
+			DebugLogger().Warn("rmm: PoolMemoryResource: ordering a closing stream's frees failed; synchronising it", "stream", s.String(), "err", err)
+			err = cuStreamSynchronize(p.ctx, s.cu())
 		}
 	}
-	l.dirty = false
-	l.closed = true
-	l.lazy = false
+	if def == nil || err != nil {
+		// Keep the blocks where they are, reachable only through an event wait by other streams.
+		l.dirty, l.closed, l.lazy = false, true, false
+		return
+	}
+	p.mergeInto(def, l)
+	def.dirty = true // the default stream's event must now cover what it waited for
+	p.dropList(l)
 }
 
 // syncAll waits (on the host) for the work behind every list's frees.

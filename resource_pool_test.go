@@ -358,3 +358,38 @@ func TestPoolClosedStream(t *testing.T) {
 	require.ErrorIs(t, err, ErrClosed)
 	require.Equal(t, 0, p.Stats().LiveAllocations)
 }
+
+// Closing a Stream drops its free list: the pool keeps no state for short-lived streams.
+func TestPoolForgetsClosedStreams(t *testing.T) {
+	p, _ := newSimPool(t, 1<<30, &PoolOptions{InitialPoolSize: 1 << 20})
+	for i := 0; i < 1000; i++ {
+		st, err := NewStream(0, nil)
+		require.NoError(t, err)
+		q, err := p.Allocate(4096, st.View())
+		require.NoError(t, err)
+		require.NoError(t, p.Deallocate(q, 4096, st.View()))
+		require.NoError(t, st.Close())
+	}
+	st := p.Stats()
+	require.Equal(t, 1, st.Streams, "only the default stream's list is left")
+	require.Equal(t, 1, st.FreeBlocks, "the closed streams' blocks coalesced back")
+	require.NoError(t, p.CheckInvariants())
+}
+
+// A capped pool reaches its maximum exactly with 256-byte requests.
+func TestPoolReachesMaximum(t *testing.T) {
+	for _, maximum := range []int{768, 1280, 1<<20 + 1280, 100 << 20} {
+		p, _ := newSimPool(t, 1<<40, &PoolOptions{MaximumPoolSize: maximum})
+		served := 0
+		for {
+			if _, err := p.Allocate(256, DefaultStream); err != nil {
+				require.ErrorIs(t, err, ErrOutOfMemory)
+				break
+			}
+			served += 256
+		}
+		require.Equal(t, maximum, served, "maximum %d", maximum)
+		require.Equal(t, maximum, p.PoolSize())
+		require.NoError(t, p.CheckInvariants())
+	}
+}
