@@ -3,6 +3,7 @@ package rmm
 import (
 	"errors"
 	"fmt"
+	"math"
 	"runtime"
 	"sort"
 	"sync"
@@ -97,6 +98,7 @@ func Replay(events []LogEvent, mr MemoryResource, opts *ReplayOptions) (ReplayRe
 		return s, nil
 	}
 	var live, peak int64
+	var orphans []int32
 	for i, e := range events {
 		s, err := streamFor(e.Stream)
 		if err != nil {
@@ -107,17 +109,27 @@ func Replay(events []LogEvent, mr MemoryResource, opts *ReplayOptions) (ReplayRe
 		case ActionAllocate:
 			res.Allocations++
 			if e.Pointer != 0 {
+				if j, ok := lastAlloc[e.Pointer]; ok {
+					// The log hands out a pointer it never freed: that earlier allocation is
+					// never freed by the log.
+					orphans = append(orphans, j)
+				}
 				lastAlloc[e.Pointer] = int32(i)
 			}
-			live += int64(e.Size)
+			if live <= math.MaxInt64-int64(e.Size) {
+				live += int64(e.Size)
+			}
 			peak = max(peak, live)
 		case ActionFree:
-			if j, ok := lastAlloc[e.Pointer]; ok && e.Pointer != 0 {
+			switch j, ok := lastAlloc[e.Pointer]; {
+			case e.Pointer == 0:
+				res.Frees++ // a zero-byte allocation's free: nothing to do
+			case ok:
 				ops[i].match = j
 				delete(lastAlloc, e.Pointer)
 				live -= int64(events[j].Size)
 				res.Frees++
-			} else {
+			default:
 				res.UnmatchedFrees++
 			}
 		case ActionAllocateFailure:
@@ -126,8 +138,11 @@ func Replay(events []LogEvent, mr MemoryResource, opts *ReplayOptions) (ReplayRe
 		threads[e.Thread] = append(threads[e.Thread], int32(i))
 	}
 	res.PeakLiveBytes = peak
-	res.LeftAllocations = len(lastAlloc)
+	res.LeftAllocations = len(lastAlloc) + len(orphans)
 	for _, j := range lastAlloc {
+		res.LeftBytes += int64(events[j].Size)
+	}
+	for _, j := range orphans {
 		res.LeftBytes += int64(events[j].Size)
 	}
 	res.Threads = len(threads)
@@ -138,12 +153,37 @@ func Replay(events []LogEvent, mr MemoryResource, opts *ReplayOptions) (ReplayRe
 	var failures atomic.Int64
 	var firstErr error
 	var errMu sync.Mutex
-	run := func(idx []int32, wait bool) {
+	// With several logged threads, the goroutine that finishes event i wakes the owner of event
+	// i+1: it stores the turn, then posts a token to the owner's channel. The owner spins a little
+	// first (a hand-off between two running goroutines is then cheap) and parks otherwise.
+	owner := make([]int32, len(events))
+	wake := make([]chan struct{}, 0, len(threads))
+	waitTurn := func(g int, i int32) {
+		for spin := 0; spin < 200; spin++ {
+			if turn.Load() == int64(i) {
+				return
+			}
+			if spin%16 == 15 {
+				runtime.Gosched()
+			}
+		}
+		for turn.Load() != int64(i) {
+			<-wake[g]
+		}
+	}
+	pass := func(i int32) {
+		turn.Store(int64(i) + 1)
+		if next := int(i) + 1; next < len(owner) {
+			select {
+			case wake[owner[next]] <- struct{}{}:
+			default: // a token is already waiting
+			}
+		}
+	}
+	run := func(g int, idx []int32, wait bool) {
 		for _, i := range idx {
 			if wait {
-				for turn.Load() != int64(i) {
-					runtime.Gosched()
-				}
+				waitTurn(g, i)
 			}
 			o := &ops[i]
 			switch o.kind {
@@ -170,7 +210,7 @@ func Replay(events []LogEvent, mr MemoryResource, opts *ReplayOptions) (ReplayRe
 				}
 			}
 			if wait {
-				turn.Store(int64(i) + 1)
+				pass(i)
 			}
 		}
 	}
@@ -180,27 +220,33 @@ func Replay(events []LogEvent, mr MemoryResource, opts *ReplayOptions) (ReplayRe
 		for i := range all {
 			all[i] = int32(i)
 		}
-		run(all, false)
+		run(0, all, false)
 	} else {
 		ids := make([]uint64, 0, len(threads))
 		for id := range threads {
 			ids = append(ids, id)
 		}
 		sort.Slice(ids, func(a, b int) bool { return ids[a] < ids[b] })
+		for g, id := range ids {
+			wake = append(wake, make(chan struct{}, 1))
+			for _, i := range threads[id] {
+				owner[i] = int32(g)
+			}
+		}
 		var wg sync.WaitGroup
-		for _, id := range ids {
+		for g, id := range ids {
 			wg.Add(1)
-			go func(idx []int32) {
+			go func(g int, idx []int32) {
 				defer wg.Done()
-				run(idx, true)
-			}(threads[id])
+				run(g, idx, true)
+			}(g, threads[id])
 		}
 		wg.Wait()
 	}
 	res.Wall = time.Since(start)
 	res.Failures = int(failures.Load())
 
-	// Free what the log left allocated.
+	// Free what the log left allocated (orphaned allocations included).
 	for j, p := range ptrs {
 		if p != 0 && ops[j].kind == ActionAllocate {
 			if err := mr.Deallocate(p, ops[j].size, ops[j].stream); err != nil && firstErr == nil {

@@ -120,3 +120,53 @@ func TestReplayGlobalOrder(t *testing.T) {
 		require.Equal(t, int64(100+300+400+500), r.PeakLiveBytes)
 	}
 }
+
+// A pointer the log allocates twice without a free in between leaves the first allocation live;
+// the free of a zero-byte allocation, (nil), is a free, not an unmatched one.
+func TestReplayAccountingOddLogs(t *testing.T) {
+	log := LogHeader + "\n" +
+		"1,00:00:00.000001,allocate,0x200,100,0\n" +
+		"1,00:00:00.000002,allocate,0x200,300,0\n" +
+		"1,00:00:00.000003,free,0x200,300,0\n" +
+		"1,00:00:00.000004,allocate,(nil),0,0\n" +
+		"1,00:00:00.000005,free,(nil),0,0\n"
+	events, err := ReadLog(strings.NewReader(log))
+	require.NoError(t, err)
+	rec := &orderRecorder{inner: NewSystemMemoryResource()}
+	r, err := Replay(events, rec, nil)
+	require.NoError(t, err)
+	require.Equal(t, 1, r.LeftAllocations)
+	require.Equal(t, int64(100), r.LeftBytes)
+	require.Zero(t, r.UnmatchedFrees)
+	require.Equal(t, 2, r.Frees)
+	require.Equal(t, int64(400), r.PeakLiveBytes)
+	require.Equal(t, []string{"a100", "a300", "f300", "a0", "f100"}, rec.calls)
+}
+
+// Many logged threads, events interleaved round-robin: the global order holds.
+func TestReplayManyThreads(t *testing.T) {
+	const threads, per = 64, 40
+	var b strings.Builder
+	b.WriteString(LogHeader + "\n")
+	var want []string
+	for k := 0; k < per; k++ {
+		for th := 0; th < threads; th++ {
+			size := 256 * (th + 1)
+			if k%2 == 0 {
+				fmt.Fprintf(&b, "%d,00:00:00.000001,allocate,0x%x,%d,0\n", th+1, 0x10000*(th+1), size)
+				want = append(want, fmt.Sprintf("a%d", size))
+			} else {
+				fmt.Fprintf(&b, "%d,00:00:00.000001,free,0x%x,%d,0\n", th+1, 0x10000*(th+1), size)
+				want = append(want, fmt.Sprintf("f%d", size))
+			}
+		}
+	}
+	events, err := ReadLog(strings.NewReader(b.String()))
+	require.NoError(t, err)
+	rec := &orderRecorder{inner: NewSystemMemoryResource()}
+	r, err := Replay(events, rec, nil)
+	require.NoError(t, err)
+	require.Equal(t, threads, r.Threads)
+	require.Equal(t, want, rec.calls)
+	require.Zero(t, r.LeftAllocations)
+}
