@@ -386,6 +386,8 @@ func inRange(off, n, size int) bool { return off >= 0 && n >= 0 && off <= size &
 // Close frees the memory; a buffer dropped without Close is freed by a cleanup once the collector
 // finds it unreachable, and the leak is reported to DebugLogger. A DeviceBuffer must not be copied
 // by value, and is not safe for concurrent use by several goroutines.
+//
+// Make one with its constructor; the zero value is not usable.
 type DeviceBuffer struct {
 	noCopy  noCopy
 	st      *memState

@@ -4,12 +4,10 @@ package rmm
 
 // Built with CGO_ENABLED=0: the CUDA driver cannot be loaded. Every driver entry point returns
 // errNoCgo; initDriver reports ErrNoDevice before any of them is reached, so they exist only to
-// keep one API. Host memory for SystemMemoryResource comes from the Go heap.
+// keep one API. Host memory for SystemMemoryResource comes from anonymous mmap on Unix
+// (hostalloc_nocgo_unix.go) and from the Go heap elsewhere.
 
-import (
-	"sync"
-	"unsafe"
-)
+import "unsafe"
 
 const cgoEnabled = false
 
@@ -90,32 +88,4 @@ func cuLaunchFill(uintptr, uintptr, int, int, uintptr, DevicePtr, int, int, int,
 }
 func cuLaunchCopy(uintptr, uintptr, int, int, uintptr, DevicePtr, DevicePtr, int) error {
 	return errNoCgo
-}
-
-// Host memory from the Go heap: the slice is kept reachable in hostBlocks until hostFree, and
-// Go's collector does not move objects, so the address stays valid.
-var (
-	hostMu     sync.Mutex
-	hostBlocks = map[uintptr][]byte{}
-)
-
-func hostMalloc(n int) (p uintptr, ok bool) {
-	defer func() {
-		if recover() != nil {
-			p, ok = 0, false
-		}
-	}()
-	b := make([]byte, n+255)
-	base := uintptr(unsafe.Pointer(unsafe.SliceData(b)))
-	p = (base + 255) &^ 255
-	hostMu.Lock()
-	hostBlocks[p] = b
-	hostMu.Unlock()
-	return p, true
-}
-
-func hostFree(p uintptr) {
-	hostMu.Lock()
-	delete(hostBlocks, p)
-	hostMu.Unlock()
 }

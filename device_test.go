@@ -269,3 +269,31 @@ func TestAccessAndDeviceOf(t *testing.T) {
 	require.Equal(t, DeviceAccessible, AccessOf(struct{ MemoryResource }{sim}), "unknown resources are assumed to be device memory")
 	require.Equal(t, "host+device", (HostAccessible | DeviceAccessible).String())
 }
+
+// Addresses are never reused, so the range can run out: that is out of memory, not a wrap.
+func TestSimulatedAddressRangeEnd(t *testing.T) {
+	r, _ := NewSimulatedMemoryResource(int(^uint(0) >> 1))
+	var last DevicePtr
+	for i := 0; ; i++ {
+		p, err := r.Allocate(1<<62, DefaultStream)
+		if err != nil {
+			require.ErrorIs(t, err, ErrOutOfMemory)
+			require.Contains(t, err.Error(), "address range")
+			break
+		}
+		require.Greater(t, p, last)
+		last = p
+		require.NoError(t, r.Deallocate(p, 1<<62, DefaultStream))
+		require.Less(t, i, 8)
+	}
+}
+
+func TestCopyFromClosedScalar(t *testing.T) {
+	sc, err := NewScalarWithValue[int32](42, DefaultStream, nil)
+	require.NoError(t, err)
+	require.NoError(t, sc.Close())
+	v, err := NewUvector[int32](1, DefaultStream, nil)
+	require.NoError(t, err)
+	defer v.Close()
+	require.ErrorIs(t, v.CopyFrom(sc, DefaultStream), ErrClosed)
+}

@@ -139,7 +139,10 @@ func (p *PoolMemoryResource) MaximumPoolSize() int { return p.maximum }
 
 // Allocate returns nbytes (rounded up to 256) ordered on s. See the type's documentation for
 // where the memory comes from. Out of memory (the pool cannot grow, or the upstream refuses every
-// size tried) wraps ErrOutOfMemory and says the requested size, the pool size and the maximum.
+// size tried) wraps ErrOutOfMemory and says the requested size, the pool size and the maximum; the
+// pool's memory is then as it was, though other streams' free lists may have been merged into s's
+// (a rearrangement of free blocks that the search made before growing). A Stream that was closed
+// returns ErrClosed.
 func (p *PoolMemoryResource) Allocate(nbytes int, s StreamView) (DevicePtr, error) {
 	if nbytes <= 0 {
 		if nbytes < 0 {

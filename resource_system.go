@@ -127,6 +127,9 @@ func (r *SimulatedMemoryResource) Allocate(nbytes int, s StreamView) (DevicePtr,
 	if !ok || n > r.capacity-r.used {
 		return 0, outOfMemory(fmt.Sprintf("SimulatedMemoryResource (capacity %d, in use %d)", r.capacity, r.used), nbytes, nil)
 	}
+	if r.next+uintptr(n) < r.next {
+		return 0, outOfMemory("SimulatedMemoryResource (its address range is used up)", nbytes, nil)
+	}
 	p := DevicePtr(r.next)
 	r.next += uintptr(n)
 	r.used += n

@@ -9,6 +9,8 @@ import (
 // Scalar is one element of T in device memory (RMM's device_scalar), for results of device
 // work and parameters to it. Its storage is a one-element Uvector: the same rules about element
 // types, streams, where work runs, Close and leaks apply. A Scalar must not be copied by value.
+//
+// Make one with its constructor; the zero value is not usable.
 type Scalar[T any] struct {
 	noCopy noCopy
 	v      *Uvector[T]

@@ -269,7 +269,8 @@ func addStreamCloseHook(v StreamView, h streamCloseHook) bool {
 	return true
 }
 
-// StreamPool hands out views of a fixed set of streams round-robin, as rmm::cuda_stream_pool.
+// StreamPool hands out views of a fixed set of streams round-robin, as rmm::cuda_stream_pool. Make
+// one with NewStreamPool; the zero value has no streams and is not usable.
 type StreamPool struct {
 	streams []*Stream
 	next    atomic.Uint64

@@ -227,7 +227,8 @@ func spanToHost[T any](op string, dst []T, sp DeviceSpan[T], s StreamView) error
 	return copyToGo(op, unsafe.Pointer(unsafe.SliceData(dst)), sp.ref(), len(dst)*sizeOf[T](), s)
 }
 
-// SpanSource is anything that views elements of T in device memory: *Uvector[T] and DeviceSpan[T].
+// SpanSource is anything that views elements of T in device memory: *Uvector[T], *Scalar[T] and
+// DeviceSpan[T].
 type SpanSource[T any] interface {
 	Span() DeviceSpan[T]
 }
@@ -237,13 +238,21 @@ func copySpans[T any](op string, dst DeviceSpan[T], src SpanSource[T], s StreamV
 	if src == nil {
 		return fmt.Errorf("%w: %s: nil source", ErrInvalidArgument, op)
 	}
-	if u, ok := src.(*Uvector[T]); ok {
+	var st *memState
+	switch u := src.(type) {
+	case *Uvector[T]:
 		if u == nil {
 			return fmt.Errorf("%w: %s: nil source", ErrInvalidArgument, op)
 		}
-		if u.st.closed {
-			return fmt.Errorf("%w: %s: the source %s was closed", ErrClosed, op, u.st.kind)
+		st = u.st
+	case *Scalar[T]:
+		if u == nil {
+			return fmt.Errorf("%w: %s: nil source", ErrInvalidArgument, op)
 		}
+		st = u.v.st
+	}
+	if st != nil && st.closed {
+		return fmt.Errorf("%w: %s: the source %s was closed", ErrClosed, op, st.kind)
 	}
 	sp := src.Span()
 	if sp.n > dst.n {
@@ -280,6 +289,8 @@ func copySpans[T any](op string, dst DeviceSpan[T], src SpanSource[T], s StreamV
 // Close frees the memory; a vector dropped without Close is freed by a cleanup and the leak is
 // reported to DebugLogger. A Uvector must not be copied by value, and is not safe for concurrent
 // use by several goroutines.
+//
+// Make one with its constructor; the zero value is not usable.
 type Uvector[T any] struct {
 	noCopy  noCopy
 	st      *memState

@@ -133,6 +133,12 @@ func run(args []string, stdout, stderr io.Writer) error {
 	if *passes < 1 {
 		return fmt.Errorf("%w: -passes %d: must be at least 1", errUsage, *passes)
 	}
+	if maximum.set && *mrName != "pool" {
+		return fmt.Errorf("%w: -maximum works with -mr pool only (got -mr %s)", errUsage, *mrName)
+	}
+	if initial.set && *mrName != "pool" && *mrName != "async" {
+		return fmt.Errorf("%w: -initial works with -mr pool or async only (got -mr %s)", errUsage, *mrName)
+	}
 	if simulate.set && *mrName != "pool" {
 		return fmt.Errorf("%w: -simulate works with -mr pool only (got -mr %s)", errUsage, *mrName)
 	}
@@ -148,10 +154,10 @@ func run(args []string, stdout, stderr io.Writer) error {
 	if cudaErr != nil {
 		where = "no CUDA device: " + strings.TrimPrefix(cudaErr.Error(), rmm.ErrNoDevice.Error()+": ")
 	}
+	if err := rmm.SetCurrentDevice(dev); err != nil {
+		return fmt.Errorf("%w: -device %d: %w", errUsage, *device, err)
+	}
 	if cudaErr == nil {
-		if err := rmm.SetCurrentDevice(dev); err != nil {
-			return err
-		}
 		name, _ := dev.Name()
 		where = fmt.Sprintf("device %d (%s)", *device, name)
 	}

@@ -62,6 +62,9 @@ func TestReplayFlagErrors(t *testing.T) {
 		{[]string{"-passes", "0", cupy}, "-passes 0"},
 		{[]string{"-initial", "100", cupy}, "not a multiple of 256"},
 		{[]string{"no-such-file.csv"}, "no-such-file.csv"},
+		{[]string{"-device", "7", cupy}, "-device 7"},
+		{[]string{"-mr", "system", "-maximum", "1GiB", cupy}, "-maximum works with -mr pool only"},
+		{[]string{"-mr", "system", "-initial", "1GiB", cupy}, "-initial works with -mr pool or async only"},
 	} {
 		var out, errOut bytes.Buffer
 		err := run(tc.args, &out, &errOut)
