@@ -237,6 +237,70 @@ func TestGPUPoolCrossStreamReuse(t *testing.T) {
 	require.NoError(t, pool.CheckInvariants())
 }
 
+// As above, but A is closed (its work still running) before B allocates: A's free blocks move to
+// the default stream's list behind a device-side wait, and B must still be ordered after A's work.
+func TestGPUPoolReuseAfterStreamClose(t *testing.T) {
+	requireGPU(t)
+	cuda, _ := NewCudaMemoryResource(0)
+	const n = 256 << 20
+	pool, err := NewPoolMemoryResource(cuda, &PoolOptions{InitialPoolSize: n, MaximumPoolSize: n})
+	require.NoError(t, err)
+	defer pool.Close()
+	b, _ := NewStream(0, &StreamOptions{NonBlocking: true})
+	defer b.Close()
+	ctx, _ := Device(0).ctx()
+	result, err := cuda.Allocate(n, DefaultStream)
+	require.NoError(t, err)
+	defer cuda.Deallocate(result, n, DefaultStream)
+	for round := 0; round < 2; round++ {
+		a, _ := NewStream(0, &StreamOptions{NonBlocking: true})
+		lists := pool.Stats().Streams
+		x, err := pool.Allocate(n, a.View())
+		require.NoError(t, err)
+		for i := 0; i < 200; i++ {
+			require.NoError(t, deviceFill(0, x, n, []byte{1, 2, 3, 4, 5, 6, 7, byte(i)}, a.View()))
+		}
+		require.NoError(t, deviceFill(0, x, n, le64(0x0707070707070707), a.View()))
+		require.NoError(t, cuMemcpyDtoDAsync(ctx, result, x, n, a.View().cu()))
+		require.NoError(t, pool.Deallocate(x, n, a.View()))
+		require.NoError(t, a.Close())
+		require.Equal(t, lists, pool.Stats().Streams, "A's list was dropped, its blocks moved to the default stream")
+		y, err := pool.Allocate(n, b.View())
+		require.NoError(t, err)
+		require.Equal(t, x, y)
+		require.NoError(t, deviceFill(0, y, n, le64(0x0909090909090909), b.View()))
+		require.NoError(t, Device(0).Synchronize())
+		checkAll(t, ctx, result, n, 0x07)
+		checkAll(t, ctx, y, n, 0x09)
+		require.NoError(t, pool.Deallocate(y, n, b.View()))
+	}
+	// A free on a stream that was already closed is ordered by a device synchronisation.
+	c, _ := NewStream(0, nil)
+	z, err := pool.Allocate(4096, c.View())
+	require.NoError(t, err)
+	require.NoError(t, c.Close())
+	require.NoError(t, pool.Deallocate(z, 4096, c.View()))
+	require.NoError(t, pool.CheckInvariants())
+}
+
+// A pool closed while a container still holds its memory: the container keeps working on the GPU
+// and its block goes back to the upstream when it is closed.
+func TestGPUPoolCloseWithLiveContainer(t *testing.T) {
+	requireGPU(t)
+	cuda, _ := NewCudaMemoryResource(0)
+	pool, err := NewPoolMemoryResource(cuda, &PoolOptions{InitialPoolSize: 64 << 20})
+	require.NoError(t, err)
+	v, err := NewUvector[float32](1000, DefaultStream, pool)
+	require.NoError(t, err)
+	require.NoError(t, pool.Close())
+	require.NoError(t, v.Fill(1.5, DefaultStream))
+	got, err := v.ToSlice(DefaultStream)
+	require.NoError(t, err)
+	require.Equal(t, float32(1.5), got[999])
+	require.NoError(t, v.Close())
+	require.Zero(t, pool.PoolSize())
+}
+
 func le64(v uint64) []byte {
 	b := make([]byte, 8)
 	binary.LittleEndian.PutUint64(b, v)
