@@ -22,36 +22,14 @@ func NewCudaMemoryResource(dev Device) (*CudaMemoryResource, error) {
 // Allocate returns nbytes of device memory from cuMemAlloc (256-byte aligned; in practice the
 // driver aligns to 512 bytes or more).
 func (r *CudaMemoryResource) Allocate(nbytes int, s StreamView) (DevicePtr, error) {
-	if nbytes <= 0 {
-		if nbytes < 0 {
-			return 0, invalidSize("CudaMemoryResource", "Allocate", nbytes)
-		}
-		return 0, nil
-	}
-	ctx, err := r.dev.ctx()
-	if err != nil {
-		return 0, err
-	}
-	p, err := cuMemAlloc(ctx, nbytes)
-	if err != nil {
-		if isOOM(err) {
-			return 0, outOfMemory("CudaMemoryResource", nbytes, err)
-		}
-		return 0, fmt.Errorf("CudaMemoryResource: allocating %d bytes: %w", nbytes, err)
-	}
-	return p, nil
+	return driverAllocate("CudaMemoryResource", r.dev, nbytes, func(ctx uintptr) (DevicePtr, error) {
+		return cuMemAlloc(ctx, nbytes)
+	})
 }
 
 // Deallocate frees p with cuMemFree.
 func (r *CudaMemoryResource) Deallocate(p DevicePtr, nbytes int, s StreamView) error {
-	if p == 0 {
-		return nil
-	}
-	ctx, err := r.dev.ctx()
-	if err != nil {
-		return err
-	}
-	return cuMemFree(ctx, p)
+	return driverFree(r.dev, p)
 }
 
 // Device returns the resource's device.
@@ -83,37 +61,15 @@ func NewManagedMemoryResource(dev Device) (*ManagedMemoryResource, error) {
 
 // Allocate returns nbytes of managed memory, 256-byte aligned.
 func (r *ManagedMemoryResource) Allocate(nbytes int, s StreamView) (DevicePtr, error) {
-	if nbytes <= 0 {
-		if nbytes < 0 {
-			return 0, invalidSize("ManagedMemoryResource", "Allocate", nbytes)
-		}
-		return 0, nil
-	}
-	ctx, err := r.dev.ctx()
-	if err != nil {
-		return 0, err
-	}
 	const cuMemAttachGlobal = 1
-	p, err := cuMemAllocManaged(ctx, nbytes, cuMemAttachGlobal)
-	if err != nil {
-		if isOOM(err) {
-			return 0, outOfMemory("ManagedMemoryResource", nbytes, err)
-		}
-		return 0, fmt.Errorf("ManagedMemoryResource: allocating %d bytes: %w", nbytes, err)
-	}
-	return p, nil
+	return driverAllocate("ManagedMemoryResource", r.dev, nbytes, func(ctx uintptr) (DevicePtr, error) {
+		return cuMemAllocManaged(ctx, nbytes, cuMemAttachGlobal)
+	})
 }
 
 // Deallocate frees p with cuMemFree.
 func (r *ManagedMemoryResource) Deallocate(p DevicePtr, nbytes int, s StreamView) error {
-	if p == 0 {
-		return nil
-	}
-	ctx, err := r.dev.ctx()
-	if err != nil {
-		return err
-	}
-	return cuMemFree(ctx, p)
+	return driverFree(r.dev, p)
 }
 
 // Device returns the resource's device.
@@ -121,6 +77,41 @@ func (r *ManagedMemoryResource) Device() Device { return r.dev }
 
 // Access reports HostAccessible|DeviceAccessible.
 func (r *ManagedMemoryResource) Access() Access { return HostAccessible | DeviceAccessible }
+
+// driverAllocate is the allocate path of the synchronous driver resources: size checks, the
+// device's context, one driver call, out-of-memory errors named after the resource.
+func driverAllocate(name string, dev Device, nbytes int, alloc func(ctx uintptr) (DevicePtr, error)) (DevicePtr, error) {
+	if nbytes <= 0 {
+		if nbytes < 0 {
+			return 0, invalidSize(name, "Allocate", nbytes)
+		}
+		return 0, nil
+	}
+	ctx, err := dev.ctx()
+	if err != nil {
+		return 0, err
+	}
+	p, err := alloc(ctx)
+	if err != nil {
+		if isOOM(err) {
+			return 0, outOfMemory(name, nbytes, err)
+		}
+		return 0, fmt.Errorf("%s: allocating %d bytes: %w", name, nbytes, err)
+	}
+	return p, nil
+}
+
+// driverFree frees p with cuMemFree in dev's context.
+func driverFree(dev Device, p DevicePtr) error {
+	if p == 0 {
+		return nil
+	}
+	ctx, err := dev.ctx()
+	if err != nil {
+		return err
+	}
+	return cuMemFree(ctx, p)
+}
 
 // isOOM reports whether err is an out-of-memory condition. CUDA_ERROR_INVALID_VALUE also counts
 // for a size too large for the driver to consider (cuMemAlloc of 1 PiB returns OUT_OF_MEMORY on
