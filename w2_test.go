@@ -55,7 +55,7 @@ func (g *minstd0) uniform(a, b uint64) uint64 {
 // the live allocation at index.
 type w2Step struct {
 	alloc bool
-	size  int
+	size  int // the size drawn at this step (allocated, or not, for a free)
 	index int // for a free: position in the live list (after the modulo)
 	drawn int // for a free: the value drawn before the modulo
 }
@@ -95,7 +95,7 @@ func w2Run(n, maxMiB int, allocate func(size int) bool, free func(index int)) []
 			liveBytes -= sizes[idx]
 			sizes[idx] = sizes[len(sizes)-1]
 			sizes = sizes[:len(sizes)-1]
-			steps = append(steps, w2Step{index: idx, drawn: int(drawn)})
+			steps = append(steps, w2Step{index: idx, drawn: int(drawn), size: size})
 		}
 	}
 	return steps
@@ -114,11 +114,9 @@ func TestW2GeneratorDraws(t *testing.T) {
 		{100000, 1, []int{9, 137995, 558920, 229708, 712189, 980576}},
 	} {
 		steps := w2Run(c.n, c.maxMiB, func(int) bool { return true }, func(int) {})
-		var first []int
-		for _, s := range steps {
-			if s.alloc && len(first) < len(c.first) {
-				first = append(first, s.size)
-			}
+		var first []int // the size drawn at each of the first steps
+		for _, s := range steps[:len(c.first)] {
+			first = append(first, s.size)
 		}
 		require.Equal(t, c.first, first, "N=%d max=%d MiB", c.n, c.maxMiB)
 		allocs, frees := 0, 0
