@@ -64,8 +64,8 @@ type w2Step struct {
 // most, sizes uniform in [1, maxMiB MiB], 73% allocation probability, live bytes capped below
 // 16000 MiB, a random victim on free (swap-removed from the live list). allocate is called for
 // each allocation and returns false on failure (the step then falls through to a free); free is
-// called with the live-list index of the victim. It returns the steps taken.
-func w2Run(n, maxMiB int, allocate func(size int) bool, free func(index int)) []w2Step {
+// called with the live-list index of the victim. With record it returns the steps taken.
+func w2Run(n, maxMiB int, record bool, allocate func(size int) bool, free func(index int)) []w2Step {
 	g := &minstd0{x: 1}
 	const maxUsage = 16000 << 20
 	var sizes []int // live sizes, in the live-list order
@@ -84,7 +84,9 @@ func w2Run(n, maxMiB int, allocate func(size int) bool, free func(index int)) []
 				sizes = append(sizes, size)
 				liveBytes += size
 				made++
-				steps = append(steps, w2Step{alloc: true, size: size})
+				if record {
+					steps = append(steps, w2Step{alloc: true, size: size})
+				}
 				continue
 			}
 		}
@@ -95,7 +97,9 @@ func w2Run(n, maxMiB int, allocate func(size int) bool, free func(index int)) []
 			liveBytes -= sizes[idx]
 			sizes[idx] = sizes[len(sizes)-1]
 			sizes = sizes[:len(sizes)-1]
-			steps = append(steps, w2Step{index: idx, drawn: int(drawn), size: size})
+			if record {
+				steps = append(steps, w2Step{index: idx, drawn: int(drawn), size: size})
+			}
 		}
 	}
 	return steps
@@ -113,7 +117,7 @@ func TestW2GeneratorDraws(t *testing.T) {
 		{10000, 64, []int{543, 9112105, 36906740, 15168106, 47027448, 64749604}},
 		{100000, 1, []int{9, 137995, 558920, 229708, 712189, 980576}},
 	} {
-		steps := w2Run(c.n, c.maxMiB, func(int) bool { return true }, func(int) {})
+		steps := w2Run(c.n, c.maxMiB, true, func(int) bool { return true }, func(int) {})
 		var first []int // the size drawn at each of the first steps
 		for _, s := range steps[:len(c.first)] {
 			first = append(first, s.size)

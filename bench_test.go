@@ -1,0 +1,354 @@
+package rmm
+
+// Benchmarks W1–W4 and fill/copy of notes/benchmarks.md. On a GPU they run over the CUDA
+// resources (the driver baselines CudaMemoryResource and CudaAsyncMemoryResource included); on a
+// CPU over SystemMemoryResource and the address-only SimulatedMemoryResource. Compare runs with
+// benchstat; quote ratios to the baselines of the same run.
+//
+//	go test -run '^$' -bench . -benchmem -count 5
+
+import (
+	"fmt"
+	"path/filepath"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+)
+
+// benchResource is a named resource factory; close releases what it holds.
+type benchResource struct {
+	name string
+	make func(b *testing.B) (mr MemoryResource, close func())
+}
+
+func onGPU() bool { return CUDAAvailable() == nil }
+
+// poolOver builds a pool with the given initial size over up.
+func poolOver(up MemoryResource, initial int) func(b *testing.B) (MemoryResource, func()) {
+	return func(b *testing.B) (MemoryResource, func()) {
+		p, err := NewPoolMemoryResource(up, &PoolOptions{InitialPoolSize: initial})
+		if err != nil {
+			b.Fatal(err)
+		}
+		return p, func() { p.Close() }
+	}
+}
+
+// benchResources are the resources of W1 and W3: the driver baselines and our sub-allocators
+// (pool initial 8 GiB) on a GPU; host and address-only memory on a CPU.
+func benchResources(b *testing.B) []benchResource {
+	if onGPU() {
+		cuda, err := NewCudaMemoryResource(0)
+		if err != nil {
+			b.Fatal(err)
+		}
+		return []benchResource{
+			{"cuda", func(*testing.B) (MemoryResource, func()) { return cuda, func() {} }},
+			{"async", func(b *testing.B) (MemoryResource, func()) {
+				a, err := NewCudaAsyncMemoryResource(0, nil)
+				if err != nil {
+					b.Fatal(err)
+				}
+				return a, func() { a.Close() }
+			}},
+			{"pool", poolOver(cuda, 8<<30)},
+		}
+	}
+	sim, _ := NewSimulatedMemoryResource(1 << 40)
+	return []benchResource{
+		{"system", func(*testing.B) (MemoryResource, func()) { return NewSystemMemoryResource(), func() {} }},
+		{"pool-system", poolOver(NewSystemMemoryResource(), 8<<30)},
+		{"pool-simulated", poolOver(sim, 8<<30)},
+	}
+}
+
+func benchStream(b *testing.B) StreamView {
+	s, err := NewStream(0, &StreamOptions{NonBlocking: true})
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { s.Close() })
+	return s.View()
+}
+
+// W1: one allocate+free pair in a loop on one non-blocking stream; ns/op is per pair.
+func BenchmarkW1(b *testing.B) {
+	for _, r := range benchResources(b) {
+		for _, size := range []int{256, 64 << 10, 1 << 20, 64 << 20} {
+			b.Run(fmt.Sprintf("%s/%s", r.name, sizeName(size)), func(b *testing.B) {
+				mr, closeMR := r.make(b)
+				defer closeMR()
+				s := benchStream(b)
+				// Warm up once (a pool takes its first block from another stream's list).
+				if p, err := mr.Allocate(size, s); err == nil {
+					mr.Deallocate(p, size, s)
+				}
+				b.ResetTimer()
+				for i := 0; i < b.N; i++ {
+					p, err := mr.Allocate(size, s)
+					if err != nil {
+						b.Fatal(err)
+					}
+					if err := mr.Deallocate(p, size, s); err != nil {
+						b.Fatal(err)
+					}
+				}
+				b.StopTimer()
+				s.Synchronize()
+			})
+		}
+	}
+}
+
+func sizeName(n int) string {
+	switch {
+	case n >= 1<<20:
+		return fmt.Sprintf("%dMiB", n>>20)
+	case n >= 1<<10:
+		return fmt.Sprintf("%dKiB", n>>10)
+	}
+	return fmt.Sprintf("%dB", n)
+}
+
+// w2Resources are W2's set-up, as librmm's benchmark: pool initial 50% of free memory; async
+// with defaults; cuda. On a CPU: a pool over an address-only upstream of 100 GiB, initial 50 GiB.
+func w2Resources(b *testing.B) []benchResource {
+	if onGPU() {
+		cuda, _ := NewCudaMemoryResource(0)
+		half, err := PercentOfFreeDeviceMemory(50)
+		if err != nil {
+			b.Fatal(err)
+		}
+		return []benchResource{
+			{"cuda", func(*testing.B) (MemoryResource, func()) { return cuda, func() {} }},
+			{"async", func(b *testing.B) (MemoryResource, func()) {
+				a, err := NewCudaAsyncMemoryResource(0, nil)
+				if err != nil {
+					b.Fatal(err)
+				}
+				return a, func() { a.Close() }
+			}},
+			{"pool", poolOver(cuda, half)},
+		}
+	}
+	sim, _ := NewSimulatedMemoryResource(100 << 30)
+	return []benchResource{{"pool-simulated", poolOver(sim, 50<<30)}}
+}
+
+// W2: RMM's random_allocations workload, replicated draw for draw, on the default stream; the
+// whole loop is timed including the draws; the ns/pair metric is per allocate+free pair.
+func BenchmarkW2(b *testing.B) {
+	for _, r := range w2Resources(b) {
+		for _, cell := range [][2]int{{1000, 4096}, {10000, 64}, {100000, 1}} {
+			n, maxMiB := cell[0], cell[1]
+			if r.name == "cuda" && n == 100000 && testing.Short() {
+				continue
+			}
+			b.Run(fmt.Sprintf("%s/N=%d/max=%dMiB", r.name, n, maxMiB), func(b *testing.B) {
+				mr, closeMR := r.make(b)
+				defer closeMR()
+				s := DefaultStream
+				var live []DevicePtr
+				var sizes []int
+				failures := 0
+				b.ResetTimer()
+				for i := 0; i < b.N; i++ {
+					w2Run(n, maxMiB, false, func(size int) bool {
+						p, err := mr.Allocate(size, s)
+						if err != nil {
+							failures++
+							return false
+						}
+						live = append(live, p)
+						sizes = append(sizes, size)
+						return true
+					}, func(idx int) {
+						if err := mr.Deallocate(live[idx], sizes[idx], s); err != nil {
+							b.Fatal(err)
+						}
+						last := len(live) - 1
+						live[idx], sizes[idx] = live[last], sizes[last]
+						live, sizes = live[:last], sizes[:last]
+					})
+				}
+				b.StopTimer()
+				Device(0).Synchronize()
+				b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N*n), "ns/pair")
+				b.ReportMetric(float64(failures)/float64(b.N), "failures/run")
+			})
+		}
+	}
+}
+
+// W3: 16 goroutines, each with its own non-blocking stream, run W1 at 64 KiB against one shared
+// resource; the pairs/s metric is the aggregate.
+func BenchmarkW3(b *testing.B) {
+	const workers = 16
+	for _, r := range benchResources(b) {
+		b.Run(r.name, func(b *testing.B) {
+			mr, closeMR := r.make(b)
+			defer closeMR()
+			streams := make([]StreamView, workers)
+			for i := range streams {
+				streams[i] = benchStream(b)
+			}
+			var next atomic.Int64
+			var wg sync.WaitGroup
+			b.ResetTimer()
+			start := time.Now()
+			for w := 0; w < workers; w++ {
+				wg.Add(1)
+				go func(s StreamView) {
+					defer wg.Done()
+					for next.Add(1) <= int64(b.N) {
+						p, err := mr.Allocate(64<<10, s)
+						if err != nil {
+							b.Error(err)
+							return
+						}
+						if err := mr.Deallocate(p, 64<<10, s); err != nil {
+							b.Error(err)
+							return
+						}
+					}
+				}(streams[w])
+			}
+			wg.Wait()
+			el := time.Since(start)
+			b.StopTimer()
+			b.ReportMetric(float64(b.N)/el.Seconds(), "pairs/s")
+		})
+	}
+}
+
+// W4: replay of each bundled trace over a pool (initial 0, no maximum, over the GPU or host
+// memory); ns/event and peak reserved / peak live.
+func BenchmarkW4(b *testing.B) {
+	traces, _ := filepath.Glob(filepath.Join("testdata", "traces", "*.csv.gz"))
+	for _, path := range traces {
+		events, err := ReadLogFile(path)
+		if err != nil {
+			b.Fatal(err)
+		}
+		name := filepath.Base(path)
+		name = name[:len(name)-len(".csv.gz")]
+		b.Run(name, func(b *testing.B) {
+			var up MemoryResource = NewSystemMemoryResource()
+			if onGPU() {
+				up, _ = NewCudaMemoryResource(0)
+			}
+			pool, err := NewPoolMemoryResource(up, nil)
+			if err != nil {
+				b.Fatal(err)
+			}
+			defer pool.Close()
+			var r ReplayResult
+			b.ResetTimer()
+			for i := 0; i < b.N; i++ {
+				if r, err = Replay(events, pool, nil); err != nil {
+					b.Fatal(err)
+				}
+				if r.Failures > 0 {
+					b.Fatalf("%d failures", r.Failures)
+				}
+			}
+			b.StopTimer()
+			b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N*len(events)), "ns/event")
+			b.ReportMetric(float64(pool.PoolSize())/float64(r.PeakLiveBytes), "reserved/live")
+		})
+	}
+}
+
+const fillCopyBytes = 4 << 30
+
+// Fill bandwidth of Uvector.Fill at every element width beside the driver's cuMemsetD32Async on
+// the same 4 GiB buffer (GPU only); MB/s counts bytes written.
+func BenchmarkFill(b *testing.B) {
+	if !onGPU() {
+		b.Skip("no CUDA device")
+	}
+	cuda, _ := NewCudaMemoryResource(0)
+	s := benchStream(b)
+	buf, err := NewDeviceBuffer(fillCopyBytes, s, cuda)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer buf.Close()
+	ctx, _ := Device(0).ctx()
+	run := func(b *testing.B, f func() error) {
+		b.SetBytes(fillCopyBytes)
+		if err := f(); err != nil { // warm-up (kernel load)
+			b.Fatal(err)
+		}
+		s.Synchronize()
+		b.ResetTimer()
+		for i := 0; i < b.N; i++ {
+			if err := f(); err != nil {
+				b.Fatal(err)
+			}
+		}
+		s.Synchronize()
+	}
+	b.Run("driver-memsetD32", func(b *testing.B) {
+		run(b, func() error { return cuMemsetAsync(ctx, buf.Data(), 0x01020304, fillCopyBytes/4, 4, s.cu()) })
+	})
+	b.Run("w1", func(b *testing.B) { benchFill[uint8](b, run, buf, 7, s) })
+	b.Run("w2", func(b *testing.B) { benchFill[uint16](b, run, buf, 7, s) })
+	b.Run("w4", func(b *testing.B) { benchFill[float32](b, run, buf, 7, s) })
+	b.Run("w8", func(b *testing.B) { benchFill[float64](b, run, buf, 7, s) })
+	b.Run("w16", func(b *testing.B) { benchFill[complex128](b, run, buf, 7, s) })
+	b.Run("w12", func(b *testing.B) { benchFill[[3]float32](b, run, buf, [3]float32{1, 2, 3}, s) })
+}
+
+func benchFill[T any](b *testing.B, run func(*testing.B, func() error), buf *DeviceBuffer, v T, s StreamView) {
+	n := fillCopyBytes / sizeOf[T]()
+	sp, err := NewDeviceSpan[T](buf.Data(), n, buf.Device(), buf.Access())
+	if err != nil {
+		b.Fatal(err)
+	}
+	run(b, func() error { return sp.Fill(v, s) })
+}
+
+// Device-to-device copy of a Uvector beside cuMemcpyDtoDAsync, 4 GiB; MB/s counts bytes read and
+// written (2 × 4 GiB per copy), as the reference figure does.
+func BenchmarkCopy(b *testing.B) {
+	if !onGPU() {
+		b.Skip("no CUDA device")
+	}
+	cuda, _ := NewCudaMemoryResource(0)
+	s := benchStream(b)
+	const n = fillCopyBytes / 4
+	src, err := NewUvector[float32](n, s, cuda)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer src.Close()
+	dst, err := NewUvector[float32](n, s, cuda)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer dst.Close()
+	ctx, _ := Device(0).ctx()
+	for _, c := range []struct {
+		name string
+		f    func() error
+	}{
+		{"driver-memcpyDtoD", func() error { return cuMemcpyDtoDAsync(ctx, dst.Data(), src.Data(), fillCopyBytes, s.cu()) }},
+		{"uvector-CopyFrom", func() error { return dst.CopyFrom(src, s) }},
+		{"copy-kernel", func() error { return deviceCopyKernel(0, dst.Data(), src.Data(), fillCopyBytes, s) }},
+	} {
+		b.Run(c.name, func(b *testing.B) {
+			b.SetBytes(2 * fillCopyBytes)
+			c.f()
+			s.Synchronize()
+			b.ResetTimer()
+			for i := 0; i < b.N; i++ {
+				if err := c.f(); err != nil {
+					b.Fatal(err)
+				}
+			}
+			s.Synchronize()
+		})
+	}
+}
