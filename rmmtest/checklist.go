@@ -320,8 +320,8 @@ func (s *suite) perStream(t tester, f func(t tester, in *instance, stream int)) 
 	}
 }
 
-// Item 6: the random checks on four goroutines at once, and allocations freed on another
-// goroutine (on the same stream and on another).
+// Item 6: the random and fixed-size checks on four goroutines at once, and allocations freed on
+// another goroutine (on the same stream and on another).
 func (s *suite) testConcurrent(t tester) {
 	const goroutines = 4
 	hi := min(5*miB, s.cfg.maxSize)
@@ -343,6 +343,32 @@ func (s *suite) testConcurrent(t tester) {
 			for _, b := range bs {
 				if err := in.free(b, stream); err != nil {
 					return err
+				}
+			}
+			return nil
+		})
+		in.mustVerify(t, "everything freed")
+	})
+	t.Run("Sizes", func(t tester) {
+		in := s.newInstance(t, s.cfg.streams)
+		s.parallel(t, goroutines, func(g int, r *rand.Rand) error {
+			stream := g % len(in.views)
+			for range 10 * s.cfg.scale {
+				for _, n := range []int{4, kiB, miB} {
+					if n > s.cfg.maxSize {
+						continue
+					}
+					b, err, bad := in.allocate(n, stream)
+					switch {
+					case bad != nil:
+						return bad
+					case err != nil && !errors.Is(err, rmm.ErrOutOfMemory):
+						return fmt.Errorf("Allocate(%d, %s) = %v, want success or an error wrapping rmm.ErrOutOfMemory", n, in.streamName(stream), err)
+					case err == nil:
+						if err := in.free(b, stream); err != nil {
+							return err
+						}
+					}
 				}
 			}
 			return nil

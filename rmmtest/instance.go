@@ -422,9 +422,9 @@ func (in *instance) chain() []rmm.MemoryResource {
 	return nil
 }
 
-// finish frees every live allocation, releases the resource (and every resource between it and
-// the upstream), closes it, closes the streams, and checks that accounting returned to zero and
-// that the upstream got everything back where the resource can give it back.
+// finish frees every live allocation, releases and closes the resource (and every resource
+// between it and the upstream), closes the streams, and checks that accounting returned to zero
+// and that the upstream got everything back where the resource can give it back.
 func (in *instance) finish() error {
 	in.mu.Lock()
 	if in.closed {
@@ -444,38 +444,36 @@ func (in *instance) finish() error {
 	if st, ok := in.observe().stats.(rmm.PoolStats); ok && (st.LiveAllocations != 0 || st.LiveBytes != 0 || st.FreeBytes != st.PoolSize) {
 		errs = append(errs, fmt.Errorf("everything freed, yet Stats reports %+v", st))
 	}
-	released := false
+	// Release, then Close, every resource from the one under test down to the upstream (the one
+	// under test only, when the upstream cannot be reached through rmm.Upstreamer). What the
+	// innermost one holds from the upstream must then be back, when it can give it back.
 	chain := in.chain()
 	if chain == nil {
 		chain = []rmm.MemoryResource{in.mr}
 	}
-	for _, mr := range chain {
+	inner := len(chain) - 1
+	var released, closed bool
+	for i, mr := range chain {
 		if r, ok := mr.(rmm.Releaser); ok {
-			released = true
+			released = released || i == inner
 			if err := r.Release(); err != nil {
 				errs = append(errs, fmt.Errorf("%T.Release: %w", mr, err))
 			}
 		}
 	}
-	if released && !in.cfg.releaseKeeps {
-		if held, _ := in.up.blocks(); len(held) > 0 {
-			errs = append(errs, fmt.Errorf("everything freed and released, yet the upstream still holds %s", heldString(held)))
+	if held, _ := in.up.blocks(); released && len(held) > 0 && !in.cfg.releaseKeeps {
+		errs = append(errs, fmt.Errorf("everything freed and released, yet the upstream still holds %s", heldString(held)))
+	}
+	for i, mr := range chain {
+		if c, ok := mr.(interface{ Close() error }); ok {
+			closed = closed || i == inner
+			if err := c.Close(); err != nil {
+				errs = append(errs, fmt.Errorf("%T.Close: %w", mr, err))
+			}
 		}
 	}
-	if c, ok := in.mr.(interface{ Close() error }); ok {
-		if err := c.Close(); err != nil {
-			errs = append(errs, fmt.Errorf("Close: %w", err))
-		}
-		// A resource closed must have given back what it took itself: when it is an adaptor, only
-		// if it takes from the upstream directly (what lies between is not its to close).
-		direct := true
-		if u, ok := in.mr.(rmm.Upstreamer); ok {
-			r, ok := u.Upstream().(*recordingUpstream)
-			direct = ok && r == in.up
-		}
-		if held, _ := in.up.blocks(); direct && len(held) > 0 && !in.cfg.releaseKeeps {
-			errs = append(errs, fmt.Errorf("everything freed and the resource closed, yet the upstream still holds %s", heldString(held)))
-		}
+	if held, _ := in.up.blocks(); closed && !released && len(held) > 0 && !in.cfg.releaseKeeps {
+		errs = append(errs, fmt.Errorf("everything freed and the resource closed, yet the upstream still holds %s", heldString(held)))
 	}
 	if _, misuse := in.up.blocks(); misuse != nil {
 		errs = append(errs, fmt.Errorf("upstream misused: %w", misuse))

@@ -22,7 +22,8 @@
 // and takes back. Sub-allocators and adaptors take their memory from it; leaf resources (those
 // that get memory from somewhere else) ignore it.
 //
-// The fixed sub-tests follow the checklist of librmm's own resource tests:
+// The fixed sub-tests follow the checklist of librmm's own resource tests (every size is capped
+// at Options.MaxAllocationSize and Options.Capacity):
 //
 //   - Alignment: a non-zero allocation returns a non-null, 256-byte aligned pointer, and the
 //     resource reports where its memory can be touched (rmm.AccessOf is not 0), unless the
@@ -38,9 +39,9 @@
 //   - RandomSizes: 100 random sizes in [1 B, 5 MiB] allocated, then all freed. MixedAllocFree: 200
 //     random steps, 53% allocations, at most 100 live, then everything freed. Both on
 //     DefaultStream and on a Stream.
-//   - Concurrent: four goroutines run RandomSizes and MixedAllocFree at once; and memory allocated
-//     on one goroutine is freed on another (100 allocations of at most 1 MiB each), on the same
-//     stream and on another stream.
+//   - Concurrent: four goroutines run RandomSizes, Sizes (up to 1 MiB) and MixedAllocFree at once,
+//     spread over the streams; and memory allocated on one goroutine is freed on another (100
+//     allocations of at most 1 MiB each), on the same stream and on another stream.
 //   - CurrentDeviceResource: setting and getting the current device resource from many
 //     goroutines is consistent. It changes the process-wide current device resource while it
 //     runs and restores it afterwards, so tests that depend on the current resource must not run
@@ -75,10 +76,12 @@
 //     (so with nothing live, nothing is held), unless Options.ReleaseKeepsMemory is set;
 //   - with everything freed, accounting is back to zero.
 //
-// Every sub-test ends by freeing what is still live, calling Release on the resource (and on
-// each resource between it and the upstream, when the resource reaches the upstream through
-// rmm.Upstreamer) and Close on the resource when it has a Close() error method; a resource with
-// a Releaser in that chain must then hold nothing from the upstream.
+// Every resource the suite builds is torn down by freeing what is still live, then calling
+// Release (rmm.Releaser) and then Close (a Close() error method), where they exist, on the
+// resource and on each resource between it and the upstream when it reaches the upstream through
+// rmm.Upstreamer (an adaptor over a pool that newResource built: both are released and closed).
+// When the resource that takes memory from the upstream has Release or Close, the upstream must
+// then hold nothing.
 //
 // # Failures and replaying them
 //
@@ -156,7 +159,8 @@ type Options struct {
 	// rmm.ErrOutOfMemory (fragmentation, growth policy); the checklist's allocations may fail
 	// with it once the bytes live plus the request pass half the capacity; the draws are capped
 	// at Capacity; and the 1 PiB request is expected to fail only when Capacity is below 1 PiB.
-	// Default 0: every allocation the suite asks for must succeed.
+	// Default 0: every allocation the suite asks for must succeed, except the checklist's fixed
+	// sizes (Sizes), which may always fail with rmm.ErrOutOfMemory.
 	Capacity int
 
 	// Streams is the number of Streams, besides rmm.DefaultStream, that allocations and frees
@@ -173,7 +177,7 @@ type Options struct {
 
 	// Seed seeds every random choice of the suite. Default 0: a fresh seed for every run. The
 	// environment variable RMM_PROPERTY_SEED, when set, overrides it. The seed in use is logged
-	// (go test -v) and printed with every failure.
+	// (go test -v) and printed with every failure of a random check.
 	Seed int64
 
 	// ReleaseKeepsMemory declares that Release may keep upstream blocks that no live allocation
@@ -272,11 +276,13 @@ func (c *config) mayRunOut(live, n int) bool {
 }
 
 // Run runs the conformance suite against the resources newResource builds, as sub-tests of t.
-// newResource is called for every resource the suite needs, with the sub-test (or test) it
-// belongs to and the upstream to build it over; it may call t.Fatal, and t.Cleanup to close what
-// it built besides the resource. The suite frees what it allocated, and calls Release and Close
-// (when the resource has them) on the resource when it is done with it. opts declares what the
-// resource promises; nil means the defaults (see Options).
+// newResource is called for every resource the suite needs, with the sub-test it belongs to and
+// the upstream to build it over, and may call t.Fatal. The suite frees what it allocated and
+// releases and closes what newResource built (see the package documentation). opts declares
+// what the resource promises; nil means the defaults (see Options).
+//
+// The CurrentDeviceResource sub-test changes the process-wide current device resource while it
+// runs: do not call Run from a parallel test (t.Parallel) while other tests depend on it.
 func Run(t *testing.T, newResource func(t *testing.T, upstream rmm.MemoryResource) rmm.MemoryResource, opts *Options) {
 	t.Helper()
 	c, err := resolve(opts)
@@ -466,12 +472,18 @@ func (r *recorder) Run(name string, f func(t tester)) bool {
 	return !sub.Failed()
 }
 
-// err returns the failures of r and its sub-tests, each prefixed by its test's name, joined.
+// err returns the failures of r and its sub-tests, each prefixed by its test's name, then what
+// the failing ones logged (how to replay them), joined.
 func (r *recorder) err() error {
 	var errs []error
 	r.walk(func(x *recorder) {
 		for _, m := range x.msgs {
 			errs = append(errs, fmt.Errorf("%s: %s", x.name, m))
+		}
+		if len(x.msgs) > 0 {
+			for _, l := range x.logs {
+				errs = append(errs, fmt.Errorf("%s: %s", x.name, l))
+			}
 		}
 	})
 	return errors.Join(errs...)
