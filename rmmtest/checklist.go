@@ -21,8 +21,11 @@ import (
 // resource broke its contract or failed where it may not; a nil block and a nil error mean an
 // out-of-memory error the options allow (see config.mayRunOut).
 func (in *instance) tryAllocate(n, stream int) (*block, error) {
-	_, live := in.liveCount()
+	live := int(in.reserved.Load())
 	b, err, bad := in.allocate(n, stream)
+	if in.concurrent {
+		live = max(live, int(in.peak.Load()))
+	}
 	switch {
 	case bad != nil:
 		return nil, bad
@@ -108,8 +111,8 @@ func (s *suite) testAlignment(t tester) {
 func (s *suite) testDistinct(t tester) {
 	in := s.newInstance(t, min(1, s.cfg.streams))
 	for _, stream := range in.streamIndexes() {
-		a := in.need(t, 8, stream)
-		b, err := in.tryAllocate(8, stream)
+		a := in.need(t, min(8, s.cfg.maxSize), stream)
+		b, err := in.tryAllocate(min(8, s.cfg.maxSize), stream)
 		if err != nil {
 			t.Fatalf("second allocation: %v", err)
 		}
@@ -125,7 +128,7 @@ func (s *suite) testDistinct(t tester) {
 // Item 3: Allocate(0) and Deallocate(0, 0) succeed and change nothing.
 func (s *suite) testZeroSize(t tester) {
 	in := s.newInstance(t, min(1, s.cfg.streams))
-	keep := in.need(t, 300, 0) // something live, so that "unchanged" means something
+	keep := in.need(t, min(300, s.cfg.maxSize), 0) // something live, so that "unchanged" means something
 	for _, stream := range in.streamIndexes() {
 		sv := in.views[stream]
 		before := in.observe()
@@ -150,7 +153,7 @@ func (s *suite) testZeroSize(t tester) {
 // A negative size wraps ErrInvalidArgument and changes nothing.
 func (s *suite) testNegativeSize(t tester) {
 	in := s.newInstance(t, min(1, s.cfg.streams))
-	keep := in.need(t, 300, 0)
+	keep := in.need(t, min(300, s.cfg.maxSize), 0)
 	for _, stream := range in.streamIndexes() {
 		before := in.observe()
 		p, err := in.mr.Allocate(-1, in.views[stream])
@@ -202,7 +205,7 @@ func (s *suite) testOutOfMemory(t tester) {
 		t.Skipf("the options say the resource can hold 1 PiB")
 	}
 	in := s.newInstance(t, min(1, s.cfg.streams))
-	keep := in.need(t, 4*kiB, 0)
+	keep := in.need(t, min(4*kiB, s.cfg.maxSize), 0)
 	for _, stream := range in.streamIndexes() {
 		sv := in.views[stream]
 		before := in.observe()
@@ -227,7 +230,7 @@ func (s *suite) testOutOfMemory(t tester) {
 			t.Errorf("%s: %v", call, err)
 		}
 		// The resource keeps working.
-		b := in.need(t, 256, stream)
+		b := in.need(t, min(256, s.cfg.maxSize), stream)
 		in.mustVerify(t, "an allocation after running out of memory")
 		in.mustFree(t, b, stream)
 	}
@@ -328,6 +331,7 @@ func (s *suite) testConcurrent(t tester) {
 	t.Run("RandomSizes", func(t tester) {
 		defer s.hintOnFailure(t)
 		in := s.newInstance(t, s.cfg.streams)
+		in.concurrent = true
 		s.parallel(t, goroutines, func(g int, r *rand.Rand) error {
 			stream := g % len(in.views)
 			var bs []*block
@@ -351,6 +355,7 @@ func (s *suite) testConcurrent(t tester) {
 	})
 	t.Run("Sizes", func(t tester) {
 		in := s.newInstance(t, s.cfg.streams)
+		in.concurrent = true
 		s.parallel(t, goroutines, func(g int, r *rand.Rand) error {
 			stream := g % len(in.views)
 			for range 10 * s.cfg.scale {
@@ -378,6 +383,7 @@ func (s *suite) testConcurrent(t tester) {
 	t.Run("MixedAllocFree", func(t tester) {
 		defer s.hintOnFailure(t)
 		in := s.newInstance(t, s.cfg.streams)
+		in.concurrent = true
 		s.parallel(t, goroutines, func(g int, r *rand.Rand) error {
 			return mixedAllocFree(in, r, g%len(in.views), 200*s.cfg.scale, 0)
 		})
@@ -386,6 +392,7 @@ func (s *suite) testConcurrent(t tester) {
 	across := func(t tester, other bool) {
 		defer s.hintOnFailure(t)
 		in := s.newInstance(t, s.cfg.streams)
+		in.concurrent = true
 		hi := min(miB, s.cfg.maxSize)
 		// Goroutines 0 and 2 allocate, 1 and 3 free what their partner allocated.
 		chans := [2]chan *block{make(chan *block, 8), make(chan *block, 8)}
@@ -471,6 +478,7 @@ func sameResource(a, b rmm.MemoryResource) bool {
 // Item 7: setting and getting the current device resource from many goroutines is consistent.
 func (s *suite) testCurrentDeviceResource(t tester) {
 	in := s.newInstance(t, 0)
+	in.concurrent = true
 	if !reflect.TypeOf(in.mr).Comparable() {
 		t.Skipf("%T is not comparable (see Equality)", in.mr)
 	}
@@ -553,12 +561,13 @@ func (s *suite) testEquality(t tester) {
 	other := s.newInstance(t, 0)
 	if sameResource(in.mr, other.mr) {
 		// Equal resources must be interchangeable: memory from one is freed by the other.
-		x := in.need(t, 1000, 0)
+		x := in.need(t, min(1000, s.cfg.maxSize), 0)
 		if x != nil {
 			in.forget(x)
 			if err := other.mr.Deallocate(x.ptr, x.size, rmm.DefaultStream); err != nil {
 				t.Errorf("two resources compare equal, but memory from one cannot be freed by the other: %v", err)
 			}
+			in.reserved.Add(-int64(roundUp(x.size)))
 		}
 	}
 }

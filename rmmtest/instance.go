@@ -34,6 +34,13 @@ type instance struct {
 	liveBytes int // sum of the live sizes rounded up to 256
 	nextID    atomic.Uint64
 	closed    bool
+
+	// reserved counts (rounded) bytes from before Allocate is called until after Deallocate
+	// returns, so that it is never below what the resource holds for the suite, even while
+	// goroutines allocate and free at once; peak is its maximum. concurrent makes out-of-memory
+	// tolerance (config.mayRunOut) judge by the peak.
+	reserved, peak atomic.Int64
+	concurrent     bool
 }
 
 // block is a live allocation of the model.
@@ -136,9 +143,21 @@ func (in *instance) addressOnly() bool { return in.upAccess == 0 }
 // null pointer. It returns the block (nil for zero bytes or on error) and the resource's error
 // unchanged; a broken contract is returned as bad.
 func (in *instance) allocate(n, stream int) (b *block, err, bad error) {
+	r := 0
+	if n > 0 {
+		r = roundUp(n)
+	}
+	v := in.reserved.Add(int64(r))
+	for {
+		pk := in.peak.Load()
+		if v <= pk || in.peak.CompareAndSwap(pk, v) {
+			break
+		}
+	}
 	p, err := in.mr.Allocate(n, in.views[stream])
 	call := fmt.Sprintf("Allocate(%d, %s)", n, in.streamName(stream))
 	if err != nil {
+		in.reserved.Add(-int64(r))
 		if p != 0 {
 			return nil, err, fmt.Errorf("%s failed (%v) but returned the pointer %#x, not 0", call, err, uintptr(p))
 		}
@@ -209,10 +228,12 @@ func (in *instance) free(b *block, stream int) error {
 		in.mu.Unlock()
 		return fmt.Errorf("Deallocate(%#x, %d, %s): %w", uintptr(b.ptr), b.size, in.streamName(stream), err)
 	}
+	in.reserved.Add(-int64(roundUp(b.size)))
 	return nil
 }
 
-// forget takes b out of the model.
+// forget takes b out of the model (not out of reserved: the caller does that once the resource
+// took it back).
 func (in *instance) forget(b *block) {
 	in.mu.Lock()
 	delete(in.live, b.ptr)
