@@ -34,7 +34,7 @@ func (in *instance) tryAllocate(n, stream int) (*block, error) {
 	case errors.Is(err, rmm.ErrOutOfMemory) && in.cfg.mayRunOut(live, n):
 		return nil, nil
 	}
-	return nil, fmt.Errorf("Allocate(%d, %s) with %d bytes live: %w", n, in.streamName(stream), live, err)
+	return nil, fmt.Errorf("Allocate(%d, %s) with %d bytes live: %w", n, streamName(stream), live, err)
 }
 
 // need is tryAllocate that ends t on an error.
@@ -100,7 +100,7 @@ func (s *suite) testAlignment(t tester) {
 				continue
 			}
 			b := in.need(t, n, stream)
-			in.mustVerify(t, fmt.Sprintf("after Allocate(%d, %s)", n, in.streamName(stream)))
+			in.mustVerify(t, fmt.Sprintf("after Allocate(%d, %s)", n, streamName(stream)))
 			in.mustFree(t, b, stream)
 		}
 	}
@@ -117,7 +117,7 @@ func (s *suite) testDistinct(t tester) {
 			t.Fatalf("second allocation: %v", err)
 		}
 		if a != nil && b != nil && a.ptr == b.ptr {
-			t.Fatalf("two live 8-byte allocations on %s share the pointer %#x", in.streamName(stream), uintptr(a.ptr))
+			t.Fatalf("two live 8-byte allocations on %s share the pointer %#x", streamName(stream), uintptr(a.ptr))
 		}
 		in.mustVerify(t, "two live 8-byte allocations")
 		in.mustFree(t, a, stream)
@@ -134,16 +134,16 @@ func (s *suite) testZeroSize(t tester) {
 		before := in.observe()
 		p, err := in.mr.Allocate(0, sv)
 		if err != nil || p != 0 {
-			t.Errorf("Allocate(0, %s) = (%#x, %v), want (0, nil)", in.streamName(stream), uintptr(p), err)
+			t.Errorf("Allocate(0, %s) = (%#x, %v), want (0, nil)", streamName(stream), uintptr(p), err)
 		}
 		if err := in.mr.Deallocate(p, 0, sv); err != nil {
-			t.Errorf("Deallocate(%#x, 0, %s) = %v, want nil", uintptr(p), in.streamName(stream), err)
+			t.Errorf("Deallocate(%#x, 0, %s) = %v, want nil", uintptr(p), streamName(stream), err)
 		}
 		if err := in.mr.Deallocate(0, 0, sv); err != nil {
-			t.Errorf("Deallocate(0, 0, %s) = %v, want nil", in.streamName(stream), err)
+			t.Errorf("Deallocate(0, 0, %s) = %v, want nil", streamName(stream), err)
 		}
 		if err := unchanged(before, in.observe()); err != nil {
-			t.Errorf("zero-byte Allocate and Deallocate on %s: %v", in.streamName(stream), err)
+			t.Errorf("zero-byte Allocate and Deallocate on %s: %v", streamName(stream), err)
 		}
 	}
 	in.mustVerify(t, "after zero-byte calls")
@@ -158,13 +158,13 @@ func (s *suite) testNegativeSize(t tester) {
 		before := in.observe()
 		p, err := in.mr.Allocate(-1, in.views[stream])
 		if !errors.Is(err, rmm.ErrInvalidArgument) || p != 0 {
-			t.Errorf("Allocate(-1, %s) = (%#x, %v), want an error wrapping rmm.ErrInvalidArgument", in.streamName(stream), uintptr(p), err)
+			t.Errorf("Allocate(-1, %s) = (%#x, %v), want an error wrapping rmm.ErrInvalidArgument", streamName(stream), uintptr(p), err)
 			if err == nil && p != 0 {
 				continue // leave the bogus block where it is
 			}
 		}
 		if err := unchanged(before, in.observe()); err != nil {
-			t.Errorf("Allocate(-1, %s): %v", in.streamName(stream), err)
+			t.Errorf("Allocate(-1, %s): %v", streamName(stream), err)
 		}
 	}
 	in.mustVerify(t, "after Allocate(-1)")
@@ -210,7 +210,7 @@ func (s *suite) testOutOfMemory(t tester) {
 		sv := in.views[stream]
 		before := in.observe()
 		p, err := in.mr.Allocate(piB, sv)
-		call := fmt.Sprintf("Allocate(1 PiB, %s)", in.streamName(stream))
+		call := fmt.Sprintf("Allocate(1 PiB, %s)", streamName(stream))
 		switch {
 		case err == nil:
 			t.Errorf("%s succeeded (%#x), want an error wrapping rmm.ErrOutOfMemory", call, uintptr(p))
@@ -368,7 +368,7 @@ func (s *suite) testConcurrent(t tester) {
 					case bad != nil:
 						return bad
 					case err != nil && !errors.Is(err, rmm.ErrOutOfMemory):
-						return fmt.Errorf("Allocate(%d, %s) = %v, want success or an error wrapping rmm.ErrOutOfMemory", n, in.streamName(stream), err)
+						return fmt.Errorf("Allocate(%d, %s) = %v, want success or an error wrapping rmm.ErrOutOfMemory", n, streamName(stream), err)
 					case err == nil:
 						if err := in.free(b, stream); err != nil {
 							return err

@@ -125,9 +125,6 @@ func (in *instance) closeStreams() {
 	in.streams = nil
 }
 
-// streamName names stream i for messages.
-func (in *instance) streamName(i int) string { return streamName(i) }
-
 // usesUpstream reports whether the resource has taken memory from the upstream: from then on its
 // allocations must lie inside the upstream's blocks.
 func (in *instance) usesUpstream() bool { return in.up.used() }
@@ -155,7 +152,7 @@ func (in *instance) allocate(n, stream int) (b *block, err, bad error) {
 		}
 	}
 	p, err := in.mr.Allocate(n, in.views[stream])
-	call := fmt.Sprintf("Allocate(%d, %s)", n, in.streamName(stream))
+	call := fmt.Sprintf("Allocate(%d, %s)", n, streamName(stream))
 	if err != nil {
 		in.reserved.Add(-int64(r))
 		if p != 0 {
@@ -226,7 +223,7 @@ func (in *instance) free(b *block, stream int) error {
 		in.live[b.ptr] = b
 		in.liveBytes += roundUp(b.size)
 		in.mu.Unlock()
-		return fmt.Errorf("Deallocate(%#x, %d, %s): %w", uintptr(b.ptr), b.size, in.streamName(stream), err)
+		return fmt.Errorf("Deallocate(%#x, %d, %s): %w", uintptr(b.ptr), b.size, streamName(stream), err)
 	}
 	in.reserved.Add(-int64(roundUp(b.size)))
 	return nil

@@ -42,6 +42,7 @@ type smTrace struct {
 	steps   []string
 	failure string
 	at      int // index in steps of the failing step, -1 for a teardown failure
+	total   int // commands in the sequence (steps holds those up to the failure)
 }
 
 type smAlloc struct{ tag, size, stream int }
@@ -160,10 +161,10 @@ func (c allocCmd) Run(sut commands.SystemUnderTest) commands.Result {
 			return "", bad
 		case err == nil:
 			sys.tags[c.tag] = smHandle{b: b, size: c.size, stream: c.stream}
-			sys.cfg.allocs++
 			if b == nil {
 				return " = 0", nil
 			}
+			sys.cfg.allocs++
 			return fmt.Sprintf(" = %#x", uintptr(b.ptr)), nil
 		case errors.Is(err, rmm.ErrOutOfMemory):
 			sys.cfg.ooms++
@@ -689,9 +690,17 @@ func (s *suite) testStateMachine(t tester) {
 		},
 		DestroySystemUnderTestFunc: func(sut commands.SystemUnderTest) {
 			sys := sut.(*smSystem)
-			err := sys.in.finish()
+			err := func() (err error) {
+				defer func() {
+					if p := recover(); p != nil {
+						err = fmt.Errorf("panic: %v\n%s", p, debug.Stack())
+					}
+				}()
+				return sys.in.finish()
+			}()
 			switch {
 			case sys.failed:
+				sys.trace.total = len(sys.steps)
 				if cfg.first == nil {
 					cfg.first = sys.trace
 				}
@@ -730,13 +739,13 @@ func (s *suite) testStateMachine(t tester) {
 			shrinks = res.Args[0].Shrinks
 		}
 		t.Fatalf("a sequence of %s fails (found after %d passing sequences; shrunk from %s in %d steps):\n%s\nseed %d: %s",
-			plural(len(cfg.last.steps), "command"), res.Succeeded, plural(len(cfg.first.steps), "command"), shrinks, cfg.last.format(s.describe()), c.seed, hint)
+			plural(len(cfg.last.steps), "command"), res.Succeeded, plural(cfg.first.total, "command"), shrinks, cfg.last.format(s.describe()), c.seed, hint)
 	case !res.Passed():
 		t.Fatalf("the state machine failed (%v) after %d passing sequences: %v %v\nseed %d: %s", res.Status, res.Succeeded, res.Labels, res.Args, c.seed, hint)
 	case cfg.cleanup != nil:
 		t.Fatalf("after a passing sequence, tearing the resource down failed:\n%s\nseed %d: %s", cfg.cleanup.format(s.describe()), c.seed, hint)
 	case cfg.allocs == 0:
-		t.Fatalf("no allocation succeeded in %d sequences", cfg.sequences)
+		t.Fatalf("no allocation of a non-zero size succeeded in %d sequences", cfg.sequences)
 	}
 }
 

@@ -59,6 +59,11 @@ func (r *brokenResource) Allocate(n int, s rmm.StreamView) (rmm.DevicePtr, error
 	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
+	if r.kind == "crowd" && len(r.live) >= 10 {
+		for p := range r.live {
+			return p, nil // a live allocation's pointer, handed out again
+		}
+	}
 	if r.kind == "oom" && n > 4096 {
 		return 0, fmt.Errorf("%w: brokenResource refuses %d bytes", rmm.ErrOutOfMemory, n)
 	}
@@ -222,6 +227,18 @@ func TestStateMachineFindsOverlap(t *testing.T) {
 	sm, c := runStateMachine(t, newBroken("overlap"), Options{Upstream: system})
 	msg := requireShrunk(t, sm, c, 2, "overlap")
 	require.Regexp(t, `1\. Allocate#\d+\(\d+, DefaultStream\) = 0x`, msg, "shrunk to DefaultStream")
+}
+
+// A fault that needs ten live allocations is found in a longer sequence and shrunk to eleven
+// commands: ten allocations of 1 byte on DefaultStream and the one that goes wrong.
+func TestStateMachineShrinks(t *testing.T) {
+	sm, c := runStateMachine(t, newBroken("crowd"), Options{Upstream: simulated})
+	msg := requireShrunk(t, sm, c, 11, "overlaps the live allocation")
+	m := reportRE.FindStringSubmatch(msg)
+	orig, _ := strconv.Atoi(m[2])
+	require.Greater(t, orig, 11, "the first failing sequence was already minimal: nothing was shrunk")
+	require.Equal(t, 11, strings.Count(msg, "Allocate#"), "ten allocations, then the eleventh overlaps")
+	require.Len(t, regexp.MustCompile(`Allocate#\d+\(1, DefaultStream\)`).FindAllString(msg, -1), 11, "sizes and streams shrunk")
 }
 
 func TestStateMachineFindsMisalignment(t *testing.T) {
