@@ -10,7 +10,6 @@ import (
 	"strconv"
 	"strings"
 	"sync"
-	"sync/atomic"
 
 	"github.com/gormm/rmm"
 )
@@ -491,13 +490,11 @@ func (s *suite) testCurrentDeviceResource(t tester) {
 		}
 	}()
 	// Everyone sets the resource and gets it back, and allocates through it.
-	var bad atomic.Int64
 	s.parallel(t, goroutines, func(g int, r *rand.Rand) error {
 		for i := range 50 * s.cfg.scale {
 			rmm.SetCurrentDeviceResource(in.mr)
 			got := rmm.CurrentDeviceResource()
 			if !sameResource(got, in.mr) {
-				bad.Add(1)
 				return fmt.Errorf("step %d: CurrentDeviceResource() = %T %p after every goroutine set %T %p", i, got, got, in.mr, in.mr)
 			}
 			if i%10 == 0 {

@@ -347,7 +347,7 @@ func (c badFreeCmd) Run(sut commands.SystemUnderTest) commands.Result {
 		}
 	}
 	return sys.step(c, func() (string, error) {
-		in, sv := sys.in, sys.in.views[c.stream]
+		in, stream := sys.in, c.stream
 		sys.cfg.invalidFrees++
 		var p rmm.DevicePtr
 		var n int
@@ -364,13 +364,13 @@ func (c badFreeCmd) Run(sut commands.SystemUnderTest) commands.Result {
 				return "", fmt.Errorf("the first free: %w", err)
 			}
 			p, n = h.b.ptr, h.size
-			sv = in.views[(c.stream+int(c.x))%len(in.views)]
+			stream = (c.stream + int(c.x)) % len(in.views)
 		}
 		before := in.observe()
-		err := in.mr.Deallocate(p, n, sv)
-		desc := fmt.Sprintf(": Deallocate(%#x, %d) = %v", uintptr(p), n, err)
+		err := in.mr.Deallocate(p, n, in.views[stream])
+		desc := fmt.Sprintf(": Deallocate(%#x, %d, %s) = %v", uintptr(p), n, streamName(stream), err)
 		if !errors.Is(err, rmm.ErrInvalidFree) {
-			return desc, fmt.Errorf("Deallocate(%#x, %d, %v) = %v, want an error wrapping rmm.ErrInvalidFree (Options.DetectsInvalidFree is set)", uintptr(p), n, sv, err)
+			return desc, fmt.Errorf("Deallocate(%#x, %d, %s) = %v, want an error wrapping rmm.ErrInvalidFree (Options.DetectsInvalidFree is set)", uintptr(p), n, streamName(stream), err)
 		}
 		return desc, unchanged(before, in.observe())
 	})
