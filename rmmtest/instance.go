@@ -1,0 +1,597 @@
+package rmmtest
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"reflect"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"unsafe"
+
+	"github.com/gormm/rmm"
+)
+
+// instance is one resource under test: the resource, its recording upstream, the streams the
+// checks use, and the model of what is live (every allocation the suite holds).
+type instance struct {
+	cfg      *config
+	up       *recordingUpstream
+	upAccess rmm.Access // where the upstream's memory can be touched
+	mr       rmm.MemoryResource
+	access   rmm.Access
+	streams  []*rmm.Stream
+	views    []rmm.StreamView // [0] is DefaultStream, then streams
+
+	invariants func() error // CheckInvariants, nil when the resource has none
+	stats      func() any   // Stats, nil when the resource has none
+	releaser   rmm.Releaser // nil when the resource is not one
+
+	mu        sync.Mutex
+	live      map[rmm.DevicePtr]*block
+	liveBytes int // sum of the live sizes rounded up to 256
+	nextID    atomic.Uint64
+	closed    bool
+
+	// reserved counts (rounded) bytes from before Allocate is called until after Deallocate
+	// returns, so that it is never below what the resource holds for the suite, even while
+	// goroutines allocate and free at once; peak is its maximum. concurrent makes out-of-memory
+	// tolerance (config.mayRunOut) judge by the peak.
+	reserved, peak atomic.Int64
+	concurrent     bool
+}
+
+// block is a live allocation of the model.
+type block struct {
+	ptr     rmm.DevicePtr
+	size    int
+	stream  int // index into views
+	id      uint64
+	written bool // a pattern was written into it
+}
+
+func (b *block) String() string {
+	return fmt.Sprintf("[%#x, +%d) on %s", uintptr(b.ptr), b.size, streamName(b.stream))
+}
+
+// newInstance builds a resource with build over a fresh recording upstream, and nstreams Streams
+// on its device. The instance is torn down (finish) by a cleanup of t; a failure of the teardown
+// fails t.
+func (s *suite) newInstance(t tester, nstreams int) *instance {
+	t.Helper()
+	in := s.newInstanceNoCleanup(t, nstreams)
+	t.Cleanup(func() {
+		if err := in.finish(); err != nil {
+			t.Errorf("tearing the resource down: %v", err)
+		}
+	})
+	return in
+}
+
+func (s *suite) newInstanceNoCleanup(t tester, nstreams int) *instance {
+	t.Helper()
+	inner := s.cfg.upstream()
+	if inner == nil {
+		t.Fatalf("Options.Upstream returned nil")
+	}
+	up := newRecordingUpstream(inner)
+	mr := s.build(t, up)
+	if mr == nil {
+		t.Fatalf("newResource returned a nil resource")
+	}
+	in := &instance{
+		cfg:      s.cfg,
+		up:       up,
+		upAccess: rmm.AccessOf(inner),
+		mr:       mr,
+		access:   rmm.AccessOf(mr),
+		views:    []rmm.StreamView{rmm.DefaultStream},
+		live:     map[rmm.DevicePtr]*block{},
+	}
+	if c, ok := mr.(interface{ CheckInvariants() error }); ok {
+		in.invariants = c.CheckInvariants
+	}
+	in.stats = statsFunc(mr)
+	in.releaser, _ = mr.(rmm.Releaser)
+	dev := rmm.DeviceOf(mr)
+	for range nstreams {
+		st, err := rmm.NewStream(dev, &rmm.StreamOptions{NonBlocking: true})
+		if err != nil {
+			in.closeStreams()
+			t.Fatalf("rmm.NewStream(%v): %v", dev, err)
+		}
+		in.streams = append(in.streams, st)
+		in.views = append(in.views, st.View())
+	}
+	return in
+}
+
+// statsFunc returns a function calling mr's Stats method (any result type), nil when mr has
+// none.
+func statsFunc(mr rmm.MemoryResource) func() any {
+	m := reflect.ValueOf(mr).MethodByName("Stats")
+	if !m.IsValid() || m.Type().NumIn() != 0 || m.Type().NumOut() != 1 {
+		return nil
+	}
+	return func() any { return m.Call(nil)[0].Interface() }
+}
+
+func (in *instance) closeStreams() {
+	for _, s := range in.streams {
+		s.Close()
+	}
+	in.streams = nil
+}
+
+// usesUpstream reports whether the resource has taken memory from the upstream: from then on its
+// allocations must lie inside the upstream's blocks.
+func (in *instance) usesUpstream() bool { return in.up.used() }
+
+// addressOnly reports whether the upstream is address-only.
+func (in *instance) addressOnly() bool { return in.upAccess == 0 }
+
+// ---------------------------------------------------------------------------------------------
+// Allocating and freeing through the model.
+
+// allocate asks the resource for n bytes on stream i. A successful non-zero allocation is
+// checked (admit), added to the model and filled with its pattern; a zero-byte one must return a
+// null pointer. It returns the block (nil for zero bytes or on error) and the resource's error
+// unchanged; a broken contract is returned as bad.
+func (in *instance) allocate(n, stream int) (b *block, err, bad error) {
+	r := 0
+	if n > 0 {
+		r = roundUp(n)
+	}
+	v := in.reserved.Add(int64(r))
+	for {
+		pk := in.peak.Load()
+		if v <= pk || in.peak.CompareAndSwap(pk, v) {
+			break
+		}
+	}
+	p, err := in.mr.Allocate(n, in.views[stream])
+	call := fmt.Sprintf("Allocate(%d, %s)", n, streamName(stream))
+	if err != nil {
+		in.reserved.Add(-int64(r))
+		if p != 0 {
+			return nil, err, fmt.Errorf("%s failed (%v) but returned the pointer %#x, not 0", call, err, uintptr(p))
+		}
+		return nil, err, nil
+	}
+	if n == 0 {
+		if p != 0 {
+			return nil, nil, fmt.Errorf("%s = %#x, want 0 (a zero-byte allocation returns the null pointer)", call, uintptr(p))
+		}
+		return nil, nil, nil
+	}
+	b, bad = in.admit(p, n, stream)
+	if bad != nil {
+		return nil, nil, fmt.Errorf("%s = %#x: %w", call, uintptr(p), bad)
+	}
+	return b, nil, nil
+}
+
+// admit checks a new allocation [p, p+n) against the model and adds it: non-null, 256-aligned,
+// no overlap with a live allocation, inside a block held from the upstream once the resource uses
+// it. It then writes the block's pattern when the memory is host-accessible.
+func (in *instance) admit(p rmm.DevicePtr, n, stream int) (*block, error) {
+	switch {
+	case p == 0:
+		return nil, errors.New("a null pointer without an error")
+	case p%rmm.Alignment != 0:
+		return nil, fmt.Errorf("not aligned to %d bytes", rmm.Alignment)
+	}
+	upstream := in.usesUpstream()
+	if upstream && !in.up.contains(p, n) {
+		held, _ := in.up.blocks()
+		return nil, fmt.Errorf("[%#x, +%d) is not inside a block the upstream handed out and still holds (held: %s)", uintptr(p), n, heldString(held))
+	}
+	// Memory from an address-only upstream must not be touched, whatever the resource says.
+	write := in.access&rmm.HostAccessible != 0 && (in.upAccess&rmm.HostAccessible != 0 || !upstream)
+	b := &block{ptr: p, size: n, stream: stream, id: in.nextID.Add(1), written: write}
+	in.mu.Lock()
+	for _, x := range in.live {
+		if overlaps(x, b) {
+			in.mu.Unlock()
+			return nil, fmt.Errorf("overlaps the live allocation %v", x)
+		}
+	}
+	in.live[p] = b
+	in.liveBytes += roundUp(n)
+	in.mu.Unlock()
+	if write {
+		writePattern(b)
+	}
+	return b, nil
+}
+
+func overlaps(a, b *block) bool {
+	return a.ptr < b.ptr+rmm.DevicePtr(b.size) && b.ptr < a.ptr+rmm.DevicePtr(a.size)
+}
+
+// free checks b's pattern, takes it out of the model and frees it on stream. On an error from
+// the resource b goes back into the model.
+func (in *instance) free(b *block, stream int) error {
+	if err := verifyPattern(b); err != nil {
+		return err
+	}
+	in.forget(b)
+	if err := in.mr.Deallocate(b.ptr, b.size, in.views[stream]); err != nil {
+		in.mu.Lock()
+		in.live[b.ptr] = b
+		in.liveBytes += roundUp(b.size)
+		in.mu.Unlock()
+		return fmt.Errorf("Deallocate(%#x, %d, %s): %w", uintptr(b.ptr), b.size, streamName(stream), err)
+	}
+	in.reserved.Add(-int64(roundUp(b.size)))
+	return nil
+}
+
+// forget takes b out of the model (not out of reserved: the caller does that once the resource
+// took it back).
+func (in *instance) forget(b *block) {
+	in.mu.Lock()
+	delete(in.live, b.ptr)
+	in.liveBytes -= roundUp(b.size)
+	in.mu.Unlock()
+}
+
+// liveCount returns the number and rounded bytes of live allocations.
+func (in *instance) liveCount() (int, int) {
+	in.mu.Lock()
+	defer in.mu.Unlock()
+	return len(in.live), in.liveBytes
+}
+
+// liveBlocks returns the live allocations in address order.
+func (in *instance) liveBlocks() []*block {
+	in.mu.Lock()
+	bs := make([]*block, 0, len(in.live))
+	for _, b := range in.live {
+		bs = append(bs, b)
+	}
+	in.mu.Unlock()
+	slices.SortFunc(bs, func(a, b *block) int { return compareAddr(a.ptr, b.ptr) })
+	return bs
+}
+
+// freeAll frees every live allocation, on its own stream (or on stream id%streams when mixed).
+func (in *instance) freeAll(mixed bool) error {
+	bs := in.liveBlocks()
+	slices.SortFunc(bs, func(a, b *block) int { return int(a.id) - int(b.id) })
+	for _, b := range bs {
+		s := b.stream
+		if mixed {
+			s = int(b.id % uint64(len(in.views)))
+		}
+		if err := in.free(b, s); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// ---------------------------------------------------------------------------------------------
+// Observing the resource.
+
+// observation is what can be seen of the resource between two calls.
+type observation struct {
+	stats      any // Stats(), nil without one
+	invariants error
+	held       []span
+	misuse     error
+}
+
+func (in *instance) observe() observation {
+	var o observation
+	if in.stats != nil {
+		o.stats = in.stats()
+	}
+	if in.invariants != nil {
+		o.invariants = in.invariants()
+	}
+	o.held, o.misuse = in.up.blocks()
+	return o
+}
+
+// unchanged checks that nothing observable changed between before and after (a failed free or a
+// zero-byte call).
+func unchanged(before, after observation) error {
+	if !reflect.DeepEqual(before.stats, after.stats) {
+		return fmt.Errorf("Stats changed: %+v -> %+v", before.stats, after.stats)
+	}
+	return unchangedUpstream(before, after)
+}
+
+// unchangedAccounting checks a failed allocation: the upstream holds the same blocks and
+// PoolStats' figures are the same (a resource may rearrange its free blocks while it searches).
+func unchangedAccounting(before, after observation) error {
+	if b, ok := before.stats.(rmm.PoolStats); ok {
+		a := after.stats.(rmm.PoolStats)
+		if b.PoolSize != a.PoolSize || b.LiveBytes != a.LiveBytes || b.LiveAllocations != a.LiveAllocations ||
+			b.FreeBytes != a.FreeBytes || b.UpstreamBlocks != a.UpstreamBlocks || b.MaximumPoolSize != a.MaximumPoolSize {
+			return fmt.Errorf("Stats changed: %+v -> %+v", b, a)
+		}
+	}
+	return unchangedUpstream(before, after)
+}
+
+func unchangedUpstream(before, after observation) error {
+	if !slices.Equal(before.held, after.held) {
+		return fmt.Errorf("the blocks held from the upstream changed: %s -> %s", heldString(before.held), heldString(after.held))
+	}
+	if after.invariants != nil && before.invariants == nil {
+		return fmt.Errorf("CheckInvariants: %v", after.invariants)
+	}
+	return nil
+}
+
+// verify checks the resource against the model: invariants, upstream use, the live allocations
+// (non-null, aligned, disjoint, inside the upstream's blocks), Stats, and the patterns.
+func (in *instance) verify() error {
+	return in.verifyObserved(in.observe())
+}
+
+func (in *instance) verifyObserved(o observation) error {
+	if o.invariants != nil {
+		return fmt.Errorf("CheckInvariants: %v", o.invariants)
+	}
+	if o.misuse != nil {
+		return fmt.Errorf("upstream misused: %v", o.misuse)
+	}
+	bs := in.liveBlocks()
+	upstream := in.usesUpstream()
+	liveBytes := 0
+	for i, b := range bs {
+		switch {
+		case b.ptr == 0:
+			return fmt.Errorf("live allocation %v has a null pointer", b)
+		case b.ptr%rmm.Alignment != 0:
+			return fmt.Errorf("live allocation %v is not 256-aligned", b)
+		case i > 0 && overlaps(bs[i-1], b):
+			return fmt.Errorf("live allocations %v and %v overlap", bs[i-1], b)
+		case upstream && !inside(o.held, b.ptr, b.size):
+			return fmt.Errorf("live allocation %v is not inside a block held from the upstream (held: %s)", b, heldString(o.held))
+		}
+		liveBytes += roundUp(b.size)
+	}
+	if st, ok := o.stats.(rmm.PoolStats); ok {
+		if err := checkPoolStats(st, len(bs), liveBytes, upstream, o.held); err != nil {
+			return err
+		}
+	}
+	for _, b := range bs {
+		if err := verifyPattern(b); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// checkPoolStats compares PoolStats with the model: count live allocations of liveBytes (rounded)
+// bytes, and (when the resource uses the upstream) the blocks held from it.
+func checkPoolStats(s rmm.PoolStats, count, liveBytes int, upstream bool, held []span) error {
+	heldBytes := 0
+	for _, b := range held {
+		heldBytes += b.size
+	}
+	switch {
+	case s.LiveAllocations != count || s.LiveBytes != liveBytes:
+		return fmt.Errorf("Stats: %d live allocations of %d bytes, the suite holds %d of %d (each rounded up to 256)", s.LiveAllocations, s.LiveBytes, count, liveBytes)
+	case s.FreeBytes != s.PoolSize-s.LiveBytes:
+		return fmt.Errorf("Stats: FreeBytes %d != PoolSize %d - LiveBytes %d", s.FreeBytes, s.PoolSize, s.LiveBytes)
+	case s.LargestFreeBlock > s.FreeBytes || s.LargestFreeBlock < 0:
+		return fmt.Errorf("Stats: LargestFreeBlock %d outside [0, FreeBytes %d]", s.LargestFreeBlock, s.FreeBytes)
+	case s.MaximumPoolSize > 0 && s.PoolSize > s.MaximumPoolSize:
+		return fmt.Errorf("Stats: PoolSize %d exceeds MaximumPoolSize %d", s.PoolSize, s.MaximumPoolSize)
+	case upstream && (s.PoolSize != heldBytes || s.UpstreamBlocks != len(held)):
+		return fmt.Errorf("Stats: PoolSize %d in %d upstream blocks; the upstream handed out %d bytes in %d blocks", s.PoolSize, s.UpstreamBlocks, heldBytes, len(held))
+	}
+	return nil
+}
+
+// checkReleased checks the state after a successful Release: every block held from the upstream
+// holds part of a live allocation (nothing is held when nothing is live).
+func (in *instance) checkReleased() error {
+	if in.cfg.releaseKeeps {
+		return nil
+	}
+	held, _ := in.up.blocks()
+	bs := in.liveBlocks()
+	for _, h := range held {
+		used := false
+		for _, b := range bs {
+			if b.ptr < h.end() && h.addr < b.ptr+rmm.DevicePtr(b.size) {
+				used = true
+				break
+			}
+		}
+		if !used {
+			return fmt.Errorf("after Release the upstream block %v, which holds no live allocation, is still held (%d live allocations; set Options.ReleaseKeepsMemory if the resource keeps a reserve)", h, len(bs))
+		}
+	}
+	return nil
+}
+
+// ---------------------------------------------------------------------------------------------
+// Tearing down.
+
+// chain returns the resources from mr down to (not including) the recording upstream, following
+// rmm.Upstreamer; nil when the upstream is not reached that way.
+func (in *instance) chain() []rmm.MemoryResource {
+	var c []rmm.MemoryResource
+	mr := in.mr
+	for range 64 {
+		if r, ok := mr.(*recordingUpstream); ok && r == in.up {
+			return c
+		}
+		c = append(c, mr)
+		u, ok := mr.(rmm.Upstreamer)
+		if !ok {
+			return nil
+		}
+		mr = u.Upstream()
+		if mr == nil {
+			return nil
+		}
+	}
+	return nil
+}
+
+// finish frees every live allocation, releases and closes the resource (and every resource
+// between it and the upstream), closes the streams, and checks that accounting returned to zero
+// and that the upstream got everything back where the resource can give it back.
+func (in *instance) finish() error {
+	in.mu.Lock()
+	if in.closed {
+		in.mu.Unlock()
+		return nil
+	}
+	in.closed = true
+	in.mu.Unlock()
+	defer in.closeStreams()
+	var errs []error
+	if err := in.freeAll(false); err != nil {
+		errs = append(errs, fmt.Errorf("freeing what is live: %w", err))
+	}
+	if err := in.verify(); err != nil {
+		errs = append(errs, fmt.Errorf("everything freed: %w", err))
+	}
+	if st, ok := in.observe().stats.(rmm.PoolStats); ok && (st.LiveAllocations != 0 || st.LiveBytes != 0 || st.FreeBytes != st.PoolSize) {
+		errs = append(errs, fmt.Errorf("everything freed, yet Stats reports %+v", st))
+	}
+	// Release, then Close, every resource from the one under test down to the upstream (the one
+	// under test only, when the upstream cannot be reached through rmm.Upstreamer). What the
+	// innermost one holds from the upstream must then be back, when it can give it back.
+	chain := in.chain()
+	if chain == nil {
+		chain = []rmm.MemoryResource{in.mr}
+	}
+	inner := len(chain) - 1
+	var released, closed bool
+	for i, mr := range chain {
+		if r, ok := mr.(rmm.Releaser); ok {
+			released = released || i == inner
+			if err := r.Release(); err != nil {
+				errs = append(errs, fmt.Errorf("%T.Release: %w", mr, err))
+			}
+		}
+	}
+	if held, _ := in.up.blocks(); released && len(held) > 0 && !in.cfg.releaseKeeps {
+		errs = append(errs, fmt.Errorf("everything freed and released, yet the upstream still holds %s", heldString(held)))
+	}
+	for i, mr := range chain {
+		if c, ok := mr.(interface{ Close() error }); ok {
+			closed = closed || i == inner
+			if err := c.Close(); err != nil {
+				errs = append(errs, fmt.Errorf("%T.Close: %w", mr, err))
+			}
+		}
+	}
+	if held, _ := in.up.blocks(); closed && !released && len(held) > 0 && !in.cfg.releaseKeeps {
+		errs = append(errs, fmt.Errorf("everything freed and the resource closed, yet the upstream still holds %s", heldString(held)))
+	}
+	if _, misuse := in.up.blocks(); misuse != nil {
+		errs = append(errs, fmt.Errorf("upstream misused: %w", misuse))
+	}
+	return errors.Join(errs...)
+}
+
+// ---------------------------------------------------------------------------------------------
+// Patterns in host-accessible memory.
+
+const (
+	fullPatternLimit = 64 * kiB // blocks up to this size hold their pattern in every byte
+	patternEdge      = 4 * kiB  // larger blocks: the first and last 4 KiB ...
+	patternStride    = 64 * kiB // ... and 64 bytes every 64 KiB between
+	patternSample    = 64
+)
+
+// patternRegions calls f for each range [off, off+n) of a size-byte block that holds its pattern.
+func patternRegions(size int, f func(off, n int) error) error {
+	if size <= fullPatternLimit {
+		return f(0, size)
+	}
+	if err := f(0, patternEdge); err != nil {
+		return err
+	}
+	for off := patternStride; off < size-patternEdge; off += patternStride {
+		if err := f(off, patternSample); err != nil {
+			return err
+		}
+	}
+	return f(size-patternEdge, patternEdge)
+}
+
+// patternChunk returns 4 KiB + 64 bytes of block id's pattern: byte i is unit[i%64], where unit is
+// 64 bytes drawn from id.
+func patternChunk(id uint64) []byte {
+	r := rand.New(rand.NewPCG(id, 0x9e3779b97f4a7c15))
+	buf := make([]byte, 4*kiB+64)
+	for i := 0; i < 64; i += 8 {
+		x := r.Uint64()
+		for j := range 8 {
+			buf[i+j] = byte(x >> (8 * j))
+		}
+	}
+	for i := 64; i < len(buf); i *= 2 {
+		copy(buf[i:], buf[:i])
+	}
+	return buf
+}
+
+// hostView views n bytes of host-accessible memory at p. The memory is not Go memory (C heap,
+// managed or pinned), so the slice must not outlive the allocation.
+func hostView(p rmm.DevicePtr, n int) []byte {
+	a := uintptr(p)
+	// Reinterpreting the word, rather than converting uintptr to unsafe.Pointer, is valid
+	// because the memory is not managed by Go's collector.
+	return unsafe.Slice((*byte)(*(*unsafe.Pointer)(unsafe.Pointer(&a))), n)
+}
+
+func writePattern(b *block) {
+	chunk := patternChunk(b.id)
+	mem := hostView(b.ptr, b.size)
+	patternRegions(b.size, func(off, n int) error {
+		for n > 0 {
+			k := copy(mem[off:off+n], chunk[off%64:])
+			off, n = off+k, n-k
+		}
+		return nil
+	})
+}
+
+// verifyPattern checks that b's pattern is intact (nothing when none was written).
+func verifyPattern(b *block) error {
+	if !b.written {
+		return nil
+	}
+	chunk := patternChunk(b.id)
+	mem := hostView(b.ptr, b.size)
+	return patternRegions(b.size, func(off, n int) error {
+		for n > 0 {
+			k := min(n, len(chunk)-64)
+			want := chunk[off%64 : off%64+k]
+			if got := mem[off : off+k]; !bytes.Equal(got, want) {
+				for i := range got {
+					if got[i] != want[i] {
+						return fmt.Errorf("live allocation %v: byte %d is %#02x, its pattern says %#02x (the memory was written by someone else)", b, off+i, got[i], want[i])
+					}
+				}
+			}
+			off, n = off+k, n-k
+		}
+		return nil
+	})
+}
+
+// roundUp rounds n up to a multiple of 256.
+func roundUp(n int) int {
+	r, ok := rmm.AlignUp(n, rmm.Alignment)
+	if !ok {
+		return n
+	}
+	return r
+}

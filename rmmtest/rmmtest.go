@@ -1,0 +1,509 @@
+// Package rmmtest is a conformance suite for implementations of rmm.MemoryResource, as
+// testing/slogtest is for slog handlers. A package that writes a resource or an adaptor runs it
+// in its own tests:
+//
+//	func TestMyResource(t *testing.T) {
+//		rmmtest.Run(t, func(t *testing.T, upstream rmm.MemoryResource) rmm.MemoryResource {
+//			mr, err := mypkg.NewMyResource(upstream, nil)
+//			if err != nil {
+//				t.Fatal(err)
+//			}
+//			return mr
+//		}, &rmmtest.Options{DetectsInvalidFree: true})
+//	}
+//
+// and the resource is held to every invariant the resources of package rmm are held to.
+//
+// # What is checked
+//
+// Run builds a fresh resource for each of its sub-tests (and for each random sequence of the
+// state machine) by calling newResource with an upstream: a recording resource over
+// Options.Upstream (the current device resource by default) that notes every block it hands out
+// and takes back. Sub-allocators and adaptors take their memory from it; leaf resources (those
+// that get memory from somewhere else) ignore it.
+//
+// The fixed sub-tests follow the checklist of librmm's own resource tests (every size is capped
+// at Options.MaxAllocationSize and Options.Capacity):
+//
+//   - Alignment: a non-zero allocation returns a non-null, 256-byte aligned pointer, and the
+//     resource reports where its memory can be touched (rmm.AccessOf is not 0), unless the
+//     upstream is address-only (rmm.SimulatedMemoryResource).
+//   - DistinctPointers: two live 8-byte allocations have different pointers.
+//   - ZeroSize: Allocate(0) returns (0, nil) and Deallocate(0, 0) returns nil, on DefaultStream and
+//     on a Stream, and neither changes anything. NegativeSize: Allocate(-1) wraps
+//     rmm.ErrInvalidArgument.
+//   - Sizes: 4 B, 1 KiB, 1 MiB and 1 GiB (those not above Options.MaxAllocationSize) succeed or
+//     fail with rmm.ErrOutOfMemory only. OutOfMemory: 1 PiB fails with rmm.ErrOutOfMemory, a null
+//     pointer and a message that names the size (1125899906842624), changes nothing, and the
+//     resource keeps working.
+//   - RandomSizes: 100 random sizes in [1 B, 5 MiB] allocated, then all freed. MixedAllocFree: 200
+//     random steps, 53% allocations, at most 100 live, then everything freed. Both on
+//     DefaultStream and on a Stream.
+//   - Concurrent: four goroutines run RandomSizes, Sizes (up to 1 MiB) and MixedAllocFree at once,
+//     spread over the streams; and memory allocated on one goroutine is freed on another (100
+//     allocations of at most 1 MiB each), on the same stream and on another stream.
+//   - CurrentDeviceResource: setting and getting the current device resource from many
+//     goroutines is consistent. It changes the process-wide current device resource while it
+//     runs and restores it afterwards, so tests that depend on the current resource must not run
+//     in parallel with it.
+//   - Equality: the resource compares equal to itself as an rmm.MemoryResource (its dynamic type
+//     must be comparable); two resources that compare equal must be interchangeable.
+//
+// The StateMachine sub-test drives the resource with random command sequences (gopter's
+// commands API): allocations of random sizes (0, small, multiples of 256, up to
+// Options.MaxAllocationSize) on random streams, frees on the allocating stream and on another
+// one, zero-byte allocate and free, invalid frees (an interior pointer, a pointer never handed
+// out, a double free, a wrong size) when Options.DetectsInvalidFree is set, requests larger than
+// Options.Capacity when it is set, Release when the resource implements rmm.Releaser, and freeing
+// everything. After every step it checks that:
+//
+//   - every live allocation is non-null and 256-byte aligned, and no two overlap;
+//   - once the resource has taken memory from the upstream, every live allocation lies inside a
+//     block the upstream handed out and has not taken back, and the resource never frees to the
+//     upstream what it did not get from it;
+//   - CheckInvariants() returns nil, when the resource has that method;
+//   - Stats() equals the model, when the resource has a Stats() rmm.PoolStats method:
+//     LiveAllocations and LiveBytes (each size rounded up to 256) as the live allocations,
+//     FreeBytes = PoolSize - LiveBytes, PoolSize and UpstreamBlocks as what the upstream holds
+//     (when the resource uses it), PoolSize within MaximumPoolSize;
+//   - over host-accessible memory (rmm.AccessOf(mr) has rmm.HostAccessible), a pattern written
+//     into every live allocation is intact: blocks up to 64 KiB entirely, larger ones in their
+//     first and last 4 KiB and 64 bytes of every 64 KiB between;
+//   - a failed call changes nothing: after an invalid free nothing observable changes (the value
+//     of any Stats() method, what the upstream holds, the patterns); after an out-of-memory error
+//     the upstream holds the same blocks and PoolStats' figures are the same;
+//   - after Release, every block still held from the upstream holds part of a live allocation
+//     (so with nothing live, nothing is held), unless Options.ReleaseKeepsMemory is set;
+//   - with everything freed, accounting is back to zero.
+//
+// Every resource the suite builds is torn down by freeing what is still live, then calling
+// Release (rmm.Releaser) and then Close (a Close() error method), where they exist, on the
+// resource and on each resource between it and the upstream when it reaches the upstream through
+// rmm.Upstreamer (an adaptor over a pool that newResource built: both are released and closed).
+// When the resource that takes memory from the upstream has Release or Close, the upstream must
+// then hold nothing.
+//
+// # Failures and replaying them
+//
+// A failing sequence is shrunk to a minimal one, and the failure shows the configuration, the
+// shrunk commands with what each returned, what was wrong, the seed, and the command that
+// replays it: RMM_PROPERTY_SEED=<seed> go test -run '<the sub-test>'. The seed is
+// Options.Seed, or a fresh one for every run when that is 0; the environment variable
+// RMM_PROPERTY_SEED overrides both. RMM_PROPERTY_SCALE=k runs k times as many random sequences,
+// sizes and steps (a longer search); the default run takes a few seconds for a host-memory
+// resource under the race detector.
+//
+// Check runs the same suite without a testing.T and returns the failures as an error, as
+// slogtest.TestHandler does.
+package rmmtest
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"regexp"
+	"runtime"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/gormm/rmm"
+)
+
+// Sizes used in the options' defaults and the checks.
+const (
+	kiB = 1 << 10
+	miB = 1 << 20
+	giB = 1 << 30
+	piB = 1 << 50
+)
+
+// Environment variables read by Run and Check.
+const (
+	// SeedEnv names the environment variable that overrides Options.Seed: a decimal int64.
+	SeedEnv = "RMM_PROPERTY_SEED"
+	// ScaleEnv names the environment variable that multiplies the number of random sequences,
+	// sizes and steps: a positive integer, 1 by default.
+	ScaleEnv = "RMM_PROPERTY_SCALE"
+)
+
+// Options declares what a resource promises, and how long the random checks run. nil means the
+// defaults, each given with its field.
+type Options struct {
+	// Upstream returns the resource that the suite's recording upstream forwards to. It is
+	// called once for every resource the suite builds (one per sub-test, and one per sequence of
+	// the state machine), so it may return a fresh resource each time. Use
+	// rmm.NewSimulatedMemoryResource for an address-only upstream (addresses without memory,
+	// for huge sizes on any machine). Default: rmm.CurrentDeviceResource().
+	Upstream func() rmm.MemoryResource
+
+	// DetectsInvalidFree declares that Deallocate returns an error wrapping rmm.ErrInvalidFree,
+	// and changes nothing observable, for a pointer the resource did not hand out (including one
+	// inside a live allocation and one the resource holds free), for a double free, and for a
+	// size other than the one allocated (even one that rounds to the same 256 bytes). Default
+	// false: no invalid frees are attempted (a resource over the CUDA driver passes them to the
+	// driver, which may not detect them).
+	DetectsInvalidFree bool
+
+	// MaxAllocationSize is the largest size, in bytes, the suite asks for in its random
+	// allocations and in the fixed sizes of the checklist (a fixed size above it is skipped);
+	// sizes above it may legitimately be refused with rmm.ErrOutOfMemory. Default 8 MiB.
+	MaxAllocationSize int
+
+	// Capacity is the most bytes the resource can have live at once, counting each allocation
+	// rounded up to 256 bytes; 0 declares that it does not run out of memory for the sizes the
+	// suite asks for. When it is set: the state machine also asks for more than what is left of
+	// it (which must fail with rmm.ErrOutOfMemory); its random allocations may fail with
+	// rmm.ErrOutOfMemory (fragmentation, growth policy); the checklist's allocations may fail
+	// with it once the bytes live plus the request pass half the capacity; the draws are capped
+	// at Capacity; and the 1 PiB request is expected to fail only when Capacity is below 1 PiB.
+	// Default 0: every allocation the suite asks for must succeed, except the checklist's fixed
+	// sizes (Sizes), which may always fail with rmm.ErrOutOfMemory.
+	Capacity int
+
+	// Streams is the number of Streams, besides rmm.DefaultStream, that allocations and frees
+	// are spread over. Default 0 means 3; a negative value means DefaultStream only.
+	Streams int
+
+	// Sequences is the number of random command sequences the state machine runs (times
+	// RMM_PROPERTY_SCALE). Default 100.
+	Sequences int
+
+	// MaxCommands is the length of the longest sequence; lengths grow from 1 to it over the run.
+	// Default 50.
+	MaxCommands int
+
+	// Seed seeds every random choice of the suite. Default 0: a fresh seed for every run. The
+	// environment variable RMM_PROPERTY_SEED, when set, overrides it. The seed in use is logged
+	// (go test -v) and printed with every failure of a random check.
+	Seed int64
+
+	// ReleaseKeepsMemory declares that Release may keep upstream blocks that no live allocation
+	// uses (a resource with a reserve it never gives back). Default false: after Release every
+	// block held from the upstream holds part of a live allocation, and with nothing live the
+	// resource holds nothing from the upstream.
+	ReleaseKeepsMemory bool
+}
+
+// config is Options resolved: defaults filled in, environment applied.
+type config struct {
+	upstream           func() rmm.MemoryResource
+	detectsInvalidFree bool
+	maxSize            int // largest drawn size: min(MaxAllocationSize, Capacity)
+	maxAllocationSize  int
+	capacity           int
+	streams            int
+	sequences          int
+	maxCommands        int
+	seed               int64
+	scale              int
+	releaseKeeps       bool
+}
+
+func resolve(opts *Options) (*config, error) {
+	var o Options
+	if opts != nil {
+		o = *opts
+	}
+	c := &config{
+		upstream:           o.Upstream,
+		detectsInvalidFree: o.DetectsInvalidFree,
+		maxAllocationSize:  o.MaxAllocationSize,
+		capacity:           o.Capacity,
+		streams:            o.Streams,
+		sequences:          o.Sequences,
+		maxCommands:        o.MaxCommands,
+		seed:               o.Seed,
+		scale:              1,
+		releaseKeeps:       o.ReleaseKeepsMemory,
+	}
+	if c.upstream == nil {
+		c.upstream = rmm.CurrentDeviceResource
+	}
+	switch {
+	case c.maxAllocationSize < 0:
+		return nil, fmt.Errorf("rmmtest: Options.MaxAllocationSize %d is negative", c.maxAllocationSize)
+	case c.capacity < 0:
+		return nil, fmt.Errorf("rmmtest: Options.Capacity %d is negative", c.capacity)
+	case c.sequences < 0 || c.maxCommands < 0:
+		return nil, fmt.Errorf("rmmtest: Options.Sequences %d or MaxCommands %d is negative", c.sequences, c.maxCommands)
+	}
+	if c.maxAllocationSize == 0 {
+		c.maxAllocationSize = 8 * miB
+	}
+	c.maxSize = c.maxAllocationSize
+	if c.capacity > 0 {
+		c.maxSize = min(c.maxSize, c.capacity)
+	}
+	switch {
+	case c.streams == 0:
+		c.streams = 3
+	case c.streams < 0:
+		c.streams = 0
+	}
+	if c.sequences == 0 {
+		c.sequences = 100
+	}
+	if c.maxCommands == 0 {
+		c.maxCommands = 50
+	}
+	if s := os.Getenv(SeedEnv); s != "" {
+		seed, err := strconv.ParseInt(s, 10, 64)
+		if err != nil {
+			return nil, fmt.Errorf("rmmtest: %s=%q is not a decimal int64", SeedEnv, s)
+		}
+		c.seed = seed
+	}
+	if c.seed == 0 {
+		c.seed = time.Now().UnixNano()
+	}
+	if s := os.Getenv(ScaleEnv); s != "" {
+		k, err := strconv.Atoi(s)
+		if err != nil || k <= 0 {
+			return nil, fmt.Errorf("rmmtest: %s=%q is not a positive integer", ScaleEnv, s)
+		}
+		c.scale = k
+	}
+	return c, nil
+}
+
+// mayRunOut reports whether a checklist allocation of n bytes may fail with ErrOutOfMemory while
+// live bytes (each rounded to 256) are live.
+func (c *config) mayRunOut(live, n int) bool {
+	return c.capacity > 0 && live+roundUp(n) > c.capacity/2
+}
+
+// Run runs the conformance suite against the resources newResource builds, as sub-tests of t.
+// newResource is called for every resource the suite needs, with the sub-test it belongs to and
+// the upstream to build it over, and may call t.Fatal. The suite frees what it allocated and
+// releases and closes what newResource built (see the package documentation). opts declares
+// what the resource promises; nil means the defaults (see Options).
+//
+// The CurrentDeviceResource sub-test changes the process-wide current device resource while it
+// runs: do not call Run from a parallel test (t.Parallel) while other tests depend on it.
+func Run(t *testing.T, newResource func(t *testing.T, upstream rmm.MemoryResource) rmm.MemoryResource, opts *Options) {
+	t.Helper()
+	c, err := resolve(opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	runSuite(testT{t}, func(tb tester, up rmm.MemoryResource) rmm.MemoryResource {
+		return newResource(tb.(testT).T, up)
+	}, c)
+}
+
+// Check runs the same suite as Run without a testing.T and returns nil when the resources
+// newResource builds pass, else an error joining every failure, each prefixed by the name of its
+// check (as slogtest.TestHandler does for slog handlers). An error from newResource fails the
+// check that asked for the resource. Checks that cannot run (no second stream, sizes above the
+// maximum) are skipped silently.
+func Check(newResource func(upstream rmm.MemoryResource) (rmm.MemoryResource, error), opts *Options) error {
+	c, err := resolve(opts)
+	if err != nil {
+		return err
+	}
+	root := newRecorder("Check")
+	root.run(func(tb tester) {
+		runSuite(tb, func(tb tester, up rmm.MemoryResource) rmm.MemoryResource {
+			mr, err := newResource(up)
+			if err != nil {
+				tb.Fatalf("newResource: %v", err)
+			}
+			return mr
+		}, c)
+	})
+	return root.err()
+}
+
+// runSuite runs every check as a sub-test of t.
+func runSuite(t tester, build buildFunc, c *config) {
+	t.Logf("rmmtest: seed %d (replay with %s=%d)", c.seed, SeedEnv, c.seed)
+	s := &suite{cfg: c, build: build}
+	t.Run("Alignment", s.testAlignment)
+	t.Run("DistinctPointers", s.testDistinct)
+	t.Run("ZeroSize", s.testZeroSize)
+	t.Run("NegativeSize", s.testNegativeSize)
+	t.Run("Sizes", s.testSizes)
+	t.Run("OutOfMemory", s.testOutOfMemory)
+	t.Run("RandomSizes", s.testRandomSizes)
+	t.Run("MixedAllocFree", s.testMixed)
+	t.Run("Concurrent", s.testConcurrent)
+	t.Run("CurrentDeviceResource", s.testCurrentDeviceResource)
+	t.Run("Equality", s.testEquality)
+	t.Run("StateMachine", s.testStateMachine)
+}
+
+// buildFunc builds a resource over up for the (sub-)test t.
+type buildFunc func(t tester, up rmm.MemoryResource) rmm.MemoryResource
+
+type suite struct {
+	cfg   *config
+	build buildFunc
+}
+
+// replayHint says how to run t again with the same seed.
+func replayHint(t tester, seed int64) string {
+	if _, ok := t.(testT); !ok {
+		return fmt.Sprintf("replay with %s=%d (or Options.Seed = %d)", SeedEnv, seed, seed)
+	}
+	parts := strings.Split(t.Name(), "/")
+	for i, p := range parts {
+		parts[i] = "^" + regexp.QuoteMeta(p) + "$"
+	}
+	return fmt.Sprintf("replay with %s=%d go test -run '%s'", SeedEnv, seed, strings.Join(parts, "/"))
+}
+
+// ---------------------------------------------------------------------------------------------
+// The testing interface: *testing.T, or a recorder for Check and for testing the suite itself.
+
+// tester is the part of testing.T the suite uses, with Run taking a tester so that the suite
+// runs on a recorder too.
+type tester interface {
+	Helper()
+	Name() string
+	Logf(format string, args ...any)
+	Errorf(format string, args ...any)
+	Fatalf(format string, args ...any)
+	Skipf(format string, args ...any)
+	Failed() bool
+	Cleanup(func())
+	Run(name string, f func(t tester)) bool
+}
+
+// testT adapts *testing.T.
+type testT struct{ *testing.T }
+
+func (t testT) Run(name string, f func(t tester)) bool {
+	return t.T.Run(name, func(t *testing.T) { f(testT{t}) })
+}
+
+// recorder is a tester that records failures instead of reporting them. Fatalf and Skipf end
+// the goroutine running the (sub-)test, as testing.T's do; Run runs f on a new goroutine and
+// waits for it.
+type recorder struct {
+	name     string
+	mu       sync.Mutex
+	failed   bool
+	skipped  bool
+	msgs     []string // errors, in order
+	logs     []string
+	cleanups []func()
+	subs     []*recorder
+}
+
+func newRecorder(name string) *recorder { return &recorder{name: name} }
+
+func (r *recorder) Helper()      {}
+func (r *recorder) Name() string { return r.name }
+
+func (r *recorder) Logf(format string, args ...any) {
+	r.mu.Lock()
+	r.logs = append(r.logs, fmt.Sprintf(format, args...))
+	r.mu.Unlock()
+}
+
+func (r *recorder) Errorf(format string, args ...any) {
+	r.mu.Lock()
+	r.failed = true
+	r.msgs = append(r.msgs, fmt.Sprintf(format, args...))
+	r.mu.Unlock()
+}
+
+func (r *recorder) Fatalf(format string, args ...any) {
+	r.Errorf(format, args...)
+	runtime.Goexit()
+}
+
+func (r *recorder) Skipf(format string, args ...any) {
+	r.mu.Lock()
+	r.skipped = true
+	r.logs = append(r.logs, fmt.Sprintf(format, args...))
+	r.mu.Unlock()
+	runtime.Goexit()
+}
+
+func (r *recorder) Failed() bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.failed
+}
+
+func (r *recorder) Cleanup(f func()) {
+	r.mu.Lock()
+	r.cleanups = append(r.cleanups, f)
+	r.mu.Unlock()
+}
+
+// run runs f as the body of r, then r's cleanups (last registered first), on a new goroutine.
+func (r *recorder) run(f func(t tester)) {
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		defer func() {
+			for i := len(r.cleanups) - 1; i >= 0; i-- {
+				r.cleanups[i]()
+			}
+		}()
+		defer func() {
+			if p := recover(); p != nil {
+				buf := make([]byte, 16<<10)
+				buf = buf[:runtime.Stack(buf, false)]
+				r.Errorf("panic: %v\n%s", p, buf)
+			}
+		}()
+		f(r)
+	}()
+	<-done
+}
+
+func (r *recorder) Run(name string, f func(t tester)) bool {
+	sub := newRecorder(r.name + "/" + strings.ReplaceAll(name, " ", "_"))
+	r.mu.Lock()
+	r.subs = append(r.subs, sub)
+	r.mu.Unlock()
+	sub.run(f)
+	if sub.Failed() {
+		r.mu.Lock()
+		r.failed = true
+		r.mu.Unlock()
+	}
+	return !sub.Failed()
+}
+
+// err returns the failures of r and its sub-tests, each prefixed by its test's name, then what
+// the failing ones logged (how to replay them), joined.
+func (r *recorder) err() error {
+	var errs []error
+	r.walk(func(x *recorder) {
+		for _, m := range x.msgs {
+			errs = append(errs, fmt.Errorf("%s: %s", x.name, m))
+		}
+		if len(x.msgs) > 0 {
+			for _, l := range x.logs {
+				errs = append(errs, fmt.Errorf("%s: %s", x.name, l))
+			}
+		}
+	})
+	return errors.Join(errs...)
+}
+
+func (r *recorder) walk(f func(*recorder)) {
+	f(r)
+	for _, s := range r.subs {
+		s.walk(f)
+	}
+}
+
+// find returns the (sub-)recorder named name (relative to r), nil when there is none.
+func (r *recorder) find(name string) *recorder {
+	var found *recorder
+	want := r.name + "/" + name
+	r.walk(func(x *recorder) {
+		if x.name == want {
+			found = x
+		}
+	})
+	return found
+}
