@@ -113,9 +113,8 @@ func driverFree(dev Device, p DevicePtr) error {
 	return cuMemFree(ctx, p)
 }
 
-// isOOM reports whether err is an out-of-memory condition. CUDA_ERROR_INVALID_VALUE also counts
-// for a size too large for the driver to consider (cuMemAlloc of 1 PiB returns OUT_OF_MEMORY on
-// current drivers; older ones said INVALID_VALUE).
+// isOOM reports whether err is an out-of-memory condition (CUDA_ERROR_OUT_OF_MEMORY: what
+// cuMemAlloc, cuMemAllocManaged and cuMemAllocFromPoolAsync return for 1 PiB on an H200).
 func isOOM(err error) bool {
 	return errIs(err, ErrOutOfMemory)
 }
