@@ -141,9 +141,13 @@ func (h *HostVector[T]) Wait() error {
 }
 
 // Pending reports whether copies may still be in flight: some copy was queued since the last
-// wait and its event has not completed (cuEventQuery). It does not block.
+// wait and its event has not completed (cuEventQuery). It does not block. After Close it returns
+// ErrClosed.
 func (h *HostVector[T]) Pending() (bool, error) {
 	defer runtime.KeepAlive(h)
+	if h.st.closed {
+		return false, h.st.errClosed("Pending")
+	}
 	for _, e := range h.st.events {
 		if !e.pending {
 			continue

@@ -139,6 +139,8 @@ func TestHostVectorBadArguments(t *testing.T) {
 	require.ErrorIs(t, h.Set(0, 1), ErrClosed)
 	require.ErrorIs(t, h.Resize(2), ErrClosed)
 	require.ErrorIs(t, h.Wait(), ErrClosed)
+	_, err = h.Pending()
+	require.ErrorIs(t, err, ErrClosed)
 	v, err := NewUvector[int32](4, DefaultStream, nil)
 	require.NoError(t, err)
 	defer v.Close()

@@ -141,13 +141,14 @@ func (r *PinnedMemoryResource) Allocate(nbytes int, s StreamView) (DevicePtr, er
 }
 
 // Deallocate waits for stream s (cuStreamSynchronize: work queued on s may still read or write
-// the memory, and the free is immediate), then frees p as DeallocateHost(p, nbytes, 256) does.
+// the memory, and the free is immediate; for a Stream already closed, the whole device), then
+// frees p as DeallocateHost(p, nbytes, 256) does.
 func (r *PinnedMemoryResource) Deallocate(p DevicePtr, nbytes int, s StreamView) error {
 	if p == 0 {
 		return nil
 	}
 	if r.ctx != 0 {
-		if err := syncStream(s.deviceFor(r.dev), s); err != nil {
+		if err := waitStreamBeforeFree(r.dev, s); err != nil {
 			return fmt.Errorf("PinnedMemoryResource.Deallocate: waiting for %v: %w", s, err)
 		}
 	}
@@ -229,4 +230,15 @@ func pinnedLiveCount() int {
 	pinnedMu.Lock()
 	defer pinnedMu.Unlock()
 	return len(pinnedLive)
+}
+
+// waitStreamBeforeFree waits for the work queued on s (on dev when s is the default stream)
+// before host memory it may use is freed. A Stream that was closed cannot be waited for by
+// handle: the device is synchronised instead.
+func waitStreamBeforeFree(dev Device, s StreamView) error {
+	d := s.deviceFor(dev)
+	if s.closed() {
+		return d.Synchronize()
+	}
+	return syncStream(d, s)
 }

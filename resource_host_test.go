@@ -98,6 +98,13 @@ func TestPinnedMemoryResourceInvalidFree(t *testing.T) {
 	q, err := mr.Allocate(300, DefaultStream)
 	require.NoError(t, err)
 	require.NoError(t, other.Deallocate(q, 300, DefaultStream))
+	// A stream closed before the free.
+	st, err := NewStream(0, nil)
+	require.NoError(t, err)
+	q, err = mr.Allocate(300, st.View())
+	require.NoError(t, err)
+	require.NoError(t, st.Close())
+	require.NoError(t, mr.Deallocate(q, 300, st.View()))
 	require.Equal(t, before, pinnedLiveCount())
 }
 
@@ -194,6 +201,14 @@ func TestGPUPinnedMemoryResource(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, hb, back)
 	require.NoError(t, mr.Deallocate(p, n, s))
+
+	// Freed on a Stream that is already closed: the device is synchronised instead.
+	closed, err := NewStream(0, nil)
+	require.NoError(t, err)
+	q, err := mr.Allocate(4096, closed.View())
+	require.NoError(t, err)
+	require.NoError(t, closed.Close())
+	require.NoError(t, mr.Deallocate(q, 4096, closed.View()))
 
 	// Containers over a pool over pinned memory take the device path: fill on the GPU, then read
 	// the result with the CPU straight from the pinned pointer.

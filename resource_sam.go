@@ -99,7 +99,7 @@ func (r *SamHeadroomMemoryResource) Deallocate(p DevicePtr, nbytes int, s Stream
 	if p == 0 {
 		return nil
 	}
-	if err := syncStream(s.deviceFor(r.dev), s); err != nil {
+	if err := waitStreamBeforeFree(r.dev, s); err != nil {
 		return fmt.Errorf("SamHeadroomMemoryResource.Deallocate: waiting for %v: %w", s, err)
 	}
 	return r.system.Deallocate(p, nbytes, s)
