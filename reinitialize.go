@@ -92,8 +92,8 @@ func RegisterReinitializeHook(f func()) (unregister func()) {
 //     (file per device, see LogFileName) on top. It is installed with SetPerDeviceResource.
 //
 // If building fails for some device (out of memory for the pool, a log file that cannot be
-// created), what was built is closed, the devices keep their initial resources and the error is
-// returned. The current device is not changed (resources are built for explicit devices).
+// created), what was built is closed, nothing new is installed (the devices keep what step 3
+// left them) and the error is returned. The current device is not changed (resources are built for explicit devices).
 // Reinitialize must not run concurrently with allocations on the devices it sets up.
 func Reinitialize(opts *ReinitializeOptions) error {
 	var o ReinitializeOptions

@@ -28,31 +28,33 @@ func reinitIsolate(t *testing.T) {
 func TestDeviceLogFileName(t *testing.T) {
 	wd, err := os.Getwd()
 	require.NoError(t, err)
+	base := t.TempDir()
+	in := func(p ...string) string { return filepath.Join(append([]string{base}, p...)...) }
 	for _, c := range []struct {
 		name string
 		dev  Device
 		want string
 	}{
 		{"rmm_log.csv", 0, filepath.Join(wd, "rmm_log.dev0.csv")},
-		{"/var/log/rmm/events.csv", 3, "/var/log/rmm/events.dev3.csv"},
-		{"/tmp/log", 1, "/tmp/log.dev1"},
-		{"/tmp/a.tar.gz", 2, "/tmp/a.tar.dev2.gz"},
-		{"/tmp/.hidden", 0, "/tmp/.hidden.dev0"},
-		{"/tmp/..x", 0, "/tmp/..x.dev0"},
-		{"/tmp/.x.csv", 0, "/tmp/.x.dev0.csv"},
-		{"/tmp/dir.v2/log", 0, "/tmp/dir.v2/log.dev0"},
-		{"/tmp/trailing.", 0, "/tmp/trailing.dev0."},
-		{"sub/../x.csv", 12, filepath.Join(wd, "x.dev12.csv")},
+		{in("rmm", "events.csv"), 3, in("rmm", "events.dev3.csv")},
+		{in("log"), 1, in("log.dev1")},
+		{in("a.tar.gz"), 2, in("a.tar.dev2.gz")},
+		{in(".hidden"), 0, in(".hidden.dev0")},
+		{in("..x"), 0, in("..x.dev0")},
+		{in(".x.csv"), 0, in(".x.dev0.csv")},
+		{in("dir.v2", "log"), 0, in("dir.v2", "log.dev0")},
+		{in("trailing."), 0, in("trailing.dev0.")},
+		{filepath.Join("sub", "..", "x.csv"), 12, filepath.Join(wd, "x.dev12.csv")},
 	} {
 		got, err := deviceLogFileName(c.name, c.dev)
 		require.NoError(t, err, c.name)
 		assert.Equal(t, c.want, got, c.name)
 	}
 
-	t.Setenv("RMM_LOG_FILE", "/tmp/from_env.csv")
+	t.Setenv("RMM_LOG_FILE", in("from_env.csv"))
 	got, err := deviceLogFileName("", 1)
 	require.NoError(t, err)
-	assert.Equal(t, "/tmp/from_env.dev1.csv", got)
+	assert.Equal(t, in("from_env.dev1.csv"), got)
 	t.Setenv("RMM_LOG_FILE", "")
 	_, err = deviceLogFileName("", 0)
 	require.ErrorIs(t, err, ErrInvalidArgument)
