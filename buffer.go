@@ -202,7 +202,9 @@ func copyMem(op string, dst, src memRef, n int, s StreamView) error {
 	}
 	switch {
 	case dr == routeDevice && sr == routeDevice:
-		if err := deviceCopy(dst.dev, dst.p, src.p, n, s); err != nil {
+		// In the stream's context when it has a device (the ends may lie on two devices: a peer
+		// copy through unified addressing), else in the destination's.
+		if err := deviceCopy(s.deviceFor(dst.dev), dst.p, src.p, n, s); err != nil {
 			return fmt.Errorf("%s: copying %d bytes: %w", op, n, err)
 		}
 		return nil

@@ -69,6 +69,8 @@ static CUresult (*p_cuMemsetD8Async)(CUdeviceptr, unsigned char, size_t, CUstrea
 static CUresult (*p_cuMemsetD16Async)(CUdeviceptr, unsigned short, size_t, CUstream);
 static CUresult (*p_cuMemsetD32Async)(CUdeviceptr, unsigned int, size_t, CUstream);
 static CUresult (*p_cuMemPrefetchAsync_v2)(CUdeviceptr, size_t, CUmemLocation, unsigned int, CUstream);
+static CUresult (*p_cuMemAdvise_v2)(CUdeviceptr, size_t, int, CUmemLocation);
+static CUresult (*p_cuDeviceGetDefaultMemPool)(CUmemoryPool *, CUdevice);
 static CUresult (*p_cuStreamCreate)(CUstream *, unsigned int);
 static CUresult (*p_cuStreamDestroy)(CUstream);
 static CUresult (*p_cuStreamSynchronize)(CUstream);
@@ -154,6 +156,8 @@ static const char *rmm_load(void) {
 	RMM_SYM(p_cuMemPoolSetAttribute, "cuMemPoolSetAttribute", 0);
 	RMM_SYM(p_cuMemPoolGetAttribute, "cuMemPoolGetAttribute", 0);
 	RMM_SYM(p_cuMemPoolTrimTo, "cuMemPoolTrimTo", 0);
+	RMM_SYM(p_cuDeviceGetDefaultMemPool, "cuDeviceGetDefaultMemPool", 0);
+	RMM_SYM(p_cuMemAdvise_v2, "cuMemAdvise_v2", 0);
 	RMM_SYM(p_cuStreamGetId, "cuStreamGetId", 0);
 	RMM_SYM(p_cuMemPrefetchAsync_v2, "cuMemPrefetchAsync_v2", 0);
 	RMM_SYM(p_cuEventElapsedTime, "cuEventElapsedTime_v2", 0);
@@ -242,6 +246,13 @@ static rmm_res rmm_mem_pool_get_u64(uintptr_t ctx, uintptr_t pool, int attr) {
 static CUresult rmm_mem_pool_trim(uintptr_t ctx, uintptr_t pool, size_t keep) {
 	CUresult r = use_ctx(ctx); if (r) return r; return p_cuMemPoolTrimTo((CUmemoryPool)pool, keep);
 }
+static rmm_res rmm_device_default_mem_pool(uintptr_t ctx, int ord) {
+	rmm_res o = {RMM_MISSING, 0}; CUmemoryPool pool = 0; CUdevice d;
+	if (!p_cuDeviceGetDefaultMemPool) return o;
+	o.r = use_ctx(ctx); if (o.r) return o;
+	o.r = p_cuDeviceGet(&d, ord); if (o.r) return o;
+	o.r = p_cuDeviceGetDefaultMemPool(&pool, d); o.v = (uintptr_t)pool; return o;
+}
 static rmm_res rmm_mem_alloc_from_pool(uintptr_t ctx, size_t n, uintptr_t pool, uintptr_t s) {
 	rmm_res o = {0, 0}; CUdeviceptr p = 0; o.r = use_ctx(ctx); if (o.r) return o;
 	o.r = p_cuMemAllocFromPoolAsync(&p, n, (CUmemoryPool)pool, (CUstream)s); o.v = (uintptr_t)p; return o;
@@ -289,6 +300,13 @@ static CUresult rmm_mem_prefetch(uintptr_t ctx, uintptr_t p, size_t n, int loc_t
 	r = use_ctx(ctx); if (r) return r;
 	loc.type = loc_type; loc.id = loc_id;
 	return p_cuMemPrefetchAsync_v2((CUdeviceptr)p, n, loc, 0, (CUstream)s);
+}
+static CUresult rmm_mem_advise(uintptr_t ctx, uintptr_t p, size_t n, int advice, int loc_type, int loc_id) {
+	CUmemLocation loc; CUresult r;
+	if (!p_cuMemAdvise_v2) return RMM_MISSING;
+	r = use_ctx(ctx); if (r) return r;
+	loc.type = loc_type; loc.id = loc_id;
+	return p_cuMemAdvise_v2((CUdeviceptr)p, n, advice, loc);
 }
 static rmm_res rmm_stream_create(uintptr_t ctx, unsigned int flags) {
 	rmm_res o = {0, 0}; CUstream s = 0; o.r = use_ctx(ctx); if (o.r) return o;
@@ -511,6 +529,12 @@ func cuMemPoolTrimTo(ctx, pool uintptr, keep int) error {
 	return cuErr("cuMemPoolTrimTo", C.rmm_mem_pool_trim(C.uintptr_t(ctx), C.uintptr_t(pool), C.size_t(keep)))
 }
 
+// cuDeviceGetDefaultMemPool returns the handle of device ord's default memory pool.
+func cuDeviceGetDefaultMemPool(ctx uintptr, ord int) (uintptr, error) {
+	r := C.rmm_device_default_mem_pool(C.uintptr_t(ctx), C.int(ord))
+	return uintptr(r.v), cuErr("cuDeviceGetDefaultMemPool", r.r)
+}
+
 func cuMemAllocFromPoolAsync(ctx uintptr, n int, pool, stream uintptr) (DevicePtr, error) {
 	r := C.rmm_mem_alloc_from_pool(C.uintptr_t(ctx), C.size_t(n), C.uintptr_t(pool), C.uintptr_t(stream))
 	return DevicePtr(r.v), cuErr("cuMemAllocFromPoolAsync", r.r)
@@ -567,6 +591,12 @@ func cuMemsetAsync(ctx uintptr, dst DevicePtr, v uint32, n int, width int, strea
 // cuMemPrefetchAsync prefetches managed memory to a device (locType 1) or the host (locType 2).
 func cuMemPrefetchAsync(ctx uintptr, p DevicePtr, n int, locType, locID int, stream uintptr) error {
 	return cuErr("cuMemPrefetchAsync_v2", C.rmm_mem_prefetch(C.uintptr_t(ctx), C.uintptr_t(p), C.size_t(n), C.int(locType), C.int(locID), C.uintptr_t(stream)))
+}
+
+// cuMemAdvise gives the driver advice (a CUmem_advise value) about [p, p+n) for a device
+// (locType 1, locID the ordinal) or the host (locType 2).
+func cuMemAdvise(ctx uintptr, p DevicePtr, n int, advice, locType, locID int) error {
+	return cuErr("cuMemAdvise_v2", C.rmm_mem_advise(C.uintptr_t(ctx), C.uintptr_t(p), C.size_t(n), C.int(advice), C.int(locType), C.int(locID)))
 }
 
 func cuStreamCreate(ctx uintptr, flags uint) (uintptr, error) {

@@ -45,6 +45,8 @@ func cuMemPoolTrimTo(uintptr, uintptr, int) error { return errNoCgo }
 func cuMemAllocFromPoolAsync(uintptr, int, uintptr, uintptr) (DevicePtr, error) {
 	return 0, errNoCgo
 }
+func cuDeviceGetDefaultMemPool(uintptr, int) (uintptr, error)     { return 0, errNoCgo }
+func cuMemAdvise(uintptr, DevicePtr, int, int, int, int) error    { return errNoCgo }
 func cuMemFreeAsync(uintptr, DevicePtr, uintptr) error            { return errNoCgo }
 func cuMemcpyAsync(uintptr, uintptr, uintptr, int, uintptr) error { return errNoCgo }
 func cuMemcpyDtoDAsync(uintptr, DevicePtr, DevicePtr, int, uintptr) error {

@@ -1,0 +1,442 @@
+package rmm
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync"
+)
+
+// ReinitializeOptions configures Reinitialize, as the arguments of Python's rmm.reinitialize.
+// nil means the defaults: every listed device gets its plain initial resource.
+type ReinitializeOptions struct {
+	// PoolAllocator puts a PoolMemoryResource over each device's base resource. Default false.
+	PoolAllocator bool
+	// ManagedMemory makes the base resource a ManagedMemoryResource instead of a
+	// CudaMemoryResource. Default false. Without CUDA the base resource is host memory
+	// (a SystemMemoryResource) either way.
+	ManagedMemory bool
+	// InitialPoolSize is the pool's initial size in bytes, a multiple of 256; only with
+	// PoolAllocator. Default 0: half of the device's free memory (rounded down to 256 bytes, and
+	// at most MaximumPoolSize when that is set), as Python's default. Without CUDA the host's
+	// available memory stands for the device's free memory.
+	InitialPoolSize int
+	// MaximumPoolSize caps each pool, in bytes, a multiple of 256 and at least InitialPoolSize;
+	// only with PoolAllocator. Default 0: unbounded.
+	MaximumPoolSize int
+	// Devices are the devices to set up, each at most once. Default nil: device 0. An empty,
+	// non-nil slice sets up no device: the resources a previous Reinitialize installed are removed
+	// and a warning goes to DebugLogger.
+	Devices []Device
+	// Logging wraps each device's resource in a LoggingResourceAdaptor writing RMM's CSV event log
+	// to a file per device (see LogFileName). Default false.
+	Logging bool
+	// LogFileName is the log file name; only with Logging. Each device's log goes to this name
+	// with ".dev<N>" inserted before the extension, made absolute: "rmm_log.csv" gives
+	// "/current/dir/rmm_log.dev0.csv" for device 0. Default "": the RMM_LOG_FILE environment
+	// variable; with Logging and neither set, Reinitialize returns ErrInvalidArgument.
+	LogFileName string
+}
+
+var (
+	reinitMu sync.Mutex // serialises Reinitialize, EnableLogging, DisableLogging
+	// reinitOwned are the resources that Reinitialize and EnableLogging made (pools, logging
+	// adaptors, base resources); the next Reinitialize takes them off the devices and closes them.
+	reinitOwned = map[MemoryResource]bool{}
+
+	hooksMu     sync.Mutex
+	reinitHooks []*reinitHook
+)
+
+type reinitHook struct{ f func() }
+
+// RegisterReinitializeHook registers f to be called at the start of every Reinitialize, before
+// any resource is replaced: for instance to free caches that hold memory of the resources about
+// to go. Hooks run in the reverse order of registration, on the goroutine calling Reinitialize
+// (a hook that calls Reinitialize recurses). The returned function unregisters f (calling it again does
+// nothing). A nil f is ignored.
+func RegisterReinitializeHook(f func()) (unregister func()) {
+	if f == nil {
+		return func() {}
+	}
+	h := &reinitHook{f: f}
+	hooksMu.Lock()
+	reinitHooks = append(reinitHooks, h)
+	hooksMu.Unlock()
+	return func() {
+		hooksMu.Lock()
+		defer hooksMu.Unlock()
+		if i := slices.Index(reinitHooks, h); i >= 0 {
+			reinitHooks = slices.Delete(reinitHooks, i, i+1)
+		}
+	}
+}
+
+// Reinitialize sets up the memory resources of a list of devices in one call, as Python's
+// rmm.reinitialize:
+//
+//  1. The options are checked first; a bad option returns an error wrapping ErrInvalidArgument
+//     and changes nothing (no hook runs).
+//  2. The hooks (RegisterReinitializeHook) run, in reverse registration order.
+//  3. The resources a previous Reinitialize or EnableLogging installed are taken off their
+//     devices (each device gets back what lay under them: its initial resource, or a resource of
+//     the program's that EnableLogging had wrapped) and closed: pools give back their free
+//     memory, logs are flushed and their files closed. Memory still allocated from them stays
+//     valid and may be freed as usual, but should not be used with the new setup in mind.
+//  4. For each device a resource is built: the base is a CudaMemoryResource (the device's
+//     initial resource), a ManagedMemoryResource with ManagedMemory, or host memory without CUDA;
+//     with PoolAllocator a PoolMemoryResource over it; with Logging a LoggingResourceAdaptor
+//     (file per device, see LogFileName) on top. It is installed with SetPerDeviceResource.
+//
+// If building fails for some device (out of memory for the pool, a log file that cannot be
+// created), what was built is closed, nothing new is installed (the devices keep what step 3
+// left them) and the error is returned. The current device is not changed (resources are built for explicit devices).
+// Reinitialize must not run concurrently with allocations on the devices it sets up.
+func Reinitialize(opts *ReinitializeOptions) error {
+	var o ReinitializeOptions
+	if opts != nil {
+		o = *opts
+	}
+	devices, names, err := reinitCheck(&o)
+	if err != nil {
+		return err
+	}
+	hooksMu.Lock()
+	hooks := slices.Clone(reinitHooks)
+	hooksMu.Unlock()
+	for i := len(hooks) - 1; i >= 0; i-- {
+		hooks[i].f()
+	}
+
+	reinitMu.Lock()
+	defer reinitMu.Unlock()
+	teardownErr := reinitTeardown()
+	if len(devices) == 0 {
+		DebugLogger().Warn("rmm: Reinitialize called with no devices: no resource was set up")
+		return teardownErr
+	}
+
+	built := make([]MemoryResource, len(devices))
+	var owned []MemoryResource
+	fail := func(err error) error {
+		for i := len(owned) - 1; i >= 0; i-- {
+			closeResource(owned[i])
+		}
+		return errors.Join(err, teardownErr)
+	}
+	for i, d := range devices {
+		mr, made, err := reinitBuild(d, &o, names[d])
+		owned = append(owned, made...)
+		if err != nil {
+			return fail(fmt.Errorf("rmm: Reinitialize: %s: %w", d, err))
+		}
+		built[i] = mr
+	}
+	for i, d := range devices {
+		if _, err := SetPerDeviceResource(d, built[i]); err != nil {
+			return fail(err) // cannot happen: the devices were checked
+		}
+	}
+	for _, mr := range owned {
+		reinitOwned[mr] = true
+	}
+	return teardownErr
+}
+
+// reinitCheck validates the options and returns the devices and, with logging, each device's log
+// file name.
+func reinitCheck(o *ReinitializeOptions) ([]Device, map[Device]string, error) {
+	bad := func(format string, args ...any) error {
+		return fmt.Errorf("%w: rmm: Reinitialize: %s", ErrInvalidArgument, fmt.Sprintf(format, args...))
+	}
+	switch {
+	case o.InitialPoolSize < 0 || o.MaximumPoolSize < 0:
+		return nil, nil, bad("negative pool size (InitialPoolSize %d, MaximumPoolSize %d)", o.InitialPoolSize, o.MaximumPoolSize)
+	case !o.PoolAllocator && (o.InitialPoolSize != 0 || o.MaximumPoolSize != 0):
+		return nil, nil, bad("InitialPoolSize %d and MaximumPoolSize %d are only used with PoolAllocator", o.InitialPoolSize, o.MaximumPoolSize)
+	case o.InitialPoolSize%Alignment != 0:
+		return nil, nil, bad("InitialPoolSize %d is not a multiple of %d bytes", o.InitialPoolSize, Alignment)
+	case o.MaximumPoolSize%Alignment != 0:
+		return nil, nil, bad("MaximumPoolSize %d is not a multiple of %d bytes", o.MaximumPoolSize, Alignment)
+	case o.MaximumPoolSize > 0 && o.InitialPoolSize > o.MaximumPoolSize:
+		return nil, nil, bad("InitialPoolSize %d exceeds MaximumPoolSize %d", o.InitialPoolSize, o.MaximumPoolSize)
+	case !o.Logging && o.LogFileName != "":
+		return nil, nil, bad("LogFileName %q is only used with Logging", o.LogFileName)
+	}
+	devices := o.Devices
+	if devices == nil {
+		devices = []Device{0}
+	}
+	seen := map[Device]bool{}
+	for _, d := range devices {
+		if err := d.check(); err != nil {
+			return nil, nil, fmt.Errorf("rmm: Reinitialize: Devices: %w", err)
+		}
+		if seen[d] {
+			return nil, nil, bad("%s is listed twice in Devices", d)
+		}
+		seen[d] = true
+	}
+	var names map[Device]string
+	if o.Logging {
+		names = map[Device]string{}
+		for _, d := range devices {
+			name, err := deviceLogFileName(o.LogFileName, d)
+			if err != nil {
+				return nil, nil, fmt.Errorf("rmm: Reinitialize: %w", err)
+			}
+			names[d] = name
+		}
+	}
+	return devices, names, nil
+}
+
+// deviceLogFileName returns the log file of device d for name (RMM_LOG_FILE when empty): the
+// absolute path with ".dev<d>" inserted before the extension, as Python's logging adaptor names
+// its files. The extension is what follows the last dot of the file's name, unless that dot
+// begins the name (".log" has none), as Python's os.path.splitext.
+func deviceLogFileName(name string, d Device) (string, error) {
+	if name == "" {
+		name = os.Getenv("RMM_LOG_FILE")
+		if name == "" {
+			return "", fmt.Errorf("%w: logging needs a file name: none given and RMM_LOG_FILE is not set", ErrInvalidArgument)
+		}
+	}
+	abs, err := filepath.Abs(name)
+	if err != nil {
+		return "", fmt.Errorf("%w: log file %q: %w", ErrInvalidArgument, name, err)
+	}
+	dir, base := filepath.Split(abs)
+	stem, ext := base, ""
+	if i := strings.LastIndexByte(base, '.'); i > 0 && strings.TrimLeft(base[:i], ".") != "" {
+		stem, ext = base[:i], base[i:]
+	}
+	return dir + fmt.Sprintf("%s.dev%d%s", stem, int(d), ext), nil
+}
+
+// reinitDefaultPoolSize is half of d's free memory rounded down to 256 bytes, capped by maximum
+// when positive.
+func reinitDefaultPoolSize(d Device, maximum int) (int, error) {
+	free, _, err := d.MemoryInfo()
+	if err != nil {
+		return 0, err
+	}
+	n := AlignDown(free/2, Alignment)
+	if maximum > 0 && n > maximum {
+		n = maximum
+	}
+	return n, nil
+}
+
+// reinitBuild builds device d's resource. made lists what it created (to close on failure),
+// innermost first; mr is nil for the device's initial resource.
+func reinitBuild(d Device, o *ReinitializeOptions, logName string) (mr MemoryResource, made []MemoryResource, err error) {
+	cuda := CUDAAvailable() == nil
+	switch {
+	case cuda && o.ManagedMemory:
+		m, err := NewManagedMemoryResource(d)
+		if err != nil {
+			return nil, made, err
+		}
+		mr = m
+		made = append(made, m)
+	case o.PoolAllocator || o.Logging:
+		mr = initialResource(d) // the device's CudaMemoryResource, or host memory
+	}
+	if o.PoolAllocator {
+		initial := o.InitialPoolSize
+		if initial == 0 {
+			if initial, err = reinitDefaultPoolSize(d, o.MaximumPoolSize); err != nil {
+				return nil, made, fmt.Errorf("the default initial pool size: %w", err)
+			}
+		}
+		pool, err := NewPoolMemoryResource(mr, &PoolOptions{InitialPoolSize: initial, MaximumPoolSize: o.MaximumPoolSize})
+		if err != nil {
+			return nil, made, err
+		}
+		mr = pool
+		made = append(made, pool)
+	}
+	if o.Logging {
+		lg, err := NewLoggingResourceAdaptorFile(mr, logName, nil)
+		if err != nil {
+			return nil, made, err
+		}
+		mr = lg
+		made = append(made, lg)
+	}
+	return mr, made, nil
+}
+
+// reinitTeardown takes the resources of reinitOwned off every device and closes them.
+func reinitTeardown() error {
+	if len(reinitOwned) == 0 {
+		return nil
+	}
+	for d, mr := range perDeviceSnapshot() {
+		if !reinitOwned[mr] {
+			continue
+		}
+		under := mr
+		for under != nil && reinitOwned[under] {
+			u, ok := under.(Upstreamer)
+			if !ok {
+				under = nil
+				break
+			}
+			under = u.Upstream()
+		}
+		if _, err := SetPerDeviceResource(d, under); err != nil {
+			return err
+		}
+	}
+	var errs []error
+	// Outermost first: logs are flushed before the pools under them close.
+	for _, mr := range ownedOutermostFirst() {
+		if err := closeResource(mr); err != nil {
+			errs = append(errs, fmt.Errorf("rmm: Reinitialize: closing the previous %s: %w", resourceName(mr), err))
+		}
+	}
+	clear(reinitOwned)
+	return errors.Join(errs...)
+}
+
+// ownedOutermostFirst orders reinitOwned so that an adaptor comes before its upstream.
+func ownedOutermostFirst() []MemoryResource {
+	depth := func(mr MemoryResource) int {
+		n := 0
+		for {
+			u, ok := mr.(Upstreamer)
+			if !ok || !reinitOwned[u.Upstream()] {
+				return n
+			}
+			mr = u.Upstream()
+			n++
+		}
+	}
+	out := make([]MemoryResource, 0, len(reinitOwned))
+	for mr := range reinitOwned {
+		out = append(out, mr)
+	}
+	slices.SortStableFunc(out, func(a, b MemoryResource) int { return depth(b) - depth(a) })
+	return out
+}
+
+// closeResource closes mr when it can be closed.
+func closeResource(mr MemoryResource) error {
+	if c, ok := mr.(interface{ Close() error }); ok {
+		return c.Close()
+	}
+	return nil
+}
+
+// perDeviceSnapshot returns the resources recorded for each device now.
+func perDeviceSnapshot() map[Device]MemoryResource {
+	resMu.RLock()
+	defer resMu.RUnlock()
+	out := make(map[Device]MemoryResource, len(perDevice))
+	for d, mr := range perDevice {
+		out[d] = mr
+	}
+	return out
+}
+
+// LogFileNames returns the log file of every device whose resource is a LoggingResourceAdaptor
+// writing to a file (set up by Reinitialize, EnableLogging or NewLoggingResourceAdaptorFile), as
+// Python's rmm.get_log_filenames: absolute paths for the files Reinitialize and EnableLogging
+// create. Devices without a log are absent.
+func LogFileNames() map[Device]string {
+	out := map[Device]string{}
+	for d, mr := range perDeviceSnapshot() {
+		if lg, ok := mr.(*LoggingResourceAdaptor); ok && lg.file != nil {
+			out[d] = lg.file.Name()
+		}
+	}
+	return out
+}
+
+// EnableLogging wraps the resource of every device that has one recorded (set, or looked up since
+// the program started), and of the current device, in a LoggingResourceAdaptor writing to a file
+// per device named as ReinitializeOptions.LogFileName describes (fileName "" means RMM_LOG_FILE;
+// neither set returns ErrInvalidArgument), as Python's rmm.enable_logging. Devices whose resource
+// is already a LoggingResourceAdaptor are left alone. On an error (a file that cannot be created)
+// nothing is changed. Allocations made before the call are freed through the old resource and so
+// are not logged.
+func EnableLogging(fileName string) error {
+	reinitMu.Lock()
+	defer reinitMu.Unlock()
+	if _, err := PerDeviceResource(CurrentDevice()); err != nil {
+		return err
+	}
+	snap := perDeviceSnapshot()
+	devs := make([]Device, 0, len(snap))
+	for d, mr := range snap {
+		if _, ok := mr.(*LoggingResourceAdaptor); !ok {
+			devs = append(devs, d)
+		}
+	}
+	slices.Sort(devs)
+	var made []*LoggingResourceAdaptor
+	for _, d := range devs {
+		name, err := deviceLogFileName(fileName, d)
+		if err == nil {
+			var lg *LoggingResourceAdaptor
+			if lg, err = NewLoggingResourceAdaptorFile(snap[d], name, nil); err == nil {
+				made = append(made, lg)
+				continue
+			}
+		}
+		for _, lg := range made {
+			lg.Close()
+		}
+		return fmt.Errorf("rmm: EnableLogging: %s: %w", d, err)
+	}
+	for i, d := range devs {
+		if _, err := SetPerDeviceResource(d, made[i]); err != nil {
+			return err
+		}
+		reinitOwned[made[i]] = true
+	}
+	return nil
+}
+
+// DisableLogging replaces every device's resource that is a LoggingResourceAdaptor by its
+// upstream, as Python's rmm.disable_logging. Adaptors made by Reinitialize or EnableLogging are
+// closed (their logs flushed, their files closed); others are flushed only. Memory allocated
+// through an adaptor may still be freed through it: the free reaches the upstream, unlogged once
+// it is closed. It returns the first error flushing or closing a log.
+func DisableLogging() error {
+	reinitMu.Lock()
+	defer reinitMu.Unlock()
+	var errs []error
+	snap := perDeviceSnapshot()
+	devs := make([]Device, 0, len(snap))
+	for d := range snap {
+		devs = append(devs, d)
+	}
+	slices.Sort(devs)
+	for _, d := range devs {
+		lg, ok := snap[d].(*LoggingResourceAdaptor)
+		if !ok {
+			continue
+		}
+		if _, err := SetPerDeviceResource(d, lg.Upstream()); err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		var err error
+		if reinitOwned[lg] {
+			delete(reinitOwned, lg)
+			err = lg.Close()
+		} else {
+			err = lg.Flush()
+		}
+		if err != nil {
+			errs = append(errs, fmt.Errorf("rmm: DisableLogging: %s: %w", d, err))
+		}
+	}
+	return errors.Join(errs...)
+}
