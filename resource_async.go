@@ -3,6 +3,7 @@ package rmm
 import (
 	"fmt"
 	"math"
+	"sync/atomic"
 )
 
 // CUmemPool_attribute values.
@@ -34,7 +35,7 @@ type CudaAsyncOptions struct {
 type CudaAsyncMemoryResource struct {
 	dev  Device
 	ctx  uintptr
-	pool uintptr
+	pool atomic.Uintptr // 0 after Close
 }
 
 // NewCudaAsyncMemoryResource creates a memory pool on device dev. It returns ErrNotSupported
@@ -62,7 +63,8 @@ func NewCudaAsyncMemoryResource(dev Device, opts *CudaAsyncOptions) (*CudaAsyncM
 	if err != nil {
 		return nil, err
 	}
-	r := &CudaAsyncMemoryResource{dev: dev, ctx: ctx, pool: pool}
+	r := &CudaAsyncMemoryResource{dev: dev, ctx: ctx}
+	r.pool.Store(pool)
 	threshold := uint64(math.MaxUint64)
 	if o.ReleaseThreshold >= 0 {
 		threshold = uint64(o.ReleaseThreshold)
@@ -96,10 +98,11 @@ func (r *CudaAsyncMemoryResource) Allocate(nbytes int, s StreamView) (DevicePtr,
 		}
 		return 0, nil
 	}
-	if r.pool == 0 {
+	pool := r.pool.Load()
+	if pool == 0 {
 		return 0, fmt.Errorf("%w: CudaAsyncMemoryResource.Allocate after Close", ErrClosed)
 	}
-	p, err := cuMemAllocFromPoolAsync(r.ctx, nbytes, r.pool, s.cu())
+	p, err := cuMemAllocFromPoolAsync(r.ctx, nbytes, pool, s.cu())
 	if err != nil {
 		if isOOM(err) {
 			return 0, outOfMemory("CudaAsyncMemoryResource", nbytes, err)
@@ -124,24 +127,24 @@ func (r *CudaAsyncMemoryResource) Device() Device { return r.dev }
 func (r *CudaAsyncMemoryResource) Access() Access { return DeviceAccessible }
 
 // PoolHandle returns the CUmemoryPool handle.
-func (r *CudaAsyncMemoryResource) PoolHandle() uintptr { return r.pool }
+func (r *CudaAsyncMemoryResource) PoolHandle() uintptr { return r.pool.Load() }
 
 // ReservedBytes returns the bytes the pool holds from the device (CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT).
 func (r *CudaAsyncMemoryResource) ReservedBytes() (int, error) {
-	v, err := cuMemPoolGetAttributeU64(r.ctx, r.pool, memPoolAttrReservedMemCurrent)
+	v, err := cuMemPoolGetAttributeU64(r.ctx, r.pool.Load(), memPoolAttrReservedMemCurrent)
 	return int(v), err
 }
 
 // ReservedBytesHigh returns the most bytes the pool has held from the device since it was created
 // (CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH).
 func (r *CudaAsyncMemoryResource) ReservedBytesHigh() (int, error) {
-	v, err := cuMemPoolGetAttributeU64(r.ctx, r.pool, memPoolAttrReservedMemHigh)
+	v, err := cuMemPoolGetAttributeU64(r.ctx, r.pool.Load(), memPoolAttrReservedMemHigh)
 	return int(v), err
 }
 
 // UsedBytes returns the bytes allocated from the pool and not freed (CU_MEMPOOL_ATTR_USED_MEM_CURRENT).
 func (r *CudaAsyncMemoryResource) UsedBytes() (int, error) {
-	v, err := cuMemPoolGetAttributeU64(r.ctx, r.pool, memPoolAttrUsedMemCurrent)
+	v, err := cuMemPoolGetAttributeU64(r.ctx, r.pool.Load(), memPoolAttrUsedMemCurrent)
 	return int(v), err
 }
 
@@ -151,19 +154,21 @@ func (r *CudaAsyncMemoryResource) Release() error {
 	if err := r.dev.Synchronize(); err != nil {
 		return err
 	}
-	return cuMemPoolTrimTo(r.ctx, r.pool, 0)
+	return cuMemPoolTrimTo(r.ctx, r.pool.Load(), 0)
 }
 
 // Close synchronises the device and destroys the pool. Memory still allocated from it is freed
 // by the driver. Closing twice returns nil.
 func (r *CudaAsyncMemoryResource) Close() error {
-	if r.pool == 0 {
+	if r.pool.Load() == 0 {
 		return nil
 	}
 	if err := r.dev.Synchronize(); err != nil {
 		return err
 	}
-	p := r.pool
-	r.pool = 0
+	p := r.pool.Swap(0)
+	if p == 0 {
+		return nil
+	}
 	return cuMemPoolDestroy(r.ctx, p)
 }

@@ -108,7 +108,7 @@ func (r *CudaAsyncViewMemoryResource) Equal(other MemoryResource) bool {
 	case *CudaAsyncViewMemoryResource:
 		return o != nil && o.pool == r.pool
 	case *CudaAsyncMemoryResource:
-		return o != nil && o.pool != 0 && o.pool == r.pool
+		return o != nil && o.pool.Load() != 0 && o.pool.Load() == r.pool
 	}
 	return false
 }
