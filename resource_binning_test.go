@@ -270,7 +270,7 @@ func TestBinningConcurrentAddBin(t *testing.T) {
 		require.NoError(t, b.AddBin(1<<k, c))
 		require.NoError(t, b.AddBin(1<<17+k*256, nil)) // made by the resource, over the upstream
 	}
-	for ops.Load() < 4000 && !t.Failed() {
+	for target := ops.Load() + 2000; ops.Load() < target && !t.Failed(); {
 		runtime.Gosched()
 	}
 	close(stop)
