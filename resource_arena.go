@@ -40,7 +40,7 @@ type ArenaOptions struct {
 	// end, size, empty, free blocks, largest free block, gap to the previous one), in log/slog's
 	// text format. Default false.
 	DumpLogOnFailure bool
-	// DumpLogPath is the file the dump goes to. Default "" : ArenaDumpLogFile in the working
+	// DumpLogPath is the file the dump goes to. Default "": ArenaDumpLogFile in the working
 	// directory. The resource's first dump truncates the file; later dumps are appended.
 	DumpLogPath string
 	// DefaultStreamArenas is the number of arenas that small allocations on DefaultStream are
@@ -60,10 +60,12 @@ type ArenaOptions struct {
 //     arena of the allocating stream; when none fits, the lowest-addressed superblock of the
 //     global arena that fits moves to the stream's arena (an empty superblock of 2 MiB or more
 //     is split and exactly 1 MiB moves).
-//   - Each Stream gets its own arena (keyed by the stream's identity). When the Stream is
-//     closed, it is synchronised and its superblocks go back to the global arena. Allocations on
-//     DefaultStream use one of DefaultStreamArenas sharded arenas, chosen per goroutine by
-//     processor affinity, falling over to an idle shard when the preferred one is busy.
+//   - Each stream gets its own arena, keyed by the stream's identity (StreamView.ID). When one
+//     of our Streams is closed, it is synchronised and its superblocks go back to the global
+//     arena; the arenas of views of foreign streams (NewStreamView) are emptied and dropped at
+//     each defragmentation. Allocations on DefaultStream use one of DefaultStreamArenas sharded
+//     arenas, chosen per goroutine by processor affinity, falling over to an idle shard when the
+//     preferred one is busy. Empty superblocks otherwise stay in their arena, as in librmm.
 //   - Deallocate frees the block in the superblock that holds it, wherever that superblock is
 //     now, coalescing with free neighbours; empty superblocks in the global arena coalesce with
 //     empty neighbours. A free on a stream other than the one of the arena holding the block, or
@@ -71,7 +73,9 @@ type ArenaOptions struct {
 //     so that the block is never reused by another stream before the work before the free ends.
 //   - When an allocation fails, the arena defragments: it synchronises the device
 //     (cuCtxSynchronize), returns every arena's superblocks, empty or not, to the global arena,
-//     coalesces empty neighbours and retries once. If that fails too it writes the dump (when
+//     coalesces empty neighbours and retries once. Every arena stays locked from before the
+//     synchronisation until the superblocks have moved, so that no block whose work is still
+//     queued can slip into the global arena. If the retry fails too it writes the dump (when
 //     enabled) and returns an error wrapping ErrOutOfMemory that gives the size asked, the arena
 //     size, the free bytes and the largest free block.
 //
