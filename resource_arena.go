@@ -1,0 +1,945 @@
+package rmm
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"runtime"
+	"sort"
+	"sync"
+	"sync/atomic"
+)
+
+const (
+	// ArenaMinSuperblockSize is the smallest superblock, and the smallest arena: 1 MiB.
+	// Requests above it are large and served from the global arena directly.
+	ArenaMinSuperblockSize = 1 << 20
+	// ArenaMaxSuperblockSize is the largest superblock: 1 TiB. Larger requests always fail.
+	ArenaMaxSuperblockSize = 1 << 40
+
+	// ArenaDumpLogFile is the file, in the working directory, that an arena writes its state to
+	// when an allocation fails and ArenaOptions.DumpLogOnFailure is set (and DumpLogPath is not).
+	ArenaDumpLogFile = "rmm_arena_memory_dump.log"
+
+	arenaLiveShards     = 64 // a power of two
+	arenaLiveShardShift = 64 - 6
+)
+
+// ArenaOptions configures NewArenaMemoryResource. nil means the defaults.
+type ArenaOptions struct {
+	// ArenaSize is the number of bytes taken from the upstream at construction, in one
+	// allocation on the default stream; the arena never grows. It is rounded down to a multiple
+	// of 256 and must then be at least 1 MiB (ArenaMinSuperblockSize). Default 0: half of the
+	// current device's free memory (PercentOfFreeDeviceMemory(50)), as librmm.
+	ArenaSize int
+	// DumpLogOnFailure writes the arena's state to a file when an allocation fails even after
+	// defragmentation: the size asked, the arena size, the number of superblocks, the total free
+	// bytes, the largest free block and the fragmentation (1 − largest free / total free) × 100
+	// with two decimals, as Info records, then one Debug record per superblock (owner, start,
+	// end, size, empty, free blocks, largest free block, gap to the previous one), in log/slog's
+	// text format. Default false.
+	DumpLogOnFailure bool
+	// DumpLogPath is the file the dump goes to. Default "": ArenaDumpLogFile in the working
+	// directory. The resource's first dump truncates the file; later dumps are appended.
+	DumpLogPath string
+	// DefaultStreamArenas is the number of arenas that small allocations on DefaultStream are
+	// spread over, so that many goroutines allocating on the default stream do not share one
+	// lock. Default 0: runtime.GOMAXPROCS(0) at construction. Must not be negative.
+	DefaultStreamArenas int
+}
+
+// ArenaMemoryResource is librmm's arena allocator: one upstream allocation, made at
+// construction and never grown, divided into superblocks (at least 1 MiB, at most 1 TiB) that
+// move between a global arena and per-stream arenas.
+//
+//   - Sizes are rounded up to 256 bytes. Requests above 1 MiB are large: served by the global
+//     arena directly, from the lowest-addressed superblock with a free block large enough; an
+//     empty superblock of at least max(1 MiB, n) + 1 MiB is split first and its head used.
+//   - Requests up to 1 MiB are small: first fit (lowest address) among the superblocks of the
+//     arena of the allocating stream; when none fits, the lowest-addressed superblock of the
+//     global arena that fits moves to the stream's arena (an empty superblock of 2 MiB or more
+//     is split and exactly 1 MiB moves).
+//   - Each stream gets its own arena, keyed by the stream's identity (StreamView.ID). When one
+//     of our Streams is closed, it is synchronised and its superblocks go back to the global
+//     arena; the arenas of views of foreign streams (NewStreamView) are emptied and dropped at
+//     each defragmentation. Allocations on DefaultStream use one of DefaultStreamArenas sharded
+//     arenas, chosen per goroutine by processor affinity, falling over to an idle shard when the
+//     preferred one is busy. Empty superblocks otherwise stay in their arena, as in librmm.
+//   - Deallocate frees the block in the superblock that holds it, wherever that superblock is
+//     now, coalescing with free neighbours; empty superblocks in the global arena coalesce with
+//     empty neighbours. A free on a stream other than the one of the arena holding the block, or
+//     a free into the global arena, first synchronises the freeing stream (cuStreamSynchronize),
+//     so that the block is never reused by another stream before the work before the free ends.
+//   - When an allocation fails, the arena defragments: it synchronises the device
+//     (cuCtxSynchronize), returns every arena's superblocks, empty or not, to the global arena,
+//     coalesces empty neighbours and retries once. Every arena stays locked from before the
+//     synchronisation until the superblocks have moved, so that no block whose work is still
+//     queued can slip into the global arena. If the retry fails too it writes the dump (when
+//     enabled) and returns an error wrapping ErrOutOfMemory that gives the size asked, the arena
+//     size, the free bytes and the largest free block.
+//
+// First fit, superblock moves, coalescing and finding a pointer's superblock are O(log n) or
+// O(1). Deallocate detects a pointer the arena never handed out, a double free and a size other
+// than the one allocated, and returns ErrInvalidFree without changing anything. Safe for
+// concurrent use: each arena has its own lock, the global arena another.
+type ArenaMemoryResource struct {
+	upstream MemoryResource
+	dev      Device
+	ctx      uintptr // 0 without CUDA: no synchronisation is needed
+	base     DevicePtr
+	size     int
+	dumpPath string // "" when no dump is wanted
+
+	global    arenaSet
+	shards    []arenaShard
+	hints     sync.Pool // *arenaHint: the shard a processor used last
+	nextHint  atomic.Uint32
+	streams   sync.Map   // stream id -> *arenaSet
+	streamsMu sync.Mutex // creating stream arenas
+	multiMu   sync.Mutex // serialises the operations that lock every arena
+	live      [arenaLiveShards]arenaLiveShard
+	defrags   atomic.Int64
+
+	closed  atomic.Bool
+	closeMu sync.Mutex
+	held    bool // the upstream allocation is still held (under closeMu)
+
+	dumpMu sync.Mutex
+	dumped bool
+}
+
+type arenaKind uint8
+
+const (
+	arenaGlobal arenaKind = iota
+	arenaShardKind
+	arenaStreamKind
+)
+
+// arenaSet is an arena: a set of superblocks under one lock. The global arena, the sharded
+// default-stream arenas and the stream arenas are all arenaSets.
+type arenaSet struct {
+	mu      sync.Mutex
+	tree    arenaTree // superblocks by address; weight = largest free block
+	kind    arenaKind
+	index   int        // shard number
+	stream  StreamView // the stream whose work is ordered before reuse (DefaultStream for shards)
+	retired bool       // dropped from the resource: look the stream's arena up again
+}
+
+func (a *arenaSet) name() string {
+	switch a.kind {
+	case arenaGlobal:
+		return "global"
+	case arenaShardKind:
+		return fmt.Sprintf("default#%d", a.index)
+	}
+	return a.stream.String()
+}
+
+// arenaShard keeps each default-stream arena on its own cache lines.
+type arenaShard struct {
+	arenaSet
+	_ [64]byte
+}
+
+type arenaHint struct{ shard int }
+
+// arenaLive is a live allocation: its superblock and the size asked.
+type arenaLive struct {
+	sb   *arenaSuperblock
+	size int
+}
+
+// arenaLiveShard is one shard of the live-allocation index, chosen by a hash of the pointer.
+type arenaLiveShard struct {
+	mu    sync.Mutex
+	m     map[DevicePtr]arenaLive
+	count int
+	bytes int // rounded sizes
+	_     [64]byte
+}
+
+// NewArenaMemoryResource returns an arena over upstream (nil: the current device resource),
+// taking ArenaSize bytes from it now (on the default stream); that allocation's failure is
+// returned. Options are validated as librmm does: a size below 1 MiB after rounding down to 256
+// is ErrInvalidArgument.
+func NewArenaMemoryResource(upstream MemoryResource, opts *ArenaOptions) (*ArenaMemoryResource, error) {
+	upstream = resourceOrCurrent(upstream)
+	var o ArenaOptions
+	if opts != nil {
+		o = *opts
+	}
+	switch {
+	case o.ArenaSize < 0:
+		return nil, fmt.Errorf("%w: NewArenaMemoryResource: negative ArenaSize %d", ErrInvalidArgument, o.ArenaSize)
+	case o.DefaultStreamArenas < 0:
+		return nil, fmt.Errorf("%w: NewArenaMemoryResource: negative DefaultStreamArenas %d", ErrInvalidArgument, o.DefaultStreamArenas)
+	}
+	size := o.ArenaSize
+	if size == 0 {
+		half, err := PercentOfFreeDeviceMemory(50)
+		if err != nil {
+			return nil, fmt.Errorf("NewArenaMemoryResource: default size (half the free memory): %w", err)
+		}
+		size = half
+	}
+	size = AlignDown(size, Alignment)
+	if size < ArenaMinSuperblockSize {
+		return nil, fmt.Errorf("%w: NewArenaMemoryResource: arena size %d bytes (rounded down to 256) is below the %d-byte minimum", ErrInvalidArgument, size, ArenaMinSuperblockSize)
+	}
+	nshards := o.DefaultStreamArenas
+	if nshards == 0 {
+		nshards = runtime.GOMAXPROCS(0)
+	}
+	r := &ArenaMemoryResource{
+		upstream: upstream,
+		dev:      DeviceOf(upstream),
+		size:     size,
+		shards:   make([]arenaShard, nshards),
+	}
+	if o.DumpLogOnFailure {
+		r.dumpPath = o.DumpLogPath
+		if r.dumpPath == "" {
+			r.dumpPath = ArenaDumpLogFile
+		}
+	}
+	if CUDAAvailable() == nil {
+		ctx, err := r.dev.ctx()
+		if err != nil {
+			return nil, err
+		}
+		r.ctx = ctx
+	}
+	r.global.kind = arenaGlobal
+	for i := range r.shards {
+		a := &r.shards[i].arenaSet
+		a.kind, a.index, a.stream = arenaShardKind, i, DefaultStream.deviceView(r.dev)
+		a.tree.rng = uint32(i)*2654435761 + 1
+	}
+	for i := range r.live {
+		r.live[i].m = map[DevicePtr]arenaLive{}
+	}
+	ptr, err := upstream.Allocate(size, DefaultStream)
+	if err != nil {
+		return nil, fmt.Errorf("NewArenaMemoryResource: taking the %d-byte arena from %s: %w", size, resourceName(upstream), err)
+	}
+	r.base, r.held = ptr, true
+	// One superblock for the whole arena, or equal pieces of at most 1 TiB.
+	pieces := (size + ArenaMaxSuperblockSize - 1) / ArenaMaxSuperblockSize
+	piece, _ := AlignUp((size+pieces-1)/pieces, Alignment)
+	for off := 0; off < size; off += piece {
+		sb := newArenaSuperblock(ptr+DevicePtr(off), min(piece, size-off))
+		sb.owner.Store(&r.global)
+		r.global.tree.insert(&sb.node)
+	}
+	r.hints.New = func() any { return &arenaHint{shard: int(r.nextHint.Add(1)-1) % len(r.shards)} }
+	return r, nil
+}
+
+// Upstream returns the resource the arena took its memory from.
+func (r *ArenaMemoryResource) Upstream() MemoryResource { return r.upstream }
+
+// Device returns the device the arena belongs to (its upstream's).
+func (r *ArenaMemoryResource) Device() Device { return r.dev }
+
+// Access reports the upstream's access.
+func (r *ArenaMemoryResource) Access() Access { return AccessOf(r.upstream) }
+
+// ArenaSize returns the bytes the arena holds from its upstream.
+func (r *ArenaMemoryResource) ArenaSize() int { return r.size }
+
+// Allocate returns nbytes (rounded up to 256) ordered on s; see the type's documentation for
+// where the memory comes from. Out of memory (also after defragmenting) wraps ErrOutOfMemory; a
+// request larger than the arena or than 1 TiB fails at once, without defragmenting. After Close,
+// and on a Stream that was closed, it returns ErrClosed.
+func (r *ArenaMemoryResource) Allocate(nbytes int, s StreamView) (DevicePtr, error) {
+	if nbytes <= 0 {
+		if nbytes < 0 {
+			return 0, invalidSize("ArenaMemoryResource", "Allocate", nbytes)
+		}
+		return 0, nil
+	}
+	if r.closed.Load() {
+		return 0, errArenaClosed
+	}
+	n, ok := alignSize(nbytes)
+	if !ok || n > r.size || n > ArenaMaxSuperblockSize {
+		return 0, r.fail(nbytes, "the request is larger than the arena or the largest superblock")
+	}
+	p, err := r.allocate(n, nbytes, s)
+	if err != nil || p != 0 {
+		return p, err
+	}
+	if err := r.defragment(); err != nil {
+		return 0, fmt.Errorf("ArenaMemoryResource.Allocate(%d): defragmenting: %w", nbytes, err)
+	}
+	p, err = r.allocate(n, nbytes, s)
+	if err != nil || p != 0 {
+		return p, err
+	}
+	return 0, r.fail(nbytes, "no room in arena")
+}
+
+var errArenaClosed = fmt.Errorf("%w: ArenaMemoryResource.Allocate after Close", ErrClosed)
+
+// allocate tries once to carve n bytes (rounded; asked is the caller's size) for s. It returns
+// (0, nil) when there is no room.
+func (r *ArenaMemoryResource) allocate(n, asked int, s StreamView) (DevicePtr, error) {
+	if n > ArenaMinSuperblockSize {
+		if s.closed() {
+			return 0, errStreamClosed("ArenaMemoryResource.Allocate", s)
+		}
+		g := &r.global
+		g.mu.Lock()
+		defer g.mu.Unlock()
+		if r.closed.Load() {
+			return 0, errArenaClosed
+		}
+		x := g.tree.firstFit(n)
+		if x == nil {
+			return 0, nil
+		}
+		sb := x.sb
+		if head := max(ArenaMinSuperblockSize, n); sb.empty() && sb.size() >= head+ArenaMinSuperblockSize {
+			tail := sb.split(head)
+			tail.owner.Store(g)
+			g.tree.insert(&tail.node)
+		}
+		p, _ := sb.firstFit(n)
+		g.tree.fix(&sb.node)
+		r.addLive(p, sb, asked, n)
+		return p, nil
+	}
+	a, err := r.lockArena(s)
+	if err != nil {
+		return 0, err
+	}
+	defer a.mu.Unlock()
+	if r.closed.Load() {
+		return 0, errArenaClosed
+	}
+	var sb *arenaSuperblock
+	if x := a.tree.firstFit(n); x != nil {
+		sb = x.sb
+	} else if sb = r.takeSuperblock(a, n); sb == nil {
+		return 0, nil
+	}
+	p, _ := sb.firstFit(n)
+	a.tree.fix(&sb.node)
+	r.addLive(p, sb, asked, n)
+	return p, nil
+}
+
+// takeSuperblock moves the lowest-addressed superblock of the global arena that can serve n
+// bytes into arena a (locked), splitting off exactly 1 MiB of an empty superblock of 2 MiB or
+// more. It returns nil when the global arena has none.
+func (r *ArenaMemoryResource) takeSuperblock(a *arenaSet, n int) *arenaSuperblock {
+	g := &r.global
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	x := g.tree.firstFit(n)
+	if x == nil {
+		return nil
+	}
+	sb := x.sb
+	g.tree.remove(&sb.node)
+	if sb.empty() && sb.size() >= 2*ArenaMinSuperblockSize {
+		tail := sb.split(ArenaMinSuperblockSize)
+		tail.owner.Store(g)
+		g.tree.insert(&tail.node)
+	}
+	sb.owner.Store(a)
+	a.tree.insert(&sb.node)
+	return sb
+}
+
+// lockArena returns s's arena, locked: a shard for DefaultStream, else the stream's own arena.
+func (r *ArenaMemoryResource) lockArena(s StreamView) (*arenaSet, error) {
+	if s.id == 0 {
+		return r.lockShard(), nil
+	}
+	for {
+		a, err := r.streamArena(s)
+		if err != nil {
+			return nil, err
+		}
+		a.mu.Lock()
+		if !a.retired {
+			return a, nil
+		}
+		a.mu.Unlock()
+	}
+}
+
+// lockShard locks a default-stream arena: the one this processor used last if it is free,
+// else the next free one, else (all busy) waits for the preferred one.
+func (r *ArenaMemoryResource) lockShard() *arenaSet {
+	h := r.hints.Get().(*arenaHint)
+	n := len(r.shards)
+	for k := 0; k < n; k++ {
+		i := h.shard + k
+		if i >= n {
+			i -= n
+		}
+		if a := &r.shards[i].arenaSet; a.mu.TryLock() {
+			h.shard = i
+			r.hints.Put(h)
+			return a
+		}
+	}
+	a := &r.shards[h.shard].arenaSet
+	r.hints.Put(h)
+	a.mu.Lock()
+	return a
+}
+
+// streamArena returns s's arena, creating it on first use. For our own Streams it asks to be
+// told when the stream closes; a closed Stream returns ErrClosed.
+func (r *ArenaMemoryResource) streamArena(s StreamView) (*arenaSet, error) {
+	if v, ok := r.streams.Load(s.id); ok {
+		return v.(*arenaSet), nil
+	}
+	r.streamsMu.Lock()
+	defer r.streamsMu.Unlock()
+	if v, ok := r.streams.Load(s.id); ok {
+		return v.(*arenaSet), nil
+	}
+	a := &arenaSet{kind: arenaStreamKind, stream: s.deviceView(r.dev)}
+	a.tree.rng = uint32(s.id)*2654435761 | 1
+	if s.lifetimeKnown() && !addStreamCloseHook(s, r) {
+		return nil, errStreamClosed("ArenaMemoryResource.Allocate", s)
+	}
+	r.streams.Store(s.id, a)
+	return a, nil
+}
+
+func (r *ArenaMemoryResource) liveShard(p DevicePtr) *arenaLiveShard {
+	h := uint64(p>>8) * 0x9e3779b97f4a7c15
+	return &r.live[h>>arenaLiveShardShift]
+}
+
+// addLive records a live allocation; the caller holds the lock of sb's owner.
+func (r *ArenaMemoryResource) addLive(p DevicePtr, sb *arenaSuperblock, asked, n int) {
+	ls := r.liveShard(p)
+	ls.mu.Lock()
+	ls.m[p] = arenaLive{sb: sb, size: asked}
+	ls.count++
+	ls.bytes += n
+	ls.mu.Unlock()
+}
+
+func (r *ArenaMemoryResource) liveCount() int {
+	n := 0
+	for i := range r.live {
+		ls := &r.live[i]
+		ls.mu.Lock()
+		n += ls.count
+		ls.mu.Unlock()
+	}
+	return n
+}
+
+// Deallocate returns p's block to the superblock that holds it, coalescing with its free
+// neighbours. nbytes must be the size given to Allocate. When the superblock is in another
+// stream's arena or in the global arena, s is synchronised first (cuStreamSynchronize; the
+// device when s is a closed Stream). A pointer the arena did not hand out, a double free or
+// another size returns ErrInvalidFree and changes nothing. Allocations that outlive Close are
+// freed as usual; the last one gives the arena back to the upstream.
+func (r *ArenaMemoryResource) Deallocate(ptr DevicePtr, nbytes int, s StreamView) error {
+	if ptr == 0 {
+		return nil
+	}
+	ls := r.liveShard(ptr)
+	ls.mu.Lock()
+	e, ok := ls.m[ptr]
+	ls.mu.Unlock()
+	if !ok {
+		return r.notAllocated(ptr, nbytes)
+	}
+	if e.size != nbytes {
+		return fmt.Errorf("%w: ArenaMemoryResource.Deallocate(%#x, %d): the block was allocated with %d bytes", ErrInvalidFree, uintptr(ptr), nbytes, e.size)
+	}
+	n, _ := alignSize(nbytes)
+	sb := e.sb
+	synced := false
+	for {
+		o := sb.owner.Load()
+		if o == nil {
+			return r.notAllocated(ptr, nbytes) // freed (and its superblock merged) meanwhile
+		}
+		if !synced && r.ctx != 0 && (o.kind == arenaGlobal || o.stream.id != s.id) {
+			if err := r.syncStream(s); err != nil {
+				return fmt.Errorf("ArenaMemoryResource.Deallocate: synchronising %v before freeing into another arena: %w", s, err)
+			}
+			synced = true
+		}
+		o.mu.Lock()
+		if sb.owner.Load() != o {
+			o.mu.Unlock()
+			continue
+		}
+		ls.mu.Lock()
+		if cur, ok := ls.m[ptr]; !ok || cur != e {
+			ls.mu.Unlock()
+			o.mu.Unlock()
+			return r.notAllocated(ptr, nbytes)
+		}
+		delete(ls.m, ptr)
+		ls.count--
+		ls.bytes -= n
+		ls.mu.Unlock()
+		sb.coalesce(ptr, n)
+		o.tree.fix(&sb.node)
+		if o.kind == arenaGlobal && sb.empty() {
+			r.mergeEmpty(sb)
+		}
+		o.mu.Unlock()
+		if r.closed.Load() {
+			return r.finishClose()
+		}
+		return nil
+	}
+}
+
+func (r *ArenaMemoryResource) notAllocated(ptr DevicePtr, nbytes int) error {
+	return fmt.Errorf("%w: ArenaMemoryResource.Deallocate(%#x, %d): the pointer was not allocated by this arena or was already freed", ErrInvalidFree, uintptr(ptr), nbytes)
+}
+
+// syncStream waits for the work queued on s; for a closed Stream, for the whole device.
+func (r *ArenaMemoryResource) syncStream(s StreamView) error {
+	if s.closed() {
+		return cuCtxSynchronize(r.ctx)
+	}
+	return cuStreamSynchronize(r.ctx, s.cu())
+}
+
+// globalAdd puts sb into the global arena (locked), merging it with empty neighbours when empty.
+func (r *ArenaMemoryResource) globalAdd(sb *arenaSuperblock) {
+	g := &r.global
+	sb.owner.Store(g)
+	g.tree.insert(&sb.node)
+	if sb.empty() {
+		r.mergeEmpty(sb)
+	}
+}
+
+// mergeEmpty merges the empty superblock sb of the global arena (locked) with the empty
+// superblocks right before and after it, as long as the result stays within 1 TiB.
+func (r *ArenaMemoryResource) mergeEmpty(sb *arenaSuperblock) {
+	g := &r.global
+	if prev := g.tree.below(sb.addr()); prev != nil && prev.end() == sb.addr() && prev.sb.empty() &&
+		prev.size+sb.size() <= ArenaMaxSuperblockSize {
+		g.tree.remove(&sb.node)
+		prev.sb.absorb(sb)
+		g.tree.fix(prev)
+		sb = prev.sb
+	}
+	if next := g.tree.above(sb.addr()); next != nil && next.addr == sb.end() && next.sb.empty() &&
+		sb.size()+next.size <= ArenaMaxSuperblockSize {
+		g.tree.remove(next)
+		sb.absorb(next.sb)
+		g.tree.fix(&sb.node)
+	}
+}
+
+// moveAllToGlobal returns every superblock of a (locked, with the global arena locked) to the
+// global arena.
+func (r *ArenaMemoryResource) moveAllToGlobal(a *arenaSet) {
+	nodes := a.tree.nodes()
+	a.tree = arenaTree{rng: a.tree.rng}
+	for _, x := range nodes {
+		r.globalAdd(x.sb)
+	}
+}
+
+// lockArenas takes multiMu and every arena's lock (not the global arena's) and returns the
+// arenas and the function that unlocks them. No stream arena is made until then.
+func (r *ArenaMemoryResource) lockArenas() ([]*arenaSet, func()) {
+	r.multiMu.Lock()
+	r.streamsMu.Lock()
+	arenas := make([]*arenaSet, 0, len(r.shards)+8)
+	for i := range r.shards {
+		arenas = append(arenas, &r.shards[i].arenaSet)
+	}
+	r.streams.Range(func(_, v any) bool {
+		arenas = append(arenas, v.(*arenaSet))
+		return true
+	})
+	for _, a := range arenas {
+		a.mu.Lock()
+	}
+	return arenas, func() {
+		for _, a := range arenas {
+			a.mu.Unlock()
+		}
+		r.streamsMu.Unlock()
+		r.multiMu.Unlock()
+	}
+}
+
+// defragment waits for the device, then returns every arena's superblocks (empty or not) to
+// the global arena, where empty neighbours coalesce. Arenas of foreign streams are dropped (they
+// are made again on their next use). Every arena stays locked from before the synchronisation to
+// the end, so no free can slip a block whose work is still queued into the global arena.
+func (r *ArenaMemoryResource) defragment() error {
+	arenas, unlock := r.lockArenas()
+	defer unlock()
+	if r.ctx != 0 {
+		if err := cuCtxSynchronize(r.ctx); err != nil {
+			return err
+		}
+	}
+	g := &r.global
+	g.mu.Lock()
+	for _, a := range arenas {
+		r.moveAllToGlobal(a)
+		if a.kind == arenaStreamKind && !a.stream.lifetimeKnown() {
+			a.retired = true
+			r.streams.Delete(a.stream.id)
+		}
+	}
+	g.mu.Unlock()
+	r.defrags.Add(1)
+	return nil
+}
+
+// streamClosing is called by Stream.Close before the stream is destroyed: the stream is
+// synchronised and its arena's superblocks go back to the global arena.
+func (r *ArenaMemoryResource) streamClosing(s StreamView) {
+	v, ok := r.streams.Load(s.id)
+	if !ok {
+		return
+	}
+	a := v.(*arenaSet)
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	a.retired = true
+	r.streams.Delete(s.id)
+	if a.tree.count == 0 {
+		return
+	}
+	if r.ctx != 0 {
+		if err := cuStreamSynchronize(r.ctx, s.cu()); err != nil {
+			DebugLogger().Warn("rmm: ArenaMemoryResource: synchronising a closing stream failed; synchronising the device", "stream", s.String(), "err", err)
+			if err := cuCtxSynchronize(r.ctx); err != nil {
+				DebugLogger().Error("rmm: ArenaMemoryResource: synchronising the device failed", "err", err)
+			}
+		}
+	}
+	r.global.mu.Lock()
+	r.moveAllToGlobal(a)
+	r.global.mu.Unlock()
+}
+
+// Release waits for the device and returns every arena's superblocks to the global arena,
+// coalescing empty neighbours, as the defragmentation before a retry does: afterwards memory
+// freed on any stream is available to every stream and to large requests. The arena is one
+// upstream allocation, held until Close, so nothing goes back to the upstream.
+func (r *ArenaMemoryResource) Release() error {
+	if r.closed.Load() {
+		return nil
+	}
+	return r.defragment()
+}
+
+// Close makes Allocate return ErrClosed and, when nothing is live, waits for the device and
+// returns the arena to the upstream. Allocations still live stay valid: Deallocate keeps working
+// and the last one returns the arena (a warning goes to the debug log). Closing twice returns
+// nil.
+func (r *ArenaMemoryResource) Close() error {
+	r.closeMu.Lock()
+	defer r.closeMu.Unlock()
+	if r.closed.Load() {
+		return nil
+	}
+	_, unlock := r.lockArenas()
+	r.global.mu.Lock()
+	r.closed.Store(true)
+	r.global.mu.Unlock()
+	unlock()
+	if n := r.liveCount(); n > 0 {
+		DebugLogger().Warn("rmm: ArenaMemoryResource closed with live allocations; the arena goes back to the upstream when they are freed", "live_allocations", n, "arena_size", r.size)
+		return nil
+	}
+	return r.returnUpstream()
+}
+
+// finishClose returns the arena to the upstream once the last allocation outliving Close is
+// freed.
+func (r *ArenaMemoryResource) finishClose() error {
+	r.closeMu.Lock()
+	defer r.closeMu.Unlock()
+	if !r.held || r.liveCount() > 0 {
+		return nil
+	}
+	return r.returnUpstream()
+}
+
+// returnUpstream (closeMu held) waits for the device and frees the arena's upstream allocation.
+func (r *ArenaMemoryResource) returnUpstream() error {
+	if !r.held {
+		return nil
+	}
+	if r.ctx != 0 {
+		if err := cuCtxSynchronize(r.ctx); err != nil {
+			return fmt.Errorf("ArenaMemoryResource.Close: synchronising the device: %w", err)
+		}
+	}
+	if err := r.upstream.Deallocate(r.base, r.size, DefaultStream); err != nil {
+		return fmt.Errorf("ArenaMemoryResource.Close: returning the %d-byte arena to %s: %w", r.size, resourceName(r.upstream), err)
+	}
+	r.held = false
+	return nil
+}
+
+// ArenaStats is a snapshot of an arena's state.
+type ArenaStats struct {
+	ArenaSize         int     // bytes taken from the upstream
+	LiveBytes         int     // bytes of live allocations, each rounded up to 256
+	LiveAllocations   int     // live allocations
+	FreeBytes         int     // ArenaSize - LiveBytes
+	FreeBlocks        int     // free blocks over all superblocks
+	LargestFreeBlock  int     // bytes; the largest request that can succeed now (after defragmenting)
+	Fragmentation     float64 // percent: (1 - LargestFreeBlock/FreeBytes) × 100; 0 when nothing is free
+	Superblocks       int     // superblocks in all arenas
+	GlobalSuperblocks int     // superblocks in the global arena
+	EmptySuperblocks  int     // superblocks with nothing allocated
+	StreamArenas      int     // arenas of streams (not counting the default stream's shards)
+	Defragmentations  int     // times an allocation failure (or Release) made the arena defragment
+}
+
+// Stats returns the arena's figures. It locks every arena and costs O(superblocks).
+func (r *ArenaMemoryResource) Stats() ArenaStats {
+	arenas, unlock := r.lockArenas()
+	defer unlock()
+	r.global.mu.Lock()
+	defer r.global.mu.Unlock()
+	st := ArenaStats{ArenaSize: r.size, Defragmentations: int(r.defrags.Load())}
+	for _, a := range append(arenas, &r.global) {
+		if a.kind == arenaStreamKind {
+			st.StreamArenas++
+		}
+		a.tree.each(func(x *arenaNode) {
+			sb := x.sb
+			st.Superblocks++
+			if a.kind == arenaGlobal {
+				st.GlobalSuperblocks++
+			}
+			if sb.empty() {
+				st.EmptySuperblocks++
+			}
+			st.FreeBytes += sb.freeBytes
+			st.FreeBlocks += sb.free.count
+			st.LargestFreeBlock = max(st.LargestFreeBlock, sb.maxFree())
+		})
+	}
+	for i := range r.live {
+		ls := &r.live[i]
+		ls.mu.Lock()
+		st.LiveAllocations += ls.count
+		st.LiveBytes += ls.bytes
+		ls.mu.Unlock()
+	}
+	st.Fragmentation = fragmentation(st.LargestFreeBlock, st.FreeBytes)
+	return st
+}
+
+func fragmentation(largest, free int) float64 {
+	if free == 0 {
+		return 0
+	}
+	return (1 - float64(largest)/float64(free)) * 100
+}
+
+// fail writes the dump when enabled and returns the out-of-memory error for an nbytes request.
+func (r *ArenaMemoryResource) fail(nbytes int, reason string) error {
+	st := r.Stats()
+	if r.dumpPath != "" {
+		r.dump(nbytes)
+	}
+	DebugLogger().Debug("rmm: ArenaMemoryResource out of memory", "request", nbytes, "arena_size", st.ArenaSize, "free", st.FreeBytes, "largest_free", st.LargestFreeBlock)
+	return outOfMemory(fmt.Sprintf("ArenaMemoryResource (arena size %d, free %d, largest free block %d)", st.ArenaSize, st.FreeBytes, st.LargestFreeBlock), nbytes, errors.New(reason))
+}
+
+type arenaDumpLine struct {
+	owner                   string
+	start, end              DevicePtr
+	size, freeBlocks, maxFr int
+	empty                   bool
+}
+
+// dump writes the arena's state after a failed nbytes request to the dump file.
+func (r *ArenaMemoryResource) dump(nbytes int) {
+	arenas, unlock := r.lockArenas()
+	r.global.mu.Lock()
+	var lines []arenaDumpLine
+	totalFree, largest := 0, 0
+	for _, a := range append(arenas, &r.global) {
+		a.tree.each(func(x *arenaNode) {
+			sb := x.sb
+			lines = append(lines, arenaDumpLine{a.name(), sb.addr(), sb.end(), sb.size(), sb.free.count, sb.maxFree(), sb.empty()})
+			totalFree += sb.freeBytes
+			largest = max(largest, sb.maxFree())
+		})
+	}
+	r.global.mu.Unlock()
+	unlock()
+	sort.Slice(lines, func(i, j int) bool { return lines[i].start < lines[j].start })
+
+	r.dumpMu.Lock()
+	defer r.dumpMu.Unlock()
+	flags := os.O_CREATE | os.O_WRONLY | os.O_APPEND
+	if !r.dumped {
+		flags |= os.O_TRUNC
+	}
+	f, err := os.OpenFile(r.dumpPath, flags, 0o644)
+	if err != nil {
+		DebugLogger().Warn("rmm: ArenaMemoryResource: cannot write the memory dump", "path", r.dumpPath, "err", err)
+		return
+	}
+	defer f.Close()
+	r.dumped = true
+	l := slog.New(slog.NewTextHandler(f, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	l.Info("arena out of memory", "requested_bytes", nbytes, "requested", FormatBytes(int64(nbytes)))
+	l.Info("arena state", "arena_size", r.size, "superblocks", len(lines), "total_free", totalFree,
+		"largest_free", largest, "fragmentation_percent", fmt.Sprintf("%.2f", fragmentation(largest, totalFree)))
+	prevEnd := r.base
+	for i, x := range lines {
+		l.Debug("superblock", "index", i, "owner", x.owner, "start", fmt.Sprintf("%#x", uintptr(x.start)),
+			"end", fmt.Sprintf("%#x", uintptr(x.end)), "size", x.size, "empty", x.empty,
+			"free_blocks", x.freeBlocks, "max_free", x.maxFr, "gap", int(x.start-prevEnd))
+		prevEnd = x.end
+	}
+}
+
+// CheckInvariants verifies the arena's internal state and returns the first violation found:
+// every arena's tree is well formed and its superblocks name it as their owner; superblocks
+// tile the arena exactly and are between 1 MiB and 1 TiB; in each superblock the free blocks
+// are 256-aligned, ordered, never adjacent (coalescing is complete), their total is its free
+// bytes and its largest is the superblock's weight; live allocations lie in their superblock
+// and overlap nothing; free plus live bytes equal each superblock's size; no two empty
+// neighbours in the global arena are left unmerged. It locks everything, takes O(n log n) time
+// and is meant for tests.
+func (r *ArenaMemoryResource) CheckInvariants() error {
+	arenas, unlock := r.lockArenas()
+	defer unlock()
+	r.global.mu.Lock()
+	defer r.global.mu.Unlock()
+	for i := range r.live {
+		r.live[i].mu.Lock()
+		defer r.live[i].mu.Unlock()
+	}
+	var sbs []*arenaSuperblock
+	for _, a := range append(arenas, &r.global) {
+		if err := a.tree.check(); err != nil {
+			return fmt.Errorf("arena %s: %w", a.name(), err)
+		}
+		var err error
+		a.tree.each(func(x *arenaNode) {
+			if err != nil {
+				return
+			}
+			sb := x.sb
+			switch {
+			case sb == nil || &sb.node != x:
+				err = fmt.Errorf("arena %s: node %#x is not a superblock's", a.name(), uintptr(x.addr))
+			case sb.owner.Load() != a:
+				err = fmt.Errorf("superblock %#x is in arena %s but names another owner", uintptr(sb.addr()), a.name())
+			case x.weight != sb.maxFree():
+				err = fmt.Errorf("superblock %#x: weight %d, largest free block %d", uintptr(sb.addr()), x.weight, sb.maxFree())
+			}
+			sbs = append(sbs, sb)
+		})
+		if err != nil {
+			return err
+		}
+	}
+	sort.Slice(sbs, func(i, j int) bool { return sbs[i].addr() < sbs[j].addr() })
+	live := map[*arenaSuperblock][]arenaNode{}
+	liveCount := 0
+	for i := range r.live {
+		ls := &r.live[i]
+		c, b := 0, 0
+		for p, e := range ls.m {
+			n, _ := alignSize(e.size)
+			live[e.sb] = append(live[e.sb], arenaNode{addr: p, size: n})
+			c++
+			b += n
+		}
+		if c != ls.count || b != ls.bytes {
+			return fmt.Errorf("live shard %d counts %d allocations of %d bytes, holds %d of %d", i, ls.count, ls.bytes, c, b)
+		}
+		liveCount += c
+	}
+	next := r.base
+	seen := 0
+	for i, sb := range sbs {
+		switch {
+		case sb.addr() != next:
+			return fmt.Errorf("superblock %#x does not start where the previous one ends (%#x)", uintptr(sb.addr()), uintptr(next))
+		case sb.size() < ArenaMinSuperblockSize:
+			return fmt.Errorf("superblock %#x of %d bytes is below 1 MiB", uintptr(sb.addr()), sb.size())
+		case sb.size() > ArenaMaxSuperblockSize:
+			return fmt.Errorf("superblock %#x of %d bytes is above 1 TiB", uintptr(sb.addr()), sb.size())
+		}
+		next = sb.end()
+		if err := sb.free.check(); err != nil {
+			return fmt.Errorf("superblock %#x: free blocks: %w", uintptr(sb.addr()), err)
+		}
+		spans := sb.free.nodes()
+		free := 0
+		for k, b := range spans {
+			if b.addr%Alignment != 0 || b.size%Alignment != 0 || b.size <= 0 {
+				return fmt.Errorf("superblock %#x: free block %#x of %d bytes is not on the 256-byte grid", uintptr(sb.addr()), uintptr(b.addr), b.size)
+			}
+			if b.weight != b.size {
+				return fmt.Errorf("superblock %#x: free block %#x has weight %d, size %d", uintptr(sb.addr()), uintptr(b.addr), b.weight, b.size)
+			}
+			if k > 0 && spans[k-1].end() == b.addr {
+				return fmt.Errorf("superblock %#x: free blocks %#x and %#x are adjacent but not coalesced", uintptr(sb.addr()), uintptr(spans[k-1].addr), uintptr(b.addr))
+			}
+			free += b.size
+		}
+		if free != sb.freeBytes {
+			return fmt.Errorf("superblock %#x: free bytes counted %d, blocks hold %d", uintptr(sb.addr()), sb.freeBytes, free)
+		}
+		ls := live[sb]
+		seen += len(ls)
+		used := 0
+		for _, b := range ls {
+			used += b.size
+		}
+		if free+used != sb.size() {
+			return fmt.Errorf("superblock %#x: %d free + %d live bytes != its %d bytes", uintptr(sb.addr()), free, used, sb.size())
+		}
+		for k := range ls {
+			b := &ls[k]
+			spans = append(spans, b)
+		}
+		sort.Slice(spans, func(x, y int) bool { return spans[x].addr < spans[y].addr })
+		for k, b := range spans {
+			if b.addr < sb.addr() || b.end() > sb.end() {
+				return fmt.Errorf("block %#x of %d bytes lies outside its superblock %#x", uintptr(b.addr), b.size, uintptr(sb.addr()))
+			}
+			if k > 0 && spans[k-1].end() > b.addr {
+				return fmt.Errorf("blocks %#x and %#x overlap", uintptr(spans[k-1].addr), uintptr(b.addr))
+			}
+		}
+		if i > 0 {
+			prev := sbs[i-1]
+			if prev.owner.Load() == &r.global && sb.owner.Load() == &r.global && prev.empty() && sb.empty() &&
+				prev.size()+sb.size() <= ArenaMaxSuperblockSize {
+				return fmt.Errorf("empty superblocks %#x and %#x of the global arena are not merged", uintptr(prev.addr()), uintptr(sb.addr()))
+			}
+		}
+	}
+	if len(sbs) > 0 && next != r.base+DevicePtr(r.size) {
+		return fmt.Errorf("superblocks end at %#x, the arena at %#x", uintptr(next), uintptr(r.base+DevicePtr(r.size)))
+	}
+	if seen != liveCount {
+		return fmt.Errorf("%d live allocations name a superblock that is in no arena", liveCount-seen)
+	}
+	return nil
+}

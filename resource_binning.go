@@ -1,0 +1,214 @@
+package rmm
+
+import (
+	"errors"
+	"fmt"
+	"sort"
+	"sync"
+	"sync/atomic"
+)
+
+// BinningOptions configures NewBinningMemoryResource. nil means no bins.
+type BinningOptions struct {
+	// MinSizeExponent and MaxSizeExponent make one FixedSizeMemoryResource bin of 2^i bytes
+	// (rounded up to 256) over the upstream for every i in [MinSizeExponent, MaxSizeExponent],
+	// each with the default 128 blocks taken from the upstream at construction (18..22 gives bins
+	// of 256 KiB to 4 MiB and takes 992 MiB). Both 0 (unset) or both -1: no bins. Otherwise both
+	// must be in 0..62 with MinSizeExponent ≤ MaxSizeExponent.
+	MinSizeExponent int
+	MaxSizeExponent int
+}
+
+// BinningMemoryResource sends each request to a bin by size, as librmm's
+// binning_memory_resource: the bin of the smallest size at least the requested (unrounded) byte
+// count, or the upstream when the request is larger than every bin. Deallocate chooses by the
+// same rule, so the size given to it must be the one given to Allocate. Zero-byte calls go to
+// the smallest bin (to the upstream when there are no bins), so that adaptors inside the bins
+// see them.
+//
+// Bins are FixedSizeMemoryResources made by the resource (from the options or AddBin without a
+// resource) or any MemoryResource given to AddBin. AddBin may be called at any time, concurrently
+// with allocations: the bin table is replaced as a whole (copy on write) and read atomically.
+// Invalid frees are detected by the bins (and by the upstream for large sizes) and returned as
+// they report them.
+type BinningMemoryResource struct {
+	upstream MemoryResource
+	bins     atomic.Pointer[[]binningBin] // sorted by size
+
+	mu    sync.Mutex // AddBin, Close
+	owned []*FixedSizeMemoryResource
+}
+
+type binningBin struct {
+	size int
+	mr   MemoryResource
+}
+
+// NewBinningMemoryResource returns a binning resource over upstream (nil: the current device
+// resource) with the bins the options ask for. Exponents out of range are ErrInvalidArgument; a
+// bin whose first chunk the upstream refuses fails the construction (the bins made so far are
+// closed).
+func NewBinningMemoryResource(upstream MemoryResource, opts *BinningOptions) (*BinningMemoryResource, error) {
+	upstream = resourceOrCurrent(upstream)
+	r := &BinningMemoryResource{upstream: upstream}
+	r.bins.Store(&[]binningBin{})
+	if opts == nil {
+		return r, nil
+	}
+	lo, hi := opts.MinSizeExponent, opts.MaxSizeExponent
+	if (lo == 0 && hi == 0) || (lo == -1 && hi == -1) {
+		return r, nil
+	}
+	if lo < 0 || hi < 0 || lo > hi || hi > 62 {
+		return nil, fmt.Errorf("%w: NewBinningMemoryResource: size exponents %d..%d (want 0 ≤ min ≤ max ≤ 62, or both -1)", ErrInvalidArgument, lo, hi)
+	}
+	for i := lo; i <= hi; i++ {
+		if err := r.AddBin(1<<i, nil); err != nil {
+			r.Close()
+			return nil, fmt.Errorf("NewBinningMemoryResource: %w", err)
+		}
+	}
+	return r, nil
+}
+
+// Upstream returns the resource that serves requests larger than every bin.
+func (r *BinningMemoryResource) Upstream() MemoryResource { return r.upstream }
+
+// Device returns the upstream's device.
+func (r *BinningMemoryResource) Device() Device { return DeviceOf(r.upstream) }
+
+// Access reports the upstream's access.
+func (r *BinningMemoryResource) Access() Access { return AccessOf(r.upstream) }
+
+// AddBin adds a bin of size bytes (rounded up to 256). With a resource, it serves the requests
+// of that bin, replacing any bin of the same size (allocations from a replaced bin must not be
+// freed afterwards: their frees would go to the new bin). Without one (nil), a
+// FixedSizeMemoryResource of that block size over the upstream is made, only if there is no bin
+// of that size yet; its first chunk's failure is returned. A size that is not positive is
+// ErrInvalidArgument. Safe for concurrent use with every other method.
+func (r *BinningMemoryResource) AddBin(size int, mr MemoryResource) error {
+	if size <= 0 {
+		return fmt.Errorf("%w: BinningMemoryResource.AddBin: size %d must be positive", ErrInvalidArgument, size)
+	}
+	n, ok := alignSize(size)
+	if !ok {
+		return fmt.Errorf("%w: BinningMemoryResource.AddBin: size %d overflows when rounded to 256", ErrInvalidArgument, size)
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	old := *r.bins.Load()
+	i := sort.Search(len(old), func(i int) bool { return old[i].size >= n })
+	exists := i < len(old) && old[i].size == n
+	if mr == nil {
+		if exists {
+			return nil
+		}
+		f, err := NewFixedSizeMemoryResource(r.upstream, &FixedSizeOptions{BlockSize: n})
+		if err != nil {
+			return fmt.Errorf("BinningMemoryResource.AddBin(%d): %w", size, err)
+		}
+		r.owned = append(r.owned, f)
+		mr = f
+	}
+	bins := make([]binningBin, 0, len(old)+1)
+	bins = append(bins, old[:i]...)
+	bins = append(bins, binningBin{size: n, mr: mr})
+	if exists {
+		i++
+	}
+	bins = append(bins, old[i:]...)
+	r.bins.Store(&bins)
+	return nil
+}
+
+// BinSizes returns the bins' sizes in bytes, smallest first.
+func (r *BinningMemoryResource) BinSizes() []int {
+	bins := *r.bins.Load()
+	out := make([]int, len(bins))
+	for i, b := range bins {
+		out[i] = b.size
+	}
+	return out
+}
+
+// resourceFor returns the resource serving nbytes: the smallest bin of at least nbytes, else
+// the upstream.
+func (r *BinningMemoryResource) resourceFor(nbytes int) MemoryResource {
+	bins := *r.bins.Load()
+	lo, hi := 0, len(bins)
+	for lo < hi {
+		m := int(uint(lo+hi) >> 1)
+		if bins[m].size < nbytes {
+			lo = m + 1
+		} else {
+			hi = m
+		}
+	}
+	if lo < len(bins) {
+		return bins[lo].mr
+	}
+	return r.upstream
+}
+
+// Allocate passes the request to the smallest bin of at least nbytes bytes, or to the upstream
+// when it is larger than every bin, and returns that resource's answer (its memory is ordered on
+// s as that resource orders it). A negative size is ErrInvalidArgument.
+func (r *BinningMemoryResource) Allocate(nbytes int, s StreamView) (DevicePtr, error) {
+	if nbytes < 0 {
+		return 0, invalidSize("BinningMemoryResource", "Allocate", nbytes)
+	}
+	return r.resourceFor(nbytes).Allocate(nbytes, s)
+}
+
+// Deallocate passes p to the resource that nbytes selects (the same rule as Allocate) and
+// returns its answer.
+func (r *BinningMemoryResource) Deallocate(p DevicePtr, nbytes int, s StreamView) error {
+	return r.resourceFor(nbytes).Deallocate(p, nbytes, s)
+}
+
+// Release releases the bins the resource made (FixedSizeMemoryResource.Release) and returns the
+// first error.
+func (r *BinningMemoryResource) Release() error {
+	r.mu.Lock()
+	owned := append([]*FixedSizeMemoryResource(nil), r.owned...)
+	r.mu.Unlock()
+	var errs []error
+	for _, f := range owned {
+		errs = append(errs, f.Release())
+	}
+	return errors.Join(errs...)
+}
+
+// Close closes the bins the resource made (bins given to AddBin belong to the caller), and
+// returns their errors joined. Allocations from those bins that are still live stay valid and
+// can be freed through the binning resource. Closing twice returns nil.
+func (r *BinningMemoryResource) Close() error {
+	r.mu.Lock()
+	owned := append([]*FixedSizeMemoryResource(nil), r.owned...)
+	r.mu.Unlock()
+	var errs []error
+	for _, f := range owned {
+		errs = append(errs, f.Close())
+	}
+	return errors.Join(errs...)
+}
+
+// CheckInvariants checks that the bins are ordered by size without duplicates, and the
+// invariants of every bin that has a CheckInvariants method. Meant for tests.
+func (r *BinningMemoryResource) CheckInvariants() error {
+	bins := *r.bins.Load()
+	for i, b := range bins {
+		if b.size <= 0 || b.size%Alignment != 0 {
+			return fmt.Errorf("bin %d has size %d", i, b.size)
+		}
+		if i > 0 && bins[i-1].size >= b.size {
+			return fmt.Errorf("bins %d and %d out of order: %d, %d", i-1, i, bins[i-1].size, b.size)
+		}
+		if c, ok := b.mr.(interface{ CheckInvariants() error }); ok {
+			if err := c.CheckInvariants(); err != nil {
+				return fmt.Errorf("bin of %d bytes: %w", b.size, err)
+			}
+		}
+	}
+	return nil
+}

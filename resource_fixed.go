@@ -1,0 +1,600 @@
+package rmm
+
+import (
+	"errors"
+	"fmt"
+	"sort"
+	"sync"
+)
+
+// FixedSizeOptions configures NewFixedSizeMemoryResource. nil means the defaults.
+type FixedSizeOptions struct {
+	// BlockSize is the size of every block, in bytes, rounded up to a multiple of 256. Every
+	// allocation of at most BlockSize bytes takes one whole block. Default 0: 1 MiB.
+	BlockSize int
+	// BlocksToPreallocate is the number of blocks in each chunk taken from the upstream: one
+	// chunk at construction, another of the same size each time every block is in use.
+	// Default 0: 128.
+	BlocksToPreallocate int
+}
+
+// FixedSizeMemoryResource hands out blocks of one fixed size, as librmm's
+// fixed_size_memory_resource: memory is taken from the upstream in chunks of
+// BlockSize × BlocksToPreallocate bytes (one at construction, on the default stream; another on
+// the allocating stream whenever every block is in use) and cut into blocks. Every allocation
+// of at most BlockSize bytes takes one block; larger requests fail with ErrOutOfMemory
+// ("maximum allocation size exceeded").
+//
+// Free blocks are kept per stream, with the pool's stream-ordered rules: a block freed on stream
+// A is reused at once by allocations on A; stream B takes it only after B waits (on the device)
+// for an event recorded on A. The event is recorded lazily, when B takes the block, on streams
+// whose lifetime the package knows (DefaultStream and our own Streams, whose Close records or
+// synchronises first and moves their blocks to the default stream), and at every free on streams
+// made from foreign handles. Allocate and Deallocate are O(1) (plus a scan of the streams when
+// the allocating stream has no free block).
+//
+// Deallocate detects a pointer the resource never handed out, a double free and a size other
+// than the one allocated, and returns ErrInvalidFree without changing anything. Safe for
+// concurrent use (one mutex).
+type FixedSizeMemoryResource struct {
+	upstream    MemoryResource
+	dev         Device
+	ctx         uintptr
+	blockSize   int
+	chunkBlocks int
+	chunkSize   int
+
+	mu       sync.Mutex
+	chunks   []fixedChunk // sorted by address
+	lists    []*fixedList
+	byStream map[uint64]*fixedList
+	live     map[DevicePtr]int // allocated block -> size asked
+	hooked   map[uint64]bool
+	closed   bool
+}
+
+type fixedChunk struct {
+	addr DevicePtr
+	live int // live blocks; kept only after Close
+}
+
+// fixedList is the free blocks ordered on one stream.
+type fixedList struct {
+	stream StreamView
+	event  uintptr // CUevent recorded on stream (0 without CUDA)
+	lazy   bool    // record the event only when another stream takes blocks
+	dirty  bool    // blocks were freed since the event was last recorded
+	closed bool    // the stream was destroyed
+	blocks []DevicePtr
+}
+
+// NewFixedSizeMemoryResource returns a fixed-size resource over upstream (nil: the current
+// device resource) and takes its first chunk now; that allocation's failure is returned.
+// Negative sizes and a chunk size that overflows are ErrInvalidArgument.
+func NewFixedSizeMemoryResource(upstream MemoryResource, opts *FixedSizeOptions) (*FixedSizeMemoryResource, error) {
+	upstream = resourceOrCurrent(upstream)
+	var o FixedSizeOptions
+	if opts != nil {
+		o = *opts
+	}
+	if o.BlockSize < 0 || o.BlocksToPreallocate < 0 {
+		return nil, fmt.Errorf("%w: NewFixedSizeMemoryResource: negative BlockSize %d or BlocksToPreallocate %d", ErrInvalidArgument, o.BlockSize, o.BlocksToPreallocate)
+	}
+	if o.BlockSize == 0 {
+		o.BlockSize = 1 << 20
+	}
+	if o.BlocksToPreallocate == 0 {
+		o.BlocksToPreallocate = 128
+	}
+	bs, ok := alignSize(o.BlockSize)
+	if !ok || o.BlocksToPreallocate > int(^uint(0)>>1)/bs {
+		return nil, fmt.Errorf("%w: NewFixedSizeMemoryResource: chunk of %d blocks of %d bytes overflows", ErrInvalidArgument, o.BlocksToPreallocate, o.BlockSize)
+	}
+	f := &FixedSizeMemoryResource{
+		upstream:    upstream,
+		dev:         DeviceOf(upstream),
+		blockSize:   bs,
+		chunkBlocks: o.BlocksToPreallocate,
+		chunkSize:   bs * o.BlocksToPreallocate,
+		byStream:    map[uint64]*fixedList{},
+		live:        map[DevicePtr]int{},
+		hooked:      map[uint64]bool{},
+	}
+	if CUDAAvailable() == nil {
+		ctx, err := f.dev.ctx()
+		if err != nil {
+			return nil, err
+		}
+		f.ctx = ctx
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	l, err := f.listFor(DefaultStream)
+	if err != nil {
+		return nil, err
+	}
+	if err := f.grow(l, DefaultStream); err != nil {
+		f.destroyEvents()
+		return nil, fmt.Errorf("NewFixedSizeMemoryResource: %w", err)
+	}
+	return f, nil
+}
+
+// Upstream returns the resource the blocks come from.
+func (f *FixedSizeMemoryResource) Upstream() MemoryResource { return f.upstream }
+
+// Device returns the device the resource belongs to (its upstream's).
+func (f *FixedSizeMemoryResource) Device() Device { return f.dev }
+
+// Access reports the upstream's access.
+func (f *FixedSizeMemoryResource) Access() Access { return AccessOf(f.upstream) }
+
+// BlockSize returns the size of every block in bytes (a multiple of 256).
+func (f *FixedSizeMemoryResource) BlockSize() int { return f.blockSize }
+
+// Allocate returns one block for a request of at most BlockSize bytes, ordered on s: a block
+// freed on s, else one freed on another stream (after s waits on that stream's event), else a
+// block of a new chunk taken from the upstream on s. A larger request, or a chunk the upstream
+// refuses, wraps ErrOutOfMemory. After Close, and on a Stream that was closed, it returns
+// ErrClosed.
+func (f *FixedSizeMemoryResource) Allocate(nbytes int, s StreamView) (DevicePtr, error) {
+	if nbytes <= 0 {
+		if nbytes < 0 {
+			return 0, invalidSize("FixedSizeMemoryResource", "Allocate", nbytes)
+		}
+		return 0, nil
+	}
+	if nbytes > f.blockSize {
+		return 0, outOfMemory(fmt.Sprintf("FixedSizeMemoryResource (block size %d)", f.blockSize), nbytes, errors.New("maximum allocation size exceeded"))
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.closed {
+		return 0, fmt.Errorf("%w: FixedSizeMemoryResource.Allocate after Close", ErrClosed)
+	}
+	l, err := f.listFor(s)
+	if err != nil {
+		return 0, err
+	}
+	if len(l.blocks) == 0 {
+		if err := f.refill(l, s); err != nil {
+			return 0, err
+		}
+	}
+	k := len(l.blocks) - 1
+	p := l.blocks[k]
+	l.blocks = l.blocks[:k]
+	f.live[p] = nbytes
+	return p, nil
+}
+
+// refill puts at least one free block into s's empty list l: one taken from another stream's
+// list after s waits for that stream, else a new chunk.
+func (f *FixedSizeMemoryResource) refill(l *fixedList, s StreamView) error {
+	for _, o := range f.lists {
+		if o == l || len(o.blocks) == 0 {
+			continue
+		}
+		if err := f.waitFor(o, s); err != nil {
+			return fmt.Errorf("FixedSizeMemoryResource.Allocate: ordering %v after %v: %w", s, o.stream, err)
+		}
+		k := len(o.blocks) - 1
+		l.blocks = append(l.blocks, o.blocks[k])
+		o.blocks = o.blocks[:k]
+		return nil
+	}
+	return f.grow(l, s)
+}
+
+// grow takes a new chunk from the upstream on s and puts its blocks in l, lowest address on top.
+func (f *FixedSizeMemoryResource) grow(l *fixedList, s StreamView) error {
+	p, err := f.upstream.Allocate(f.chunkSize, s)
+	if err != nil {
+		DebugLogger().Debug("rmm: FixedSizeMemoryResource failed to grow", "chunk", f.chunkSize, "pool_size", len(f.chunks)*f.chunkSize, "err", err)
+		return outOfMemory(fmt.Sprintf("FixedSizeMemoryResource (block size %d, %d chunks of %d bytes)", f.blockSize, len(f.chunks), f.chunkSize), f.chunkSize, err)
+	}
+	i := sort.Search(len(f.chunks), func(i int) bool { return f.chunks[i].addr > p })
+	f.chunks = append(f.chunks, fixedChunk{})
+	copy(f.chunks[i+1:], f.chunks[i:])
+	f.chunks[i] = fixedChunk{addr: p}
+	for k := f.chunkBlocks - 1; k >= 0; k-- {
+		l.blocks = append(l.blocks, p+DevicePtr(k*f.blockSize))
+	}
+	return nil
+}
+
+// Deallocate returns p's block to the free list of stream s, for reuse at once by work ordered
+// on s. nbytes must be the size given to Allocate. A pointer the resource did not hand out, a
+// double free or another size returns ErrInvalidFree and changes nothing. A free on a Stream
+// that was closed is ordered by a device synchronisation and goes to the default stream's list.
+func (f *FixedSizeMemoryResource) Deallocate(p DevicePtr, nbytes int, s StreamView) error {
+	if p == 0 {
+		return nil
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	size, ok := f.live[p]
+	if !ok {
+		return fmt.Errorf("%w: FixedSizeMemoryResource.Deallocate(%#x, %d): the pointer was not allocated by this resource or was already freed", ErrInvalidFree, uintptr(p), nbytes)
+	}
+	if size != nbytes {
+		return fmt.Errorf("%w: FixedSizeMemoryResource.Deallocate(%#x, %d): the block was allocated with %d bytes", ErrInvalidFree, uintptr(p), nbytes, size)
+	}
+	if f.closed {
+		return f.deallocateAfterClose(p, s)
+	}
+	l, err := f.listFor(s)
+	if errors.Is(err, ErrClosed) {
+		if f.ctx != 0 {
+			if err := cuCtxSynchronize(f.ctx); err != nil {
+				return fmt.Errorf("FixedSizeMemoryResource.Deallocate on closed %v: %w", s, err)
+			}
+		}
+		s = DefaultStream
+		l, err = f.listFor(s)
+	}
+	if err != nil {
+		return err
+	}
+	if !l.lazy && f.ctx != 0 {
+		if err := cuEventRecord(f.ctx, l.event, s.cu()); err != nil {
+			return fmt.Errorf("FixedSizeMemoryResource.Deallocate: recording the event on %v: %w", s, err)
+		}
+	} else {
+		l.dirty = true
+	}
+	delete(f.live, p)
+	l.blocks = append(l.blocks, p)
+	return nil
+}
+
+// listFor returns stream s's free list, creating it (and its event) on first use; ErrClosed for
+// a Stream of ours that was closed.
+func (f *FixedSizeMemoryResource) listFor(s StreamView) (*fixedList, error) {
+	if l := f.byStream[s.id]; l != nil {
+		if l.closed {
+			return nil, errStreamClosed("FixedSizeMemoryResource", s)
+		}
+		return l, nil
+	}
+	l := &fixedList{stream: s.deviceView(f.dev), lazy: s.lifetimeKnown()}
+	if l.lazy && s.id != 0 && !f.hooked[s.id] {
+		if !addStreamCloseHook(s, f) {
+			return nil, errStreamClosed("FixedSizeMemoryResource", s)
+		}
+		f.hooked[s.id] = true
+	}
+	if f.ctx != 0 {
+		e, err := cuEventCreate(f.ctx, cuEventDisableTiming)
+		if err != nil {
+			return nil, fmt.Errorf("FixedSizeMemoryResource: creating the event for %v: %w", s, err)
+		}
+		l.event = e
+	}
+	f.byStream[s.id] = l
+	f.lists = append(f.lists, l)
+	return l, nil
+}
+
+// dropList forgets list o and destroys its event.
+func (f *FixedSizeMemoryResource) dropList(o *fixedList) {
+	delete(f.byStream, o.stream.id)
+	for i, x := range f.lists {
+		if x == o {
+			f.lists = append(f.lists[:i], f.lists[i+1:]...)
+			break
+		}
+	}
+	if o.event != 0 {
+		cuEventDestroy(f.ctx, o.event)
+		o.event = 0
+	}
+}
+
+// waitFor orders stream s after everything stream o's blocks were freed behind.
+func (f *FixedSizeMemoryResource) waitFor(o *fixedList, s StreamView) error {
+	if f.ctx == 0 || o.event == 0 {
+		return nil
+	}
+	if o.dirty && !o.closed {
+		o.dirty = false
+		return cuRecordAndWait(f.ctx, o.event, o.stream.cu(), s.cu())
+	}
+	return cuStreamWaitEvent(f.ctx, s.cu(), o.event)
+}
+
+// streamClosing is called by Stream.Close before the stream is destroyed: the stream's free
+// blocks move to the default stream's list, after the default stream waits (on the device) for
+// the closing stream's work; its list and event are dropped.
+func (f *FixedSizeMemoryResource) streamClosing(s StreamView) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	delete(f.hooked, s.id)
+	l := f.byStream[s.id]
+	if l == nil {
+		return
+	}
+	if f.closed {
+		l.closed = true
+		return
+	}
+	if len(l.blocks) == 0 {
+		f.dropList(l)
+		return
+	}
+	def, err := f.listFor(DefaultStream)
+	if err == nil && f.ctx != 0 && l.event != 0 {
+		if l.dirty {
+			err = cuRecordAndWait(f.ctx, l.event, s.cu(), cuStreamLegacy)
+		} else {
+			err = cuStreamWaitEvent(f.ctx, cuStreamLegacy, l.event)
+		}
+		if err != nil {
+			DebugLogger().Warn("rmm: FixedSizeMemoryResource: ordering a closing stream's frees failed; synchronising it", "stream", s.String(), "err", err)
+			err = cuStreamSynchronize(f.ctx, s.cu())
+		}
+	}
+	if def == nil || err != nil {
+		// Keep the blocks where they are, reachable only through an event wait.
+		l.dirty, l.closed, l.lazy = false, true, false
+		return
+	}
+	def.blocks = append(def.blocks, l.blocks...)
+	def.dirty = true
+	f.dropList(l)
+}
+
+// syncAll waits (on the host) for the work behind every list's frees.
+func (f *FixedSizeMemoryResource) syncAll() error {
+	if f.ctx == 0 {
+		return nil
+	}
+	for _, l := range f.lists {
+		if l.event == 0 {
+			continue
+		}
+		if l.dirty && !l.closed {
+			if err := cuEventRecord(f.ctx, l.event, l.stream.cu()); err != nil {
+				return err
+			}
+			l.dirty = false
+		}
+		if err := cuEventSynchronize(f.ctx, l.event); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// chunkOf returns the index of the chunk holding p.
+func (f *FixedSizeMemoryResource) chunkOf(p DevicePtr) int {
+	return sort.Search(len(f.chunks), func(i int) bool { return f.chunks[i].addr > p }) - 1
+}
+
+// releaseWhole waits for every stream's frees, gathers every free block in the default stream's
+// list and returns the chunks whose blocks are all free to the upstream.
+func (f *FixedSizeMemoryResource) releaseWhole() error {
+	if err := f.syncAll(); err != nil {
+		return fmt.Errorf("FixedSizeMemoryResource: waiting for the streams: %w", err)
+	}
+	def, err := f.listFor(DefaultStream)
+	if err != nil {
+		return err
+	}
+	for _, o := range append([]*fixedList(nil), f.lists...) {
+		if o != def && !o.closed {
+			def.blocks = append(def.blocks, o.blocks...)
+			o.blocks = nil
+			f.dropList(o)
+		}
+	}
+	freeIn := make([]int, len(f.chunks))
+	for _, p := range def.blocks {
+		freeIn[f.chunkOf(p)]++
+	}
+	whole := make([]bool, len(f.chunks))
+	var firstErr error
+	for i, c := range f.chunks {
+		if freeIn[i] != f.chunkBlocks {
+			continue
+		}
+		if err := f.upstream.Deallocate(c.addr, f.chunkSize, DefaultStream); err != nil {
+			if firstErr == nil {
+				firstErr = fmt.Errorf("FixedSizeMemoryResource: returning the chunk at %#x to %s: %w", uintptr(c.addr), resourceName(f.upstream), err)
+			}
+			continue
+		}
+		whole[i] = true
+	}
+	kept := def.blocks[:0]
+	for _, p := range def.blocks {
+		if !whole[f.chunkOf(p)] {
+			kept = append(kept, p)
+		}
+	}
+	def.blocks = kept
+	chunks := f.chunks[:0]
+	for i, c := range f.chunks {
+		if !whole[i] {
+			chunks = append(chunks, c)
+		}
+	}
+	f.chunks = chunks
+	return firstErr
+}
+
+// Release waits for the work behind every free, then returns every chunk whose blocks are all
+// free to the upstream. O(n log c) for n free blocks and c chunks.
+func (f *FixedSizeMemoryResource) Release() error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.closed {
+		return nil
+	}
+	return f.releaseWhole()
+}
+
+func (f *FixedSizeMemoryResource) destroyEvents() {
+	for _, l := range f.lists {
+		if l.event != 0 {
+			cuEventDestroy(f.ctx, l.event)
+			l.event = 0
+		}
+		l.lazy, l.dirty = false, false
+	}
+}
+
+// Close waits for the work behind every free, returns every wholly free chunk to the upstream
+// and destroys the events. Afterwards Allocate returns ErrClosed. Allocations still live stay
+// valid: Deallocate keeps working (after synchronising the freeing stream) and each chunk goes
+// back to the upstream when its last block is freed. Closing twice returns nil.
+func (f *FixedSizeMemoryResource) Close() error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.closed {
+		return nil
+	}
+	if err := f.syncAll(); err != nil {
+		return fmt.Errorf("FixedSizeMemoryResource.Close: waiting for the streams: %w", err)
+	}
+	f.destroyEvents()
+	f.closed = true
+	for _, l := range f.lists {
+		l.blocks = nil
+	}
+	for p := range f.live {
+		f.chunks[f.chunkOf(p)].live++
+	}
+	var firstErr error
+	chunks := f.chunks[:0]
+	for _, c := range f.chunks {
+		if c.live > 0 {
+			chunks = append(chunks, c)
+			continue
+		}
+		if err := f.upstream.Deallocate(c.addr, f.chunkSize, DefaultStream); err != nil && firstErr == nil {
+			firstErr = fmt.Errorf("FixedSizeMemoryResource.Close: returning the chunk at %#x to %s: %w", uintptr(c.addr), resourceName(f.upstream), err)
+		}
+	}
+	f.chunks = chunks
+	if n := len(f.live); n > 0 {
+		DebugLogger().Warn("rmm: FixedSizeMemoryResource closed with live allocations; their chunks go back as they are freed", "live_allocations", n, "block_size", f.blockSize)
+	}
+	return firstErr
+}
+
+// deallocateAfterClose frees a block that outlived Close: the stream is synchronised, and the
+// block's chunk goes back to the upstream when it was its last live block.
+func (f *FixedSizeMemoryResource) deallocateAfterClose(p DevicePtr, s StreamView) error {
+	if f.ctx != 0 {
+		var err error
+		if s.closed() {
+			err = cuCtxSynchronize(f.ctx)
+		} else {
+			err = cuStreamSynchronize(f.ctx, s.cu())
+		}
+		if err != nil {
+			return fmt.Errorf("FixedSizeMemoryResource.Deallocate after Close: synchronising %v: %w", s, err)
+		}
+	}
+	delete(f.live, p)
+	i := f.chunkOf(p)
+	f.chunks[i].live--
+	if f.chunks[i].live > 0 {
+		return nil
+	}
+	c := f.chunks[i]
+	f.chunks = append(f.chunks[:i], f.chunks[i+1:]...)
+	if err := f.upstream.Deallocate(c.addr, f.chunkSize, DefaultStream); err != nil {
+		return fmt.Errorf("FixedSizeMemoryResource: returning the chunk at %#x to %s: %w", uintptr(c.addr), resourceName(f.upstream), err)
+	}
+	return nil
+}
+
+// FixedSizeStats is a snapshot of a fixed-size resource's state.
+type FixedSizeStats struct {
+	BlockSize       int // bytes per block
+	PoolSize        int // bytes held from the upstream (chunks × chunk size)
+	UpstreamBlocks  int // chunks held
+	LiveAllocations int // blocks in use
+	LiveBytes       int // LiveAllocations × BlockSize
+	FreeBlocks      int
+	FreeBytes       int // PoolSize - LiveBytes
+	Streams         int // streams with a free list
+}
+
+// Stats returns the resource's figures in O(streams).
+func (f *FixedSizeMemoryResource) Stats() FixedSizeStats {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	st := FixedSizeStats{
+		BlockSize:       f.blockSize,
+		PoolSize:        len(f.chunks) * f.chunkSize,
+		UpstreamBlocks:  len(f.chunks),
+		LiveAllocations: len(f.live),
+		LiveBytes:       len(f.live) * f.blockSize,
+		Streams:         len(f.lists),
+	}
+	for _, l := range f.lists {
+		st.FreeBlocks += len(l.blocks)
+	}
+	st.FreeBytes = st.PoolSize - st.LiveBytes
+	return st
+}
+
+// CheckInvariants verifies the resource's state and returns the first violation found: every
+// list is indexed by its stream; every free and every live block starts on a block boundary
+// inside a held chunk; no block is free twice or both free and live; free plus live blocks equal
+// the chunks' blocks (before Close). O(n log c); meant for tests.
+func (f *FixedSizeMemoryResource) CheckInvariants() error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	for i := 1; i < len(f.chunks); i++ {
+		if f.chunks[i-1].addr+DevicePtr(f.chunkSize) > f.chunks[i].addr {
+			return fmt.Errorf("chunks %#x and %#x overlap or are out of order", uintptr(f.chunks[i-1].addr), uintptr(f.chunks[i].addr))
+		}
+	}
+	check := func(p DevicePtr) error {
+		i := f.chunkOf(p)
+		if i < 0 || p >= f.chunks[i].addr+DevicePtr(f.chunkSize) {
+			return fmt.Errorf("block %#x lies in no chunk", uintptr(p))
+		}
+		if int(p-f.chunks[i].addr)%f.blockSize != 0 {
+			return fmt.Errorf("block %#x is not on a block boundary of its chunk %#x", uintptr(p), uintptr(f.chunks[i].addr))
+		}
+		return nil
+	}
+	seen := map[DevicePtr]bool{}
+	for _, l := range f.lists {
+		if f.byStream[l.stream.id] != l {
+			return fmt.Errorf("list of %v is not indexed by its stream", l.stream)
+		}
+		for _, p := range l.blocks {
+			if err := check(p); err != nil {
+				return err
+			}
+			if seen[p] {
+				return fmt.Errorf("block %#x is free twice", uintptr(p))
+			}
+			seen[p] = true
+		}
+	}
+	if len(f.byStream) != len(f.lists) {
+		return fmt.Errorf("%d lists, %d indexed", len(f.lists), len(f.byStream))
+	}
+	for p, n := range f.live {
+		if err := check(p); err != nil {
+			return err
+		}
+		if seen[p] {
+			return fmt.Errorf("block %#x is both free and live", uintptr(p))
+		}
+		if n <= 0 || n > f.blockSize {
+			return fmt.Errorf("block %#x was allocated with %d bytes", uintptr(p), n)
+		}
+	}
+	if !f.closed && len(seen)+len(f.live) != len(f.chunks)*f.chunkBlocks {
+		return fmt.Errorf("%d free + %d live blocks != %d chunks × %d blocks", len(seen), len(f.live), len(f.chunks), f.chunkBlocks)
+	}
+	return nil
+}
