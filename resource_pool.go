@@ -117,6 +117,7 @@ func NewPoolMemoryResource(upstream MemoryResource, opts *PoolOptions) (*PoolMem
 		}
 		p.addUpstreamBlock(ptr, o.InitialPoolSize)
 		p.insertFree(l, ptr, o.InitialPoolSize)
+		l.dirty = true // a stream-ordered upstream gave it in the default stream's order
 		p.mu.Unlock()
 	}
 	return p, nil
@@ -278,6 +279,16 @@ func (p *PoolMemoryResource) grow(l *freeList, n int, s StreamView) (*block, err
 	for try >= n {
 		ptr, err := p.upstream.Allocate(try, s)
 		if err == nil {
+			// The block is ordered on s (a stream-ordered upstream such as cuMemAllocAsync): the
+			// list's event must cover that before another stream takes the remainder.
+			if l.lazy {
+				l.dirty = true
+			} else if p.ctx != 0 && l.event != 0 {
+				if err := cuEventRecord(p.ctx, l.event, s.cu()); err != nil {
+					p.upstream.Deallocate(ptr, try, s)
+					return nil, fmt.Errorf("PoolMemoryResource: recording the event on %v: %w", s, err)
+				}
+			}
 			p.addUpstreamBlock(ptr, try)
 			b := p.newBlock(ptr, try)
 			b.list0 = l
