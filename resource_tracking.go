@@ -72,7 +72,9 @@ type trackedInfo struct {
 //     upstream, which may have handed the memory out itself (librmm does the same). A size other
 //     than the one allocated is reported at level Error ("Alloc bytes (a) and Dealloc bytes (b) do
 //     not match") and the recorded size is used, for AllocatedBytes and for the upstream's free.
-//     When the upstream returns an error, which is returned, the record is put back.
+//     When the upstream returns an error, which is returned, the record is put back. Only
+//     Deallocate(0, 0, s), the free of a zero-byte allocation, skips the records (librmm skips
+//     every zero-size free; a live pointer freed with size 0 is a wrong size and is corrected).
 //
 // Safe for concurrent use: the records are kept under one mutex; AllocatedBytes is an atomic.
 type TrackingResourceAdaptor struct {
@@ -138,7 +140,7 @@ func (r *TrackingResourceAdaptor) Deallocate(p DevicePtr, nbytes int, s StreamVi
 	if nbytes < 0 {
 		return invalidSize("TrackingResourceAdaptor", "Deallocate", nbytes)
 	}
-	if nbytes == 0 {
+	if nbytes == 0 && p == 0 {
 		return r.upstream.Deallocate(p, nbytes, s)
 	}
 	r.mu.Lock()
