@@ -104,8 +104,8 @@ func (p *Profiler) Profile(name string, f func()) (err error) {
 //	defer profiler.Start("load")()
 //
 // An empty name names the block after where Start was called: "<file>:<line>(<function>)". The
-// stop function records once; calling it again does nothing and returns nil. It returns the error
-// Profile would.
+// stop function records once; calling it again does nothing and returns nil (it must not be
+// called by two goroutines at once). It returns the error Profile would.
 func (p *Profiler) Start(name string) (stop func() error) {
 	if name == "" {
 		name = callerLocation(1)

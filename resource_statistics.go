@@ -3,7 +3,6 @@ package rmm
 import (
 	"fmt"
 	"sync"
-	"sync/atomic"
 )
 
 // Statistics are the allocation figures of one level of a StatisticsResourceAdaptor's counter
@@ -28,49 +27,41 @@ type StatisticsCounter struct {
 	Total int64
 }
 
-// statCounter is a StatisticsCounter updated with atomics.
-type statCounter struct {
-	value, peak, total atomic.Int64
-}
-
-// add adds n > 0: value and total grow, peak follows value.
-func (c *statCounter) add(n int64) {
-	v := c.value.Add(n)
-	c.total.Add(n)
-	for {
-		p := c.peak.Load()
-		if v <= p || c.peak.CompareAndSwap(p, v) {
-			return
-		}
-	}
-}
-
-// restore adds n back to value after a failed free (total unchanged), keeping peak ≥ value.
-func (c *statCounter) restore(n int64) {
-	v := c.value.Add(n)
-	for {
-		p := c.peak.Load()
-		if v <= p || c.peak.CompareAndSwap(p, v) {
-			return
-		}
-	}
-}
-
-func (c *statCounter) load() StatisticsCounter {
-	return StatisticsCounter{Value: c.value.Load(), Peak: c.peak.Load(), Total: c.total.Load()}
-}
-
 // statLevel is one level of the counter stack.
 type statLevel struct {
-	bytes, count statCounter
+	bytes, count StatisticsCounter
+}
+
+// add counts an allocation of n bytes: values and totals grow, peaks follow the values.
+func (l *statLevel) add(n int64) {
+	l.bytes.Value += n
+	l.bytes.Total += n
+	l.bytes.Peak = max(l.bytes.Peak, l.bytes.Value)
+	l.count.Value++
+	l.count.Total++
+	l.count.Peak = max(l.count.Peak, l.count.Value)
+}
+
+// sub counts the free of n bytes.
+func (l *statLevel) sub(n int64) {
+	l.bytes.Value -= n
+	l.count.Value--
+}
+
+// restore puts back the free of n bytes the upstream refused (totals unchanged; the peaks
+// stay at or above the values).
+func (l *statLevel) restore(n int64) {
+	l.bytes.Value += n
+	l.bytes.Peak = max(l.bytes.Peak, l.bytes.Value)
+	l.count.Value++
+	l.count.Peak = max(l.count.Peak, l.count.Value)
 }
 
 func (l *statLevel) stats() Statistics {
-	b, c := l.bytes.load(), l.count.load()
 	return Statistics{
-		CurrentBytes: b.Value, CurrentCount: c.Value,
-		PeakBytes: b.Peak, PeakCount: c.Peak,
-		TotalBytes: b.Total, TotalCount: c.Total,
+		CurrentBytes: l.bytes.Value, CurrentCount: l.count.Value,
+		PeakBytes: l.bytes.Peak, PeakCount: l.count.Peak,
+		TotalBytes: l.bytes.Total, TotalCount: l.count.Total,
 	}
 }
 
@@ -90,23 +81,26 @@ func (l *statLevel) stats() Statistics {
 // Levels may go negative: memory allocated before a push and freed after it is taken off the new
 // level. PopCounters folds a level into the one below it (see there).
 //
-// Safe for concurrent use. Allocate and Deallocate update the top level with atomics under the
-// read side of a sync.RWMutex, without allocating; PushCounters, PopCounters and the getters take
-// the write side, so they see every figure of a level at one instant.
+// Safe for concurrent use: the counters are kept under one mutex, held for a few additions and
+// never across a call to the upstream; nothing is allocated per call. (Every goroutine updates
+// the same counters, so atomics would not scale better, and would cost several read-modify-write
+// operations per call where the mutex costs two.)
 type StatisticsResourceAdaptor struct {
 	upstream MemoryResource
 
-	mu    sync.RWMutex // read: updating *top's atomics; write: changing the stack, snapshots
-	top   *statLevel
-	below []*statLevel // the levels under top, bottom first
+	mu     sync.Mutex
+	levels []statLevel // bottom first; never empty; the last is the top
 }
 
 // NewStatisticsResourceAdaptor returns an adaptor that counts the allocations made through it
 // from upstream (nil: the current device resource), with one level of zero counters. The error
 // is always nil; it is there so that every adaptor constructor has the same shape.
 func NewStatisticsResourceAdaptor(upstream MemoryResource) (*StatisticsResourceAdaptor, error) {
-	return &StatisticsResourceAdaptor{upstream: resourceOrCurrent(upstream), top: &statLevel{}}, nil
+	return &StatisticsResourceAdaptor{upstream: resourceOrCurrent(upstream), levels: make([]statLevel, 1, 4)}, nil
 }
+
+// top returns the top level (under mu).
+func (r *StatisticsResourceAdaptor) top() *statLevel { return &r.levels[len(r.levels)-1] }
 
 // Allocate allocates nbytes from the upstream on stream s and counts it on the top level when the
 // upstream succeeds. A negative size returns an error wrapping ErrInvalidArgument without calling
@@ -119,11 +113,9 @@ func (r *StatisticsResourceAdaptor) Allocate(nbytes int, s StreamView) (DevicePt
 	if err != nil {
 		return 0, err
 	}
-	r.mu.RLock()
-	t := r.top
-	t.bytes.add(int64(nbytes))
-	t.count.add(1)
-	r.mu.RUnlock()
+	r.mu.Lock()
+	r.top().add(int64(nbytes))
+	r.mu.Unlock()
 	return p, nil
 }
 
@@ -134,17 +126,13 @@ func (r *StatisticsResourceAdaptor) Deallocate(p DevicePtr, nbytes int, s Stream
 	if nbytes < 0 {
 		return invalidSize("StatisticsResourceAdaptor", "Deallocate", nbytes)
 	}
-	r.mu.RLock()
-	t := r.top
-	t.bytes.value.Add(-int64(nbytes))
-	t.count.value.Add(-1)
-	r.mu.RUnlock()
+	r.mu.Lock()
+	r.top().sub(int64(nbytes))
+	r.mu.Unlock()
 	if err := r.upstream.Deallocate(p, nbytes, s); err != nil {
-		r.mu.RLock()
-		t := r.top
-		t.bytes.restore(int64(nbytes))
-		t.count.restore(1)
-		r.mu.RUnlock()
+		r.mu.Lock()
+		r.top().restore(int64(nbytes))
+		r.mu.Unlock()
 		return err
 	}
 	return nil
@@ -154,7 +142,7 @@ func (r *StatisticsResourceAdaptor) Deallocate(p DevicePtr, nbytes int, s Stream
 func (r *StatisticsResourceAdaptor) Stats() Statistics {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	return r.top.stats()
+	return r.top().stats()
 }
 
 // Counters returns the top level's bytes counter and allocations counter (librmm's
@@ -162,7 +150,8 @@ func (r *StatisticsResourceAdaptor) Stats() Statistics {
 func (r *StatisticsResourceAdaptor) Counters() (bytes, allocations StatisticsCounter) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	return r.top.bytes.load(), r.top.count.load()
+	t := r.top()
+	return t.bytes, t.count
 }
 
 // Depth returns the number of levels on the counter stack: 1, plus one per PushCounters not yet
@@ -170,7 +159,7 @@ func (r *StatisticsResourceAdaptor) Counters() (bytes, allocations StatisticsCou
 func (r *StatisticsResourceAdaptor) Depth() int {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	return len(r.below) + 1
+	return len(r.levels)
 }
 
 // PushCounters returns the figures of the top level and pushes a new level of zero counters,
@@ -181,11 +170,10 @@ func (r *StatisticsResourceAdaptor) PushCounters() Statistics {
 	return r.pushLocked()
 }
 
-// pushLocked is PushCounters under the write lock.
+// pushLocked is PushCounters under the mutex.
 func (r *StatisticsResourceAdaptor) pushLocked() Statistics {
-	old := r.top.stats()
-	r.below = append(r.below, r.top)
-	r.top = &statLevel{}
+	old := r.top().stats()
+	r.levels = append(r.levels, statLevel{})
 	return old
 }
 
@@ -205,19 +193,24 @@ func (r *StatisticsResourceAdaptor) PopCounters() (Statistics, error) {
 	return r.popLocked()
 }
 
-// popLocked is PopCounters under the write lock.
+// popLocked is PopCounters under the mutex.
 func (r *StatisticsResourceAdaptor) popLocked() (Statistics, error) {
-	if len(r.below) == 0 {
+	if len(r.levels) == 1 {
 		return Statistics{}, fmt.Errorf("%w: StatisticsResourceAdaptor.PopCounters: cannot pop the last level of counters", ErrOutOfRange)
 	}
-	t := r.top
-	p := r.below[len(r.below)-1]
-	r.below[len(r.below)-1] = nil
-	r.below = r.below[:len(r.below)-1]
-	foldCounter(&p.bytes, &t.bytes)
-	foldCounter(&p.count, &t.count)
-	r.top = p
+	t := r.levels[len(r.levels)-1]
+	r.levels = r.levels[:len(r.levels)-1]
+	p := r.top()
+	foldCounter(&p.bytes, t.bytes)
+	foldCounter(&p.count, t.count)
 	return t.stats(), nil
+}
+
+// foldCounter merges popped counter t into its parent p.
+func foldCounter(p *StatisticsCounter, t StatisticsCounter) {
+	p.Peak = max(p.Peak, p.Value+t.Peak)
+	p.Value += t.Value
+	p.Total += t.Total
 }
 
 // pushAt pushes a level and returns the depth of the stack after the push, for popAt.
@@ -225,7 +218,7 @@ func (r *StatisticsResourceAdaptor) pushAt() int {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	r.pushLocked()
-	return len(r.below) + 1
+	return len(r.levels)
 }
 
 // popAt pops the top level if the stack is depth levels deep (as pushAt left it); otherwise the
@@ -234,18 +227,10 @@ func (r *StatisticsResourceAdaptor) pushAt() int {
 func (r *StatisticsResourceAdaptor) popAt(depth int) (Statistics, error) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	if d := len(r.below) + 1; d != depth {
+	if d := len(r.levels); d != depth {
 		return Statistics{}, fmt.Errorf("%w: the statistics counter stack was %d levels deep after the push and is %d levels deep now: levels were pushed or popped without balancing them (scopes on one StatisticsResourceAdaptor must nest)", ErrInvalidArgument, depth, d)
 	}
 	return r.popLocked()
-}
-
-// foldCounter merges popped counter t into its parent p (under the write lock).
-func foldCounter(p, t *statCounter) {
-	pv, tv := p.value.Load(), t.value.Load()
-	p.peak.Store(max(p.peak.Load(), pv+t.peak.Load()))
-	p.value.Store(pv + tv)
-	p.total.Add(t.total.Load())
 }
 
 // Upstream returns the resource the adaptor forwards to.
@@ -272,8 +257,8 @@ func currentStatistics() (*StatisticsResourceAdaptor, bool) {
 // EnableStatistics makes the current device resource count its allocations: unless it already is
 // a StatisticsResourceAdaptor, it is wrapped in a new one, which becomes the current device
 // resource (rmm.statistics.enable_statistics). Calling it again changes nothing. It returns the
-// adaptor. Allocations made before it are not counted; memory allocated before it must still be
-// freed through the resource it came from.
+// adaptor. Allocations made before it are not counted (freeing them through the adaptor, which
+// forwards the free, takes its counts below zero).
 func EnableStatistics() *StatisticsResourceAdaptor {
 	statsMu.Lock()
 	defer statsMu.Unlock()
@@ -333,11 +318,12 @@ func PopStatistics() (Statistics, error) {
 // f must leave the current device resource as it found it, and the adaptor's counter stack as
 // deep: when the current device resource was changed inside f, the level pushed is still popped,
 // the current device resource is left as f set it, and the error wraps ErrInvalidArgument; when
-// f pushed or popped levels without balancing them, nothing is popped and the error wraps
-// ErrInvalidArgument. Levels are shared by every goroutine allocating through the adaptor, so
-// scopes on one adaptor in concurrent goroutines measure each other's allocations. Memory
-// allocated inside f through a temporary adaptor must be freed through that adaptor or its
-// upstream (the previous resource), to which it forwards.
+// levels were pushed or popped without being balanced inside f, nothing is popped and the error
+// wraps ErrInvalidArgument. The counter stack belongs to the adaptor and is shared by every
+// goroutine allocating through it: a scope counts the allocations other goroutines make while it
+// runs, and scopes opened concurrently by several goroutines do not nest, which is reported as
+// that error. Memory allocated inside f through a temporary adaptor may be freed through that
+// adaptor or through the previous resource, to which it forwards.
 func WithStatistics(f func()) (st Statistics, err error) {
 	statsMu.Lock()
 	prev := CurrentDeviceResource()

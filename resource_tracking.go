@@ -9,7 +9,6 @@ import (
 	"strconv"
 	"strings"
 	"sync"
-	"sync/atomic"
 )
 
 // TrackingOptions configures a TrackingResourceAdaptor. nil means the defaults.
@@ -76,15 +75,16 @@ type trackedInfo struct {
 //     Deallocate(0, 0, s), the free of a zero-byte allocation, skips the records (librmm skips
 //     every zero-size free; a live pointer freed with size 0 is a wrong size and is corrected).
 //
-// Safe for concurrent use: the records are kept under one mutex; AllocatedBytes is an atomic.
+// Safe for concurrent use: the records and the byte count are kept under one mutex, never held
+// across a call to the upstream. Without CaptureStacks nothing is allocated per call (beyond the
+// growth of the record map).
 type TrackingResourceAdaptor struct {
 	upstream      MemoryResource
 	captureStacks bool
 
 	mu          sync.Mutex
 	allocations map[DevicePtr]trackedInfo
-
-	allocated atomic.Int64
+	allocated   int
 }
 
 // NewTrackingResourceAdaptor returns an adaptor that records the allocations made through it from
@@ -119,6 +119,7 @@ func (r *TrackingResourceAdaptor) Allocate(nbytes int, s StreamView) (DevicePtr,
 	old, dup := r.allocations[p]
 	if !dup {
 		r.allocations[p] = info
+		r.allocated += nbytes
 	}
 	r.mu.Unlock()
 	if dup {
@@ -129,7 +130,6 @@ func (r *TrackingResourceAdaptor) Allocate(nbytes int, s StreamView) (DevicePtr,
 		}
 		return 0, err
 	}
-	r.allocated.Add(int64(nbytes))
 	return p, nil
 }
 
@@ -147,6 +147,7 @@ func (r *TrackingResourceAdaptor) Deallocate(p DevicePtr, nbytes int, s StreamVi
 	info, found := r.allocations[p]
 	if found {
 		delete(r.allocations, p)
+		r.allocated -= info.size
 	}
 	outstanding := len(r.allocations)
 	r.mu.Unlock()
@@ -158,19 +159,22 @@ func (r *TrackingResourceAdaptor) Deallocate(p DevicePtr, nbytes int, s StreamVi
 	if info.size != nbytes {
 		DebugLogger().Error(fmt.Sprintf("rmm: TrackingResourceAdaptor: Alloc bytes (%d) and Dealloc bytes (%d) do not match", info.size, nbytes))
 	}
-	r.allocated.Add(-int64(info.size))
 	if err := r.upstream.Deallocate(p, info.size, s); err != nil {
 		r.mu.Lock()
 		r.allocations[p] = info
+		r.allocated += info.size
 		r.mu.Unlock()
-		r.allocated.Add(int64(info.size))
 		return err
 	}
 	return nil
 }
 
 // AllocatedBytes returns the bytes of the allocations not yet freed.
-func (r *TrackingResourceAdaptor) AllocatedBytes() int { return int(r.allocated.Load()) }
+func (r *TrackingResourceAdaptor) AllocatedBytes() int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.allocated
+}
 
 // OutstandingAllocations returns the allocations not yet freed, in ascending pointer order. The
 // slice is a copy the caller owns.
