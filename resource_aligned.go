@@ -83,8 +83,9 @@ func (r *AlignedResourceAdaptor) upstreamSize(nbytes int) (int, bool) {
 
 // Allocate returns nbytes aligned to the adaptor's alignment, ordered on stream s (see the type's
 // comment). A size whose enlarged upstream size overflows returns an error wrapping
-// ErrOutOfMemory; the upstream's errors are returned unchanged. A negative size returns an error
-// wrapping ErrInvalidArgument.
+// ErrOutOfMemory. The upstream's errors are returned unchanged for allocations passed straight
+// through, and wrapped (errors.Is sees through) with the size asked and the padded size for
+// aligned ones. A negative size returns an error wrapping ErrInvalidArgument.
 func (r *AlignedResourceAdaptor) Allocate(nbytes int, s StreamView) (DevicePtr, error) {
 	if nbytes < 0 {
 		return 0, invalidSize("AlignedResourceAdaptor", "Allocate", nbytes)
@@ -98,7 +99,7 @@ func (r *AlignedResourceAdaptor) Allocate(nbytes int, s StreamView) (DevicePtr, 
 	}
 	p, err := r.upstream.Allocate(size, s)
 	if err != nil {
-		return 0, err
+		return 0, fmt.Errorf("AlignedResourceAdaptor: allocating %d bytes aligned to %d (%d bytes with the padding): %w", nbytes, r.alignment, size, err)
 	}
 	mask := uintptr(r.alignment) - 1
 	a := DevicePtr((uintptr(p) + mask) &^ mask)
