@@ -35,12 +35,29 @@ var conformanceCases = []confCase{
 	{"PoolWithMaximumOverSimulated", false, confPool(&rmm.PoolOptions{InitialPoolSize: 64 * confMiB, MaximumPoolSize: 8 * confGiB}),
 		rmmtest.Options{DetectsInvalidFree: true, Upstream: confSimulated(100 * confGiB), MaxAllocationSize: 4 * confGiB, Capacity: 8 * confGiB}},
 	{"LoggingOverPool", false, confLoggingOverPool, rmmtest.Options{DetectsInvalidFree: true, Upstream: confSystem}},
+	// Adaptors. Over a pool, which detects invalid frees: the adaptors that hand frees on as they
+	// are must keep the pool's verdict and change nothing. Over host memory they are declared not
+	// to detect invalid frees, since they pass them on (tracking even corrects a wrong size, and
+	// aligned cannot tell apart sizes that pad alike).
+	{"StatisticsOverPool", false, confAdaptorOverPool(confStatisticsUnseen), rmmtest.Options{DetectsInvalidFree: true, Upstream: confSystem}},
+	{"StatisticsOverSimulated", false, confStatisticsUnseen, rmmtest.Options{Upstream: confSimulated(100 * confGiB), MaxAllocationSize: 40 * confGiB, Capacity: 100 * confGiB}},
+	{"TrackingOverSystem", false, confTracking, rmmtest.Options{Upstream: confSystem}},
+	{"LimitingOverPool", false, confAdaptorOverPool(confLimiting(64 * confMiB)), rmmtest.Options{DetectsInvalidFree: true, Upstream: confSystem, MaxAllocationSize: 8 * confMiB, Capacity: 64 * confMiB}},
+	{"LimitingOverSimulated", false, confLimiting(8 * confGiB), rmmtest.Options{Upstream: confSimulated(100 * confGiB), MaxAllocationSize: 2 * confGiB, Capacity: 8 * confGiB}},
+	{"FailureCallbackOverPool", false, confAdaptorOverPool(confFailureCallback), rmmtest.Options{DetectsInvalidFree: true, Upstream: confSystem}},
+	{"PrefetchOverSystem", false, confPrefetch, rmmtest.Options{Upstream: confSystem}},
+	{"AlignedOverSystem", false, confAligned(4096, 0), rmmtest.Options{Upstream: confSystem}},
+	{"AlignedOverSimulated", false, confAligned(1<<20, 64<<10), rmmtest.Options{Upstream: confSimulated(100 * confGiB), MaxAllocationSize: 4 * confGiB}},
+	{"ThreadSafeOverPool", false, confAdaptorOverPool(confThreadSafe), rmmtest.Options{DetectsInvalidFree: true, Upstream: confSystem}},
 
 	// On the GPU.
 	{"Cuda", true, confLeaf(confCuda), rmmtest.Options{MaxAllocationSize: confGiB}},
 	{"CudaAsync", true, confCudaAsync, rmmtest.Options{MaxAllocationSize: confGiB}},
 	{"Managed", true, confManaged, rmmtest.Options{MaxAllocationSize: confMiB}}, // small sizes: the host writes patterns
 	{"PoolOverCuda", true, confPool(nil), rmmtest.Options{DetectsInvalidFree: true, Upstream: confCuda, MaxAllocationSize: 256 * confMiB}},
+	{"PrefetchOverManaged", true, confPrefetch, rmmtest.Options{Upstream: confManagedUpstream, MaxAllocationSize: confMiB}},
+	{"StatisticsOverCuda", true, confStatisticsUnseen, rmmtest.Options{Upstream: confCuda, MaxAllocationSize: confGiB}},
+	{"LimitingOverCuda", true, confLimiting(4 * confGiB), rmmtest.Options{Upstream: confCuda, MaxAllocationSize: 512 * confMiB, Capacity: 4 * confGiB}},
 }
 
 func TestConformance(t *testing.T) {
@@ -113,6 +130,81 @@ func confCuda() rmm.MemoryResource {
 		panic(err)
 	}
 	return mr
+}
+
+func confManagedUpstream() rmm.MemoryResource {
+	mr, err := rmm.NewManagedMemoryResource(rmm.CurrentDevice())
+	if err != nil {
+		panic(err)
+	}
+	return mr
+}
+
+// confAdaptorOverPool builds an adaptor with newAdaptor over a pool over the suite's upstream.
+func confAdaptorOverPool(newAdaptor func(rmm.MemoryResource) (rmm.MemoryResource, error)) func(rmm.MemoryResource) (rmm.MemoryResource, error) {
+	return func(up rmm.MemoryResource) (rmm.MemoryResource, error) {
+		pool, err := rmm.NewPoolMemoryResource(up, nil)
+		if err != nil {
+			return nil, err
+		}
+		return newAdaptor(pool)
+	}
+}
+
+// confStatisticsUnseen builds a StatisticsResourceAdaptor and hides its Stats method from the
+// suite. The adaptor counts zero-byte allocations and their frees as librmm's does (Allocate(0)
+// adds an allocation of 0 bytes, Deallocate(0, 0) takes one off), so its Stats change where the
+// suite's ZeroSize check expects nothing to; its figures are checked by its own tests
+// (resource_statistics_test.go, adaptors_property_test.go), everything else here.
+func confStatisticsUnseen(up rmm.MemoryResource) (rmm.MemoryResource, error) {
+	r, err := rmm.NewStatisticsResourceAdaptor(up)
+	if err != nil {
+		return nil, err
+	}
+	return confHideStats{r}, nil
+}
+
+// confHideStats is a StatisticsResourceAdaptor without its Stats method.
+type confHideStats struct {
+	r *rmm.StatisticsResourceAdaptor
+}
+
+func (h confHideStats) Allocate(n int, s rmm.StreamView) (rmm.DevicePtr, error) {
+	return h.r.Allocate(n, s)
+}
+func (h confHideStats) Deallocate(p rmm.DevicePtr, n int, s rmm.StreamView) error {
+	return h.r.Deallocate(p, n, s)
+}
+func (h confHideStats) Upstream() rmm.MemoryResource { return h.r.Upstream() }
+func (h confHideStats) Access() rmm.Access           { return h.r.Access() }
+func (h confHideStats) Device() rmm.Device           { return h.r.Device() }
+
+func confTracking(up rmm.MemoryResource) (rmm.MemoryResource, error) {
+	return rmm.NewTrackingResourceAdaptor(up, &rmm.TrackingOptions{CaptureStacks: true})
+}
+
+func confLimiting(limit int) func(rmm.MemoryResource) (rmm.MemoryResource, error) {
+	return func(up rmm.MemoryResource) (rmm.MemoryResource, error) {
+		return rmm.NewLimitingResourceAdaptor(up, limit, nil)
+	}
+}
+
+func confFailureCallback(up rmm.MemoryResource) (rmm.MemoryResource, error) {
+	return rmm.NewFailureCallbackResourceAdaptor(up, func(int, error) bool { return false }, nil)
+}
+
+func confPrefetch(up rmm.MemoryResource) (rmm.MemoryResource, error) {
+	return rmm.NewPrefetchResourceAdaptor(up)
+}
+
+func confAligned(alignment, threshold int) func(rmm.MemoryResource) (rmm.MemoryResource, error) {
+	return func(up rmm.MemoryResource) (rmm.MemoryResource, error) {
+		return rmm.NewAlignedResourceAdaptor(up, &rmm.AlignedOptions{Alignment: alignment, Threshold: threshold})
+	}
+}
+
+func confThreadSafe(up rmm.MemoryResource) (rmm.MemoryResource, error) {
+	return rmm.NewThreadSafeResourceAdaptor(up)
 }
 
 type confDiscard struct{}

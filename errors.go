@@ -25,7 +25,8 @@ var (
 	// missing, no device, driver too old, built without cgo).
 	ErrNoDevice = errors.New("rmm: no CUDA device")
 
-	// ErrOutOfRange: an element index outside a container.
+	// ErrOutOfRange: an element index outside a container, or a pop of the last level of a
+	// StatisticsResourceAdaptor's counter stack.
 	ErrOutOfRange = errors.New("rmm: index out of range")
 
 	// ErrClosed: the resource, stream or container was closed.
@@ -77,6 +78,7 @@ const (
 	cudaErrorNotFound           = 500
 	cudaErrorNotReady           = 600
 	cudaErrorIllegalAddress     = 700
+	cudaErrorNotSupported       = 801
 )
 
 // cuErrorNames is the fallback for codes whose name the driver cannot give (no driver loaded).

@@ -1,0 +1,116 @@
+package rmm
+
+import (
+	"errors"
+	"fmt"
+	"sync/atomic"
+)
+
+// LimitingOptions configures a LimitingResourceAdaptor. nil means the defaults.
+type LimitingOptions struct {
+	// Alignment is the granularity, in bytes, of what each allocation is charged against the
+	// limit: its size rounded up to a multiple of Alignment. It must be a power of two. Default 0
+	// means 256 (Alignment), so a 1-byte allocation costs 256 bytes of the limit.
+	Alignment int
+}
+
+// LimitingResourceAdaptor forwards every call to its upstream but refuses allocations that would
+// take the bytes it has handed out above a limit, as librmm's limiting_resource_adaptor (and
+// CuPy's set_limit): for capping a program's or a test's device memory.
+//
+// Each allocation of n bytes is charged AlignUp(n, alignment) bytes. Allocate adds the charge to
+// the counter first (one atomic add) and checks: when the new total exceeds the limit the charge
+// is taken off again and the error wraps ErrOutOfMemory ("exceeded memory limit"); reaching the
+// limit exactly is allowed. Otherwise the upstream is called, and its failure takes the charge off
+// again. Deallocate calls the upstream and then takes the charge off (not when the upstream
+// returns an error: the memory is still allocated). Fragmentation and page sizes of the upstream
+// are not considered.
+//
+// Safe for concurrent use, lock-free. Because the charge is added before the check, an allocation
+// that is refused briefly counts against the limit, and another allocation racing with it may be
+// refused although it would have fitted alone (as in librmm).
+type LimitingResourceAdaptor struct {
+	upstream  MemoryResource
+	limit     int64
+	alignment int
+	allocated atomic.Int64
+}
+
+// errLimitExceeded is the cause carried by the adaptor's out-of-memory errors.
+var errLimitExceeded = errors.New("exceeded memory limit")
+
+// NewLimitingResourceAdaptor returns an adaptor that lets at most limit bytes (as charged; see
+// LimitingOptions.Alignment) be allocated through it from upstream (nil: the current device
+// resource) at once. A negative limit, or an alignment that is negative or not a power of two,
+// returns an error wrapping ErrInvalidArgument.
+func NewLimitingResourceAdaptor(upstream MemoryResource, limit int, opts *LimitingOptions) (*LimitingResourceAdaptor, error) {
+	align := Alignment
+	if opts != nil && opts.Alignment != 0 {
+		align = opts.Alignment
+	}
+	if limit < 0 {
+		return nil, fmt.Errorf("%w: NewLimitingResourceAdaptor: negative limit %d", ErrInvalidArgument, limit)
+	}
+	if !IsPowerOfTwo(align) {
+		return nil, fmt.Errorf("%w: NewLimitingResourceAdaptor: alignment %d is not a power of two", ErrInvalidArgument, align)
+	}
+	return &LimitingResourceAdaptor{upstream: resourceOrCurrent(upstream), limit: int64(limit), alignment: align}, nil
+}
+
+// Allocate allocates nbytes from the upstream on stream s if its charge fits under the limit.
+// Over the limit (or a size whose rounding overflows) the error wraps ErrOutOfMemory and says the
+// limit and the bytes allocated; the upstream's errors are returned unchanged. Either way the
+// counter is as it was. A negative size returns an error wrapping ErrInvalidArgument.
+func (r *LimitingResourceAdaptor) Allocate(nbytes int, s StreamView) (DevicePtr, error) {
+	if nbytes < 0 {
+		return 0, invalidSize("LimitingResourceAdaptor", "Allocate", nbytes)
+	}
+	charge, ok := AlignUp(nbytes, r.alignment)
+	if !ok {
+		return 0, outOfMemory(fmt.Sprintf("LimitingResourceAdaptor (limit %d)", r.limit), nbytes, errLimitExceeded)
+	}
+	c := int64(charge)
+	if now := r.allocated.Add(c); now > r.limit || now < c {
+		r.allocated.Add(-c)
+		return 0, outOfMemory(fmt.Sprintf("LimitingResourceAdaptor (limit %d, allocated %d)", r.limit, now-c), nbytes, errLimitExceeded)
+	}
+	p, err := r.upstream.Allocate(nbytes, s)
+	if err != nil {
+		r.allocated.Add(-c)
+		return 0, err
+	}
+	return p, nil
+}
+
+// Deallocate returns p to the upstream on stream s and then takes its charge off the counter.
+// The upstream's error is returned, and the counter is then unchanged. A negative size returns an
+// error wrapping ErrInvalidArgument.
+func (r *LimitingResourceAdaptor) Deallocate(p DevicePtr, nbytes int, s StreamView) error {
+	if nbytes < 0 {
+		return invalidSize("LimitingResourceAdaptor", "Deallocate", nbytes)
+	}
+	if err := r.upstream.Deallocate(p, nbytes, s); err != nil {
+		return err
+	}
+	charge, _ := AlignUp(nbytes, r.alignment)
+	r.allocated.Add(-int64(charge))
+	return nil
+}
+
+// AllocatedBytes returns the bytes charged against the limit now.
+func (r *LimitingResourceAdaptor) AllocatedBytes() int { return int(r.allocated.Load()) }
+
+// AllocationLimit returns the limit in bytes.
+func (r *LimitingResourceAdaptor) AllocationLimit() int { return int(r.limit) }
+
+// Alignment returns the granularity of the charges, in bytes.
+func (r *LimitingResourceAdaptor) Alignment() int { return r.alignment }
+
+// Upstream returns the resource the adaptor forwards to.
+func (r *LimitingResourceAdaptor) Upstream() MemoryResource { return r.upstream }
+
+// Access reports the upstream's accessibility (AccessOf(Upstream())).
+func (r *LimitingResourceAdaptor) Access() Access { return AccessOf(r.upstream) }
+
+// Device returns the upstream's device (DeviceOf(Upstream())).
+func (r *LimitingResourceAdaptor) Device() Device { return DeviceOf(r.upstream) }

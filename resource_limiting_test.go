@@ -1,0 +1,226 @@
+package rmm
+
+import (
+	"sync"
+	"sync/atomic"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+)
+
+func adpNewLimiting(t *testing.T, up MemoryResource, limit int, opts *LimitingOptions) *LimitingResourceAdaptor {
+	t.Helper()
+	r, err := NewLimitingResourceAdaptor(up, limit, opts)
+	require.NoError(t, err)
+	return r
+}
+
+func TestLimitingOptions(t *testing.T) {
+	_, err := NewLimitingResourceAdaptor(nil, -1, nil)
+	require.ErrorIs(t, err, ErrInvalidArgument)
+	for _, a := range []int{-256, 3, 255, 768} {
+		_, err = NewLimitingResourceAdaptor(nil, 1<<20, &LimitingOptions{Alignment: a})
+		require.ErrorIs(t, err, ErrInvalidArgument, "alignment %d", a)
+	}
+	r := adpNewLimiting(t, nil, 1<<20, nil)
+	require.Equal(t, 1<<20, r.AllocationLimit())
+	require.Equal(t, 256, r.Alignment())
+	require.Zero(t, r.AllocatedBytes())
+	require.Same(t, CurrentDeviceResource(), r.Upstream())
+	r = adpNewLimiting(t, nil, 0, &LimitingOptions{Alignment: 4096})
+	require.Equal(t, 4096, r.Alignment())
+}
+
+// librmm's limiting tests: limit+1 is refused; exactly the limit fits; the counter is exact,
+// unchanged by a refusal, and frees restore the headroom.
+func TestLimitingAccounting(t *testing.T) {
+	const limit = 10 * miB
+	for _, u := range adpUpstreams() {
+		t.Run(u.name, func(t *testing.T) {
+			r := adpNewLimiting(t, u.new(), limit, nil)
+
+			_, err := r.Allocate(limit+1, DefaultStream)
+			require.ErrorIs(t, err, ErrOutOfMemory)
+			require.ErrorContains(t, err, "exceeded memory limit")
+			require.ErrorContains(t, err, "limit 10485760, allocated 0")
+			require.ErrorContains(t, err, "failed to allocate 10485761 bytes")
+			require.Zero(t, r.AllocatedBytes())
+
+			p := adpAlloc(t, r, limit)
+			require.Equal(t, limit, r.AllocatedBytes())
+			_, err = r.Allocate(1, DefaultStream)
+			require.ErrorIs(t, err, ErrOutOfMemory)
+			require.Equal(t, limit, r.AllocatedBytes(), "a refusal leaves the counter")
+			adpFree(t, r, p, limit)
+			require.Zero(t, r.AllocatedBytes())
+
+			// Each allocation is charged its size rounded up to 256.
+			sizes := []int{1, 255, 256, 257, 1000, 4096, 1 << 20}
+			var ps []DevicePtr
+			want := 0
+			for _, n := range sizes {
+				ps = append(ps, adpAlloc(t, r, n))
+				want += roundUp(n)
+				require.Equal(t, want, r.AllocatedBytes())
+			}
+			require.Equal(t, 256+256+256+512+1024+4096+1<<20, want)
+			// Zero bytes are free.
+			adpAlloc(t, r, 0)
+			require.Equal(t, want, r.AllocatedBytes())
+			// The headroom is the limit less the charges: the rest fits exactly, one more byte not.
+			q := adpAlloc(t, r, limit-want)
+			_, err = r.Allocate(1, DefaultStream)
+			require.ErrorIs(t, err, ErrOutOfMemory)
+			adpFree(t, r, q, limit-want)
+			for i, n := range sizes {
+				adpFree(t, r, ps[i], n)
+				want -= roundUp(n)
+				require.Equal(t, want, r.AllocatedBytes())
+			}
+			require.Zero(t, r.AllocatedBytes())
+			p = adpAlloc(t, r, limit)
+			adpFree(t, r, p, limit)
+		})
+	}
+}
+
+func TestLimitingChargeAlignment(t *testing.T) {
+	sim, _ := NewSimulatedMemoryResource(1 << 30)
+	r := adpNewLimiting(t, sim, 3*4096, &LimitingOptions{Alignment: 4096})
+	p := adpAlloc(t, r, 1)
+	require.Equal(t, 4096, r.AllocatedBytes(), "a 1-byte allocation costs the alignment")
+	q := adpAlloc(t, r, 4097)
+	require.Equal(t, 3*4096, r.AllocatedBytes())
+	_, err := r.Allocate(1, DefaultStream)
+	require.ErrorIs(t, err, ErrOutOfMemory)
+	adpFree(t, r, p, 1)
+	adpFree(t, r, q, 4097)
+	require.Zero(t, r.AllocatedBytes())
+
+	// A size whose charge overflows is refused.
+	_, err = r.Allocate(int(^uint(0)>>1), DefaultStream)
+	require.ErrorIs(t, err, ErrOutOfMemory)
+	require.Zero(t, r.AllocatedBytes())
+}
+
+// Nested limits: 2 MiB under 5 MiB refuses 4 MiB, and so does 5 MiB over 2 MiB (the inner
+// adaptor's charge is rolled back when the outer one refuses).
+func TestLimitingNested(t *testing.T) {
+	sim, _ := NewSimulatedMemoryResource(1 << 30)
+	outer := adpNewLimiting(t, sim, 5*miB, nil)
+	inner := adpNewLimiting(t, outer, 2*miB, nil)
+	_, err := inner.Allocate(4*miB, DefaultStream)
+	require.ErrorIs(t, err, ErrOutOfMemory)
+	require.Zero(t, inner.AllocatedBytes())
+	require.Zero(t, outer.AllocatedBytes())
+	p := adpAlloc(t, inner, 2*miB)
+	require.Equal(t, 2*miB, inner.AllocatedBytes())
+	require.Equal(t, 2*miB, outer.AllocatedBytes())
+	adpFree(t, inner, p, 2*miB)
+
+	low := adpNewLimiting(t, sim, 2*miB, nil)
+	high := adpNewLimiting(t, low, 5*miB, nil)
+	_, err = high.Allocate(4*miB, DefaultStream)
+	require.ErrorIs(t, err, ErrOutOfMemory)
+	require.Zero(t, high.AllocatedBytes(), "the upstream's refusal rolls the charge back")
+	require.Zero(t, low.AllocatedBytes())
+	require.Zero(t, sim.UsedBytes())
+}
+
+func TestLimitingUpstreamErrors(t *testing.T) {
+	up := newAdpFaultUpstream(NewSystemMemoryResource())
+	r := adpNewLimiting(t, up, 1*miB, nil)
+	up.failNextAllocs(1, errAdpInjected)
+	_, err := r.Allocate(1000, DefaultStream)
+	require.ErrorIs(t, err, errAdpInjected, "the upstream's error is returned unchanged")
+	require.Zero(t, r.AllocatedBytes())
+
+	p := adpAlloc(t, r, 1000)
+	up.failNextFrees(1)
+	require.ErrorIs(t, r.Deallocate(p, 1000, DefaultStream), errAdpInjected)
+	require.Equal(t, 1024, r.AllocatedBytes(), "a refused free keeps the charge")
+	adpFree(t, r, p, 1000)
+	require.Zero(t, r.AllocatedBytes())
+
+	_, err = r.Allocate(-1, DefaultStream)
+	require.ErrorIs(t, err, ErrInvalidArgument)
+	require.ErrorIs(t, r.Deallocate(p, -1, DefaultStream), ErrInvalidArgument)
+	require.Zero(t, r.AllocatedBytes())
+}
+
+// adpPeakUpstream records the most bytes (rounded to 256) it has had live at once.
+type adpPeakUpstream struct {
+	inner      MemoryResource
+	live, peak atomic.Int64
+}
+
+func (u *adpPeakUpstream) Allocate(n int, s StreamView) (DevicePtr, error) {
+	p, err := u.inner.Allocate(n, s)
+	if err == nil {
+		v := u.live.Add(int64(roundUp(n)))
+		for {
+			old := u.peak.Load()
+			if v <= old || u.peak.CompareAndSwap(old, v) {
+				break
+			}
+		}
+	}
+	return p, err
+}
+
+func (u *adpPeakUpstream) Deallocate(p DevicePtr, n int, s StreamView) error {
+	u.live.Add(-int64(roundUp(n)))
+	return u.inner.Deallocate(p, n, s)
+}
+
+// Many goroutines allocating near the limit: the upstream never holds more than the limit, and
+// everything ends at zero.
+func TestLimitingConcurrent(t *testing.T) {
+	sim, _ := NewSimulatedMemoryResource(1 << 30)
+	up := &adpPeakUpstream{inner: sim}
+	const limit = 64 * kiB
+	r := adpNewLimiting(t, up, limit, nil)
+	var refused atomic.Int64
+	var wg sync.WaitGroup
+	for g := range 8 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := range 2000 {
+				n := 1 + (g*7919+i*104729)%(16*kiB)
+				p, err := r.Allocate(n, DefaultStream)
+				if err != nil {
+					refused.Add(1)
+					continue
+				}
+				if err := r.Deallocate(p, n, DefaultStream); err != nil {
+					t.Error(err)
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	require.Zero(t, r.AllocatedBytes())
+	require.LessOrEqual(t, up.peak.Load(), int64(limit))
+	require.Zero(t, up.live.Load())
+	t.Logf("refused %d of %d", refused.Load(), 8*2000)
+}
+
+func TestLimitingForwarding(t *testing.T) {
+	sim, _ := NewSimulatedMemoryResource(1 << 20)
+	r := adpNewLimiting(t, sim, 1<<20, nil)
+	require.Same(t, sim, r.Upstream())
+	require.Equal(t, Access(0), r.Access())
+	require.Equal(t, CurrentDevice(), r.Device())
+	n := testing.AllocsPerRun(100, func() {
+		p, err := r.Allocate(4096, DefaultStream)
+		if err != nil {
+			panic(err)
+		}
+		if err := r.Deallocate(p, 4096, DefaultStream); err != nil {
+			panic(err)
+		}
+	})
+	require.Zero(t, n)
+}
