@@ -50,7 +50,20 @@ var conformanceCases = []confCase{
 	{"AlignedOverSimulated", false, confAligned(1<<20, 64<<10), rmmtest.Options{Upstream: confSimulated(100 * confGiB), MaxAllocationSize: 4 * confGiB}},
 	{"ThreadSafeOverPool", false, confAdaptorOverPool(confThreadSafe), rmmtest.Options{DetectsInvalidFree: true, Upstream: confSystem}},
 
+	// The other sub-allocators and resources.
+	{"ArenaOverSystem", false, confArena(64 * confMiB), rmmtest.Options{DetectsInvalidFree: true, ReleaseKeepsMemory: true, Upstream: confSystem, MaxAllocationSize: 8 * confMiB, Capacity: 64 * confMiB}},
+	{"ArenaOverSimulated", false, confArena(100 * confGiB), rmmtest.Options{DetectsInvalidFree: true, ReleaseKeepsMemory: true, Upstream: confSimulated(100 * confGiB), MaxAllocationSize: 40 * confGiB, Capacity: 100 * confGiB}},
+	{"FixedSizeOverSystem", false, confFixed(confMiB, 16), rmmtest.Options{DetectsInvalidFree: true, Upstream: confSystem, MaxAllocationSize: confMiB}},
+	{"FixedSizeOverSimulated", false, confFixed(64*confMiB, 4), rmmtest.Options{DetectsInvalidFree: true, Upstream: confSimulated(100 * confGiB), MaxAllocationSize: 64 * confMiB, Capacity: 100 * confGiB}},
+	{"BinningOverPool", false, confBinningOverPool, rmmtest.Options{DetectsInvalidFree: true, ReleaseKeepsMemory: true, Upstream: confSystem, MaxAllocationSize: 8 * confMiB}},
+	{"CallbackOverSystem", false, confCallback, rmmtest.Options{Upstream: confSystem}},
+	{"Pinned", false, confPinned, rmmtest.Options{DetectsInvalidFree: true}},
+
 	// On the GPU.
+	{"ArenaOverCuda", true, confArena(4 * confGiB), rmmtest.Options{DetectsInvalidFree: true, ReleaseKeepsMemory: true, Upstream: confCuda, MaxAllocationSize: 512 * confMiB, Capacity: 4 * confGiB}},
+	{"FixedSizeOverCuda", true, confFixed(confMiB, 128), rmmtest.Options{DetectsInvalidFree: true, Upstream: confCuda, MaxAllocationSize: confMiB}},
+	{"BinningOverPoolOverCuda", true, confBinningOverPool, rmmtest.Options{DetectsInvalidFree: true, ReleaseKeepsMemory: true, Upstream: confCuda, MaxAllocationSize: 64 * confMiB}},
+	{"CudaAsyncViewOfDefaultPool", true, confAsyncView, rmmtest.Options{MaxAllocationSize: confGiB}},
 	{"Cuda", true, confLeaf(confCuda), rmmtest.Options{MaxAllocationSize: confGiB}},
 	{"CudaAsync", true, confCudaAsync, rmmtest.Options{MaxAllocationSize: confGiB}},
 	{"Managed", true, confManaged, rmmtest.Options{MaxAllocationSize: confMiB}}, // small sizes: the host writes patterns
@@ -210,3 +223,42 @@ func confThreadSafe(up rmm.MemoryResource) (rmm.MemoryResource, error) {
 type confDiscard struct{}
 
 func (confDiscard) Write(p []byte) (int, error) { return len(p), nil }
+
+func confArena(size int) func(rmm.MemoryResource) (rmm.MemoryResource, error) {
+	return func(up rmm.MemoryResource) (rmm.MemoryResource, error) {
+		return rmm.NewArenaMemoryResource(up, &rmm.ArenaOptions{ArenaSize: size})
+	}
+}
+
+func confFixed(block, prealloc int) func(rmm.MemoryResource) (rmm.MemoryResource, error) {
+	return func(up rmm.MemoryResource) (rmm.MemoryResource, error) {
+		return rmm.NewFixedSizeMemoryResource(up, &rmm.FixedSizeOptions{BlockSize: block, BlocksToPreallocate: prealloc})
+	}
+}
+
+// confBinningOverPool bins 256 B … 64 KiB over a pool; larger requests go to the pool. Release
+// returns the bins' chunks to the pool, which keeps them (the pool is released by the teardown).
+func confBinningOverPool(up rmm.MemoryResource) (rmm.MemoryResource, error) {
+	pool, err := rmm.NewPoolMemoryResource(up, nil)
+	if err != nil {
+		return nil, err
+	}
+	return rmm.NewBinningMemoryResource(pool, &rmm.BinningOptions{MinSizeExponent: 8, MaxSizeExponent: 16})
+}
+
+// confCallback forwards to the upstream through user functions.
+func confCallback(up rmm.MemoryResource) (rmm.MemoryResource, error) {
+	return rmm.NewCallbackMemoryResource(up.Allocate, up.Deallocate, &rmm.CallbackOptions{Access: rmm.AccessOf(up)})
+}
+
+func confPinned(rmm.MemoryResource) (rmm.MemoryResource, error) {
+	return rmm.NewPinnedMemoryResource(rmm.CurrentDevice())
+}
+
+func confAsyncView(rmm.MemoryResource) (rmm.MemoryResource, error) {
+	pool, err := rmm.DefaultMemPool(rmm.CurrentDevice())
+	if err != nil {
+		return nil, err
+	}
+	return rmm.NewCudaAsyncViewMemoryResource(rmm.CurrentDevice(), pool)
+}
