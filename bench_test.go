@@ -53,6 +53,8 @@ func benchResources(b *testing.B) []benchResource {
 				return a, func() { a.Close() }
 			}},
 			{"pool", poolOver(cuda, 8<<30)},
+			{"arena", arenaOver(cuda, 8<<30)},
+			{"binning", binningOverPool(cuda, 8<<30)},
 		}
 	}
 	sim, _ := NewSimulatedMemoryResource(1 << 40)
@@ -60,6 +62,66 @@ func benchResources(b *testing.B) []benchResource {
 		{"system", func(*testing.B) (MemoryResource, func()) { return NewSystemMemoryResource(), func() {} }},
 		{"pool-system", poolOver(NewSystemMemoryResource(), 8<<30)},
 		{"pool-simulated", poolOver(sim, 8<<30)},
+		{"arena-simulated", arenaOver(sim, 8<<30)},
+		{"binning-simulated", binningOverPool(sim, 8<<30)},
+	}
+}
+
+// arenaOver builds an arena of size bytes over up.
+func arenaOver(up MemoryResource, size int) func(b *testing.B) (MemoryResource, func()) {
+	return func(b *testing.B) (MemoryResource, func()) {
+		a, err := NewArenaMemoryResource(up, &ArenaOptions{ArenaSize: size})
+		if err != nil {
+			b.Fatal(err)
+		}
+		return a, func() { a.Close() }
+	}
+}
+
+// binningOverPool builds librmm's benchmark binning set-up: bins 256 KiB … 4 MiB over a pool.
+func binningOverPool(up MemoryResource, initial int) func(b *testing.B) (MemoryResource, func()) {
+	return func(b *testing.B) (MemoryResource, func()) {
+		p, err := NewPoolMemoryResource(up, &PoolOptions{InitialPoolSize: initial})
+		if err != nil {
+			b.Fatal(err)
+		}
+		bin, err := NewBinningMemoryResource(p, &BinningOptions{MinSizeExponent: 18, MaxSizeExponent: 22})
+		if err != nil {
+			b.Fatal(err)
+		}
+		return bin, func() { bin.Close(); p.Close() }
+	}
+}
+
+// BenchmarkW1FixedSize is W1 over a FixedSizeMemoryResource whose block is the size asked.
+func BenchmarkW1FixedSize(b *testing.B) {
+	var up MemoryResource
+	if onGPU() {
+		up, _ = NewCudaMemoryResource(0)
+	} else {
+		up, _ = NewSimulatedMemoryResource(1 << 40)
+	}
+	for _, size := range []int{256, 64 << 10, 1 << 20, 64 << 20} {
+		b.Run(sizeName(size), func(b *testing.B) {
+			f, err := NewFixedSizeMemoryResource(up, &FixedSizeOptions{BlockSize: size, BlocksToPreallocate: 16})
+			if err != nil {
+				b.Fatal(err)
+			}
+			defer f.Close()
+			s := benchStream(b)
+			p, _ := f.Allocate(size, s)
+			f.Deallocate(p, size, s)
+			b.ResetTimer()
+			for i := 0; i < b.N; i++ {
+				p, err := f.Allocate(size, s)
+				if err != nil {
+					b.Fatal(err)
+				}
+				if err := f.Deallocate(p, size, s); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
 	}
 }
 
@@ -130,10 +192,16 @@ func w2Resources(b *testing.B) []benchResource {
 				return a, func() { a.Close() }
 			}},
 			{"pool", poolOver(cuda, half)},
+			{"arena", arenaOver(cuda, half)},
+			{"binning", binningOverPool(cuda, half)},
 		}
 	}
 	sim, _ := NewSimulatedMemoryResource(100 << 30)
-	return []benchResource{{"pool-simulated", poolOver(sim, 50<<30)}}
+	return []benchResource{
+		{"pool-simulated", poolOver(sim, 50<<30)},
+		{"arena-simulated", arenaOver(sim, 50<<30)},
+		{"binning-simulated", binningOverPool(sim, 40<<30)},
+	}
 }
 
 // W2: RMM's random_allocations workload, replicated draw for draw, on the default stream; the
