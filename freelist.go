@@ -1,19 +1,24 @@
 package rmm
 
-// The pool's free-block index: every free block is in exactly one per-stream free list. Each list
-// keeps its blocks in a treap ordered by (size, address), so best fit — the smallest block that is
-// large enough, the lowest address among equals — and removal are O(log n). Coalescing needs the
-// free neighbours of a block, found in O(1) through the pool's two address maps (block start →
-// block and block end → block), shared by all lists.
+// The pool's blocks. Every block of an upstream allocation — free or allocated — links to its
+// address neighbours inside that upstream block (prev, next; nil at its ends), as a boundary-tag
+// allocator does, so coalescing a freed block with free neighbours costs no lookup at all, and
+// blocks of two upstream allocations are never neighbours. Free blocks are each in exactly one
+// per-stream free list, kept in a treap ordered by (size, address): best fit — the smallest
+// block that is large enough, the lowest address among equals — and removal are O(log n).
+// Allocated blocks are found by address in one map (the pool's live map).
 
-// block is a free block. It is the treap node itself, so indexing a block allocates nothing.
+// block is a block of an upstream allocation. A free block is the treap node itself, so indexing
+// it allocates nothing.
 type block struct {
 	addr        DevicePtr
 	size        int
-	list        *freeList // the list b is in; nil while out of every list
-	list0       *freeList // the list b was last taken from (or is to go to, after growth)
+	free        bool
+	req         int       // allocated: the size asked
+	list        *freeList // free and indexed: its list; nil otherwise
 	left, right *block
 	prio        uint32
+	prev, next  *block // address neighbours within the upstream allocation
 }
 
 func (b *block) end() DevicePtr { return b.addr + DevicePtr(b.size) }

@@ -37,7 +37,9 @@ type PoolOptions struct {
 // Events: on the default stream and on our own Streams, whose lifetime the package knows, the
 // event is recorded only when another stream takes the blocks (Stream.Close records it first if
 // needed); on streams made from foreign handles (NewStreamView) it is recorded at every free.
-// Best fit and coalescing are O(log n) in the number of free blocks.
+// Best fit is O(log n) in the number of free blocks (a treap per stream ordered by size and
+// address); coalescing is O(1) plus the treap updates, since every block links to its address
+// neighbours within its upstream allocation; a free finds its block in one map lookup.
 //
 // Deallocate detects a pointer the pool never handed out, a double free and a size different from
 // the one allocated, and returns ErrInvalidFree without changing anything. Safe for concurrent use
@@ -53,10 +55,8 @@ type PoolMemoryResource struct {
 	upstreams  map[DevicePtr]int
 	lists      []*freeList
 	byStream   map[uint64]*freeList
-	byStart    map[DevicePtr]*block
-	byEnd      map[DevicePtr]*block
-	live       map[DevicePtr]int // allocated pointer -> size asked
-	liveBytes  int               // sum of the rounded sizes of live allocations
+	live       map[DevicePtr]*block // allocated blocks by address
+	liveBytes  int                  // sum of the rounded sizes of live allocations
 	hooked     map[uint64]bool   // Streams whose Close will tell us
 	spare      []*block
 	closed     bool
@@ -91,9 +91,7 @@ func NewPoolMemoryResource(upstream MemoryResource, opts *PoolOptions) (*PoolMem
 		maximum:   o.MaximumPoolSize,
 		upstreams: map[DevicePtr]int{},
 		byStream:  map[uint64]*freeList{},
-		byStart:   map[DevicePtr]*block{},
-		byEnd:     map[DevicePtr]*block{},
-		live:      map[DevicePtr]int{},
+		live:      map[DevicePtr]*block{},
 		hooked:    map[uint64]bool{},
 	}
 	if CUDAAvailable() == nil {
@@ -116,7 +114,7 @@ func NewPoolMemoryResource(upstream MemoryResource, opts *PoolOptions) (*PoolMem
 			return nil, err
 		}
 		p.addUpstreamBlock(ptr, o.InitialPoolSize)
-		p.insertFree(l, ptr, o.InitialPoolSize)
+		l.insert(p.newBlock(ptr, o.InitialPoolSize))
 		l.dirty = true // a stream-ordered upstream gave it in the default stream's order
 		p.mu.Unlock()
 	}
@@ -164,27 +162,30 @@ func (p *PoolMemoryResource) Allocate(nbytes int, s StreamView) (DevicePtr, erro
 	if err != nil {
 		return 0, err
 	}
-	b, err := p.findBlock(l, n, s)
+	b, home, err := p.findBlock(l, n, s)
 	if err != nil {
 		return 0, err
 	}
 	if b == nil {
-		if b, err = p.grow(l, n, s); err != nil {
+		if b, err = p.grow(n, s, l); err != nil {
 			return 0, err
 		}
+		home = l
 	}
-	ptr := p.carve(b, n)
-	p.live[ptr] = nbytes
+	p.split(b, n, home)
+	b.free, b.req = false, nbytes
+	p.live[b.addr] = b
 	p.liveBytes += n
-	return ptr, nil
+	return b.addr, nil
 }
 
-// findBlock takes a free block of at least n bytes for stream s (own list l first, then other
-// lists, then merging other lists), removed from its list; nil when none is free.
-func (p *PoolMemoryResource) findBlock(l *freeList, n int, s StreamView) (*block, error) {
+// findBlock takes a free block of at least n bytes for stream s out of its list — own list l
+// first, then other lists, then merging other lists into l — and returns it with the list its
+// remainder belongs to; nil when none is free.
+func (p *PoolMemoryResource) findBlock(l *freeList, n int, s StreamView) (*block, *freeList, error) {
 	if b := l.bestFit(n); b != nil {
-		p.removeFree(b)
-		return b, nil
+		l.remove(b)
+		return b, l, nil
 	}
 	// A block that fits on its own in another stream's list: wait for that stream, take it. The
 	// remainder after the split stays in that list.
@@ -194,14 +195,10 @@ func (p *PoolMemoryResource) findBlock(l *freeList, n int, s StreamView) (*block
 		}
 		if b := o.bestFit(n); b != nil {
 			if err := p.waitFor(o, s); err != nil {
-				return nil, err
+				return nil, nil, err
 			}
-			p.removeFree(b)
-			if rest := b.size - n; rest > 0 {
-				p.insertFree(o, b.addr+DevicePtr(n), rest)
-				b.size = n
-			}
-			return b, nil
+			o.remove(b)
+			return b, o, nil
 		}
 	}
 	// Merge whole lists into ours, so that neighbours from different streams coalesce.
@@ -212,34 +209,39 @@ func (p *PoolMemoryResource) findBlock(l *freeList, n int, s StreamView) (*block
 			continue
 		}
 		if err := p.waitFor(o, s); err != nil {
-			return nil, err
+			return nil, nil, err
 		}
 		p.mergeInto(l, o)
 		if l.lazy {
 			l.dirty = true // l's event must now also cover what s waited for
 		} else if p.ctx != 0 {
 			if err := cuEventRecord(p.ctx, l.event, s.cu()); err != nil {
-				return nil, err
+				return nil, nil, err
 			}
 		}
 		p.dropList(o)
 		if b := l.bestFit(n); b != nil {
-			p.removeFree(b)
-			return b, nil
+			l.remove(b)
+			return b, l, nil
 		}
 	}
-	return nil, nil
+	return nil, nil, nil
 }
 
-// carve returns the first n bytes of free block b (already out of its list) and puts the rest
-// back into b's former list — the allocating stream's own list for a block found there or grown.
-func (p *PoolMemoryResource) carve(b *block, n int) DevicePtr {
-	ptr := b.addr
-	if rest := b.size - n; rest > 0 {
-		p.insertFree(b.list0, ptr+DevicePtr(n), rest)
+// split keeps the first n bytes of the free block b (out of every list) and puts the rest, as a
+// new free block after it, into list home.
+func (p *PoolMemoryResource) split(b *block, n int, home *freeList) {
+	if b.size == n {
+		return
 	}
-	p.spare = append(p.spare, b)
-	return ptr
+	r := p.newBlock(b.addr+DevicePtr(n), b.size-n)
+	r.prev, r.next = b, b.next
+	if b.next != nil {
+		b.next.prev = r
+	}
+	b.next = r
+	b.size = n
+	home.insert(r)
 }
 
 // growSize is librmm's growth policy for an n-byte request: the size to ask the upstream for
@@ -267,9 +269,9 @@ func (p *PoolMemoryResource) backOff(try, n int) int {
 	return max(n, try/2)
 }
 
-// grow takes a new block from the upstream for an n-byte request on s and returns it, out of any
-// list, with list0 set to l.
-func (p *PoolMemoryResource) grow(l *freeList, n int, s StreamView) (*block, error) {
+// grow takes a new block from the upstream for an n-byte request on s (whose list is l) and
+// returns it, free and out of every list.
+func (p *PoolMemoryResource) grow(n int, s StreamView, l *freeList) (*block, error) {
 	try := p.growSize(n)
 	if try == 0 {
 		DebugLogger().Debug("rmm: PoolMemoryResource cannot grow", "request", n, "pool_size", p.size, "maximum", p.maximum)
@@ -290,9 +292,7 @@ func (p *PoolMemoryResource) grow(l *freeList, n int, s StreamView) (*block, err
 				}
 			}
 			p.addUpstreamBlock(ptr, try)
-			b := p.newBlock(ptr, try)
-			b.list0 = l
-			return b, nil
+			return p.newBlock(ptr, try), nil
 		}
 		lastErr = err
 		if try == n {
@@ -328,15 +328,15 @@ func (p *PoolMemoryResource) Deallocate(ptr DevicePtr, nbytes int, s StreamView)
 	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	size, ok := p.live[ptr]
+	b, ok := p.live[ptr]
 	if !ok {
 		return fmt.Errorf("%w: PoolMemoryResource.Deallocate(%#x, %d): the pointer was not allocated by this pool or was already freed", ErrInvalidFree, uintptr(ptr), nbytes)
 	}
-	if size != nbytes {
-		return fmt.Errorf("%w: PoolMemoryResource.Deallocate(%#x, %d): the block was allocated with %d bytes", ErrInvalidFree, uintptr(ptr), nbytes, size)
+	if b.req != nbytes {
+		return fmt.Errorf("%w: PoolMemoryResource.Deallocate(%#x, %d): the block was allocated with %d bytes", ErrInvalidFree, uintptr(ptr), nbytes, b.req)
 	}
 	if p.closed {
-		return p.deallocateAfterClose(ptr, size, s)
+		return p.deallocateAfterClose(b, s)
 	}
 	l, err := p.listFor(s)
 	if errors.Is(err, ErrClosed) {
@@ -360,45 +360,37 @@ func (p *PoolMemoryResource) Deallocate(ptr DevicePtr, nbytes int, s StreamView)
 	} else {
 		l.dirty = true
 	}
-	n, _ := alignSize(size)
 	delete(p.live, ptr)
-	p.liveBytes -= n
-	p.insertFree(l, ptr, n)
+	p.liveBytes -= b.size
+	p.freeInto(l, b)
 	return nil
 }
 
-// insertFree adds [ptr, ptr+n) to list l, coalescing with l's free neighbours unless an upstream
-// block starts between them.
-func (p *PoolMemoryResource) insertFree(l *freeList, ptr DevicePtr, n int) *block {
-	end := ptr + DevicePtr(n)
-	if prev := p.byEnd[ptr]; prev != nil && prev.list == l {
-		if _, head := p.upstreams[ptr]; !head {
-			p.removeFree(prev)
-			ptr = prev.addr
-			n += prev.size
-			p.spare = append(p.spare, prev)
+// freeInto makes b free in list l, coalescing it with its address neighbours that are free in
+// l (neighbours are never in another upstream allocation). It returns the resulting block.
+func (p *PoolMemoryResource) freeInto(l *freeList, b *block) *block {
+	b.free, b.req = true, 0
+	if pr := b.prev; pr != nil && pr.free && pr.list == l {
+		l.remove(pr)
+		pr.size += b.size
+		pr.next = b.next
+		if b.next != nil {
+			b.next.prev = pr
 		}
+		p.recycle(b)
+		b = pr
 	}
-	if next := p.byStart[end]; next != nil && next.list == l {
-		if _, head := p.upstreams[end]; !head {
-			p.removeFree(next)
-			n += next.size
-			p.spare = append(p.spare, next)
+	if nx := b.next; nx != nil && nx.free && nx.list == l {
+		l.remove(nx)
+		b.size += nx.size
+		b.next = nx.next
+		if nx.next != nil {
+			nx.next.prev = b
 		}
+		p.recycle(nx)
 	}
-	b := p.newBlock(ptr, n)
 	l.insert(b)
-	p.byStart[b.addr] = b
-	p.byEnd[b.end()] = b
 	return b
-}
-
-// removeFree takes b out of its list and the address maps; b.list0 remembers the list.
-func (p *PoolMemoryResource) removeFree(b *block) {
-	b.list0 = b.list
-	b.list.remove(b)
-	delete(p.byStart, b.addr)
-	delete(p.byEnd, b.end())
 }
 
 func (p *PoolMemoryResource) newBlock(ptr DevicePtr, n int) *block {
@@ -406,12 +398,16 @@ func (p *PoolMemoryResource) newBlock(ptr DevicePtr, n int) *block {
 	if k := len(p.spare); k > 0 {
 		b = p.spare[k-1]
 		p.spare = p.spare[:k-1]
-		*b = block{}
 	} else {
 		b = new(block)
 	}
-	b.addr, b.size = ptr, n
+	*b = block{addr: ptr, size: n, free: true}
 	return b
+}
+
+func (p *PoolMemoryResource) recycle(b *block) {
+	*b = block{}
+	p.spare = append(p.spare, b)
 }
 
 // mergeInto moves every block of o into l, coalescing.
@@ -419,9 +415,8 @@ func (p *PoolMemoryResource) mergeInto(l, o *freeList) {
 	var blocks []*block
 	o.each(func(b *block) { blocks = append(blocks, b) })
 	for _, b := range blocks {
-		p.removeFree(b)
-		p.insertFree(l, b.addr, b.size)
-		p.spare = append(p.spare, b)
+		o.remove(b)
+		p.freeInto(l, b)
 	}
 }
 
@@ -581,7 +576,7 @@ func (p *PoolMemoryResource) releaseWhole() (*freeList, error) {
 	var firstErr error
 	var whole []*block
 	def.each(func(b *block) {
-		if size, head := p.upstreams[b.addr]; head && size == b.size {
+		if b.prev == nil && b.next == nil { // no neighbour: the whole upstream allocation
 			whole = append(whole, b)
 		}
 	})
@@ -598,11 +593,11 @@ func (p *PoolMemoryResource) returnUpstream(b *block) error {
 	if err := p.upstream.Deallocate(b.addr, b.size, DefaultStream); err != nil {
 		return fmt.Errorf("PoolMemoryResource: returning %d bytes at %#x to %s: %w", b.size, uintptr(b.addr), resourceName(p.upstream), err)
 	}
-	p.removeFree(b)
+	b.list.remove(b)
 	delete(p.upstreams, b.addr)
 	p.size -= b.size
 	p.sizeAtomic.Store(int64(p.size))
-	p.spare = append(p.spare, b)
+	p.recycle(b)
 	return nil
 }
 
@@ -643,17 +638,16 @@ func (p *PoolMemoryResource) Close() error {
 // deallocateAfterClose frees an allocation that outlived Close: the stream is synchronised (the
 // pool has no events any more), the block is coalesced, and its upstream block is returned when
 // wholly free.
-func (p *PoolMemoryResource) deallocateAfterClose(ptr DevicePtr, size int, s StreamView) error {
+func (p *PoolMemoryResource) deallocateAfterClose(b *block, s StreamView) error {
 	if p.ctx != 0 {
 		if err := cuStreamSynchronize(p.ctx, s.cu()); err != nil {
 			return fmt.Errorf("PoolMemoryResource.Deallocate after Close: synchronising %v: %w", s, err)
 		}
 	}
-	n, _ := alignSize(size)
-	delete(p.live, ptr)
-	p.liveBytes -= n
-	b := p.insertFree(p.closedList, ptr, n)
-	if up, head := p.upstreams[b.addr]; head && up == b.size {
+	delete(p.live, b.addr)
+	p.liveBytes -= b.size
+	b = p.freeInto(p.closedList, b)
+	if b.prev == nil && b.next == nil {
 		return p.returnUpstream(b)
 	}
 	return nil

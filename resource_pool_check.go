@@ -41,22 +41,17 @@ func (p *PoolMemoryResource) Stats() PoolStats {
 }
 
 // CheckInvariants verifies the pool's internal state and returns the first violation found: every
-// free list is a well-formed treap ordered by (size, address) whose counts match; the address
-// maps index exactly the free blocks; free and live blocks are 256-aligned, do not overlap and lie
-// inside the upstream blocks, whose total is PoolSize; free bytes plus live bytes equal PoolSize;
-// and no two free blocks of one list are adjacent within one upstream block (coalescing is
-// complete). It takes O(n log n) time and is meant for tests.
+// free list is a well-formed treap ordered by (size, address) whose counts match and whose blocks
+// are free and name it; the live map holds exactly the allocated blocks, each 256-aligned and
+// rounded; each upstream allocation is one chain of blocks linked to their address neighbours,
+// covering it exactly, and together they hold every block; free bytes plus live bytes equal
+// PoolSize; and no two neighbours are free in the same list (coalescing is complete). It takes
+// O(n log n) time and is meant for tests.
 func (p *PoolMemoryResource) CheckInvariants() error {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	type span struct {
-		addr DevicePtr
-		size int
-		free bool
-		list *freeList
-	}
-	var spans []span
-	freeCount, freeBytes := 0, 0
+	all := map[DevicePtr]*block{}
+	freeBytes := 0
 	for _, l := range p.lists {
 		if p.byStream[l.stream.id] != l {
 			return fmt.Errorf("list of %v is not indexed by its stream", l.stream)
@@ -81,13 +76,13 @@ func (p *PoolMemoryResource) CheckInvariants() error {
 			prev = t
 			n++
 			bytes += t.size
-			if t.list != l {
-				err = fmt.Errorf("block %#x is in the treap of %v but names another list", uintptr(t.addr), l.stream)
+			if t.list != l || !t.free {
+				err = fmt.Errorf("block %#x is in the treap of %v but names another list or is not free", uintptr(t.addr), l.stream)
 			}
-			if p.byStart[t.addr] != t || p.byEnd[t.end()] != t {
-				err = fmt.Errorf("block %#x (%d bytes) is not indexed by its start and end", uintptr(t.addr), t.size)
+			if all[t.addr] != nil {
+				err = fmt.Errorf("block %#x is indexed twice", uintptr(t.addr))
 			}
-			spans = append(spans, span{t.addr, t.size, true, l})
+			all[t.addr] = t
 			walk(t.right, t.prio, false)
 		}
 		walk(l.root, 0, true)
@@ -97,17 +92,23 @@ func (p *PoolMemoryResource) CheckInvariants() error {
 		if n != l.count || bytes != l.bytes {
 			return fmt.Errorf("list of %v counts %d blocks / %d bytes, holds %d / %d", l.stream, l.count, l.bytes, n, bytes)
 		}
-		freeCount += n
 		freeBytes += bytes
 	}
-	if len(p.byStart) != freeCount || len(p.byEnd) != freeCount {
-		return fmt.Errorf("address maps hold %d/%d entries for %d free blocks", len(p.byStart), len(p.byEnd), freeCount)
-	}
 	liveBytes := 0
-	for ptr, size := range p.live {
-		n, _ := alignSize(size)
-		liveBytes += n
-		spans = append(spans, span{ptr, n, false, nil})
+	for ptr, b := range p.live {
+		n, _ := alignSize(b.req)
+		switch {
+		case b.addr != ptr:
+			return fmt.Errorf("live block %#x is indexed at %#x", uintptr(b.addr), uintptr(ptr))
+		case b.free || b.list != nil:
+			return fmt.Errorf("live block %#x is marked free or listed", uintptr(ptr))
+		case b.size != n:
+			return fmt.Errorf("live block %#x of %d bytes was asked for %d", uintptr(ptr), b.size, b.req)
+		case all[ptr] != nil:
+			return fmt.Errorf("block %#x is both free and live", uintptr(ptr))
+		}
+		all[ptr] = b
+		liveBytes += b.size
 	}
 	if liveBytes != p.liveBytes {
 		return fmt.Errorf("live bytes counted %d, sum %d", p.liveBytes, liveBytes)
@@ -115,43 +116,50 @@ func (p *PoolMemoryResource) CheckInvariants() error {
 	if freeBytes+liveBytes != p.size {
 		return fmt.Errorf("free %d + live %d bytes != pool size %d", freeBytes, liveBytes, p.size)
 	}
-	type up struct {
-		addr DevicePtr
-		size int
+	total, visited := 0, 0
+	ups := make([]DevicePtr, 0, len(p.upstreams))
+	for a := range p.upstreams {
+		ups = append(ups, a)
 	}
-	ups := make([]up, 0, len(p.upstreams))
-	total := 0
-	for a, n := range p.upstreams {
-		ups = append(ups, up{a, n})
-		total += n
-	}
-	if total != p.size {
-		return fmt.Errorf("upstream blocks total %d bytes, pool size %d", total, p.size)
-	}
-	sort.Slice(ups, func(i, j int) bool { return ups[i].addr < ups[j].addr })
-	sort.Slice(spans, func(i, j int) bool { return spans[i].addr < spans[j].addr })
-	u := 0
-	for i, s := range spans {
-		if s.addr%Alignment != 0 || s.size <= 0 || s.size%Alignment != 0 && !s.free {
-			return fmt.Errorf("block %#x of %d bytes is not 256-aligned", uintptr(s.addr), s.size)
+	sort.Slice(ups, func(i, j int) bool { return ups[i] < ups[j] })
+	for _, a := range ups {
+		size := p.upstreams[a]
+		total += size
+		b := all[a]
+		if b == nil {
+			return fmt.Errorf("no block starts the upstream allocation %#x", uintptr(a))
 		}
-		for u < len(ups) && ups[u].addr+DevicePtr(ups[u].size) <= s.addr {
-			u++
+		if b.prev != nil {
+			return fmt.Errorf("the first block of upstream allocation %#x has a previous neighbour", uintptr(a))
 		}
-		if u == len(ups) || s.addr < ups[u].addr || s.addr+DevicePtr(s.size) > ups[u].addr+DevicePtr(ups[u].size) {
-			return fmt.Errorf("block %#x of %d bytes is not inside one upstream block", uintptr(s.addr), s.size)
-		}
-		if i > 0 {
-			q := spans[i-1]
-			if q.addr+DevicePtr(q.size) > s.addr {
-				return fmt.Errorf("blocks %#x (%d bytes) and %#x overlap", uintptr(q.addr), q.size, uintptr(s.addr))
+		covered := 0
+		for ; b != nil; b = b.next {
+			visited++
+			if b.addr%Alignment != 0 || b.size <= 0 {
+				return fmt.Errorf("block %#x of %d bytes is not 256-aligned", uintptr(b.addr), b.size)
 			}
-			if q.free && s.free && q.list == s.list && q.addr+DevicePtr(q.size) == s.addr {
-				if _, head := p.upstreams[s.addr]; !head {
-					return fmt.Errorf("free blocks %#x and %#x of one list are adjacent but not coalesced", uintptr(q.addr), uintptr(s.addr))
+			if all[b.addr] != b {
+				return fmt.Errorf("block %#x is linked but neither free in a list nor live", uintptr(b.addr))
+			}
+			covered += b.size
+			if nx := b.next; nx != nil {
+				if nx.prev != b || nx.addr != b.end() {
+					return fmt.Errorf("blocks %#x and %#x are badly linked", uintptr(b.addr), uintptr(nx.addr))
+				}
+				if b.free && nx.free && b.list == nx.list {
+					return fmt.Errorf("free blocks %#x and %#x of one list are adjacent but not coalesced", uintptr(b.addr), uintptr(nx.addr))
 				}
 			}
 		}
+		if covered != size {
+			return fmt.Errorf("upstream allocation %#x of %d bytes is covered by %d bytes of blocks", uintptr(a), size, covered)
+		}
+	}
+	if visited != len(all) {
+		return fmt.Errorf("%d blocks, %d of them in an upstream allocation's chain", len(all), visited)
+	}
+	if total != p.size {
+		return fmt.Errorf("upstream blocks total %d bytes, pool size %d", total, p.size)
 	}
 	return nil
 }
