@@ -57,7 +57,7 @@ type PoolMemoryResource struct {
 	byStream   map[uint64]*freeList
 	live       map[DevicePtr]*block // allocated blocks by address
 	liveBytes  int                  // sum of the rounded sizes of live allocations
-	hooked     map[uint64]bool   // Streams whose Close will tell us
+	hooked     map[uint64]bool      // Streams whose Close will tell us
 	spare      []*block
 	closed     bool
 	closedList *freeList // after Close: the one list left
