@@ -83,7 +83,9 @@ func (p *Profiler) Records() map[string]ProfilerRecord {
 // "<file>:<line>(<function>)", where f is defined, as the Python decorator does. The figures are
 // recorded also when f panics. The error, when statistics are enabled and the counter stack was
 // not as deep after f as before it (f, or another goroutine, pushed or popped levels without
-// balancing them), wraps ErrInvalidArgument; nothing is recorded then.
+// balancing them), wraps ErrInvalidArgument; nothing is recorded then. Blocks profiled from
+// several goroutines at once on one statistics adaptor do not nest and fail this way; see
+// WithStatistics for the rule and the recovery.
 func (p *Profiler) Profile(name string, f func()) (err error) {
 	if name == "" {
 		name = funcLocation(f)

@@ -39,6 +39,10 @@ type ReinitializeOptions struct {
 	// "/current/dir/rmm_log.dev0.csv" for device 0. Default "": the RMM_LOG_FILE environment
 	// variable; with Logging and neither set, Reinitialize returns ErrInvalidArgument.
 	LogFileName string
+	// AutoFlush flushes each log after every line (LoggingOptions.AutoFlush), so that a log can be
+	// read while the program runs. Default false: lines are buffered until FlushLogs,
+	// DisableLogging or the next Reinitialize.
+	AutoFlush bool
 }
 
 var (
@@ -165,6 +169,8 @@ func reinitCheck(o *ReinitializeOptions) ([]Device, map[Device]string, error) {
 		return nil, nil, bad("InitialPoolSize %d exceeds MaximumPoolSize %d", o.InitialPoolSize, o.MaximumPoolSize)
 	case !o.Logging && o.LogFileName != "":
 		return nil, nil, bad("LogFileName %q is only used with Logging", o.LogFileName)
+	case !o.Logging && o.AutoFlush:
+		return nil, nil, bad("AutoFlush is only used with Logging")
 	}
 	devices := o.Devices
 	if devices == nil {
@@ -261,7 +267,7 @@ func reinitBuild(d Device, o *ReinitializeOptions, logName string) (mr MemoryRes
 		made = append(made, pool)
 	}
 	if o.Logging {
-		lg, err := NewLoggingResourceAdaptorFile(mr, logName, nil)
+		lg, err := NewLoggingResourceAdaptorFile(mr, logName, &LoggingOptions{AutoFlush: o.AutoFlush})
 		if err != nil {
 			return nil, made, err
 		}
@@ -344,25 +350,57 @@ func perDeviceSnapshot() map[Device]MemoryResource {
 	return out
 }
 
-// LogFileNames returns the log file of every device whose resource is a LoggingResourceAdaptor
-// writing to a file (set up by Reinitialize, EnableLogging or NewLoggingResourceAdaptorFile), as
-// Python's rmm.get_log_filenames: absolute paths for the files Reinitialize and EnableLogging
-// create. Devices without a log are absent.
+// loggingIn returns the first LoggingResourceAdaptor in mr's chain of upstreams (mr itself, or
+// below adaptors such as a StatisticsResourceAdaptor that EnableStatistics put on top), and
+// whether it is mr itself.
+func loggingIn(mr MemoryResource) (lg *LoggingResourceAdaptor, top bool) {
+	for i := 0; mr != nil; i++ {
+		if lg, ok := mr.(*LoggingResourceAdaptor); ok {
+			return lg, i == 0
+		}
+		u, ok := mr.(Upstreamer)
+		if !ok {
+			return nil, false
+		}
+		mr = u.Upstream()
+	}
+	return nil, false
+}
+
+// LogFileNames returns the log file of every device whose resource logs to a file — a
+// LoggingResourceAdaptor set up by Reinitialize, EnableLogging or NewLoggingResourceAdaptorFile,
+// as the resource or below other adaptors — as Python's rmm.get_log_filenames: absolute paths for
+// the files Reinitialize and EnableLogging create. Devices without a log are absent. Logs are
+// buffered unless AutoFlush was asked for: FlushLogs writes out what is pending.
 func LogFileNames() map[Device]string {
 	out := map[Device]string{}
 	for d, mr := range perDeviceSnapshot() {
-		if lg, ok := mr.(*LoggingResourceAdaptor); ok && lg.file != nil {
+		if lg, _ := loggingIn(mr); lg != nil && lg.file != nil {
 			out[d] = lg.file.Name()
 		}
 	}
 	return out
 }
 
+// FlushLogs flushes every device's LoggingResourceAdaptor (found as LogFileNames finds them) and
+// returns the first error.
+func FlushLogs() error {
+	var errs []error
+	for d, mr := range perDeviceSnapshot() {
+		if lg, _ := loggingIn(mr); lg != nil {
+			if err := lg.Flush(); err != nil {
+				errs = append(errs, fmt.Errorf("rmm: FlushLogs: %s: %w", d, err))
+			}
+		}
+	}
+	return errors.Join(errs...)
+}
+
 // EnableLogging wraps the resource of every device that has one recorded (set, or looked up since
 // the program started), and of the current device, in a LoggingResourceAdaptor writing to a file
 // per device named as ReinitializeOptions.LogFileName describes (fileName "" means RMM_LOG_FILE;
 // neither set returns ErrInvalidArgument), as Python's rmm.enable_logging. Devices whose resource
-// is already a LoggingResourceAdaptor are left alone. On an error (a file that cannot be created)
+// already logs (a LoggingResourceAdaptor as the resource or below it) are left alone. On an error (a file that cannot be created)
 // nothing is changed. Allocations made before the call are freed through the old resource and so
 // are not logged.
 func EnableLogging(fileName string) error {
@@ -374,7 +412,7 @@ func EnableLogging(fileName string) error {
 	snap := perDeviceSnapshot()
 	devs := make([]Device, 0, len(snap))
 	for d, mr := range snap {
-		if _, ok := mr.(*LoggingResourceAdaptor); !ok {
+		if lg, _ := loggingIn(mr); lg == nil {
 			devs = append(devs, d)
 		}
 	}
@@ -404,7 +442,8 @@ func EnableLogging(fileName string) error {
 }
 
 // DisableLogging replaces every device's resource that is a LoggingResourceAdaptor by its
-// upstream, as Python's rmm.disable_logging. Adaptors made by Reinitialize or EnableLogging are
+// upstream, as Python's rmm.disable_logging. A log below another adaptor (EnableStatistics after
+// logging) is flushed and reported as an error wrapping ErrNotSupported, not removed. Adaptors made by Reinitialize or EnableLogging are
 // closed (their logs flushed, their files closed); others are flushed only. Memory allocated
 // through an adaptor may still be freed through it: the free reaches the upstream, unlogged once
 // it is closed. It returns the first error flushing or closing a log.
@@ -419,8 +458,16 @@ func DisableLogging() error {
 	}
 	slices.Sort(devs)
 	for _, d := range devs {
-		lg, ok := snap[d].(*LoggingResourceAdaptor)
-		if !ok {
+		lg, top := loggingIn(snap[d])
+		if lg == nil {
+			continue
+		}
+		if !top {
+			// Another adaptor sits on it: unwrapping would drop that adaptor too.
+			if err := lg.Flush(); err != nil {
+				errs = append(errs, fmt.Errorf("rmm: DisableLogging: %s: %w", d, err))
+			}
+			errs = append(errs, fmt.Errorf("%w: rmm: DisableLogging: %s: the log is below %s; remove that adaptor first (the log was flushed)", ErrNotSupported, d, resourceName(snap[d])))
 			continue
 		}
 		if _, err := SetPerDeviceResource(d, lg.Upstream()); err != nil {

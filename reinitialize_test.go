@@ -298,3 +298,41 @@ func TestEnableDisableLogging(t *testing.T) {
 	require.NoError(t, err, "still open")
 	require.NoError(t, mine.Deallocate(p, 256, DefaultStream))
 }
+
+// Logging below a statistics adaptor is still found, flushed, and not silently left on.
+func TestLoggingBelowStatistics(t *testing.T) {
+	dir := t.TempDir()
+	prev := CurrentDeviceResource()
+	defer SetCurrentDeviceResource(prev)
+	require.NoError(t, Reinitialize(&ReinitializeOptions{PoolAllocator: true, InitialPoolSize: 1 << 20, Logging: true, LogFileName: dir + "/stacked.csv"}))
+	defer Reinitialize(nil)
+	EnableStatistics()
+	names := LogFileNames()
+	require.Equal(t, dir+"/stacked.dev0.csv", names[CurrentDevice()])
+	v, err := NewUvector[float32](10, DefaultStream, nil)
+	require.NoError(t, err)
+	require.NoError(t, v.Close())
+	require.NoError(t, FlushLogs())
+	events, err := ReadLogFile(names[CurrentDevice()])
+	require.NoError(t, err)
+	require.Len(t, events, 2, "an allocate and a free, readable after FlushLogs")
+	require.NoError(t, EnableLogging(dir+"/again.csv"), "already logging: nothing added")
+	_, stacked := CurrentDeviceResource().(*StatisticsResourceAdaptor)
+	require.True(t, stacked)
+	require.ErrorIs(t, DisableLogging(), ErrNotSupported)
+}
+
+func TestReinitializeAutoFlush(t *testing.T) {
+	dir := t.TempDir()
+	prev := CurrentDeviceResource()
+	defer SetCurrentDeviceResource(prev)
+	require.ErrorIs(t, Reinitialize(&ReinitializeOptions{AutoFlush: true}), ErrInvalidArgument)
+	require.NoError(t, Reinitialize(&ReinitializeOptions{Logging: true, LogFileName: dir + "/auto.csv", AutoFlush: true}))
+	defer Reinitialize(nil)
+	p, err := CurrentDeviceResource().Allocate(1000, DefaultStream)
+	require.NoError(t, err)
+	events, err := ReadLogFile(LogFileNames()[CurrentDevice()])
+	require.NoError(t, err)
+	require.Len(t, events, 1, "readable at once")
+	require.NoError(t, CurrentDeviceResource().Deallocate(p, 1000, DefaultStream))
+}

@@ -322,8 +322,11 @@ func PopStatistics() (Statistics, error) {
 // wraps ErrInvalidArgument. The counter stack belongs to the adaptor and is shared by every
 // goroutine allocating through it: a scope counts the allocations other goroutines make while it
 // runs, and scopes opened concurrently by several goroutines do not nest, which is reported as
-// that error. Memory allocated inside f through a temporary adaptor may be freed through that
-// adaptor or through the previous resource, to which it forwards.
+// that error: open such scopes from one goroutine at a time (or give each its own adaptor). After
+// that error the unbalanced levels stay on the stack, since popping them could close another
+// goroutine's open scope; once no scope is open, PopCounters until Depth() is 1 restores the
+// stack. Memory allocated inside f through a temporary adaptor may be freed through that adaptor
+// or through the previous resource, to which it forwards.
 func WithStatistics(f func()) (st Statistics, err error) {
 	statsMu.Lock()
 	prev := CurrentDeviceResource()
