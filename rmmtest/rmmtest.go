@@ -163,6 +163,12 @@ type Options struct {
 	// sizes (Sizes), which may always fail with rmm.ErrOutOfMemory.
 	Capacity int
 
+	// MayRunOutOfMemory declares that any allocation may fail with rmm.ErrOutOfMemory, whatever
+	// is live — for resources that run out before their capacity (a bump allocator that reuses
+	// memory only when everything is freed, a fragmenting arena). A failed allocation must still
+	// leave everything as it was. Default false: allocations fail only as Capacity allows.
+	MayRunOutOfMemory bool
+
 	// Streams is the number of Streams, besides rmm.DefaultStream, that allocations and frees
 	// are spread over. Default 0 means 3; a negative value means DefaultStream only.
 	Streams int
@@ -192,6 +198,7 @@ type config struct {
 	upstream           func() rmm.MemoryResource
 	detectsInvalidFree bool
 	maxSize            int // largest drawn size: min(MaxAllocationSize, Capacity)
+	mayRunOutAnywhere  bool
 	maxAllocationSize  int
 	capacity           int
 	streams            int
@@ -212,6 +219,7 @@ func resolve(opts *Options) (*config, error) {
 		detectsInvalidFree: o.DetectsInvalidFree,
 		maxAllocationSize:  o.MaxAllocationSize,
 		capacity:           o.Capacity,
+		mayRunOutAnywhere:  o.MayRunOutOfMemory,
 		streams:            o.Streams,
 		sequences:          o.Sequences,
 		maxCommands:        o.MaxCommands,
@@ -272,7 +280,7 @@ func resolve(opts *Options) (*config, error) {
 // mayRunOut reports whether a checklist allocation of n bytes may fail with ErrOutOfMemory while
 // live bytes (each rounded to 256) are live.
 func (c *config) mayRunOut(live, n int) bool {
-	return c.capacity > 0 && live+roundUp(n) > c.capacity/2
+	return c.mayRunOutAnywhere || c.capacity > 0 && live+roundUp(n) > c.capacity/2
 }
 
 // Run runs the conformance suite against the resources newResource builds, as sub-tests of t.

@@ -84,3 +84,18 @@ func TestRunFails(t *testing.T) {
 	require.Contains(t, s, fmt.Sprintf("seed 99: replay with %s=99 go test -run '^TestRunFailingChild$/^StateMachine$'", rmmtest.SeedEnv))
 	require.Contains(t, s, fmt.Sprintf("replay with %s=99 go test -run '^TestRunFailingChild$/^RandomSizes$/^DefaultStream$'", rmmtest.SeedEnv))
 }
+
+// A bump allocator with a small block runs out long before half its capacity is live: it passes
+// only when it declares MayRunOutOfMemory.
+func TestMayRunOutOfMemory(t *testing.T) {
+	const block = 8 << 20
+	build := func(up rmm.MemoryResource) (rmm.MemoryResource, error) { return NewBumpResource(up, block), nil }
+	opts := rmmtest.Options{DetectsInvalidFree: true, MaxAllocationSize: 4 << 20, Capacity: block, Sequences: 30}
+	if err := rmmtest.Check(build, &opts); err == nil {
+		t.Fatal("a bump allocator that runs out early passed without MayRunOutOfMemory")
+	}
+	opts.MayRunOutOfMemory = true
+	if err := rmmtest.Check(build, &opts); err != nil {
+		t.Fatalf("with MayRunOutOfMemory: %v", err)
+	}
+}
