@@ -32,21 +32,40 @@ type TrackedAllocation struct {
 	Stack []uintptr
 }
 
-// Frames resolves the allocation's stack to functions, files and lines (runtime.CallersFrames);
-// nil when no stack was captured.
+// Frames resolves the allocation's stack to functions, files and lines (runtime.CallersFrames),
+// leaving out the innermost frames that are inside this package (adaptors, containers), so that
+// the first frame is the program's own call — NewUvector's caller rather than NewUvector; nil when
+// no stack was captured.
 func (a TrackedAllocation) Frames() []runtime.Frame {
 	if len(a.Stack) == 0 {
 		return nil
 	}
 	var out []runtime.Frame
 	frames := runtime.CallersFrames(a.Stack)
+	inside := true
 	for {
 		f, more := frames.Next()
+		if inside && isPackageFrame(f.Function) && more {
+			continue // keep at least the outermost frame
+		}
+		inside = false
 		out = append(out, f)
 		if !more {
 			return out
 		}
 	}
+}
+
+// isPackageFrame reports whether function (as runtime.Frame names it) belongs to this package,
+// not to its tests or other packages.
+func isPackageFrame(function string) bool {
+	const pkg = "github.com/gormm/rmm."
+	if !strings.HasPrefix(function, pkg) {
+		return false
+	}
+	rest := function[len(pkg):]
+	// Test functions of the package keep their frames: they are the program here.
+	return !strings.HasPrefix(rest, "Test") && !strings.Contains(rest, ".Test") && !strings.HasPrefix(rest, "Example")
 }
 
 // trackedInfo is what the adaptor keeps per pointer.
