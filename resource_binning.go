@@ -17,6 +17,10 @@ type BinningOptions struct {
 	// must be in 0..62 with MinSizeExponent ≤ MaxSizeExponent.
 	MinSizeExponent int
 	MaxSizeExponent int
+	// BlocksToPreallocate is the number of blocks each bin the resource makes (here and in
+	// AddBin without a resource) takes from the upstream at a time
+	// (FixedSizeOptions.BlocksToPreallocate). Default 0 means 128, librmm's.
+	BlocksToPreallocate int
 }
 
 // BinningMemoryResource sends each request to a bin by size, as librmm's
@@ -35,8 +39,9 @@ type BinningMemoryResource struct {
 	upstream MemoryResource
 	bins     atomic.Pointer[[]binningBin] // sorted by size
 
-	mu    sync.Mutex // AddBin, Close
-	owned []*FixedSizeMemoryResource
+	mu       sync.Mutex // AddBin, Close
+	owned    []*FixedSizeMemoryResource
+	prealloc int // blocks per bin made here; 0 = the fixed-size default
 }
 
 type binningBin struct {
@@ -55,6 +60,10 @@ func NewBinningMemoryResource(upstream MemoryResource, opts *BinningOptions) (*B
 	if opts == nil {
 		return r, nil
 	}
+	if opts.BlocksToPreallocate < 0 {
+		return nil, fmt.Errorf("%w: NewBinningMemoryResource: negative BlocksToPreallocate %d", ErrInvalidArgument, opts.BlocksToPreallocate)
+	}
+	r.prealloc = opts.BlocksToPreallocate
 	lo, hi := opts.MinSizeExponent, opts.MaxSizeExponent
 	if (lo == 0 && hi == 0) || (lo == -1 && hi == -1) {
 		return r, nil
@@ -103,7 +112,7 @@ func (r *BinningMemoryResource) AddBin(size int, mr MemoryResource) error {
 		if exists {
 			return nil
 		}
-		f, err := NewFixedSizeMemoryResource(r.upstream, &FixedSizeOptions{BlockSize: n})
+		f, err := NewFixedSizeMemoryResource(r.upstream, &FixedSizeOptions{BlockSize: n, BlocksToPreallocate: r.prealloc})
 		if err != nil {
 			return fmt.Errorf("BinningMemoryResource.AddBin(%d): %w", size, err)
 		}
@@ -134,6 +143,12 @@ func (r *BinningMemoryResource) BinSizes() []int {
 // resourceFor returns the resource serving nbytes: the smallest bin of at least nbytes, else
 // the upstream.
 func (r *BinningMemoryResource) resourceFor(nbytes int) MemoryResource {
+	mr, _ := r.binFor(nbytes)
+	return mr
+}
+
+// binFor returns the resource nbytes goes to and the size of its bin (0 for the upstream).
+func (r *BinningMemoryResource) binFor(nbytes int) (MemoryResource, int) {
 	bins := *r.bins.Load()
 	lo, hi := 0, len(bins)
 	for lo < hi {
@@ -145,25 +160,44 @@ func (r *BinningMemoryResource) resourceFor(nbytes int) MemoryResource {
 		}
 	}
 	if lo < len(bins) {
-		return bins[lo].mr
+		return bins[lo].mr, bins[lo].size
 	}
-	return r.upstream
+	return r.upstream, 0
+}
+
+// binError says which bin an error came from: a free with the wrong size goes to another bin than
+// its allocation, and the bin's own message cannot tell.
+func binError(op string, nbytes, bin int, err error) error {
+	if bin == 0 {
+		return fmt.Errorf("BinningMemoryResource.%s(%d bytes, larger than every bin, to the upstream): %w", op, nbytes, err)
+	}
+	return fmt.Errorf("BinningMemoryResource.%s(%d bytes, in the bin of %d bytes): %w", op, nbytes, bin, err)
 }
 
 // Allocate passes the request to the smallest bin of at least nbytes bytes, or to the upstream
 // when it is larger than every bin, and returns that resource's answer (its memory is ordered on
-// s as that resource orders it). A negative size is ErrInvalidArgument.
+// s as that resource orders it), errors wrapped with the bin they came from. A negative size is
+// ErrInvalidArgument.
 func (r *BinningMemoryResource) Allocate(nbytes int, s StreamView) (DevicePtr, error) {
 	if nbytes < 0 {
 		return 0, invalidSize("BinningMemoryResource", "Allocate", nbytes)
 	}
-	return r.resourceFor(nbytes).Allocate(nbytes, s)
+	mr, bin := r.binFor(nbytes)
+	p, err := mr.Allocate(nbytes, s)
+	if err != nil {
+		return 0, binError("Allocate", nbytes, bin, err)
+	}
+	return p, nil
 }
 
 // Deallocate passes p to the resource that nbytes selects (the same rule as Allocate) and
-// returns its answer.
+// returns its answer, an error wrapped with the bin it came from.
 func (r *BinningMemoryResource) Deallocate(p DevicePtr, nbytes int, s StreamView) error {
-	return r.resourceFor(nbytes).Deallocate(p, nbytes, s)
+	mr, bin := r.binFor(nbytes)
+	if err := mr.Deallocate(p, nbytes, s); err != nil {
+		return binError("Deallocate", nbytes, bin, err)
+	}
+	return nil
 }
 
 // Release releases the bins the resource made (FixedSizeMemoryResource.Release) and returns the

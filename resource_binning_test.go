@@ -291,3 +291,19 @@ func TestBinningConcurrentAddBin(t *testing.T) {
 	require.NoError(t, b.Close())
 	require.Zero(t, sim.UsedBytes(), "every made bin closed")
 }
+
+func TestBinningBlocksToPreallocate(t *testing.T) {
+	sim, _ := NewSimulatedMemoryResource(1 << 40)
+	b, err := NewBinningMemoryResource(sim, &BinningOptions{MinSizeExponent: 18, MaxSizeExponent: 22, BlocksToPreallocate: 4})
+	require.NoError(t, err)
+	require.Equal(t, 4*(256+512+1024+2048+4096)<<10, sim.UsedBytes(), "4 blocks per bin, not 128")
+	p, err := b.Allocate(100, DefaultStream)
+	require.NoError(t, err)
+	err = b.Deallocate(p, 2000, DefaultStream) // another bin than the allocation's
+	require.ErrorIs(t, err, ErrInvalidFree)
+	require.Contains(t, err.Error(), "BinningMemoryResource.Deallocate(2000 bytes, in the bin of 262144 bytes)")
+	require.NoError(t, b.Deallocate(p, 100, DefaultStream))
+	_, err = NewBinningMemoryResource(sim, &BinningOptions{BlocksToPreallocate: -1})
+	require.ErrorIs(t, err, ErrInvalidArgument)
+	require.NoError(t, b.Close())
+}
