@@ -35,8 +35,10 @@ type ReinitializeOptions struct {
 	// to a file per device (see LogFileName). Default false.
 	Logging bool
 	// LogFileName is the log file name; only with Logging. Each device's log goes to this name
-	// with ".dev<N>" inserted before the extension, made absolute: "rmm_log.csv" gives
-	// "/current/dir/rmm_log.dev0.csv" for device 0. Default "": the RMM_LOG_FILE environment
+	// with ".dev<N>" inserted before the extension (what follows the last dot, as Python's
+	// os.path.splitext), made absolute: "rmm_log.csv" gives "/current/dir/rmm_log.dev0.csv" for
+	// device 0, "noext" gives "noext.dev0", "trace.csv.gz" gives "trace.csv.dev0.gz". The log is
+	// plain CSV whatever the name (ReadLog reads it either way). Default "": the RMM_LOG_FILE environment
 	// variable; with Logging and neither set, Reinitialize returns ErrInvalidArgument.
 	LogFileName string
 	// AutoFlush flushes each log after every line (LoggingOptions.AutoFlush), so that a log can be

@@ -33,8 +33,9 @@ type ArenaOptions struct {
 	// of 256 and must then be at least 1 MiB (ArenaMinSuperblockSize). Default 0: half of the
 	// current device's free memory (PercentOfFreeDeviceMemory(50)), as librmm.
 	ArenaSize int
-	// DumpLogOnFailure writes the arena's state to a file when an allocation fails even after
-	// defragmentation: the size asked, the arena size, the number of superblocks, the total free
+	// DumpLogOnFailure writes the arena's state to a file when an allocation fails: after
+	// defragmentation did not help, or at once for a request larger than the arena. It records
+	// the size asked, the arena size, the number of superblocks, the total free
 	// bytes, the largest free block and the fragmentation (1 − largest free / total free) × 100
 	// with two decimals, as Info records, then one Debug record per superblock (owner, start,
 	// end, size, empty, free blocks, largest free block, gap to the previous one), in log/slog's

@@ -51,7 +51,7 @@ func computeElemTypeCheck(t reflect.Type) error {
 	return &elemTypeError{fmt.Sprintf("element type %s holds a Go pointer in field %s (%s, a %s): %s", t, path, bad, kindName(bad), plainDataOnly)}
 }
 
-const plainDataOnly = "Go pointers cannot live in device memory, which the collector does not see; use plain data (numbers, bools, and arrays and structs of them)"
+const plainDataOnly = "Go pointers cannot live in memory the collector does not see (device, pinned or C memory); use plain data (numbers, bools, and arrays and structs of them)"
 
 // findGoPointer returns the path and type of the first part of t that holds a Go pointer, or a
 // nil type when there is none.

@@ -245,7 +245,7 @@ func run(args []string, stdout, stderr io.Writer) error {
 		walls[i] = x.Wall
 	}
 	sort.Slice(walls, func(i, j int) bool { return walls[i] < walls[j] })
-	median := walls[len(walls)/2]
+	median := walls[(len(walls)-1)/2] // the lower median for an even count
 
 	failures := 0
 	for _, x := range results {
