@@ -89,7 +89,8 @@ func RegisterReinitializeHook(f func()) (unregister func()) {
 //  2. The hooks (RegisterReinitializeHook) run, in reverse registration order.
 //  3. The resources a previous Reinitialize or EnableLogging installed are taken off their
 //     devices (each device gets back what lay under them: its initial resource, or a resource of
-//     the program's that EnableLogging had wrapped) and closed: pools give back their free
+//     the program's that EnableLogging had wrapped; adaptors the program put on top of them, such
+//     as EnableStatistics', are removed with them) and closed: pools give back their free
 //     memory, logs are flushed and their files closed. Memory still allocated from them stays
 //     valid and may be freed as usual, but should not be used with the new setup in mind.
 //  4. For each device a resource is built: the base is a CudaMemoryResource (the device's
@@ -285,7 +286,18 @@ func reinitTeardown() error {
 		return nil
 	}
 	for d, mr := range perDeviceSnapshot() {
-		if !reinitOwned[mr] {
+		// The first resource Reinitialize made in the device's chain: the device's resource, or
+		// one below adaptors the program put on it (EnableStatistics). Those adaptors go with it,
+		// since what they wrap is closed below.
+		for mr != nil && !reinitOwned[mr] {
+			u, ok := mr.(Upstreamer)
+			if !ok {
+				mr = nil
+				break
+			}
+			mr = u.Upstream()
+		}
+		if mr == nil {
 			continue
 		}
 		under := mr

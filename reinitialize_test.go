@@ -336,3 +336,24 @@ func TestReinitializeAutoFlush(t *testing.T) {
 	require.Len(t, events, 1, "readable at once")
 	require.NoError(t, CurrentDeviceResource().Deallocate(p, 1000, DefaultStream))
 }
+
+// A failed Reinitialize after EnableStatistics wrapped the previous pool leaves the device a
+// working resource, not a statistics adaptor over a closed pool.
+func TestReinitializeUnderStatisticsFails(t *testing.T) {
+	prev := CurrentDeviceResource()
+	defer SetCurrentDeviceResource(prev)
+	require.NoError(t, Reinitialize(&ReinitializeOptions{PoolAllocator: true, InitialPoolSize: 1 << 20}))
+	defer Reinitialize(nil)
+	EnableStatistics()
+	err := Reinitialize(&ReinitializeOptions{PoolAllocator: true, InitialPoolSize: 1 << 60})
+	require.ErrorIs(t, err, ErrOutOfMemory)
+	p, err := CurrentDeviceResource().Allocate(1000, DefaultStream)
+	require.NoError(t, err, "the device has a working resource")
+	require.NoError(t, CurrentDeviceResource().Deallocate(p, 1000, DefaultStream))
+	require.NoError(t, Reinitialize(&ReinitializeOptions{PoolAllocator: true, InitialPoolSize: 1 << 20}))
+	EnableStatistics()
+	require.NoError(t, Reinitialize(&ReinitializeOptions{Devices: []Device{}}))
+	p, err = CurrentDeviceResource().Allocate(1000, DefaultStream)
+	require.NoError(t, err)
+	require.NoError(t, CurrentDeviceResource().Deallocate(p, 1000, DefaultStream))
+}
