@@ -84,8 +84,8 @@ func (p *Profiler) Records() map[string]ProfilerRecord {
 // recorded also when f panics. The error, when statistics are enabled and the counter stack was
 // not as deep after f as before it (f, or another goroutine, pushed or popped levels without
 // balancing them), wraps ErrInvalidArgument; nothing is recorded then. Blocks profiled from
-// several goroutines at once on one statistics adaptor do not nest and fail this way; see
-// WithStatistics for the rule and the recovery.
+// several goroutines at once on one statistics adaptor do not nest and fail this way (each still
+// removes its own level); see WithStatistics.
 func (p *Profiler) Profile(name string, f func()) (err error) {
 	if name == "" {
 		name = funcLocation(f)
@@ -122,14 +122,14 @@ func (p *Profiler) start(name string) func() error {
 	if !ok {
 		return func() error { return nil }
 	}
-	depth := r.pushAt()
+	scope := r.pushAt()
 	done := false
 	return func() error {
 		if done {
 			return nil
 		}
 		done = true
-		st, err := r.popAt(depth)
+		st, err := r.popAt(scope)
 		if err != nil {
 			return fmt.Errorf("Profiler: block %q: %w", name, err)
 		}

@@ -3,6 +3,7 @@ package rmm
 import (
 	"fmt"
 	"sync"
+	"sync/atomic"
 )
 
 // Statistics are the allocation figures of one level of a StatisticsResourceAdaptor's counter
@@ -30,7 +31,11 @@ type StatisticsCounter struct {
 // statLevel is one level of the counter stack.
 type statLevel struct {
 	bytes, count StatisticsCounter
+	scope        uint64 // the scope (pushAt) that pushed it; 0 for PushCounters and the base
 }
+
+// statScopes numbers scopes opened with pushAt.
+var statScopes atomic.Uint64
 
 // add counts an allocation of n bytes: values and totals grow, peaks follow the values.
 func (l *statLevel) add(n int64) {
@@ -213,24 +218,43 @@ func foldCounter(p *StatisticsCounter, t StatisticsCounter) {
 	p.Total += t.Total
 }
 
-// pushAt pushes a level and returns the depth of the stack after the push, for popAt.
-func (r *StatisticsResourceAdaptor) pushAt() int {
+// pushAt pushes a level for a scope (WithStatistics, Profiler) and returns the scope's identity,
+// for popAt.
+func (r *StatisticsResourceAdaptor) pushAt() uint64 {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	r.pushLocked()
-	return len(r.levels)
+	id := statScopes.Add(1)
+	r.levels[len(r.levels)-1].scope = id
+	return id
 }
 
-// popAt pops the top level if the stack is depth levels deep (as pushAt left it); otherwise the
-// levels pushed after it were not popped, or it was popped already, and the error wraps
+// popAt removes the level scope pushed and folds it into the level below it, as PopCounters
+// does, and returns its figures. When that level is the top (scopes nested), that is all. When
+// levels pushed later are still above it (scopes of several goroutines overlapping), it is taken
+// out from under them all the same — so the stack stays as deep as the open scopes — and the
+// error wraps ErrInvalidArgument: its figures miss what was counted on the levels above it. When
+// the level is gone (popped with PopCounters) nothing changes and the error wraps
 // ErrInvalidArgument.
-func (r *StatisticsResourceAdaptor) popAt(depth int) (Statistics, error) {
+func (r *StatisticsResourceAdaptor) popAt(scope uint64) (Statistics, error) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	if d := len(r.levels); d != depth {
-		return Statistics{}, fmt.Errorf("%w: the statistics counter stack was %d levels deep after the push and is %d levels deep now: levels were pushed or popped without balancing them (scopes on one StatisticsResourceAdaptor must nest)", ErrInvalidArgument, depth, d)
+	i := len(r.levels) - 1
+	for i > 0 && r.levels[i].scope != scope {
+		i--
 	}
-	return r.popLocked()
+	if i == 0 {
+		return Statistics{}, fmt.Errorf("%w: the statistics level of this scope was popped by someone else (PopCounters)", ErrInvalidArgument)
+	}
+	if i == len(r.levels)-1 {
+		return r.popLocked()
+	}
+	t := r.levels[i]
+	p := &r.levels[i-1]
+	foldCounter(&p.bytes, t.bytes)
+	foldCounter(&p.count, t.count)
+	r.levels = append(r.levels[:i], r.levels[i+1:]...)
+	return t.stats(), fmt.Errorf("%w: %d statistics levels pushed after this scope's were still open when it ended: scopes on one StatisticsResourceAdaptor overlapped instead of nesting, so its figures miss what was counted on them", ErrInvalidArgument, len(r.levels)-i)
 }
 
 // Upstream returns the resource the adaptor forwards to.
@@ -322,18 +346,16 @@ func PopStatistics() (Statistics, error) {
 // wraps ErrInvalidArgument. The counter stack belongs to the adaptor and is shared by every
 // goroutine allocating through it: a scope counts the allocations other goroutines make while it
 // runs, and scopes opened concurrently by several goroutines do not nest, which is reported as
-// that error: open such scopes from one goroutine at a time (or give each its own adaptor). After
-// that error the unbalanced levels stay on the stack, since popping them could close another
-// goroutine's open scope; once no scope is open, PopCounters until Depth() is 1 restores the
-// stack. Memory allocated inside f through a temporary adaptor may be freed through that adaptor
+// that error: open such scopes from one goroutine at a time (or give each its own adaptor). Each
+// scope still removes its own level, so the stack is left as deep as the scopes still open. Memory allocated inside f through a temporary adaptor may be freed through that adaptor
 // or through the previous resource, to which it forwards.
 func WithStatistics(f func()) (st Statistics, err error) {
 	statsMu.Lock()
 	prev := CurrentDeviceResource()
 	r, pushed := prev.(*StatisticsResourceAdaptor)
-	depth := 1
+	var scope uint64
 	if pushed {
-		depth = r.pushAt()
+		scope = r.pushAt()
 	} else {
 		r = enableStatisticsLocked()
 	}
@@ -345,18 +367,17 @@ func WithStatistics(f func()) (st Statistics, err error) {
 		cur := CurrentDeviceResource()
 		changed := cur != MemoryResource(r)
 		if pushed {
-			if st, err = r.popAt(depth); err != nil {
+			if st, err = r.popAt(scope); err != nil {
 				err = fmt.Errorf("WithStatistics: %w", err)
 				return
 			}
 		} else {
-			if d := r.Depth(); d != depth {
+			if d := r.Depth(); d != 1 {
 				err = fmt.Errorf("%w: WithStatistics: the statistics counter stack of the adaptor it installed is %d levels deep at the end: levels were pushed without being popped", ErrInvalidArgument, d)
-				return
 			}
 			st = r.Stats()
 			if !changed {
-				SetCurrentDeviceResource(prev)
+				SetCurrentDeviceResource(prev) // also after that error: the temporary adaptor goes
 			}
 		}
 		if changed {

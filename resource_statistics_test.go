@@ -503,11 +503,11 @@ func TestWithStatisticsMisuse(t *testing.T) {
 	require.Equal(t, 1, r.Depth())
 	SetCurrentDeviceResource(r)
 
-	// Unbalanced pushes inside: error, nothing popped.
+	// Unbalanced pushes inside: error; the scope's own level is removed, the one pushed inside
+	// stays.
 	_, err = WithStatistics(func() { PushStatistics() })
 	require.ErrorIs(t, err, ErrInvalidArgument)
-	require.Equal(t, 3, r.Depth())
-	_, _ = r.PopCounters()
+	require.Equal(t, 2, r.Depth())
 	_, _ = r.PopCounters()
 
 	// A panic inside still pops, and the panic goes on.
@@ -537,4 +537,32 @@ func TestStatisticsNoAllocationPerCall(t *testing.T) {
 		}
 	})
 	require.Zero(t, n)
+}
+
+// Overlapping scopes (not nested): each removes its own level; the base level keeps counting.
+func TestStatisticsOverlappingScopes(t *testing.T) {
+	base := CurrentDeviceResource()
+	defer SetCurrentDeviceResource(base)
+	SetCurrentDeviceResource(NewSystemMemoryResource())
+	r := EnableStatistics()
+	p, err := r.Allocate(1000, DefaultStream)
+	require.NoError(t, err)
+	prof := NewProfiler()
+	stopA := prof.Start("A")
+	stopB := prof.Start("B")
+	require.ErrorIs(t, stopA(), ErrInvalidArgument, "A ends while B is open")
+	require.NoError(t, stopB())
+	require.Equal(t, 1, r.Depth())
+	st, ok := GetStatistics()
+	require.True(t, ok)
+	require.Equal(t, int64(1000), st.CurrentBytes)
+	require.NoError(t, r.Deallocate(p, 1000, DefaultStream))
+
+	// WithStatistics installing a temporary adaptor puts the previous resource back even when
+	// the scope ends in an error.
+	plain := NewSystemMemoryResource()
+	SetCurrentDeviceResource(plain)
+	_, err = WithStatistics(func() { PushStatistics() })
+	require.ErrorIs(t, err, ErrInvalidArgument)
+	require.Same(t, plain, CurrentDeviceResource())
 }
