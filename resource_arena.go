@@ -609,7 +609,14 @@ func (r *ArenaMemoryResource) defragment() error {
 // streamClosing is called by Stream.Close before the stream is destroyed: the stream is
 // synchronised and its arena's superblocks go back to the global arena.
 func (r *ArenaMemoryResource) streamClosing(s StreamView) {
+	// streamsMu orders this after a streamArena that registered the hook but has not stored the
+	// arena yet.
+	r.streamsMu.Lock()
 	v, ok := r.streams.Load(s.id)
+	if ok {
+		r.streams.Delete(s.id)
+	}
+	r.streamsMu.Unlock()
 	if !ok {
 		return
 	}
@@ -617,7 +624,6 @@ func (r *ArenaMemoryResource) streamClosing(s StreamView) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	a.retired = true
-	r.streams.Delete(s.id)
 	if a.tree.count == 0 {
 		return
 	}
