@@ -46,7 +46,7 @@ type ArenaOptions struct {
 	DumpLogPath string
 	// DefaultStreamArenas is the number of arenas that small allocations on DefaultStream are
 	// spread over, so that many goroutines allocating on the default stream do not share one
-	// lock. Default 0: runtime.GOMAXPROCS(0) at construction. Must not be negative.
+	// lock. Default 0: runtime.GOMAXPROCS(0) at construction. At most 65536.
 	DefaultStreamArenas int
 }
 
@@ -175,8 +175,8 @@ func NewArenaMemoryResource(upstream MemoryResource, opts *ArenaOptions) (*Arena
 	switch {
 	case o.ArenaSize < 0:
 		return nil, fmt.Errorf("%w: NewArenaMemoryResource: negative ArenaSize %d", ErrInvalidArgument, o.ArenaSize)
-	case o.DefaultStreamArenas < 0:
-		return nil, fmt.Errorf("%w: NewArenaMemoryResource: negative DefaultStreamArenas %d", ErrInvalidArgument, o.DefaultStreamArenas)
+	case o.DefaultStreamArenas < 0 || o.DefaultStreamArenas > 1<<16:
+		return nil, fmt.Errorf("%w: NewArenaMemoryResource: DefaultStreamArenas %d is outside 0..65536", ErrInvalidArgument, o.DefaultStreamArenas)
 	}
 	size := o.ArenaSize
 	if size == 0 {

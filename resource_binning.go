@@ -42,6 +42,7 @@ type BinningMemoryResource struct {
 	mu       sync.Mutex // AddBin, Close
 	owned    []*FixedSizeMemoryResource
 	prealloc int // blocks per bin made here; 0 = the fixed-size default
+	closed   atomic.Bool
 }
 
 type binningBin struct {
@@ -94,8 +95,16 @@ func (r *BinningMemoryResource) Access() Access { return AccessOf(r.upstream) }
 // freed afterwards: their frees would go to the new bin). Without one (nil), a
 // FixedSizeMemoryResource of that block size over the upstream is made, only if there is no bin
 // of that size yet; its first chunk's failure is returned. A size that is not positive is
-// ErrInvalidArgument. Safe for concurrent use with every other method.
+// ErrInvalidArgument; after Close, ErrClosed. Safe for concurrent use with every other method.
+//
+// A new bin takes over the sizes between the next smaller bin and its own size from the resource
+// that served them (a larger bin, or the upstream); the binning resource does not remember which
+// resource served each allocation, so an allocation made before in that range would be freed to
+// the new bin and refused with ErrInvalidFree. Add bins before allocating the sizes they cover.
 func (r *BinningMemoryResource) AddBin(size int, mr MemoryResource) error {
+	if r.closed.Load() {
+		return fmt.Errorf("%w: BinningMemoryResource.AddBin after Close", ErrClosed)
+	}
 	if size <= 0 {
 		return fmt.Errorf("%w: BinningMemoryResource.AddBin: size %d must be positive", ErrInvalidArgument, size)
 	}
@@ -182,6 +191,9 @@ func (r *BinningMemoryResource) Allocate(nbytes int, s StreamView) (DevicePtr, e
 	if nbytes < 0 {
 		return 0, invalidSize("BinningMemoryResource", "Allocate", nbytes)
 	}
+	if r.closed.Load() {
+		return 0, fmt.Errorf("%w: BinningMemoryResource.Allocate after Close", ErrClosed)
+	}
 	mr, bin := r.binFor(nbytes)
 	p, err := mr.Allocate(nbytes, s)
 	if err != nil {
@@ -217,6 +229,9 @@ func (r *BinningMemoryResource) Release() error {
 // returns their errors joined. Allocations from those bins that are still live stay valid and
 // can be freed through the binning resource. Closing twice returns nil.
 func (r *BinningMemoryResource) Close() error {
+	if r.closed.Swap(true) {
+		return nil
+	}
 	r.mu.Lock()
 	owned := append([]*FixedSizeMemoryResource(nil), r.owned...)
 	r.mu.Unlock()

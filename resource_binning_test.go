@@ -307,3 +307,18 @@ func TestBinningBlocksToPreallocate(t *testing.T) {
 	require.ErrorIs(t, err, ErrInvalidArgument)
 	require.NoError(t, b.Close())
 }
+
+func TestBinningAfterClose(t *testing.T) {
+	b, err := NewBinningMemoryResource(NewSystemMemoryResource(), &BinningOptions{MinSizeExponent: 10, MaxSizeExponent: 10, BlocksToPreallocate: 2})
+	require.NoError(t, err)
+	small, err := b.Allocate(300, DefaultStream)
+	require.NoError(t, err)
+	require.NoError(t, b.Close())
+	_, err = b.Allocate(300, DefaultStream)
+	require.ErrorIs(t, err, ErrClosed)
+	_, err = b.Allocate(5000, DefaultStream)
+	require.ErrorIs(t, err, ErrClosed, "sizes above every bin too")
+	require.ErrorIs(t, b.AddBin(512, nil), ErrClosed)
+	require.NoError(t, b.Deallocate(small, 300, DefaultStream), "live allocations are still freed")
+	require.NoError(t, b.Close())
+}

@@ -158,6 +158,9 @@ func (f *FixedSizeMemoryResource) Allocate(nbytes int, s StreamView) (DevicePtr,
 	}
 	if len(l.blocks) == 0 {
 		if err := f.refill(l, s); err != nil {
+			if errors.Is(err, ErrOutOfMemory) {
+				return 0, fmt.Errorf("FixedSizeMemoryResource.Allocate(%d bytes): %w", nbytes, err)
+			}
 			return 0, err
 		}
 	}
@@ -191,7 +194,7 @@ func (f *FixedSizeMemoryResource) grow(l *fixedList, s StreamView) error {
 	p, err := f.upstream.Allocate(f.chunkSize, s)
 	if err != nil {
 		DebugLogger().Debug("rmm: FixedSizeMemoryResource failed to grow", "chunk", f.chunkSize, "pool_size", len(f.chunks)*f.chunkSize, "err", err)
-		return outOfMemory(fmt.Sprintf("FixedSizeMemoryResource (block size %d, %d chunks of %d bytes)", f.blockSize, len(f.chunks), f.chunkSize), f.chunkSize, err)
+		return outOfMemory(fmt.Sprintf("FixedSizeMemoryResource (block size %d, %d chunks of %d bytes) growing by a chunk:", f.blockSize, len(f.chunks), f.chunkSize), f.chunkSize, err)
 	}
 	i := sort.Search(len(f.chunks), func(i int) bool { return f.chunks[i].addr > p })
 	f.chunks = append(f.chunks, fixedChunk{})

@@ -89,6 +89,9 @@ func (r *LimitingResourceAdaptor) Deallocate(p DevicePtr, nbytes int, s StreamVi
 	if nbytes < 0 {
 		return invalidSize("LimitingResourceAdaptor", "Deallocate", nbytes)
 	}
+	if p == 0 {
+		return nil // nothing was charged for it
+	}
 	if err := r.upstream.Deallocate(p, nbytes, s); err != nil {
 		return err
 	}

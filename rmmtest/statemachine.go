@@ -353,7 +353,13 @@ func (c badFreeCmd) Run(sut commands.SystemUnderTest) commands.Result {
 		var n int
 		switch c.kind {
 		case badInterior:
-			p, n = h.b.ptr+rmm.DevicePtr(1+int(c.x)%(roundUp(h.size)-1)), h.size
+			// Half of the time a 256-aligned offset, which a resource that looks up blocks by
+			// alignment could mistake for a block start.
+			off := 1 + int(c.x)%(roundUp(h.size)-1)
+			if blocks := roundUp(h.size) / rmm.Alignment; c.x%2 == 0 && blocks > 1 {
+				off = rmm.Alignment * (1 + int(c.x/2)%(blocks-1))
+			}
+			p, n = h.b.ptr+rmm.DevicePtr(off), h.size
 		case badNotHanded:
 			p, n = sys.notHandedOut(c.x), rmm.Alignment*(1+int(c.x%4))
 		case badWrongSize:
