@@ -3,6 +3,7 @@ package rmm
 import (
 	"errors"
 	"fmt"
+	"strings"
 )
 
 // Sentinel errors. Every error this package returns wraps one of them (or is a *CUDAError), so
@@ -116,4 +117,80 @@ func FormatBytes(n int64) string {
 		i++
 	}
 	return fmt.Sprintf("%f %s", v, units[i])
+}
+
+// OutOfMemoryError is the out-of-memory error of the sub-allocators (pool, arena, binning,
+// fixed-size): it carries the figures that tell whether the request failed for lack of memory or
+// because the free memory is cut into pieces that are each too small (fragmentation).
+// errors.Is(err, ErrOutOfMemory) holds; errors.As(err, &oom) gives the figures; Unwrap gives the
+// upstream's own error when the upstream refused to grow the resource.
+type OutOfMemoryError struct {
+	Resource         string // the resource's type, e.g. "PoolMemoryResource"
+	Requested        int    // bytes asked for (before rounding)
+	PoolSize         int    // bytes the resource holds from its upstream
+	FreeBytes        int    // bytes of PoolSize not allocated
+	LargestFreeBlock int    // bytes: the largest request the resource could serve without growing
+	MaximumSize      int    // bytes the resource may hold at most; 0 when unbounded
+	// Headroom is the bytes the resource could still have taken from its upstream when the
+	// request failed: MaximumSize − PoolSize under a cap that the upstream did not refuse, else 0.
+	Headroom int
+	// Fragmented: FreeBytes + Headroom would hold the request, but no free block (with what could
+	// be added next to it) is large enough: the memory is there, only not in one piece.
+	Fragmented bool
+	Detail     string // what failed, in words (e.g. "the upstream refused every size tried")
+	Cause      error  // the upstream's error, or nil
+}
+
+func (e *OutOfMemoryError) Error() string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "%v: %s failed to allocate %d bytes (%s): ", ErrOutOfMemory, e.Resource, e.Requested, FormatBytes(int64(e.Requested)))
+	if e.Fragmented {
+		fmt.Fprintf(&b, "fragmentation: %d bytes are free", e.FreeBytes)
+		if e.Headroom > 0 {
+			fmt.Fprintf(&b, " (plus %d the pool may still take)", e.Headroom)
+		}
+		fmt.Fprintf(&b, " but the largest free block is %d bytes", e.LargestFreeBlock)
+	} else {
+		fmt.Fprintf(&b, "exhausted: %d bytes free", e.FreeBytes)
+		if e.Headroom > 0 {
+			fmt.Fprintf(&b, " plus %d the pool may still take", e.Headroom)
+		}
+		fmt.Fprintf(&b, ", largest free block %d bytes", e.LargestFreeBlock)
+	}
+	fmt.Fprintf(&b, "; pool size %d", e.PoolSize)
+	if e.MaximumSize > 0 {
+		fmt.Fprintf(&b, ", maximum %d", e.MaximumSize)
+	} else {
+		b.WriteString(", no maximum")
+	}
+	if e.Detail != "" {
+		b.WriteString("; ")
+		b.WriteString(e.Detail)
+	}
+	if e.Cause != nil {
+		b.WriteString(": ")
+		b.WriteString(e.Cause.Error())
+	}
+	return b.String()
+}
+
+// Is makes errors.Is(err, ErrOutOfMemory) hold.
+func (e *OutOfMemoryError) Is(target error) bool { return target == ErrOutOfMemory }
+
+// Unwrap returns the upstream's error, or nil.
+func (e *OutOfMemoryError) Unwrap() error { return e.Cause }
+
+// newOutOfMemory fills in Fragmented from the figures: the request (rounded to the resource's
+// granule, n bytes) fits in FreeBytes + Headroom.
+func newOutOfMemory(e OutOfMemoryError, n int) *OutOfMemoryError {
+	e.Fragmented = n <= e.FreeBytes+e.Headroom
+	return &e
+}
+
+// StreamFreeStats is the free memory a sub-allocator keeps for one stream: blocks freed on that
+// stream, which it hands out again to that stream without waiting.
+type StreamFreeStats struct {
+	Stream     StreamView
+	FreeBlocks int
+	FreeBytes  int
 }

@@ -1,0 +1,38 @@
+package rmm
+
+// Virtual memory management (VMM) for the expandable pool: one range of address space reserved
+// up front, physical memory created in chunks and mapped back to back inside it, so that
+// neighbouring free blocks always sit at adjacent addresses. The operations sit behind vmm so
+// that the same pool code runs over the CUDA driver (deviceVMM) and over host memory (hostVMM,
+// also the tests' fake, with a granularity as small as the page size).
+
+// vmmHandle is a physical allocation (CUmemGenericAllocationHandle on the device); opaque.
+type vmmHandle uint64
+
+// vmm is the set of virtual-memory operations. Sizes and addresses are bytes and must be
+// multiples of granularity(). Implementations are safe for concurrent use.
+type vmm interface {
+	// granularity is the unit of every size and address below, in bytes (2 MiB on the H200).
+	granularity() int
+	// reserve returns the base of a new range of size bytes of address space, with no memory
+	// behind it (cuMemAddressReserve).
+	reserve(size int) (DevicePtr, error)
+	// free gives back the whole reservation at base; nothing may be mapped in it any more
+	// (cuMemAddressFree).
+	free(base DevicePtr, size int) error
+	// create makes size bytes of physical memory, charged now; ErrOutOfMemory (errors.Is) when
+	// there is not enough (cuMemCreate).
+	create(size int) (vmmHandle, error)
+	// mapAt maps the whole of h, whose size is size, at addr, which must be inside a reservation
+	// and not mapped. The mapping gives no access yet (cuMemMap).
+	mapAt(addr DevicePtr, size int, h vmmHandle) error
+	// setAccess grants read/write access to the device (on the host fake: to the process) over
+	// [addr, addr+size), which must be wholly mapped; it may span several mappings
+	// (cuMemSetAccess).
+	setAccess(addr DevicePtr, size int) error
+	// unmap unmaps [addr, addr+size), which must be made of whole mappings. It does not wait for
+	// work still using the memory: the caller must (cuMemUnmap).
+	unmap(addr DevicePtr, size int) error
+	// release drops the handle; its memory goes back once it is also unmapped (cuMemRelease).
+	release(h vmmHandle) error
+}
