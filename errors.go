@@ -141,19 +141,29 @@ type OutOfMemoryError struct {
 	Cause      error  // the upstream's error, or nil
 }
 
+// Error reads, for example: "rmm: out of memory: PoolMemoryResource failed to allocate 2097152
+// bytes (2.000000 MiB): maximum pool size reached; fragmentation: 3145728 bytes free but the
+// largest free block is 1048576 bytes; pool size 4194304, maximum 4194304".
 func (e *OutOfMemoryError) Error() string {
 	var b strings.Builder
-	fmt.Fprintf(&b, "%v: %s failed to allocate %d bytes (%s): ", ErrOutOfMemory, e.Resource, e.Requested, FormatBytes(int64(e.Requested)))
-	if e.Fragmented {
-		fmt.Fprintf(&b, "fragmentation: %d bytes are free", e.FreeBytes)
+	fmt.Fprintf(&b, "%v: %s failed to allocate %d bytes (%s)", ErrOutOfMemory, e.Resource, e.Requested, FormatBytes(int64(e.Requested)))
+	if e.Detail != "" {
+		b.WriteString(": ")
+		b.WriteString(e.Detail)
+	}
+	switch {
+	case e.Fragmented:
+		fmt.Fprintf(&b, "; fragmentation: %d bytes free", e.FreeBytes)
 		if e.Headroom > 0 {
-			fmt.Fprintf(&b, " (plus %d the pool may still take)", e.Headroom)
+			fmt.Fprintf(&b, " (and %d more the pool may take)", e.Headroom)
 		}
 		fmt.Fprintf(&b, " but the largest free block is %d bytes", e.LargestFreeBlock)
-	} else {
-		fmt.Fprintf(&b, "exhausted: %d bytes free", e.FreeBytes)
+	case e.MaximumSize > 0 && e.Requested > e.MaximumSize:
+		fmt.Fprintf(&b, "; larger than the maximum size: %d bytes free, largest free block %d bytes", e.FreeBytes, e.LargestFreeBlock)
+	default:
+		fmt.Fprintf(&b, "; exhausted: %d bytes free", e.FreeBytes)
 		if e.Headroom > 0 {
-			fmt.Fprintf(&b, " plus %d the pool may still take", e.Headroom)
+			fmt.Fprintf(&b, " and %d more the pool may take", e.Headroom)
 		}
 		fmt.Fprintf(&b, ", largest free block %d bytes", e.LargestFreeBlock)
 	}
@@ -162,10 +172,6 @@ func (e *OutOfMemoryError) Error() string {
 		fmt.Fprintf(&b, ", maximum %d", e.MaximumSize)
 	} else {
 		b.WriteString(", no maximum")
-	}
-	if e.Detail != "" {
-		b.WriteString("; ")
-		b.WriteString(e.Detail)
 	}
 	if e.Cause != nil {
 		b.WriteString(": ")

@@ -1,6 +1,7 @@
 package rmm_test
 
 import (
+	"errors"
 	"fmt"
 	"log"
 
@@ -76,9 +77,14 @@ func ExamplePoolMemoryResource_outOfMemory() {
 	pool, _ := rmm.NewPoolMemoryResource(sim, &rmm.PoolOptions{MaximumPoolSize: 1 << 20})
 	_, err := pool.Allocate(2<<20, rmm.DefaultStream)
 	fmt.Println(err)
+	var oom *rmm.OutOfMemoryError
+	if errors.As(err, &oom) {
+		fmt.Println(oom.Requested, oom.PoolSize, oom.MaximumSize, oom.Fragmented)
+	}
 	p, err := pool.Allocate(4096, rmm.DefaultStream)
 	fmt.Println(err, pool.Deallocate(p, 4096, rmm.DefaultStream))
 	// Output:
-	// rmm: out of memory: PoolMemoryResource (pool size 0, free 0, maximum 1048576) failed to allocate 2097152 bytes (2.000000 MiB): maximum pool size reached
+	// rmm: out of memory: PoolMemoryResource failed to allocate 2097152 bytes (2.000000 MiB): maximum pool size reached; larger than the maximum size: 0 bytes free, largest free block 0 bytes; pool size 0, maximum 1048576
+	// 2097152 0 1048576 false
 	// <nil> <nil>
 }

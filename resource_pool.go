@@ -15,8 +15,27 @@ type PoolOptions struct {
 	// PercentOfFreeDeviceMemory(50) gives that.)
 	InitialPoolSize int
 	// MaximumPoolSize caps the bytes the pool takes from its upstream. It must be a multiple of 256
-	// and at least InitialPoolSize. Default 0: no maximum.
+	// and at least InitialPoolSize. Default 0: no maximum (expandable: the device's total memory).
 	MaximumPoolSize int
+	// Expandable makes a pool whose memory is one virtual address range: MaximumPoolSize bytes
+	// (rounded up to the granularity, 2 MiB on current GPUs) of address space are reserved at
+	// construction (cuMemAddressReserve), and the pool grows by creating chunks of physical memory
+	// (cuMemCreate) and mapping them right after what is mapped (cuMemMap, cuMemSetAccess), so
+	// that the free block at the end simply gets longer and free neighbours always coalesce: a
+	// capped pool reaches its cap, and a long-running one does not fragment across growth steps.
+	// Release gives back (cuMemUnmap, cuMemRelease) every chunk that holds no live block. The
+	// upstream is not used for memory, only to name the device: it must be nil, a
+	// CudaMemoryResource or, without CUDA, the SystemMemoryResource (host memory mapped with mmap).
+	// InitialPoolSize is rounded up to the granularity. See the type's documentation for the
+	// chunk sizes.
+	Expandable bool
+	// ReleaseThreshold (expandable pools only) is the most free memory, in bytes, the pool keeps
+	// mapped: once a Deallocate leaves more than ReleaseThreshold plus one minimum chunk (32 MiB)
+	// free, the pool waits (on the host) for the work behind the frees and gives back whole free
+	// chunks, highest addresses first, until at most ReleaseThreshold bytes are free or no whole
+	// chunk is free. Default 0: memory stays mapped until Release or Close. A value of 1 gives
+	// back every whole free chunk at each trim.
+	ReleaseThreshold int
 }
 
 // PoolMemoryResource is a coalescing best-fit sub-allocator over an upstream resource, with
@@ -61,6 +80,7 @@ type PoolMemoryResource struct {
 	spare      []*block
 	closed     bool
 	closedList *freeList // after Close: the one list left
+	exp        *expandable
 
 	sizeAtomic atomic.Int64
 }
@@ -84,6 +104,15 @@ func NewPoolMemoryResource(upstream MemoryResource, opts *PoolOptions) (*PoolMem
 		return nil, fmt.Errorf("%w: NewPoolMemoryResource: MaximumPoolSize %d is not a multiple of %d bytes", ErrInvalidArgument, o.MaximumPoolSize, Alignment)
 	case o.MaximumPoolSize > 0 && o.InitialPoolSize > o.MaximumPoolSize:
 		return nil, fmt.Errorf("%w: NewPoolMemoryResource: InitialPoolSize %d exceeds MaximumPoolSize %d", ErrInvalidArgument, o.InitialPoolSize, o.MaximumPoolSize)
+	}
+	if o.ReleaseThreshold < 0 {
+		return nil, fmt.Errorf("%w: NewPoolMemoryResource: negative ReleaseThreshold %d", ErrInvalidArgument, o.ReleaseThreshold)
+	}
+	if o.ReleaseThreshold > 0 && !o.Expandable {
+		return nil, fmt.Errorf("%w: NewPoolMemoryResource: ReleaseThreshold needs an Expandable pool", ErrInvalidArgument)
+	}
+	if o.Expandable {
+		return newExpandablePool(upstream, nil, o)
 	}
 	p := &PoolMemoryResource{
 		upstream:  upstream,
@@ -121,6 +150,62 @@ func NewPoolMemoryResource(upstream MemoryResource, opts *PoolOptions) (*PoolMem
 	return p, nil
 }
 
+// newExpandablePool makes an expandable pool over vm (nil: the device's virtual memory, or host
+// memory without CUDA).
+func newExpandablePool(upstream MemoryResource, vm vmm, o PoolOptions) (*PoolMemoryResource, error) {
+	dev := DeviceOf(upstream)
+	if vm == nil {
+		switch upstream.(type) {
+		case *CudaMemoryResource, *SystemMemoryResource:
+		default:
+			return nil, fmt.Errorf("%w: NewPoolMemoryResource: %v, not %s", ErrInvalidArgument, errNotExpandableUpstream, resourceName(upstream))
+		}
+		var err error
+		if vm, err = defaultVMM(dev); err != nil {
+			return nil, fmt.Errorf("NewPoolMemoryResource: expandable pool on %v: %w", dev, err)
+		}
+	}
+	e, reserved, err := newExpandable(vm, dev, o.MaximumPoolSize, o.ReleaseThreshold)
+	if err != nil {
+		return nil, err
+	}
+	p := &PoolMemoryResource{
+		upstream:  upstream,
+		dev:       dev,
+		maximum:   reserved,
+		upstreams: map[DevicePtr]int{},
+		byStream:  map[uint64]*freeList{},
+		live:      map[DevicePtr]*block{},
+		hooked:    map[uint64]bool{},
+		exp:       e,
+	}
+	if CUDAAvailable() == nil {
+		ctx, err := p.dev.ctx()
+		if err != nil {
+			vm.free(e.base, e.reserved)
+			return nil, err
+		}
+		p.ctx = ctx
+	}
+	if o.InitialPoolSize > 0 {
+		p.mu.Lock()
+		defer p.mu.Unlock()
+		l, err := p.listFor(DefaultStream)
+		if err == nil {
+			var b *block
+			if b, err = p.growExpandable(o.InitialPoolSize, l, true); err == nil {
+				p.freeInto(l, b)
+			}
+		}
+		if err != nil {
+			p.releaseChunks(p.lists[0], -1)
+			p.freeReservation()
+			return nil, fmt.Errorf("NewPoolMemoryResource: mapping the initial %d bytes: %w", o.InitialPoolSize, err)
+		}
+	}
+	return p, nil
+}
+
 // Upstream returns the resource the pool takes its memory from.
 func (p *PoolMemoryResource) Upstream() MemoryResource { return p.upstream }
 
@@ -130,10 +215,12 @@ func (p *PoolMemoryResource) Device() Device { return p.dev }
 // Access reports the upstream's access.
 func (p *PoolMemoryResource) Access() Access { return AccessOf(p.upstream) }
 
-// PoolSize returns the bytes the pool holds from its upstream (free and allocated).
+// PoolSize returns the bytes the pool holds from its upstream (free and allocated); for an
+// expandable pool, the bytes of physical memory mapped.
 func (p *PoolMemoryResource) PoolSize() int { return int(p.sizeAtomic.Load()) }
 
-// MaximumPoolSize returns the maximum size, 0 when unbounded.
+// MaximumPoolSize returns the maximum size, 0 when unbounded (an expandable pool always has one:
+// the size of its reserved range).
 func (p *PoolMemoryResource) MaximumPoolSize() int { return p.maximum }
 
 // Allocate returns nbytes (rounded up to 256) ordered on s. See the type's documentation for
@@ -167,7 +254,24 @@ func (p *PoolMemoryResource) Allocate(nbytes int, s StreamView) (DevicePtr, erro
 		return 0, err
 	}
 	if b == nil {
-		if b, err = p.grow(n, s, l); err != nil {
+		b, err = p.growAny(n, s, l)
+		if p.releaseMayHelp(n, err) {
+			// Give back what is wholly free (other sizes may fit the upstream better) and try
+			// again: a capped pool reaches its cap, a full device gets room.
+			DebugLogger().Debug("rmm: PoolMemoryResource releasing free memory before failing", "request", n, "pool_size", p.size)
+			before := p.size
+			if _, rerr := p.releaseWhole(); rerr == nil && p.size < before {
+				if l, err = p.listFor(s); err != nil {
+					return 0, err
+				}
+				if b = l.bestFit(n); b != nil {
+					l.remove(b)
+				} else {
+					b, err = p.growAny(n, s, l)
+				}
+			}
+		}
+		if err != nil {
 			return 0, err
 		}
 		home = l
@@ -228,6 +332,29 @@ func (p *PoolMemoryResource) findBlock(l *freeList, n int, s StreamView) (*block
 	return nil, nil, nil
 }
 
+// growAny grows the pool for an n-byte request on s, whose list is l.
+func (p *PoolMemoryResource) growAny(n int, s StreamView, l *freeList) (*block, error) {
+	if p.exp != nil {
+		return p.growExpandable(n, l, false)
+	}
+	return p.grow(n, s, l)
+}
+
+// releaseMayHelp reports whether, after growing for an n-byte request failed with err, giving
+// wholly free memory back could let a second growth succeed: the pool is capped (an uncapped
+// pool keeps librmm's behaviour), holds free memory, the request fits under the maximum, and
+// either the upstream (or the device) refused, or the
+// maximum stopped a plain pool (whose free upstream blocks count against it). An expandable pool
+// stopped by its maximum gains nothing: a chunk given back leaves a hole exactly where its free
+// memory already was.
+func (p *PoolMemoryResource) releaseMayHelp(n int, err error) bool {
+	var oom *OutOfMemoryError
+	if !errors.As(err, &oom) || p.size == p.liveBytes || p.maximum == 0 || n > p.maximum {
+		return false
+	}
+	return p.exp == nil || oom.Cause != nil
+}
+
 // split keeps the first n bytes of the free block b (out of every list) and puts the rest, as a
 // new free block after it, into list home.
 func (p *PoolMemoryResource) split(b *block, n int, home *freeList) {
@@ -241,6 +368,9 @@ func (p *PoolMemoryResource) split(b *block, n int, home *freeList) {
 	}
 	b.next = r
 	b.size = n
+	if p.exp != nil && p.exp.tail == b {
+		p.exp.tail = r
+	}
 	home.insert(r)
 }
 
@@ -275,7 +405,7 @@ func (p *PoolMemoryResource) grow(n int, s StreamView, l *freeList) (*block, err
 	try := p.growSize(n)
 	if try == 0 {
 		DebugLogger().Debug("rmm: PoolMemoryResource cannot grow", "request", n, "pool_size", p.size, "maximum", p.maximum)
-		return nil, p.oom(n, errors.New("maximum pool size reached"))
+		return nil, p.oomErr(n, "maximum pool size reached", nil, false)
 	}
 	var lastErr error
 	for try >= n {
@@ -301,15 +431,40 @@ func (p *PoolMemoryResource) grow(n int, s StreamView, l *freeList) (*block, err
 		try = p.backOff(try, n)
 	}
 	DebugLogger().Debug("rmm: PoolMemoryResource failed to grow", "request", n, "pool_size", p.size, "maximum", p.maximum, "err", lastErr)
-	return nil, p.oom(n, lastErr)
+	return nil, p.oomErr(n, fmt.Sprintf("the upstream refused every size from %d down to %d bytes", p.growSize(n), n), lastErr, true)
 }
 
-func (p *PoolMemoryResource) oom(n int, cause error) error {
-	max := "unbounded"
-	if p.maximum > 0 {
-		max = fmt.Sprint(p.maximum)
+// oomErr is the *OutOfMemoryError for an n-byte (rounded) request; refused: the upstream (or
+// the device) refused memory, so there is no headroom whatever the maximum says.
+func (p *PoolMemoryResource) oomErr(n int, detail string, cause error, refused bool) error {
+	e := OutOfMemoryError{
+		Resource:         "PoolMemoryResource",
+		Requested:        n,
+		PoolSize:         p.size,
+		FreeBytes:        p.size - p.liveBytes,
+		LargestFreeBlock: p.largestFree(),
+		MaximumSize:      p.maximum,
+		Detail:           detail,
+		Cause:            cause,
 	}
-	return outOfMemory(fmt.Sprintf("PoolMemoryResource (pool size %d, free %d, maximum %s)", p.size, p.size-p.liveBytes, max), n, cause)
+	if p.exp != nil {
+		e.Resource = "PoolMemoryResource (expandable)"
+	}
+	if !refused && p.maximum > 0 {
+		e.Headroom = p.maximum - p.size
+	}
+	return newOutOfMemory(e, n)
+}
+
+// largestFree is the largest free block over all lists. O(s log n).
+func (p *PoolMemoryResource) largestFree() int {
+	m := 0
+	for _, l := range p.lists {
+		if b := l.largest(); b != nil && b.size > m {
+			m = b.size
+		}
+	}
+	return m
 }
 
 func (p *PoolMemoryResource) addUpstreamBlock(ptr DevicePtr, n int) {
@@ -363,6 +518,9 @@ func (p *PoolMemoryResource) Deallocate(ptr DevicePtr, nbytes int, s StreamView)
 	delete(p.live, ptr)
 	p.liveBytes -= b.size
 	p.freeInto(l, b)
+	if p.exp != nil && p.exp.trimAt > 0 {
+		return p.trimIfOver()
+	}
 	return nil
 }
 
@@ -376,6 +534,8 @@ func (p *PoolMemoryResource) freeInto(l *freeList, b *block) *block {
 		pr.next = b.next
 		if b.next != nil {
 			b.next.prev = pr
+		} else if p.exp != nil {
+			p.exp.tail = pr
 		}
 		p.recycle(b)
 		b = pr
@@ -386,6 +546,8 @@ func (p *PoolMemoryResource) freeInto(l *freeList, b *block) *block {
 		b.next = nx.next
 		if nx.next != nil {
 			nx.next.prev = b
+		} else if p.exp != nil {
+			p.exp.tail = b
 		}
 		p.recycle(nx)
 	}
@@ -544,9 +706,12 @@ func (p *PoolMemoryResource) syncAll() error {
 	return nil
 }
 
-// Release returns to the upstream every upstream block that is wholly free. It first waits (on
-// the host) for the work behind every free, then merges all free lists into the default stream's,
-// so that a block freed in pieces on several streams counts as wholly free.
+// Release returns to the upstream every upstream block that is wholly free; an expandable pool
+// unmaps and releases every chunk that holds no live block (the range stays reserved; a later
+// growth maps memory there again). It first waits (on the host) for the work behind every free —
+// an unmap does not wait for the device, and memory still in use would kill the context — then
+// merges all free lists into the default stream's, so that a block freed in pieces on several
+// streams counts as wholly free.
 func (p *PoolMemoryResource) Release() error {
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -557,9 +722,9 @@ func (p *PoolMemoryResource) Release() error {
 	return err
 }
 
-// releaseWhole synchronises, merges every list into the default stream's list and returns the
-// wholly free upstream blocks; it returns that list.
-func (p *PoolMemoryResource) releaseWhole() (*freeList, error) {
+// mergeAllSynced waits for the work behind every free and merges every list into the default
+// stream's, which it returns.
+func (p *PoolMemoryResource) mergeAllSynced() (*freeList, error) {
 	if err := p.syncAll(); err != nil {
 		return nil, fmt.Errorf("PoolMemoryResource: waiting for the streams: %w", err)
 	}
@@ -572,6 +737,19 @@ func (p *PoolMemoryResource) releaseWhole() (*freeList, error) {
 			p.mergeInto(def, o)
 			p.dropList(o)
 		}
+	}
+	return def, nil
+}
+
+// releaseWhole synchronises, merges every list into the default stream's list and returns the
+// wholly free upstream blocks (expandable: chunks); it returns that list.
+func (p *PoolMemoryResource) releaseWhole() (*freeList, error) {
+	def, err := p.mergeAllSynced()
+	if err != nil {
+		return nil, err
+	}
+	if p.exp != nil {
+		return def, p.releaseChunks(def, -1)
 	}
 	var firstErr error
 	var whole []*block
@@ -625,6 +803,11 @@ func (p *PoolMemoryResource) Close() error {
 	}
 	p.closed = true
 	p.closedList = def
+	if p.exp != nil {
+		if ferr := p.freeReservation(); ferr != nil && err == nil {
+			err = ferr
+		}
+	}
 	if n := len(p.live); n > 0 {
 		DebugLogger().Warn("rmm: PoolMemoryResource closed with live allocations; their upstream blocks go back as they are freed",
 			"live_allocations", n, "live_bytes", p.liveBytes, "pool_size", p.size)
@@ -647,6 +830,12 @@ func (p *PoolMemoryResource) deallocateAfterClose(b *block, s StreamView) error 
 	delete(p.live, b.addr)
 	p.liveBytes -= b.size
 	b = p.freeInto(p.closedList, b)
+	if p.exp != nil {
+		if err := p.releaseChunks(p.closedList, -1); err != nil {
+			return err
+		}
+		return p.freeReservation()
+	}
 	if b.prev == nil && b.next == nil {
 		return p.returnUpstream(b)
 	}

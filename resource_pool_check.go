@@ -14,11 +14,17 @@ type PoolStats struct {
 	FreeBytes        int // PoolSize - LiveBytes
 	FreeBlocks       int
 	LargestFreeBlock int // bytes; the largest request that can be served without growing
-	UpstreamBlocks   int // allocations held from the upstream
+	UpstreamBlocks   int // allocations held from the upstream (expandable: chunks mapped)
 	Streams          int // streams with a free list
+	// PerStream is each stream's free list, the default stream first, then in order of first use.
+	PerStream []StreamFreeStats
+	// Expandable pools: the address space reserved (bytes), and the holes left in it by chunks
+	// given back (count and bytes); growth maps memory into holes before the end of the range.
+	Reserved, Holes, HoleBytes int
 }
 
-// Stats returns the pool's figures. It costs O(s log n) for s streams and n free blocks.
+// Stats returns the pool's figures. It costs O(s log n) for s streams and n free blocks (plus the
+// number of holes of an expandable pool), with no scan of the blocks.
 func (p *PoolMemoryResource) Stats() PoolStats {
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -35,6 +41,20 @@ func (p *PoolMemoryResource) Stats() PoolStats {
 		st.FreeBlocks += l.count
 		if b := l.largest(); b != nil && b.size > st.LargestFreeBlock {
 			st.LargestFreeBlock = b.size
+		}
+		s := l.stream
+		if s.id == 0 {
+			s = DefaultStream
+		}
+		st.PerStream = append(st.PerStream, StreamFreeStats{Stream: s, FreeBlocks: l.count, FreeBytes: l.bytes})
+	}
+	sort.SliceStable(st.PerStream, func(i, j int) bool { return st.PerStream[i].Stream.id == 0 && st.PerStream[j].Stream.id != 0 })
+	if e := p.exp; e != nil {
+		st.UpstreamBlocks = len(e.chunks)
+		st.Reserved = e.reserved
+		st.Holes = len(e.holes)
+		for h := range e.holes {
+			st.HoleBytes += h.size
 		}
 	}
 	return st
@@ -116,6 +136,9 @@ func (p *PoolMemoryResource) CheckInvariants() error {
 	if freeBytes+liveBytes != p.size {
 		return fmt.Errorf("free %d + live %d bytes != pool size %d", freeBytes, liveBytes, p.size)
 	}
+	if p.exp != nil {
+		return p.checkExpandable(all)
+	}
 	total, visited := 0, 0
 	ups := make([]DevicePtr, 0, len(p.upstreams))
 	for a := range p.upstreams {
@@ -160,6 +183,93 @@ func (p *PoolMemoryResource) CheckInvariants() error {
 	}
 	if total != p.size {
 		return fmt.Errorf("upstream blocks total %d bytes, pool size %d", total, p.size)
+	}
+	return nil
+}
+
+// checkExpandable verifies an expandable pool's chain: one run of blocks from the reservation's
+// base to top, each free, live or a hole, holes never adjacent, the chunks exactly the mapped
+// (non-hole) ranges, their sizes summing to PoolSize.
+func (p *PoolMemoryResource) checkExpandable(all map[DevicePtr]*block) error {
+	e := p.exp
+	if (e.head == nil) != (e.tail == nil) || (e.head == nil && e.top != e.base) {
+		return fmt.Errorf("empty chain with head %p, tail %p, top %#x (base %#x)", e.head, e.tail, uintptr(e.top), uintptr(e.base))
+	}
+	if e.top > e.base+DevicePtr(e.reserved) {
+		return fmt.Errorf("top %#x is past the reservation [%#x, +%d)", uintptr(e.top), uintptr(e.base), e.reserved)
+	}
+	visited, holes, mapped := 0, 0, 0
+	var mappedRanges [][2]DevicePtr
+	at := e.base
+	var last *block
+	for b := e.head; b != nil; b = b.next {
+		if b.addr != at || b.size <= 0 || b.addr%Alignment != 0 {
+			return fmt.Errorf("block %#x of %d bytes found where %#x was expected", uintptr(b.addr), b.size, uintptr(at))
+		}
+		if b.prev != last {
+			return fmt.Errorf("block %#x has a wrong previous neighbour", uintptr(b.addr))
+		}
+		hole := !b.free && b.req == holeReq
+		if hole {
+			holes++
+			if _, ok := e.holes[b]; !ok {
+				return fmt.Errorf("hole %#x is not indexed", uintptr(b.addr))
+			}
+			if last != nil && !last.free && last.req == holeReq {
+				return fmt.Errorf("holes %#x and %#x are adjacent", uintptr(last.addr), uintptr(b.addr))
+			}
+			if b.addr%DevicePtr(e.gran) != 0 || b.size%e.gran != 0 {
+				return fmt.Errorf("hole %#x of %d bytes is off the granularity %d", uintptr(b.addr), b.size, e.gran)
+			}
+		} else {
+			visited++
+			if all[b.addr] != b {
+				return fmt.Errorf("block %#x is linked but neither free in a list nor live", uintptr(b.addr))
+			}
+			mapped += b.size
+			if n := len(mappedRanges); n > 0 && mappedRanges[n-1][1] == b.addr {
+				mappedRanges[n-1][1] = b.end()
+			} else {
+				mappedRanges = append(mappedRanges, [2]DevicePtr{b.addr, b.end()})
+			}
+		}
+		if last != nil && last.free && b.free && last.list == b.list {
+			return fmt.Errorf("free blocks %#x and %#x of one list are adjacent but not coalesced", uintptr(last.addr), uintptr(b.addr))
+		}
+		at = b.end()
+		last = b
+	}
+	if last != e.tail || at != e.top {
+		return fmt.Errorf("the chain ends at %#x, top is %#x", uintptr(at), uintptr(e.top))
+	}
+	if last != nil && !last.free && last.req == holeReq {
+		return fmt.Errorf("the chain ends with a hole at %#x", uintptr(last.addr))
+	}
+	if holes != len(e.holes) {
+		return fmt.Errorf("%d holes in the chain, %d indexed", holes, len(e.holes))
+	}
+	if visited != len(all) {
+		return fmt.Errorf("%d blocks, %d of them in the chain", len(all), visited)
+	}
+	if mapped != p.size {
+		return fmt.Errorf("mapped blocks total %d bytes, pool size %d", mapped, p.size)
+	}
+	// The chunks, in address order, tile exactly the mapped ranges.
+	ci := 0
+	for _, r := range mappedRanges {
+		for a := r[0]; a < r[1]; {
+			if ci >= len(e.chunks) || e.chunks[ci].addr != a {
+				return fmt.Errorf("no chunk starts at mapped address %#x", uintptr(a))
+			}
+			a = e.chunks[ci].end()
+			ci++
+			if a > r[1] {
+				return fmt.Errorf("chunk ending %#x runs past the mapped range ending %#x", uintptr(a), uintptr(r[1]))
+			}
+		}
+	}
+	if ci != len(e.chunks) {
+		return fmt.Errorf("%d chunks, %d of them cover mapped blocks", len(e.chunks), ci)
 	}
 	return nil
 }

@@ -393,3 +393,30 @@ func TestPoolReachesMaximum(t *testing.T) {
 		require.NoError(t, p.CheckInvariants())
 	}
 }
+
+// A capped pool that cannot grow gives back its wholly free upstream blocks and tries again.
+func TestPoolCappedReleasesBeforeFailing(t *testing.T) {
+	p, _ := newSimPool(t, 1<<40, &PoolOptions{MaximumPoolSize: 4 << 20})
+	a, err := p.Allocate(2<<20, DefaultStream)
+	require.NoError(t, err)
+	b, err := p.Allocate(1<<20, DefaultStream)
+	require.NoError(t, err)
+	require.Equal(t, 3<<20, p.PoolSize())
+	require.Equal(t, 2, p.Stats().UpstreamBlocks)
+	require.NoError(t, p.Deallocate(a, 2<<20, DefaultStream))
+	c, err := p.Allocate(3<<20, DefaultStream)
+	require.NoError(t, err, "the free 2 MiB block went back, making room under the cap")
+	st := p.Stats()
+	require.Equal(t, 4<<20, st.PoolSize)
+	require.Equal(t, 2, st.UpstreamBlocks)
+	require.NoError(t, p.CheckInvariants())
+	// Nothing wholly free now: the next failure releases nothing and says why.
+	_, err = p.Allocate(1<<20, DefaultStream)
+	var oom *OutOfMemoryError
+	require.ErrorAs(t, err, &oom)
+	require.Equal(t, 4<<20, oom.PoolSize)
+	require.Zero(t, oom.FreeBytes)
+	require.False(t, oom.Fragmented)
+	require.NoError(t, p.Deallocate(b, 1<<20, DefaultStream))
+	require.NoError(t, p.Deallocate(c, 3<<20, DefaultStream))
+}

@@ -305,17 +305,33 @@ func unchanged(before, after observation) error {
 	return unchangedUpstream(before, after)
 }
 
-// unchangedAccounting checks a failed allocation: the upstream holds the same blocks and
-// PoolStats' figures are the same (a resource may rearrange its free blocks while it searches).
+// unchangedAccounting checks a failed allocation: the live figures are the same, and the upstream
+// holds the same blocks — or, when PoolStats shows the pool shrank, a subset of them: a resource
+// may rearrange its free blocks while it searches, and may give wholly free blocks back to its
+// upstream before it gives up.
 func unchangedAccounting(before, after observation) error {
+	shrank := false
 	if b, ok := before.stats.(rmm.PoolStats); ok {
 		a := after.stats.(rmm.PoolStats)
-		if b.PoolSize != a.PoolSize || b.LiveBytes != a.LiveBytes || b.LiveAllocations != a.LiveAllocations ||
-			b.FreeBytes != a.FreeBytes || b.UpstreamBlocks != a.UpstreamBlocks || b.MaximumPoolSize != a.MaximumPoolSize {
+		if b.LiveBytes != a.LiveBytes || b.LiveAllocations != a.LiveAllocations || b.MaximumPoolSize != a.MaximumPoolSize ||
+			a.PoolSize > b.PoolSize || a.PoolSize-a.FreeBytes != b.PoolSize-b.FreeBytes ||
+			(a.PoolSize == b.PoolSize && (a.FreeBytes != b.FreeBytes || a.UpstreamBlocks != b.UpstreamBlocks)) {
 			return fmt.Errorf("Stats changed: %+v -> %+v", b, a)
 		}
+		shrank = a.PoolSize < b.PoolSize
 	}
-	return unchangedUpstream(before, after)
+	if !shrank {
+		return unchangedUpstream(before, after)
+	}
+	for _, h := range after.held {
+		if !slices.Contains(before.held, h) {
+			return fmt.Errorf("a failed allocation took a new upstream block %v (held before: %s)", h, heldString(before.held))
+		}
+	}
+	if after.invariants != nil && before.invariants == nil {
+		return fmt.Errorf("CheckInvariants: %v", after.invariants)
+	}
+	return nil
 }
 
 func unchangedUpstream(before, after observation) error {

@@ -71,7 +71,8 @@
 //     first and last 4 KiB and 64 bytes of every 64 KiB between;
 //   - a failed call changes nothing: after an invalid free nothing observable changes (the value
 //     of any Stats() method, what the upstream holds, the patterns); after an out-of-memory error
-//     the upstream holds the same blocks and PoolStats' figures are the same;
+//     PoolStats' live figures are the same and the upstream holds the same blocks, or (when
+//     PoolSize shrank: a pool may give wholly free blocks back before it gives up) some of them;
 //   - after Release, every block still held from the upstream holds part of a live allocation
 //     (so with nothing live, nothing is held), unless Options.ReleaseKeepsMemory is set;
 //   - with everything freed, accounting is back to zero.

@@ -1,0 +1,626 @@
+package rmm
+
+import (
+	"errors"
+	"fmt"
+	"math/rand"
+	"sort"
+	"sync"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+)
+
+// simVMM is an address-only vmm for tests: it hands out addresses and checks the driver's rules
+// (granularity, a mapping is one whole handle, no double mapping, access only over mapped memory,
+// whole mappings unmapped, nothing mapped when the reservation is freed), with a limit on the
+// physical bytes created. No memory is behind the addresses.
+type simVMM struct {
+	mu       sync.Mutex
+	gran     int
+	limit    int // physical bytes; 0: none
+	next     DevicePtr
+	resv     map[DevicePtr]int
+	handles  map[vmmHandle]int  // size
+	released map[vmmHandle]bool // released but maybe still mapped
+	maps     map[DevicePtr]simMapping
+	hnext    vmmHandle
+	charged  int // bytes of handles not yet gone (released and unmapped)
+	creates  int
+	unmaps   int
+	onMap    func(addr DevicePtr, size int, mapped bool)
+	failNext int // fail the next create(s) with out of memory
+}
+
+type simMapping struct {
+	size   int
+	h      vmmHandle
+	access bool
+}
+
+func newSimVMM(gran, limit int) *simVMM {
+	return &simVMM{gran: gran, limit: limit, next: 1 << 40, resv: map[DevicePtr]int{}, handles: map[vmmHandle]int{},
+		released: map[vmmHandle]bool{}, maps: map[DevicePtr]simMapping{}, hnext: 1}
+}
+
+func (v *simVMM) granularity() int { return v.gran }
+
+func (v *simVMM) aligned(op string, a DevicePtr, n int) error {
+	if int(a)%v.gran != 0 || n <= 0 || n%v.gran != 0 {
+		return fmt.Errorf("%w: simVMM.%s(%#x, %d): off the granularity %d", ErrInvalidArgument, op, uintptr(a), n, v.gran)
+	}
+	return nil
+}
+
+func (v *simVMM) reserve(n int) (DevicePtr, error) {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	if err := v.aligned("reserve", v.next, n); err != nil {
+		return 0, err
+	}
+	b := v.next
+	v.resv[b] = n
+	v.next += DevicePtr(n) + DevicePtr(v.gran)
+	return b, nil
+}
+
+func (v *simVMM) inReservation(a DevicePtr, n int) bool {
+	for b, sz := range v.resv {
+		if a >= b && a+DevicePtr(n) <= b+DevicePtr(sz) {
+			return true
+		}
+	}
+	return false
+}
+
+func (v *simVMM) free(b DevicePtr, n int) error {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	if v.resv[b] != n {
+		return fmt.Errorf("%w: simVMM.free(%#x, %d): not a whole reservation", ErrInvalidArgument, uintptr(b), n)
+	}
+	for a := range v.maps {
+		if a >= b && a < b+DevicePtr(n) {
+			return fmt.Errorf("%w: simVMM.free(%#x, %d): %#x is still mapped", ErrInvalidArgument, uintptr(b), n, uintptr(a))
+		}
+	}
+	delete(v.resv, b)
+	return nil
+}
+
+func (v *simVMM) create(n int) (vmmHandle, error) {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	if err := v.aligned("create", 0, n); err != nil {
+		return 0, err
+	}
+	if v.failNext > 0 {
+		v.failNext--
+		return 0, fmt.Errorf("%w: simVMM.create(%d): refused", ErrOutOfMemory, n)
+	}
+	if v.limit > 0 && v.charged+n > v.limit {
+		return 0, fmt.Errorf("%w: simVMM.create(%d): %d of %d bytes charged", ErrOutOfMemory, n, v.charged, v.limit)
+	}
+	h := v.hnext
+	v.hnext++
+	v.handles[h] = n
+	v.charged += n
+	v.creates++
+	return h, nil
+}
+
+func (v *simVMM) mappedAt(h vmmHandle) bool {
+	for _, m := range v.maps {
+		if m.h == h {
+			return true
+		}
+	}
+	return false
+}
+
+func (v *simVMM) mapAt(a DevicePtr, n int, h vmmHandle) error {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	if err := v.aligned("mapAt", a, n); err != nil {
+		return err
+	}
+	if v.handles[h] != n || v.released[h] {
+		return fmt.Errorf("%w: simVMM.mapAt(%#x, %d, %d): not a live handle of that size", ErrInvalidArgument, uintptr(a), n, h)
+	}
+	if !v.inReservation(a, n) {
+		return fmt.Errorf("%w: simVMM.mapAt(%#x, %d): outside every reservation", ErrInvalidArgument, uintptr(a), n)
+	}
+	for b, m := range v.maps {
+		if a < b+DevicePtr(m.size) && b < a+DevicePtr(n) {
+			return fmt.Errorf("%w: simVMM.mapAt(%#x, %d): overlaps the mapping at %#x", ErrInvalidArgument, uintptr(a), n, uintptr(b))
+		}
+	}
+	v.maps[a] = simMapping{size: n, h: h}
+	if v.onMap != nil {
+		v.onMap(a, n, true)
+	}
+	return nil
+}
+
+// covered returns the mappings tiling [a, a+n) exactly, or false.
+func (v *simVMM) covered(a DevicePtr, n int) ([]DevicePtr, bool) {
+	var got []DevicePtr
+	for at := a; at < a+DevicePtr(n); {
+		m, ok := v.maps[at]
+		if !ok {
+			return nil, false
+		}
+		got = append(got, at)
+		at += DevicePtr(m.size)
+		if at > a+DevicePtr(n) {
+			return nil, false
+		}
+	}
+	return got, true
+}
+
+func (v *simVMM) setAccess(a DevicePtr, n int) error {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	ms, ok := v.covered(a, n)
+	if !ok {
+		return fmt.Errorf("%w: simVMM.setAccess(%#x, %d): not wholly mapped", ErrInvalidArgument, uintptr(a), n)
+	}
+	for _, at := range ms {
+		m := v.maps[at]
+		m.access = true
+		v.maps[at] = m
+	}
+	return nil
+}
+
+func (v *simVMM) unmap(a DevicePtr, n int) error {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	ms, ok := v.covered(a, n)
+	if !ok {
+		return fmt.Errorf("%w: simVMM.unmap(%#x, %d): not whole mappings", ErrInvalidArgument, uintptr(a), n)
+	}
+	for _, at := range ms {
+		m := v.maps[at]
+		delete(v.maps, at)
+		if v.released[m.h] && !v.mappedAt(m.h) {
+			v.charged -= v.handles[m.h]
+			delete(v.handles, m.h)
+			delete(v.released, m.h)
+		}
+		if v.onMap != nil {
+			v.onMap(at, m.size, false)
+		}
+	}
+	v.unmaps++
+	return nil
+}
+
+func (v *simVMM) release(h vmmHandle) error {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	if _, ok := v.handles[h]; !ok || v.released[h] {
+		return fmt.Errorf("%w: simVMM.release(%d): unknown handle", ErrInvalidArgument, h)
+	}
+	if v.mappedAt(h) {
+		v.released[h] = true
+		return nil
+	}
+	v.charged -= v.handles[h]
+	delete(v.handles, h)
+	return nil
+}
+
+// mappedRanges returns the maximal mapped ranges, in address order.
+func (v *simVMM) mappedRanges() [][2]DevicePtr {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	var as []DevicePtr
+	for a := range v.maps {
+		as = append(as, a)
+	}
+	sort.Slice(as, func(i, j int) bool { return as[i] < as[j] })
+	var rs [][2]DevicePtr
+	for _, a := range as {
+		e := a + DevicePtr(v.maps[a].size)
+		if n := len(rs); n > 0 && rs[n-1][1] == a {
+			rs[n-1][1] = e
+		} else {
+			rs = append(rs, [2]DevicePtr{a, e})
+		}
+	}
+	return rs
+}
+
+func (v *simVMM) stats() (charged, mappings, creates, unmaps int) {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	return v.charged, len(v.maps), v.creates, v.unmaps
+}
+
+// newExpTestPool builds an expandable pool over vm with the given options.
+func newExpTestPool(t testing.TB, vm vmm, o PoolOptions) *PoolMemoryResource {
+	t.Helper()
+	o.Expandable = true
+	p, err := newExpandablePool(NewSystemMemoryResource(), vm, o)
+	require.NoError(t, err)
+	return p
+}
+
+// ---------------------------------------------------------------------------------------------
+// The model-based tests over the expandable pool: the recording upstream sees the mapped ranges.
+
+// expRecord keeps rec's blocks equal to vm's maximal mapped ranges.
+func expRecord(rec *recordingUpstream, vm *simVMM) {
+	vm.onMap = func(DevicePtr, int, bool) {
+		// Called under vm.mu: read the maps directly.
+		var as []DevicePtr
+		for a := range vm.maps {
+			as = append(as, a)
+		}
+		sort.Slice(as, func(i, j int) bool { return as[i] < as[j] })
+		rec.mu.Lock()
+		defer rec.mu.Unlock()
+		clear(rec.live)
+		var start, end DevicePtr
+		for _, a := range as {
+			e := a + DevicePtr(vm.maps[a].size)
+			if a == end && end != 0 {
+				end = e
+				continue
+			}
+			if end != 0 {
+				rec.live[start] = int(end - start)
+			}
+			start, end = a, e
+		}
+		if end != 0 {
+			rec.live[start] = int(end - start)
+		}
+	}
+}
+
+func expandableSpec(name string, gran, capacity int, genConfig func(r *rand.Rand) resourceConfig, size func(r *rand.Rand, cfg resourceConfig) int) *conformanceSpec {
+	s := poolSpec(conformanceSpec{
+		name:        name,
+		genConfig:   genConfig,
+		newUpstream: func(resourceConfig) MemoryResource { return NewSystemMemoryResource() },
+		size:        size,
+		capacity:    capacity,
+	})
+	s.mergedUpstream = true
+	s.newResource = func(up MemoryResource, cfg resourceConfig) (MemoryResource, error) {
+		vm := newSimVMM(gran, cfg.UpstreamLimit)
+		expRecord(up.(*recordingUpstream), vm)
+		return newExpandablePool(up, vm, PoolOptions{Expandable: true, InitialPoolSize: cfg.InitialPoolSize, MaximumPoolSize: cfg.MaximumPoolSize})
+	}
+	return s
+}
+
+func TestExpandablePoolProperty(t *testing.T) {
+	const gran, capacity = 4 * kiB, 64 * miB
+	spec := expandableSpec("expandable pool over an address-only VMM (4 KiB granularity, 64 MiB range)", gran, capacity,
+		func(r *rand.Rand) resourceConfig {
+			c := resourceConfig{Streams: 3 + r.Intn(2)}
+			if r.Intn(2) == 0 {
+				c.InitialPoolSize = gran * r.Intn(256)
+			}
+			c.MaximumPoolSize = capacity // an expandable pool always has one: its range
+			if r.Intn(3) == 0 {
+				c.MaximumPoolSize = max(c.InitialPoolSize, gran) + gran*r.Intn(2048)
+			}
+			return c
+		},
+		func(r *rand.Rand, _ resourceConfig) int {
+			switch r.Intn(12) {
+			case 0:
+				return logUniform(r, 64*kiB, 16*miB)
+			case 1:
+				return gran * (1 + r.Intn(8))
+			}
+			return smallSize(r)
+		})
+	spec.mayRunOut = true
+	cov := runConformance(t, spec, 300, 120)
+	require.Positive(t, cov.allocs.Load())
+	require.Positive(t, cov.crossFrees.Load())
+	require.Positive(t, cov.oom.Load())
+}
+
+// With a physical limit below the range: the device refuses chunks.
+func TestExpandablePoolPropertyPhysicalLimit(t *testing.T) {
+	const gran, capacity = 4 * kiB, 64 * miB
+	spec := expandableSpec("expandable pool with a physical limit", gran, capacity,
+		func(r *rand.Rand) resourceConfig {
+			c := resourceConfig{Streams: 3 + r.Intn(2)}
+			c.UpstreamLimit = gran * (1 + r.Intn(512))
+			c.MaximumPoolSize = capacity
+			return c
+		},
+		func(r *rand.Rand, cfg resourceConfig) int {
+			if r.Intn(4) == 0 {
+				return 1 + r.Intn(cfg.UpstreamLimit)
+			}
+			return smallSize(r) % (cfg.UpstreamLimit/2 + 1)
+		})
+	cov := runConformance(t, spec, 300, 120)
+	require.Positive(t, cov.oom.Load())
+}
+
+// ---------------------------------------------------------------------------------------------
+// The cases.
+
+// A pool capped at C takes equal-size requests until their rounded total reaches C, all of them;
+// after freeing everything, one allocation of the whole cap succeeds.
+func TestExpandablePoolReachesItsCap(t *testing.T) {
+	const gran = 4 * kiB
+	for _, req := range []int{1000, 4096, 5000, 12345, 64 * kiB} {
+		n, _ := alignSize(req)
+		C := 64 * gran * 8 // 2 MiB
+		C = C / n * n      // a whole number of requests
+		C = (C + gran - 1) / gran * gran
+		vm := newSimVMM(gran, 0)
+		p := newExpTestPool(t, vm, PoolOptions{MaximumPoolSize: C})
+		s1, err := NewStream(CurrentDevice(), nil)
+		require.NoError(t, err)
+		var ptrs []DevicePtr
+		total := 0
+		for i := 0; total+n <= C; i++ {
+			s := DefaultStream
+			if i%3 == 1 {
+				s = s1.View()
+			}
+			ptr, err := p.Allocate(req, s)
+			require.NoError(t, err, "request %d of %d bytes, %d of %d allocated", i, req, total, C)
+			ptrs = append(ptrs, ptr)
+			total += n
+		}
+		require.Equal(t, C/n, len(ptrs))
+		_, err = p.Allocate(req, DefaultStream)
+		var oom *OutOfMemoryError
+		require.ErrorAs(t, err, &oom)
+		require.NoError(t, p.CheckInvariants())
+		for i, ptr := range ptrs {
+			s := DefaultStream
+			if i%2 == 1 {
+				s = s1.View()
+			}
+			require.NoError(t, p.Deallocate(ptr, req, s))
+		}
+		whole, err := p.Allocate(C, s1.View())
+		require.NoError(t, err, "the whole cap after freeing everything (request %d)", req)
+		require.Equal(t, C, p.PoolSize())
+		require.NoError(t, p.CheckInvariants())
+		require.NoError(t, p.Deallocate(whole, C, s1.View()))
+		require.NoError(t, s1.Close())
+		require.NoError(t, p.Close())
+		charged, mappings, _, _ := vm.stats()
+		require.Zero(t, charged)
+		require.Zero(t, mappings)
+		require.Empty(t, vm.resv, "the reservation is freed at Close")
+	}
+}
+
+// Blocks freed on two streams next to each other coalesce into one before the pool grows.
+func TestExpandablePoolCoalescesAcrossStreamsBeforeGrowing(t *testing.T) {
+	const gran = 4 * kiB
+	vm := newSimVMM(gran, 0)
+	p := newExpTestPool(t, vm, PoolOptions{InitialPoolSize: 64 * kiB, MaximumPoolSize: 1 * miB})
+	s1, err := NewStream(CurrentDevice(), nil)
+	require.NoError(t, err)
+	defer s1.Close()
+	a, err := p.Allocate(32*kiB, DefaultStream)
+	require.NoError(t, err)
+	b, err := p.Allocate(32*kiB, s1.View())
+	require.NoError(t, err)
+	require.Equal(t, a+32*kiB, b)
+	require.Equal(t, 64*kiB, p.PoolSize())
+	require.NoError(t, p.Deallocate(a, 32*kiB, DefaultStream))
+	require.NoError(t, p.Deallocate(b, 32*kiB, s1.View()))
+	_, _, creates, _ := vm.stats()
+	c, err := p.Allocate(64*kiB, s1.View())
+	require.NoError(t, err)
+	require.Equal(t, a, c, "the two halves coalesced")
+	require.Equal(t, 64*kiB, p.PoolSize(), "without growing")
+	_, _, creates2, _ := vm.stats()
+	require.Equal(t, creates, creates2)
+	require.NoError(t, p.CheckInvariants())
+	require.NoError(t, p.Deallocate(c, 64*kiB, s1.View()))
+}
+
+// Free space from different growth steps coalesces: a request larger than any one chunk, after
+// everything was freed, takes the chunks together (plus an extension at the end).
+func TestExpandablePoolCoalescesAcrossGrowthSteps(t *testing.T) {
+	const gran = 4 * kiB
+	vm := newSimVMM(gran, 0)
+	p := newExpTestPool(t, vm, PoolOptions{MaximumPoolSize: 256 * miB})
+	var ptrs []DevicePtr
+	for range 5 {
+		ptr, err := p.Allocate(40*miB, DefaultStream)
+		require.NoError(t, err)
+		ptrs = append(ptrs, ptr)
+	}
+	_, _, creates, _ := vm.stats()
+	require.Greater(t, creates, 1)
+	for _, ptr := range ptrs {
+		require.NoError(t, p.Deallocate(ptr, 40*miB, DefaultStream))
+	}
+	size := p.PoolSize()
+	big, err := p.Allocate(200*miB, DefaultStream)
+	require.NoError(t, err)
+	require.Equal(t, ptrs[0], big)
+	require.Equal(t, size, p.PoolSize(), "no growth: the free space of all steps is one block")
+	st := p.Stats()
+	require.Equal(t, 1, len(vm.mappedRanges()))
+	require.NoError(t, p.CheckInvariants())
+	require.NoError(t, p.Deallocate(big, 200*miB, DefaultStream))
+	_ = st
+}
+
+// Release leaves exactly the chunks that hold live blocks; growth maps into the holes again.
+func TestExpandablePoolReleaseKeepsOnlyLiveChunks(t *testing.T) {
+	const gran = 4 * kiB
+	vm := newSimVMM(gran, 0)
+	p := newExpTestPool(t, vm, PoolOptions{MaximumPoolSize: 1 << 30})
+	// Allocations large enough that every growth maps one chunk per allocation.
+	var ptrs []DevicePtr
+	for range 6 {
+		ptr, err := p.Allocate(40*miB, DefaultStream)
+		require.NoError(t, err)
+		ptrs = append(ptrs, ptr)
+	}
+	small, err := p.Allocate(1000, DefaultStream) // inside the last chunk's spare room
+	require.NoError(t, err)
+	chunksBefore := p.Stats().UpstreamBlocks
+	// Free 1, 2 and 4; 0, 3, 5 (and small) stay live.
+	for _, i := range []int{1, 2, 4} {
+		require.NoError(t, p.Deallocate(ptrs[i], 40*miB, DefaultStream))
+	}
+	require.NoError(t, p.Release())
+	require.NoError(t, p.CheckInvariants())
+	// Every chunk left overlaps a live allocation, and every live allocation is mapped.
+	live := [][2]DevicePtr{}
+	for _, i := range []int{0, 3, 5} {
+		live = append(live, [2]DevicePtr{ptrs[i], ptrs[i] + 40*miB})
+	}
+	live = append(live, [2]DevicePtr{small, small + 1024})
+	for _, c := range p.exp.chunks {
+		used := false
+		for _, l := range live {
+			if l[0] < c.end() && c.addr < l[1] {
+				used = true
+			}
+		}
+		require.True(t, used, "chunk %#x (%d bytes) holds no live block", uintptr(c.addr), c.size)
+	}
+	for _, l := range live {
+		covered := false
+		for _, r := range vm.mappedRanges() {
+			if r[0] <= l[0] && l[1] <= r[1] {
+				covered = true
+			}
+		}
+		require.True(t, covered, "live allocation %#x is not mapped", uintptr(l[0]))
+	}
+	st := p.Stats()
+	require.Less(t, st.UpstreamBlocks, chunksBefore)
+	require.Equal(t, st.PoolSize+st.HoleBytes, int(p.exp.top-p.exp.base))
+	_, mappings, _, _ := vm.stats()
+	require.Equal(t, st.UpstreamBlocks, mappings)
+	// Growth fills the holes before mapping past the end.
+	top := p.exp.top
+	again, err := p.Allocate(40*miB, DefaultStream)
+	require.NoError(t, err)
+	require.Less(t, again, top)
+	require.NoError(t, p.CheckInvariants())
+	for _, i := range []int{0, 3, 5} {
+		require.NoError(t, p.Deallocate(ptrs[i], 40*miB, DefaultStream))
+	}
+	require.NoError(t, p.Deallocate(small, 1000, DefaultStream))
+	require.NoError(t, p.Deallocate(again, 40*miB, DefaultStream))
+	require.NoError(t, p.Release())
+	require.Zero(t, p.PoolSize())
+	charged, mappings, _, _ := vm.stats()
+	require.Zero(t, charged)
+	require.Zero(t, mappings)
+	require.NoError(t, p.CheckInvariants())
+	require.NoError(t, p.Close())
+}
+
+// Out-of-memory errors carry the figures, and say fragmentation or exhaustion.
+func TestExpandablePoolOutOfMemoryFigures(t *testing.T) {
+	const gran = 4 * kiB
+	const C = 1 * miB
+	vm := newSimVMM(gran, 0)
+	p := newExpTestPool(t, vm, PoolOptions{MaximumPoolSize: C})
+	// 16 blocks of 64 KiB fill the cap; free every other one: 512 KiB free in 64 KiB pieces.
+	var ptrs []DevicePtr
+	for range 16 {
+		ptr, err := p.Allocate(64*kiB, DefaultStream)
+		require.NoError(t, err)
+		ptrs = append(ptrs, ptr)
+	}
+	for i := 0; i < 16; i += 2 {
+		require.NoError(t, p.Deallocate(ptrs[i], 64*kiB, DefaultStream))
+	}
+	_, err := p.Allocate(128*kiB, DefaultStream)
+	var oom *OutOfMemoryError
+	require.ErrorAs(t, err, &oom)
+	require.ErrorIs(t, err, ErrOutOfMemory)
+	require.Equal(t, OutOfMemoryError{
+		Resource: "PoolMemoryResource (expandable)", Requested: 128 * kiB, PoolSize: C, FreeBytes: 512 * kiB,
+		LargestFreeBlock: 64 * kiB, MaximumSize: C, Headroom: 0, Fragmented: true,
+		Detail: oom.Detail,
+	}, *oom)
+	require.Contains(t, err.Error(), "fragmentation")
+	// Exhaustion: more than everything free.
+	_, err = p.Allocate(600*kiB, DefaultStream)
+	require.ErrorAs(t, err, &oom)
+	require.False(t, oom.Fragmented)
+	require.Equal(t, 512*kiB, oom.FreeBytes)
+	require.Contains(t, err.Error(), "exhausted")
+	require.NoError(t, p.CheckInvariants())
+	// Stats give the same figures.
+	st := p.Stats()
+	require.Equal(t, C, st.PoolSize)
+	require.Equal(t, 512*kiB, st.FreeBytes)
+	require.Equal(t, 64*kiB, st.LargestFreeBlock)
+	require.Equal(t, 8, st.FreeBlocks)
+	require.Equal(t, []StreamFreeStats{{Stream: DefaultStream, FreeBlocks: 8, FreeBytes: 512 * kiB}}, st.PerStream)
+}
+
+// The device refusing a chunk: exhaustion with the device's error, headroom 0.
+func TestExpandablePoolDeviceRefuses(t *testing.T) {
+	const gran = 4 * kiB
+	vm := newSimVMM(gran, 256*kiB)
+	p := newExpTestPool(t, vm, PoolOptions{MaximumPoolSize: 16 * miB})
+	a, err := p.Allocate(200*kiB, DefaultStream)
+	require.NoError(t, err)
+	_, err = p.Allocate(100*kiB, DefaultStream)
+	var oom *OutOfMemoryError
+	require.ErrorAs(t, err, &oom)
+	require.Zero(t, oom.Headroom)
+	require.False(t, oom.Fragmented)
+	require.Equal(t, 256*kiB, oom.PoolSize, "the step was halved down to what the device had")
+	require.True(t, errors.Is(oom.Cause, ErrOutOfMemory))
+	require.NoError(t, p.CheckInvariants())
+	require.NoError(t, p.Deallocate(a, 200*kiB, DefaultStream))
+	b, err := p.Allocate(256*kiB, DefaultStream)
+	require.NoError(t, err)
+	require.NoError(t, p.Deallocate(b, 256*kiB, DefaultStream))
+}
+
+// ReleaseThreshold trims free chunks at the next free past the threshold.
+func TestExpandablePoolReleaseThreshold(t *testing.T) {
+	const gran = 4 * kiB
+	vm := newSimVMM(gran, 0)
+	p := newExpTestPool(t, vm, PoolOptions{MaximumPoolSize: 1 << 30, ReleaseThreshold: 8 * miB})
+	var ptrs []DevicePtr
+	for range 4 {
+		ptr, err := p.Allocate(40*miB, DefaultStream)
+		require.NoError(t, err)
+		ptrs = append(ptrs, ptr)
+	}
+	for _, ptr := range ptrs[1:] {
+		require.NoError(t, p.Deallocate(ptr, 40*miB, DefaultStream))
+	}
+	st := p.Stats()
+	require.LessOrEqual(t, st.FreeBytes, 8*miB+expandableMinChunk, "trimmed down near the threshold")
+	require.GreaterOrEqual(t, st.PoolSize, 40*miB)
+	require.NoError(t, p.CheckInvariants())
+	require.NoError(t, p.Deallocate(ptrs[0], 40*miB, DefaultStream))
+	require.NoError(t, p.CheckInvariants())
+	require.LessOrEqual(t, p.Stats().FreeBytes, 8*miB+expandableMinChunk)
+}
+
+func TestExpandablePoolOptionErrors(t *testing.T) {
+	_, err := NewPoolMemoryResource(NewSystemMemoryResource(), &PoolOptions{ReleaseThreshold: 10})
+	require.ErrorIs(t, err, ErrInvalidArgument)
+	_, err = NewPoolMemoryResource(NewSystemMemoryResource(), &PoolOptions{Expandable: true, ReleaseThreshold: -1})
+	require.ErrorIs(t, err, ErrInvalidArgument)
+	sim, err := NewSimulatedMemoryResource(1 << 30)
+	require.NoError(t, err)
+	_, err = NewPoolMemoryResource(sim, &PoolOptions{Expandable: true})
+	require.ErrorIs(t, err, ErrInvalidArgument)
+}
