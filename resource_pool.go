@@ -24,8 +24,10 @@ type PoolOptions struct {
 	// that the free block at the end simply gets longer and free neighbours always coalesce: a
 	// capped pool reaches its cap, and a long-running one does not fragment across growth steps.
 	// Release gives back (cuMemUnmap, cuMemRelease) every chunk that holds no live block. The
-	// upstream is not used for memory, only to name the device: it must be nil, a
-	// CudaMemoryResource or, without CUDA, the SystemMemoryResource (host memory mapped with mmap).
+	// upstream is never called; it names where the memory comes from and must be one of: nil (the
+	// current device, or host memory without CUDA), a CudaMemoryResource (its device), the
+	// SystemMemoryResource (host memory, reserved and mapped with mmap), a
+	// SimulatedMemoryResource (addresses only, at most its capacity mapped: for replaying traces).
 	// InitialPoolSize is rounded up to the granularity. See the type's documentation for the
 	// chunk sizes.
 	Expandable bool
@@ -83,6 +85,7 @@ type PoolMemoryResource struct {
 	exp        *expandable
 
 	sizeAtomic atomic.Int64
+	peakSize   int // the most bytes held at once
 }
 
 // NewPoolMemoryResource returns a pool over upstream (nil: the current device resource). Sizes
@@ -90,11 +93,12 @@ type PoolMemoryResource struct {
 // ErrInvalidArgument. When InitialPoolSize is positive that many bytes are taken from the upstream
 // now; its failure is returned.
 func NewPoolMemoryResource(upstream MemoryResource, opts *PoolOptions) (*PoolMemoryResource, error) {
-	upstream = resourceOrCurrent(upstream)
 	var o PoolOptions
 	if opts != nil {
 		o = *opts
 	}
+	given := upstream
+	upstream = resourceOrCurrent(upstream)
 	switch {
 	case o.InitialPoolSize < 0 || o.MaximumPoolSize < 0:
 		return nil, fmt.Errorf("%w: NewPoolMemoryResource: negative size (initial %d, maximum %d)", ErrInvalidArgument, o.InitialPoolSize, o.MaximumPoolSize)
@@ -112,7 +116,7 @@ func NewPoolMemoryResource(upstream MemoryResource, opts *PoolOptions) (*PoolMem
 		return nil, fmt.Errorf("%w: NewPoolMemoryResource: ReleaseThreshold needs an Expandable pool", ErrInvalidArgument)
 	}
 	if o.Expandable {
-		return newExpandablePool(upstream, nil, o)
+		return newExpandablePool(given, nil, o)
 	}
 	p := &PoolMemoryResource{
 		upstream:  upstream,
@@ -150,20 +154,20 @@ func NewPoolMemoryResource(upstream MemoryResource, opts *PoolOptions) (*PoolMem
 	return p, nil
 }
 
-// newExpandablePool makes an expandable pool over vm (nil: the device's virtual memory, or host
-// memory without CUDA).
+// newExpandablePool makes an expandable pool over vm (nil: the one upstream names, see vmmFor).
+// upstream is the opts' upstream as the caller gave it (nil allowed).
 func newExpandablePool(upstream MemoryResource, vm vmm, o PoolOptions) (*PoolMemoryResource, error) {
-	dev := DeviceOf(upstream)
+	var dev Device
 	if vm == nil {
-		switch upstream.(type) {
-		case *CudaMemoryResource, *SystemMemoryResource:
-		default:
-			return nil, fmt.Errorf("%w: NewPoolMemoryResource: %v, not %s", ErrInvalidArgument, errNotExpandableUpstream, resourceName(upstream))
-		}
 		var err error
-		if vm, err = defaultVMM(dev); err != nil {
-			return nil, fmt.Errorf("NewPoolMemoryResource: expandable pool on %v: %w", dev, err)
+		if vm, dev, err = vmmFor(upstream); err != nil {
+			return nil, err
 		}
+	} else {
+		dev = DeviceOf(upstream)
+	}
+	if upstream == nil {
+		upstream = CurrentDeviceResource()
 	}
 	e, reserved, err := newExpandable(vm, dev, o.MaximumPoolSize, o.ReleaseThreshold)
 	if err != nil {
@@ -471,6 +475,7 @@ func (p *PoolMemoryResource) addUpstreamBlock(ptr DevicePtr, n int) {
 	p.upstreams[ptr] = n
 	p.size += n
 	p.sizeAtomic.Store(int64(p.size))
+	p.peakSize = max(p.peakSize, p.size)
 }
 
 // Deallocate returns p's block to the free list of stream s, coalescing it with free neighbours

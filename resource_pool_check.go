@@ -8,6 +8,7 @@ import (
 // PoolStats is a snapshot of a pool's state.
 type PoolStats struct {
 	PoolSize         int // bytes taken from the upstream
+	PeakPoolSize     int // the most bytes held at once since the pool was made
 	MaximumPoolSize  int // 0 when unbounded
 	LiveBytes        int // bytes of live allocations, each rounded up to 256
 	LiveAllocations  int
@@ -30,6 +31,7 @@ func (p *PoolMemoryResource) Stats() PoolStats {
 	defer p.mu.Unlock()
 	st := PoolStats{
 		PoolSize:        p.size,
+		PeakPoolSize:    p.peakSize,
 		MaximumPoolSize: p.maximum,
 		LiveBytes:       p.liveBytes,
 		LiveAllocations: len(p.live),

@@ -3,6 +3,7 @@ package rmm
 import (
 	"errors"
 	"fmt"
+	"slices"
 	"sort"
 )
 
@@ -198,11 +199,10 @@ func (p *PoolMemoryResource) mapChunk(addr DevicePtr, k int) (*block, error) {
 		return nil, fmt.Errorf("PoolMemoryResource (expandable): granting access to %d bytes at %#x: %w", k, uintptr(addr), err)
 	}
 	i := sort.Search(len(e.chunks), func(i int) bool { return e.chunks[i].addr > addr })
-	e.chunks = append(e.chunks, vmChunk{})
-	copy(e.chunks[i+1:], e.chunks[i:])
-	e.chunks[i] = vmChunk{addr: addr, size: k, h: h}
+	e.chunks = slices.Insert(e.chunks, i, vmChunk{addr: addr, size: k, h: h})
 	p.size += k
 	p.sizeAtomic.Store(int64(p.size))
+	p.peakSize = max(p.peakSize, p.size)
 	b := p.newBlock(addr, k)
 	b.free = false
 	return b, nil
@@ -441,14 +441,32 @@ func (p *PoolMemoryResource) freeReservation() error {
 	return nil
 }
 
-var errNotExpandableUpstream = errors.New("an expandable pool takes its memory from the device's virtual memory: its upstream must be nil, a CudaMemoryResource or (without CUDA) the SystemMemoryResource")
+var errNotExpandableUpstream = errors.New("an expandable pool maps its own memory: its upstream only names where from, and must be nil, a CudaMemoryResource, the SystemMemoryResource or a SimulatedMemoryResource")
 
-// defaultVMM is the virtual memory of dev: the driver's, or host memory without CUDA.
-func defaultVMM(dev Device) (vmm, error) {
-	if CUDAAvailable() == nil {
-		return newDeviceVMM(dev)
+// vmmFor is the virtual memory an expandable pool over upstream uses: the device's for a
+// CudaMemoryResource (or nil, when there is a CUDA device), host memory for the
+// SystemMemoryResource (or nil without CUDA), and addresses only, within its capacity, for a
+// SimulatedMemoryResource.
+func vmmFor(upstream MemoryResource) (vmm, Device, error) {
+	switch u := upstream.(type) {
+	case nil:
+		dev := CurrentDevice()
+		if CUDAAvailable() == nil {
+			vm, err := newDeviceVMM(dev)
+			return vm, dev, err
+		}
+		vm, err := newHostVMM(hostVMMGranularity, 0)
+		return vm, dev, err
+	case *CudaMemoryResource:
+		vm, err := newDeviceVMM(u.Device())
+		return vm, u.Device(), err
+	case *SystemMemoryResource:
+		vm, err := newHostVMM(hostVMMGranularity, 0)
+		return vm, DeviceOf(u), err
+	case *SimulatedMemoryResource:
+		return newSimVMM(hostVMMGranularity, u.capacity), DeviceOf(u), nil
 	}
-	return newHostVMM(hostVMMGranularity, 0)
+	return nil, 0, fmt.Errorf("%w: NewPoolMemoryResource: %v, not %s", ErrInvalidArgument, errNotExpandableUpstream, resourceName(upstream))
 }
 
 // hostVMMGranularity is the granularity of the host-memory expandable pool: the device's, so that

@@ -15,6 +15,8 @@
 //	-initial SIZE     pool initial size, or the async pool's priming size (default 0)
 //	-maximum SIZE     pool maximum size (default none)
 //	-simulate SIZE    replay the pool over an address-only upstream of SIZE bytes
+//	-expandable       with -mr pool: an expandable pool (PoolOptions.Expandable), whose peak
+//	                  mapped size is reported as its peak upstream
 //	-device N         CUDA device (default 0)
 //	-passes N         replay N times on the same resource (a pool keeps what it grew in earlier
 //	                  passes); report each wall time and the median (default 1)
@@ -113,6 +115,7 @@ func run(args []string, stdout, stderr io.Writer) error {
 	fs.Var(&initial, "initial", "pool initial size, or the async pool's priming size (default 0)")
 	fs.Var(&maximum, "maximum", "pool maximum size (default none)")
 	fs.Var(&simulate, "simulate", "replay the pool over an address-only upstream of this many bytes")
+	expandable := fs.Bool("expandable", false, "with -mr pool: an expandable pool (one virtual range grown by mapped chunks)")
 	device := fs.Int("device", 0, "CUDA device")
 	passes := fs.Int("passes", 1, "replay this many times on the same resource (a pool keeps what it grew); report the median")
 	verbose := fs.Bool("v", false, "print every allocation that fails during the replay")
@@ -138,6 +141,9 @@ func run(args []string, stdout, stderr io.Writer) error {
 	}
 	if initial.set && *mrName != "pool" && *mrName != "async" {
 		return fmt.Errorf("%w: -initial works with -mr pool or async only (got -mr %s)", errUsage, *mrName)
+	}
+	if *expandable && *mrName != "pool" {
+		return fmt.Errorf("%w: -expandable works with -mr pool only (got -mr %s)", errUsage, *mrName)
 	}
 	if simulate.set && *mrName != "pool" {
 		return fmt.Errorf("%w: -simulate works with -mr pool only (got -mr %s)", errUsage, *mrName)
@@ -188,8 +194,17 @@ func run(args []string, stdout, stderr io.Writer) error {
 			up = rmm.NewSystemMemoryResource()
 			desc = "PoolMemoryResource over SystemMemoryResource (host memory; " + where + ")"
 		}
-		upstream = &peakResource{MemoryResource: up}
-		pool, err := rmm.NewPoolMemoryResource(upstream, &rmm.PoolOptions{InitialPoolSize: initial.n, MaximumPoolSize: maximum.n})
+		opts := &rmm.PoolOptions{InitialPoolSize: initial.n, MaximumPoolSize: maximum.n, Expandable: *expandable}
+		var pool *rmm.PoolMemoryResource
+		var err error
+		if *expandable {
+			// The pool maps its own memory: its peak size is what it reserved.
+			pool, err = rmm.NewPoolMemoryResource(up, opts)
+			desc = strings.Replace(desc, "PoolMemoryResource over", "expandable PoolMemoryResource over", 1)
+		} else {
+			upstream = &peakResource{MemoryResource: up}
+			pool, err = rmm.NewPoolMemoryResource(upstream, opts)
+		}
 		if err != nil {
 			return err
 		}
@@ -255,6 +270,8 @@ func run(args []string, stdout, stderr io.Writer) error {
 	switch {
 	case upstream != nil:
 		reserved = upstream.peak.Load()
+	case *expandable:
+		reserved = int64(mr.(*rmm.PoolMemoryResource).Stats().PeakPoolSize)
 	default:
 		if a, ok := mr.(*rmm.CudaAsyncMemoryResource); ok {
 			if v, err := a.ReservedBytesHigh(); err == nil {
