@@ -1,0 +1,170 @@
+package rmm
+
+import (
+	"errors"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+)
+
+// The out-of-memory errors and the per-stream statistics of the arena, fixed-size and binning
+// resources, over host upstreams (SimulatedMemoryResource), so that they run without a GPU.
+
+// oomStatsStream returns a new Stream's view, closed at the end of the test.
+func oomStatsStream(t *testing.T) (*Stream, StreamView) {
+	t.Helper()
+	s, err := NewStream(CurrentDevice(), nil)
+	require.NoError(t, err)
+	t.Cleanup(func() { s.Close() })
+	return s, s.View()
+}
+
+// oomStatsError returns err's *OutOfMemoryError, failing the test when there is none.
+func oomStatsError(t *testing.T, err error) *OutOfMemoryError {
+	t.Helper()
+	require.ErrorIs(t, err, ErrOutOfMemory)
+	var oom *OutOfMemoryError
+	require.ErrorAs(t, err, &oom)
+	return oom
+}
+
+// Fill the arena with 256 KiB blocks and free every other one: half the arena is free, in
+// blocks of 256 KiB, so 512 KiB (small) and 2 MiB (large) requests fail for fragmentation.
+func TestArenaOutOfMemoryFragmented(t *testing.T) {
+	const mb, q = ArenaMinSuperblockSize, ArenaMinSuperblockSize / 4
+	a, _ := arenaSim(t, 4*mb, nil)
+	var ps []DevicePtr
+	for range 16 {
+		ps = append(ps, arenaAlloc(t, a, q, DefaultStream))
+	}
+	for i := 0; i < len(ps); i += 2 {
+		require.NoError(t, a.Deallocate(ps[i], q, DefaultStream))
+	}
+	for _, n := range []int{2 * q, 2 * mb} {
+		_, err := a.Allocate(n, DefaultStream)
+		oom := oomStatsError(t, err)
+		require.Equal(t, OutOfMemoryError{
+			Resource: "ArenaMemoryResource", Requested: n, PoolSize: 4 * mb, FreeBytes: 2 * mb,
+			LargestFreeBlock: q, MaximumSize: 4 * mb, Headroom: 0, Fragmented: true,
+			Detail: "no room in arena, also after defragmenting",
+		}, *oom, "request of %d", n)
+		require.Contains(t, err.Error(), "fragmentation: 2097152 bytes are free but the largest free block is 262144 bytes; pool size 4194304, maximum 4194304; no room in arena")
+		require.Nil(t, errors.Unwrap(oom))
+	}
+	st := a.Stats()
+	require.Equal(t, 2*mb, st.FreeBytes, "the failures changed nothing")
+	require.Equal(t, 8, st.FreeBlocks)
+	require.Equal(t, 8, st.GlobalFreeBlocks, "defragmenting moved every superblock to the global arena")
+	arenaCheck(t, a)
+	for i := 1; i < len(ps); i += 2 {
+		require.NoError(t, a.Deallocate(ps[i], q, DefaultStream))
+	}
+	arenaAlloc(t, a, 2*mb, DefaultStream)
+}
+
+func TestArenaOutOfMemoryExhausted(t *testing.T) {
+	const mb, q = ArenaMinSuperblockSize, ArenaMinSuperblockSize / 4
+	a, _ := arenaSim(t, 4*mb, nil)
+	_, err := a.Allocate(5*mb, DefaultStream)
+	oom := oomStatsError(t, err)
+	require.Equal(t, OutOfMemoryError{
+		Resource: "ArenaMemoryResource", Requested: 5 * mb, PoolSize: 4 * mb, FreeBytes: 4 * mb,
+		LargestFreeBlock: 4 * mb, MaximumSize: 4 * mb, Detail: "the request is larger than the arena (4194304 bytes)",
+	}, *oom)
+	for range 15 {
+		arenaAlloc(t, a, q, DefaultStream)
+	}
+	arenaAlloc(t, a, q-512, DefaultStream)
+	_, err = a.Allocate(1000, DefaultStream) // 1024 once rounded; 512 bytes are free
+	oom = oomStatsError(t, err)
+	require.Equal(t, OutOfMemoryError{
+		Resource: "ArenaMemoryResource", Requested: 1000, PoolSize: 4 * mb, FreeBytes: 512,
+		LargestFreeBlock: 512, MaximumSize: 4 * mb, Fragmented: false,
+		Detail: "no room in arena, also after defragmenting",
+	}, *oom)
+	require.Contains(t, err.Error(), "exhausted: 512 bytes free, largest free block 512 bytes; pool size 4194304, maximum 4194304")
+	arenaAlloc(t, a, 512, DefaultStream)
+	arenaCheck(t, a)
+}
+
+// Frees on two streams stay in those streams' arenas; the global arena is reported apart.
+func TestArenaStatsPerStream(t *testing.T) {
+	const mb, q, k100 = ArenaMinSuperblockSize, ArenaMinSuperblockSize / 4, 100 << 10
+	a, _ := arenaSim(t, 4*mb, nil)
+	_, s1 := oomStatsStream(t)
+	s2o, s2 := oomStatsStream(t)
+	def := DefaultStream.deviceView(a.Device())
+	var p1 []DevicePtr
+	for range 3 {
+		p1 = append(p1, arenaAlloc(t, a, q, s1))
+	}
+	x := arenaAlloc(t, a, k100, s2)
+	y := arenaAlloc(t, a, k100, s2)
+	require.NoError(t, a.Deallocate(p1[0], q, s1))
+	require.NoError(t, a.Deallocate(p1[2], q, s1))
+	require.NoError(t, a.Deallocate(x, k100, s2))
+
+	st := a.Stats()
+	// s1 holds [0, 1 MiB): free [0, 256K) and [512K, 1M); s2 holds [1M, 2M): free [1M, 1M+100K)
+	// and [1M+200K, 2M); the global arena the empty [2M, 4M).
+	require.Equal(t, []StreamFreeStats{
+		{Stream: def},
+		{Stream: s1, FreeBlocks: 2, FreeBytes: 3 * q},
+		{Stream: s2, FreeBlocks: 2, FreeBytes: mb - k100},
+	}, st.PerStream)
+	require.Equal(t, 1, st.GlobalFreeBlocks)
+	require.Equal(t, 2*mb, st.GlobalFreeBytes)
+	require.Equal(t, 5, st.FreeBlocks)
+	require.Equal(t, 3*q+mb-k100+2*mb, st.FreeBytes)
+	require.Equal(t, 4*mb, st.PoolSize)
+	require.Equal(t, 4*mb, st.MaximumSize)
+	require.Equal(t, 2*mb, st.LargestFreeBlock)
+	require.Equal(t, 2, st.StreamArenas)
+
+	// Closing s2 sends its superblock (y still lives in it) to the global arena.
+	require.NoError(t, s2o.Close())
+	st = a.Stats()
+	require.Equal(t, []StreamFreeStats{
+		{Stream: def},
+		{Stream: s1, FreeBlocks: 2, FreeBytes: 3 * q},
+	}, st.PerStream)
+	require.Equal(t, 3, st.GlobalFreeBlocks)
+	require.Equal(t, 2*mb+mb-k100, st.GlobalFreeBytes)
+	require.NoError(t, a.Deallocate(y, k100, DefaultStream))
+	require.NoError(t, a.Deallocate(p1[1], q, s1))
+
+	// Default-stream shards are summed as one entry.
+	b, _ := arenaSim(t, 4*mb, &ArenaOptions{DefaultStreamArenas: 4})
+	var ps []DevicePtr
+	for range 4 {
+		ps = append(ps, arenaAlloc(t, b, q, DefaultStream))
+	}
+	require.NoError(t, b.Deallocate(ps[1], q, DefaultStream))
+	st = b.Stats()
+	free := 0
+	for _, x := range st.PerStream {
+		free += x.FreeBytes
+	}
+	require.Len(t, st.PerStream, 1)
+	require.True(t, st.PerStream[0].Stream.IsDefault())
+	require.Equal(t, st.FreeBytes, free+st.GlobalFreeBytes)
+	require.Equal(t, st.FreeBlocks, st.PerStream[0].FreeBlocks+st.GlobalFreeBlocks)
+	arenaCheck(t, b)
+}
+
+// A request above the largest superblock (1 TiB) fails at once, though the arena is larger.
+func TestArenaOutOfMemoryAboveSuperblock(t *testing.T) {
+	size := 2*ArenaMaxSuperblockSize + 3<<20
+	a, _ := arenaSim(t, size, nil)
+	largest := a.Stats().LargestFreeBlock
+	n := ArenaMaxSuperblockSize + ArenaMaxSuperblockSize/2
+	_, err := a.Allocate(n, DefaultStream)
+	oom := oomStatsError(t, err)
+	require.Equal(t, OutOfMemoryError{
+		Resource: "ArenaMemoryResource", Requested: n, PoolSize: size, FreeBytes: size,
+		LargestFreeBlock: largest, MaximumSize: size, Fragmented: true,
+		Detail: "the request is larger than the largest superblock (1 TiB)",
+	}, *oom)
+	require.Less(t, largest, ArenaMaxSuperblockSize)
+	require.Zero(t, a.Stats().Defragmentations)
+}
