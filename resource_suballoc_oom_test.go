@@ -168,3 +168,117 @@ func TestArenaOutOfMemoryAboveSuperblock(t *testing.T) {
 	require.Less(t, largest, ArenaMaxSuperblockSize)
 	require.Zero(t, a.Stats().Defragmentations)
 }
+
+// A fixed-size resource serves no request above its block size: with enough blocks free the
+// failure is fragmentation (the free memory is in block-sized pieces), else exhaustion.
+func TestFixedSizeOutOfMemoryAboveBlockSize(t *testing.T) {
+	const bs = 4096
+	f := fixedNew(t, arenaMustSim(t, 1<<30), &FixedSizeOptions{BlockSize: bs, BlocksToPreallocate: 4})
+	p, err := f.Allocate(100, DefaultStream)
+	require.NoError(t, err)
+	_, err = f.Allocate(2*bs, DefaultStream)
+	oom := oomStatsError(t, err)
+	require.Equal(t, OutOfMemoryError{
+		Resource: "FixedSizeMemoryResource", Requested: 2 * bs, PoolSize: 4 * bs, FreeBytes: 3 * bs,
+		LargestFreeBlock: bs, Fragmented: true,
+		Detail: "maximum allocation size exceeded: every block is 4096 bytes, and larger requests always fail",
+	}, *oom)
+	require.Contains(t, err.Error(), "fragmentation: 12288 bytes are free but the largest free block is 4096 bytes; pool size 16384, no maximum; maximum allocation size exceeded")
+
+	var ps []DevicePtr
+	for range 3 {
+		q, err := f.Allocate(bs, DefaultStream)
+		require.NoError(t, err)
+		ps = append(ps, q)
+	}
+	_, err = f.Allocate(bs+1, DefaultStream)
+	oom = oomStatsError(t, err)
+	require.Equal(t, OutOfMemoryError{
+		Resource: "FixedSizeMemoryResource", Requested: bs + 1, PoolSize: 4 * bs,
+		Detail: "maximum allocation size exceeded: every block is 4096 bytes, and larger requests always fail",
+	}, *oom)
+	require.Contains(t, err.Error(), "exhausted: 0 bytes free, largest free block 0 bytes")
+	require.Equal(t, 1, f.Stats().UpstreamBlocks, "no growth for a request above the block size")
+	require.NoError(t, f.Deallocate(p, 100, DefaultStream))
+	for _, q := range ps {
+		require.NoError(t, f.Deallocate(q, bs, DefaultStream))
+	}
+	fixedCheck(t, f)
+}
+
+// The upstream refuses a new chunk: exhaustion, with the upstream's error as the cause.
+func TestFixedSizeOutOfMemoryExhausted(t *testing.T) {
+	const bs = 4096
+	sim := arenaMustSim(t, 4*bs)
+	f := fixedNew(t, sim, &FixedSizeOptions{BlockSize: bs, BlocksToPreallocate: 4})
+	for range 4 {
+		_, err := f.Allocate(bs, DefaultStream)
+		require.NoError(t, err)
+	}
+	before := f.Stats()
+	_, err := f.Allocate(10, DefaultStream)
+	oom := oomStatsError(t, err)
+	require.NotNil(t, oom.Cause)
+	require.Same(t, oom, err.(*OutOfMemoryError), "returned as it is")
+	_, simErr := sim.Allocate(4*bs, DefaultStream)
+	require.Equal(t, simErr.Error(), oom.Cause.Error(), "the upstream's own error")
+	require.Equal(t, OutOfMemoryError{
+		Resource: "FixedSizeMemoryResource", Requested: 10, PoolSize: 4 * bs,
+		Detail: "growing by a chunk of 4 blocks of 4096 bytes (16384 bytes): SimulatedMemoryResource refused it",
+		Cause:  oom.Cause,
+	}, *oom)
+	require.Equal(t, oom.Cause, errors.Unwrap(err))
+	require.Contains(t, err.Error(), "exhausted: 0 bytes free, largest free block 0 bytes; pool size 16384, no maximum; growing by a chunk")
+	require.Equal(t, before, f.Stats(), "a failed call changes nothing")
+	fixedCheck(t, f)
+
+	// The first chunk refused at construction.
+	_, err = NewFixedSizeMemoryResource(arenaMustSim(t, bs), &FixedSizeOptions{BlockSize: bs, BlocksToPreallocate: 4})
+	oom = oomStatsError(t, err)
+	require.Equal(t, 4*bs, oom.Requested)
+	require.Zero(t, oom.PoolSize)
+	require.False(t, oom.Fragmented)
+	require.NotNil(t, oom.Cause)
+}
+
+// Frees on two streams go to those streams' lists.
+func TestFixedSizeStatsPerStream(t *testing.T) {
+	const bs = 4096
+	f := fixedNew(t, arenaMustSim(t, 1<<30), &FixedSizeOptions{BlockSize: bs, BlocksToPreallocate: 4})
+	_, s1 := oomStatsStream(t)
+	s2o, s2 := oomStatsStream(t)
+	a, err := f.Allocate(1, s1)
+	require.NoError(t, err)
+	b, err := f.Allocate(2, s2)
+	require.NoError(t, err)
+	c, err := f.Allocate(3, s2)
+	require.NoError(t, err)
+	d, err := f.Allocate(4, DefaultStream)
+	require.NoError(t, err)
+	st := f.Stats()
+	require.Zero(t, st.LargestFreeBlock, "every block in use")
+	require.Zero(t, st.FreeBlocks)
+	require.NoError(t, f.Deallocate(a, 1, s1))
+	require.NoError(t, f.Deallocate(b, 2, s2))
+	require.NoError(t, f.Deallocate(c, 3, s2))
+	st = f.Stats()
+	def := DefaultStream.deviceView(f.Device())
+	require.Equal(t, FixedSizeStats{
+		BlockSize: bs, PoolSize: 4 * bs, UpstreamBlocks: 1, LiveAllocations: 1, LiveBytes: bs,
+		FreeBlocks: 3, FreeBytes: 3 * bs, LargestFreeBlock: bs, Streams: 3,
+		PerStream: []StreamFreeStats{
+			{Stream: def},
+			{Stream: s1, FreeBlocks: 1, FreeBytes: bs},
+			{Stream: s2, FreeBlocks: 2, FreeBytes: 2 * bs},
+		},
+	}, st)
+	// Closing s2 moves its blocks to the default stream's list.
+	require.NoError(t, s2o.Close())
+	require.Equal(t, []StreamFreeStats{
+		{Stream: def, FreeBlocks: 2, FreeBytes: 2 * bs},
+		{Stream: s1, FreeBlocks: 1, FreeBytes: bs},
+	}, f.Stats().PerStream)
+	require.NoError(t, f.Deallocate(d, 4, DefaultStream))
+	fixedCheck(t, f)
+}
+
