@@ -282,3 +282,157 @@ func TestFixedSizeStatsPerStream(t *testing.T) {
 	fixedCheck(t, f)
 }
 
+// A bin's resource that returns an *OutOfMemoryError has it returned as it is; other resources'
+// out-of-memory errors are wrapped in one that names the bin.
+func TestBinningOutOfMemory(t *testing.T) {
+	const kb = 1024
+	// Exactly the bins' first chunks: 2 blocks each of 1, 2 and 4 KiB.
+	sim := arenaMustSim(t, 2*(1+2+4)*kb)
+	b, err := NewBinningMemoryResource(sim, &BinningOptions{MinSizeExponent: 10, MaxSizeExponent: 12, BlocksToPreallocate: 2})
+	require.NoError(t, err)
+	defer b.Close()
+	for range 2 {
+		_, err := b.Allocate(1000, DefaultStream)
+		require.NoError(t, err)
+	}
+
+	// Exhaustion in a fixed-size bin: its error as it is.
+	_, err = b.Allocate(1000, DefaultStream)
+	oom := oomStatsError(t, err)
+	require.Same(t, oom, err.(*OutOfMemoryError))
+	require.NotNil(t, oom.Cause)
+	require.Equal(t, OutOfMemoryError{
+		Resource: "FixedSizeMemoryResource", Requested: 1000, PoolSize: 2 * kb,
+		Detail: "growing by a chunk of 2 blocks of 1024 bytes (2048 bytes): SimulatedMemoryResource refused it",
+		Cause:  oom.Cause,
+	}, *oom)
+
+	// Fragmentation in a bin served by an arena: its error as it is. 128 KiB requests go to the
+	// 256 KiB bin; freeing every other one leaves 512 KiB free in 128 KiB blocks.
+	const q = ArenaMinSuperblockSize / 8
+	arena, _ := arenaSim(t, ArenaMinSuperblockSize, nil)
+	require.NoError(t, b.AddBin(2*q, arena))
+	var ps []DevicePtr
+	for range 8 {
+		p, err := b.Allocate(q, DefaultStream)
+		require.NoError(t, err)
+		ps = append(ps, p)
+	}
+	for i := 0; i < len(ps); i += 2 {
+		require.NoError(t, b.Deallocate(ps[i], q, DefaultStream))
+	}
+	_, err = b.Allocate(2*q, DefaultStream)
+	oom = oomStatsError(t, err)
+	require.Same(t, oom, err.(*OutOfMemoryError))
+	require.Equal(t, OutOfMemoryError{
+		Resource: "ArenaMemoryResource", Requested: 2 * q, PoolSize: 8 * q, FreeBytes: 4 * q,
+		LargestFreeBlock: q, MaximumSize: 8 * q, Fragmented: true,
+		Detail: "no room in arena, also after defragmenting",
+	}, *oom)
+
+	// A bin whose resource returns a plain ErrOutOfMemory, and the upstream: wrapped.
+	small := arenaMustSim(t, 0)
+	require.NoError(t, b.AddBin(1<<20, small))
+	_, err = b.Allocate(600<<10, DefaultStream)
+	oom = oomStatsError(t, err)
+	require.Equal(t, OutOfMemoryError{
+		Resource: "BinningMemoryResource", Requested: 600 << 10,
+		Detail: "BinningMemoryResource.Allocate(614400 bytes, in the bin of 1048576 bytes, served by SimulatedMemoryResource)",
+		Cause:  oom.Cause,
+	}, *oom)
+	require.ErrorContains(t, oom.Cause, "SimulatedMemoryResource")
+	require.Contains(t, err.Error(), "exhausted: 0 bytes free, largest free block 0 bytes; pool size 0, no maximum; BinningMemoryResource.Allocate(614400 bytes, in the bin of 1048576 bytes, served by SimulatedMemoryResource): ")
+	_, err = b.Allocate(2<<20, DefaultStream)
+	oom = oomStatsError(t, err)
+	require.Equal(t, "BinningMemoryResource.Allocate(2097152 bytes, larger than every bin, to the upstream SimulatedMemoryResource)", oom.Detail)
+	require.Equal(t, 2<<20, oom.Requested)
+	require.False(t, oom.Fragmented)
+	require.NotNil(t, oom.Cause)
+
+	// Other errors still name the bin.
+	closed := fixedNew(t, arenaMustSim(t, 1<<30), &FixedSizeOptions{BlockSize: 2 << 20, BlocksToPreallocate: 1})
+	require.NoError(t, closed.Close())
+	require.NoError(t, b.AddBin(2<<20, closed))
+	_, err = b.Allocate(2<<20, DefaultStream)
+	require.ErrorIs(t, err, ErrClosed)
+	require.NotErrorIs(t, err, ErrOutOfMemory)
+	require.Contains(t, err.Error(), "BinningMemoryResource.Allocate(2097152 bytes, in the bin of 2097152 bytes)")
+	for i := 1; i < len(ps); i += 2 {
+		require.NoError(t, b.Deallocate(ps[i], q, DefaultStream))
+	}
+	require.NoError(t, b.CheckInvariants())
+}
+
+// Per-bin figures, totals and the per-stream sums over the fixed-size bins.
+func TestBinningStats(t *testing.T) {
+	const kb = 1024
+	b, err := NewBinningMemoryResource(arenaMustSim(t, 1<<30), &BinningOptions{MinSizeExponent: 10, MaxSizeExponent: 11, BlocksToPreallocate: 2})
+	require.NoError(t, err)
+	defer b.Close()
+	user := fixedNew(t, arenaMustSim(t, 1<<30), &FixedSizeOptions{BlockSize: 4 * kb, BlocksToPreallocate: 2})
+	require.NoError(t, b.AddBin(4*kb, user))
+	require.NoError(t, b.AddBin(8*kb, arenaMustSim(t, 1<<30)))
+	_, s1 := oomStatsStream(t)
+	_, s2 := oomStatsStream(t)
+	def := DefaultStream.deviceView(CurrentDevice())
+
+	type call struct {
+		n int
+		s StreamView
+	}
+	var frees []DevicePtr
+	calls := []call{{1000, s1}, {1500, s2}, {1500, s2}, {3000, s2}}
+	for _, c := range calls {
+		p, err := b.Allocate(c.n, c.s)
+		require.NoError(t, err)
+		frees = append(frees, p)
+	}
+	live, err := b.Allocate(4000, DefaultStream) // the 4 KiB bin's default-stream block
+	require.NoError(t, err)
+	for i, c := range calls {
+		require.NoError(t, b.Deallocate(frees[i], c.n, c.s))
+	}
+
+	st := b.Stats()
+	require.Equal(t, "SimulatedMemoryResource", st.Upstream)
+	require.Len(t, st.Bins, 4)
+	require.Equal(t, BinStats{Size: kb, Resource: "FixedSizeMemoryResource", Owned: true, FixedSize: &FixedSizeStats{
+		BlockSize: kb, PoolSize: 2 * kb, UpstreamBlocks: 1, FreeBlocks: 2, FreeBytes: 2 * kb, LargestFreeBlock: kb, Streams: 2,
+		PerStream: []StreamFreeStats{{Stream: def, FreeBlocks: 1, FreeBytes: kb}, {Stream: s1, FreeBlocks: 1, FreeBytes: kb}},
+	}}, st.Bins[0])
+	require.Equal(t, BinStats{Size: 2 * kb, Resource: "FixedSizeMemoryResource", Owned: true, FixedSize: &FixedSizeStats{
+		BlockSize: 2 * kb, PoolSize: 4 * kb, UpstreamBlocks: 1, FreeBlocks: 2, FreeBytes: 4 * kb, LargestFreeBlock: 2 * kb, Streams: 2,
+		PerStream: []StreamFreeStats{{Stream: def}, {Stream: s2, FreeBlocks: 2, FreeBytes: 4 * kb}},
+	}}, st.Bins[1])
+	require.Equal(t, BinStats{Size: 4 * kb, Resource: "FixedSizeMemoryResource", Owned: false, FixedSize: &FixedSizeStats{
+		BlockSize: 4 * kb, PoolSize: 8 * kb, UpstreamBlocks: 1, LiveAllocations: 1, LiveBytes: 4 * kb,
+		FreeBlocks: 1, FreeBytes: 4 * kb, LargestFreeBlock: 4 * kb, Streams: 2,
+		PerStream: []StreamFreeStats{{Stream: def}, {Stream: s2, FreeBlocks: 1, FreeBytes: 4 * kb}},
+	}}, st.Bins[2])
+	require.Equal(t, BinStats{Size: 8 * kb, Resource: "SimulatedMemoryResource"}, st.Bins[3])
+	require.Equal(t, 14*kb, st.PoolSize)
+	require.Zero(t, st.MaximumSize)
+	require.Equal(t, 1, st.LiveAllocations)
+	require.Equal(t, 4*kb, st.LiveBytes)
+	require.Equal(t, 5, st.FreeBlocks)
+	require.Equal(t, 10*kb, st.FreeBytes)
+	require.Equal(t, 4*kb, st.LargestFreeBlock)
+	require.Equal(t, []StreamFreeStats{
+		{Stream: def, FreeBlocks: 1, FreeBytes: kb},
+		{Stream: s1, FreeBlocks: 1, FreeBytes: kb},
+		{Stream: s2, FreeBlocks: 3, FreeBytes: 8 * kb},
+	}, st.PerStream)
+
+	require.NoError(t, b.Deallocate(live, 4000, DefaultStream))
+	st = b.Stats()
+	require.Equal(t, 14*kb, st.FreeBytes)
+	require.Equal(t, []StreamFreeStats{
+		{Stream: def, FreeBlocks: 2, FreeBytes: 5 * kb},
+		{Stream: s1, FreeBlocks: 1, FreeBytes: kb},
+		{Stream: s2, FreeBlocks: 3, FreeBytes: 8 * kb},
+	}, st.PerStream)
+
+	empty, err := NewBinningMemoryResource(arenaMustSim(t, 1<<20), nil)
+	require.NoError(t, err)
+	require.Equal(t, BinningStats{Bins: []BinStats{}, Upstream: "SimulatedMemoryResource"}, empty.Stats())
+}
