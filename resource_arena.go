@@ -734,8 +734,7 @@ type ArenaStats struct {
 	GlobalFreeBlocks int
 	GlobalFreeBytes  int
 	// PerStream is the free memory of each stream's arena (the superblocks it holds): first
-	// DefaultStream (bound to the arena's device), its DefaultStreamArenas shards summed as one
-	// entry, then every stream arena by ascending StreamView.ID, empty ones included. With
+	// DefaultStream, its DefaultStreamArenas shards summed as one entry, then every stream arena by ascending StreamView.ID, empty ones included. With
 	// GlobalFreeBlocks and GlobalFreeBytes the entries add up to FreeBlocks and FreeBytes.
 	PerStream []StreamFreeStats
 }
@@ -749,7 +748,7 @@ func (r *ArenaMemoryResource) Stats() ArenaStats {
 	defer r.global.mu.Unlock()
 	st := ArenaStats{ArenaSize: r.size, PoolSize: r.size, MaximumSize: r.size, Defragmentations: int(r.defrags.Load())}
 	st.PerStream = make([]StreamFreeStats, 1, len(arenas)-len(r.shards)+1)
-	st.PerStream[0].Stream = r.shards[0].stream
+	st.PerStream[0].Stream = DefaultStream
 	for _, a := range append(arenas, &r.global) {
 		var entry *StreamFreeStats
 		switch a.kind {

@@ -895,10 +895,9 @@ func TestArenaStats(t *testing.T) {
 	const mb = ArenaMinSuperblockSize
 	a, _ := arenaSim(t, 8*mb, nil)
 	st := a.Stats()
-	def := DefaultStream.deviceView(a.Device())
 	require.Equal(t, ArenaStats{ArenaSize: 8 * mb, PoolSize: 8 * mb, MaximumSize: 8 * mb, FreeBytes: 8 * mb, FreeBlocks: 1, LargestFreeBlock: 8 * mb,
 		Superblocks: 1, GlobalSuperblocks: 1, EmptySuperblocks: 1, GlobalFreeBlocks: 1, GlobalFreeBytes: 8 * mb,
-		PerStream: []StreamFreeStats{{Stream: def}}}, st)
+		PerStream: []StreamFreeStats{{Stream: DefaultStream}}}, st)
 	s := mustStream(t)
 	p := arenaAlloc(t, a, 100, s)
 	q := arenaAlloc(t, a, 3*mb, DefaultStream)
@@ -908,7 +907,7 @@ func TestArenaStats(t *testing.T) {
 		FreeBlocks: 2, LargestFreeBlock: 4 * mb, Superblocks: 3, GlobalSuperblocks: 2, EmptySuperblocks: 1,
 		StreamArenas: 1, Fragmentation: (1 - float64(4*mb)/float64(8*mb-256-3*mb)) * 100,
 		GlobalFreeBlocks: 1, GlobalFreeBytes: 4 * mb,
-		PerStream: []StreamFreeStats{{Stream: def}, {Stream: s, FreeBlocks: 1, FreeBytes: mb - 256}},
+		PerStream: []StreamFreeStats{{Stream: DefaultStream}, {Stream: s, FreeBlocks: 1, FreeBytes: mb - 256}},
 	}, st)
 	require.NoError(t, a.Deallocate(p, 100, s))
 	require.NoError(t, a.Deallocate(q, 3*mb, DefaultStream))

@@ -536,8 +536,7 @@ type FixedSizeStats struct {
 	LargestFreeBlock int
 	Streams          int // streams with a free list
 	// PerStream is the free blocks of each stream's list, one entry per stream with a list
-	// (empty ones included), by ascending StreamView.ID: DefaultStream (bound to the resource's
-	// device) first. The entries add up to FreeBlocks; before Close, to FreeBytes too.
+	// (empty ones included), by ascending StreamView.ID: DefaultStream first. The entries add up to FreeBlocks; before Close, to FreeBytes too.
 	PerStream []StreamFreeStats
 }
 
@@ -556,7 +555,11 @@ func (f *FixedSizeMemoryResource) Stats() FixedSizeStats {
 	}
 	for _, l := range f.lists {
 		st.FreeBlocks += len(l.blocks)
-		st.PerStream = append(st.PerStream, StreamFreeStats{Stream: l.stream, FreeBlocks: len(l.blocks), FreeBytes: len(l.blocks) * f.blockSize})
+		s := l.stream
+		if s.id == 0 {
+			s = DefaultStream
+		}
+		st.PerStream = append(st.PerStream, StreamFreeStats{Stream: s, FreeBlocks: len(l.blocks), FreeBytes: len(l.blocks) * f.blockSize})
 	}
 	slices.SortFunc(st.PerStream, func(x, y StreamFreeStats) int { return cmp.Compare(x.Stream.ID(), y.Stream.ID()) })
 	st.FreeBytes = st.PoolSize - st.LiveBytes

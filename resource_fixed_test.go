@@ -87,7 +87,7 @@ func TestFixedSizeDefaults(t *testing.T) {
 	st := f.Stats()
 	require.Equal(t, FixedSizeStats{BlockSize: 1 << 20, PoolSize: 128 << 20, UpstreamBlocks: 1, FreeBlocks: 128, FreeBytes: 128 << 20,
 		LargestFreeBlock: 1 << 20, Streams: 1,
-		PerStream: []StreamFreeStats{{Stream: DefaultStream.deviceView(f.Device()), FreeBlocks: 128, FreeBytes: 128 << 20}}}, st)
+		PerStream: []StreamFreeStats{{Stream: DefaultStream, FreeBlocks: 128, FreeBytes: 128 << 20}}}, st)
 	require.Equal(t, up, f.Upstream())
 	require.Equal(t, Access(0), f.Access())
 	require.Equal(t, CurrentDevice(), f.Device())

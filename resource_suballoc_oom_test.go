@@ -2,6 +2,7 @@ package rmm
 
 import (
 	"errors"
+	"fmt"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -48,7 +49,7 @@ func TestArenaOutOfMemoryFragmented(t *testing.T) {
 			LargestFreeBlock: q, MaximumSize: 4 * mb, Headroom: 0, Fragmented: true,
 			Detail: "no room in arena, also after defragmenting",
 		}, *oom, "request of %d", n)
-		require.Contains(t, err.Error(), "fragmentation: 2097152 bytes are free but the largest free block is 262144 bytes; pool size 4194304, maximum 4194304; no room in arena")
+		require.Contains(t, err.Error(), fmt.Sprintf("ArenaMemoryResource failed to allocate %d bytes (%s): no room in arena, also after defragmenting; fragmentation: 2097152 bytes free but the largest free block is 262144 bytes; pool size 4194304, maximum 4194304", n, FormatBytes(int64(n))))
 		require.Nil(t, errors.Unwrap(oom))
 	}
 	st := a.Stats()
@@ -71,6 +72,7 @@ func TestArenaOutOfMemoryExhausted(t *testing.T) {
 		Resource: "ArenaMemoryResource", Requested: 5 * mb, PoolSize: 4 * mb, FreeBytes: 4 * mb,
 		LargestFreeBlock: 4 * mb, MaximumSize: 4 * mb, Detail: "the request is larger than the arena (4194304 bytes)",
 	}, *oom)
+	require.Contains(t, err.Error(), "the request is larger than the arena (4194304 bytes); larger than the maximum size: 4194304 bytes free")
 	for range 15 {
 		arenaAlloc(t, a, q, DefaultStream)
 	}
@@ -93,7 +95,6 @@ func TestArenaStatsPerStream(t *testing.T) {
 	a, _ := arenaSim(t, 4*mb, nil)
 	_, s1 := oomStatsStream(t)
 	s2o, s2 := oomStatsStream(t)
-	def := DefaultStream.deviceView(a.Device())
 	var p1 []DevicePtr
 	for range 3 {
 		p1 = append(p1, arenaAlloc(t, a, q, s1))
@@ -108,7 +109,7 @@ func TestArenaStatsPerStream(t *testing.T) {
 	// s1 holds [0, 1 MiB): free [0, 256K) and [512K, 1M); s2 holds [1M, 2M): free [1M, 1M+100K)
 	// and [1M+200K, 2M); the global arena the empty [2M, 4M).
 	require.Equal(t, []StreamFreeStats{
-		{Stream: def},
+		{Stream: DefaultStream},
 		{Stream: s1, FreeBlocks: 2, FreeBytes: 3 * q},
 		{Stream: s2, FreeBlocks: 2, FreeBytes: mb - k100},
 	}, st.PerStream)
@@ -125,7 +126,7 @@ func TestArenaStatsPerStream(t *testing.T) {
 	require.NoError(t, s2o.Close())
 	st = a.Stats()
 	require.Equal(t, []StreamFreeStats{
-		{Stream: def},
+		{Stream: DefaultStream},
 		{Stream: s1, FreeBlocks: 2, FreeBytes: 3 * q},
 	}, st.PerStream)
 	require.Equal(t, 3, st.GlobalFreeBlocks)
@@ -183,7 +184,7 @@ func TestFixedSizeOutOfMemoryAboveBlockSize(t *testing.T) {
 		LargestFreeBlock: bs, Fragmented: true,
 		Detail: "maximum allocation size exceeded: every block is 4096 bytes, and larger requests always fail",
 	}, *oom)
-	require.Contains(t, err.Error(), "fragmentation: 12288 bytes are free but the largest free block is 4096 bytes; pool size 16384, no maximum; maximum allocation size exceeded")
+	require.Contains(t, err.Error(), "maximum allocation size exceeded: every block is 4096 bytes, and larger requests always fail; fragmentation: 12288 bytes free but the largest free block is 4096 bytes; pool size 16384, no maximum")
 
 	var ps []DevicePtr
 	for range 3 {
@@ -228,7 +229,7 @@ func TestFixedSizeOutOfMemoryExhausted(t *testing.T) {
 		Cause:  oom.Cause,
 	}, *oom)
 	require.Equal(t, oom.Cause, errors.Unwrap(err))
-	require.Contains(t, err.Error(), "exhausted: 0 bytes free, largest free block 0 bytes; pool size 16384, no maximum; growing by a chunk")
+	require.Contains(t, err.Error(), "growing by a chunk of 4 blocks of 4096 bytes (16384 bytes): SimulatedMemoryResource refused it; exhausted: 0 bytes free, largest free block 0 bytes; pool size 16384, no maximum: rmm: out of memory: SimulatedMemoryResource")
 	require.Equal(t, before, f.Stats(), "a failed call changes nothing")
 	fixedCheck(t, f)
 
@@ -262,12 +263,11 @@ func TestFixedSizeStatsPerStream(t *testing.T) {
 	require.NoError(t, f.Deallocate(b, 2, s2))
 	require.NoError(t, f.Deallocate(c, 3, s2))
 	st = f.Stats()
-	def := DefaultStream.deviceView(f.Device())
 	require.Equal(t, FixedSizeStats{
 		BlockSize: bs, PoolSize: 4 * bs, UpstreamBlocks: 1, LiveAllocations: 1, LiveBytes: bs,
 		FreeBlocks: 3, FreeBytes: 3 * bs, LargestFreeBlock: bs, Streams: 3,
 		PerStream: []StreamFreeStats{
-			{Stream: def},
+			{Stream: DefaultStream},
 			{Stream: s1, FreeBlocks: 1, FreeBytes: bs},
 			{Stream: s2, FreeBlocks: 2, FreeBytes: 2 * bs},
 		},
@@ -275,7 +275,7 @@ func TestFixedSizeStatsPerStream(t *testing.T) {
 	// Closing s2 moves its blocks to the default stream's list.
 	require.NoError(t, s2o.Close())
 	require.Equal(t, []StreamFreeStats{
-		{Stream: def, FreeBlocks: 2, FreeBytes: 2 * bs},
+		{Stream: DefaultStream, FreeBlocks: 2, FreeBytes: 2 * bs},
 		{Stream: s1, FreeBlocks: 1, FreeBytes: bs},
 	}, f.Stats().PerStream)
 	require.NoError(t, f.Deallocate(d, 4, DefaultStream))
@@ -341,7 +341,7 @@ func TestBinningOutOfMemory(t *testing.T) {
 		Cause:  oom.Cause,
 	}, *oom)
 	require.ErrorContains(t, oom.Cause, "SimulatedMemoryResource")
-	require.Contains(t, err.Error(), "exhausted: 0 bytes free, largest free block 0 bytes; pool size 0, no maximum; BinningMemoryResource.Allocate(614400 bytes, in the bin of 1048576 bytes, served by SimulatedMemoryResource): ")
+	require.Contains(t, err.Error(), "BinningMemoryResource.Allocate(614400 bytes, in the bin of 1048576 bytes, served by SimulatedMemoryResource); exhausted: 0 bytes free, largest free block 0 bytes; pool size 0, no maximum: rmm: out of memory: SimulatedMemoryResource")
 	_, err = b.Allocate(2<<20, DefaultStream)
 	oom = oomStatsError(t, err)
 	require.Equal(t, "BinningMemoryResource.Allocate(2097152 bytes, larger than every bin, to the upstream SimulatedMemoryResource)", oom.Detail)
@@ -374,7 +374,6 @@ func TestBinningStats(t *testing.T) {
 	require.NoError(t, b.AddBin(8*kb, arenaMustSim(t, 1<<30)))
 	_, s1 := oomStatsStream(t)
 	_, s2 := oomStatsStream(t)
-	def := DefaultStream.deviceView(CurrentDevice())
 
 	type call struct {
 		n int
@@ -398,16 +397,16 @@ func TestBinningStats(t *testing.T) {
 	require.Len(t, st.Bins, 4)
 	require.Equal(t, BinStats{Size: kb, Resource: "FixedSizeMemoryResource", Owned: true, FixedSize: &FixedSizeStats{
 		BlockSize: kb, PoolSize: 2 * kb, UpstreamBlocks: 1, FreeBlocks: 2, FreeBytes: 2 * kb, LargestFreeBlock: kb, Streams: 2,
-		PerStream: []StreamFreeStats{{Stream: def, FreeBlocks: 1, FreeBytes: kb}, {Stream: s1, FreeBlocks: 1, FreeBytes: kb}},
+		PerStream: []StreamFreeStats{{Stream: DefaultStream, FreeBlocks: 1, FreeBytes: kb}, {Stream: s1, FreeBlocks: 1, FreeBytes: kb}},
 	}}, st.Bins[0])
 	require.Equal(t, BinStats{Size: 2 * kb, Resource: "FixedSizeMemoryResource", Owned: true, FixedSize: &FixedSizeStats{
 		BlockSize: 2 * kb, PoolSize: 4 * kb, UpstreamBlocks: 1, FreeBlocks: 2, FreeBytes: 4 * kb, LargestFreeBlock: 2 * kb, Streams: 2,
-		PerStream: []StreamFreeStats{{Stream: def}, {Stream: s2, FreeBlocks: 2, FreeBytes: 4 * kb}},
+		PerStream: []StreamFreeStats{{Stream: DefaultStream}, {Stream: s2, FreeBlocks: 2, FreeBytes: 4 * kb}},
 	}}, st.Bins[1])
 	require.Equal(t, BinStats{Size: 4 * kb, Resource: "FixedSizeMemoryResource", Owned: false, FixedSize: &FixedSizeStats{
 		BlockSize: 4 * kb, PoolSize: 8 * kb, UpstreamBlocks: 1, LiveAllocations: 1, LiveBytes: 4 * kb,
 		FreeBlocks: 1, FreeBytes: 4 * kb, LargestFreeBlock: 4 * kb, Streams: 2,
-		PerStream: []StreamFreeStats{{Stream: def}, {Stream: s2, FreeBlocks: 1, FreeBytes: 4 * kb}},
+		PerStream: []StreamFreeStats{{Stream: DefaultStream}, {Stream: s2, FreeBlocks: 1, FreeBytes: 4 * kb}},
 	}}, st.Bins[2])
 	require.Equal(t, BinStats{Size: 8 * kb, Resource: "SimulatedMemoryResource"}, st.Bins[3])
 	require.Equal(t, 14*kb, st.PoolSize)
@@ -418,7 +417,7 @@ func TestBinningStats(t *testing.T) {
 	require.Equal(t, 10*kb, st.FreeBytes)
 	require.Equal(t, 4*kb, st.LargestFreeBlock)
 	require.Equal(t, []StreamFreeStats{
-		{Stream: def, FreeBlocks: 1, FreeBytes: kb},
+		{Stream: DefaultStream, FreeBlocks: 1, FreeBytes: kb},
 		{Stream: s1, FreeBlocks: 1, FreeBytes: kb},
 		{Stream: s2, FreeBlocks: 3, FreeBytes: 8 * kb},
 	}, st.PerStream)
@@ -427,7 +426,7 @@ func TestBinningStats(t *testing.T) {
 	st = b.Stats()
 	require.Equal(t, 14*kb, st.FreeBytes)
 	require.Equal(t, []StreamFreeStats{
-		{Stream: def, FreeBlocks: 2, FreeBytes: 5 * kb},
+		{Stream: DefaultStream, FreeBlocks: 2, FreeBytes: 5 * kb},
 		{Stream: s1, FreeBlocks: 1, FreeBytes: kb},
 		{Stream: s2, FreeBlocks: 3, FreeBytes: 8 * kb},
 	}, st.PerStream)
