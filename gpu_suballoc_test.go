@@ -148,6 +148,10 @@ func TestGPUSuballocOutOfMemory(t *testing.T) {
 			_, err := mr.Allocate(pib, DefaultStream)
 			require.ErrorIs(t, err, ErrOutOfMemory)
 			require.Contains(t, err.Error(), "1125899906842624")
+			var oom *OutOfMemoryError
+			require.ErrorAs(t, err, &oom)
+			require.Equal(t, pib, oom.Requested)
+			require.False(t, oom.Fragmented, "more than the device holds")
 			p, err := mr.Allocate(4096, DefaultStream)
 			require.NoError(t, err, "still usable")
 			require.NoError(t, mr.Deallocate(p, 4096, DefaultStream))

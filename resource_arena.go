@@ -1,11 +1,13 @@
 package rmm
 
 import (
-	"errors"
+	"cmp"
 	"fmt"
 	"log/slog"
+	"math"
 	"os"
 	"runtime"
+	"slices"
 	"sort"
 	"sync"
 	"sync/atomic"
@@ -77,8 +79,10 @@ type ArenaOptions struct {
 //     coalesces empty neighbours and retries once. Every arena stays locked from before the
 //     synchronisation until the superblocks have moved, so that no block whose work is still
 //     queued can slip into the global arena. If the retry fails too it writes the dump (when
-//     enabled) and returns an error wrapping ErrOutOfMemory that gives the size asked, the arena
-//     size, the free bytes and the largest free block.
+//     enabled) and returns an *OutOfMemoryError (errors.Is(err, ErrOutOfMemory) holds) that
+//     gives the size asked, the arena size (as PoolSize and MaximumSize: the arena never grows,
+//     so Headroom is 0), the free bytes and the largest free block, and whether the free bytes
+//     would have held the request (Fragmented) or not.
 //
 // First fit, superblock moves, coalescing and finding a pointer's superblock are O(log n) or
 // O(1). Deallocate detects a pointer the arena never handed out, a double free and a size other
@@ -252,9 +256,10 @@ func (r *ArenaMemoryResource) Access() Access { return AccessOf(r.upstream) }
 func (r *ArenaMemoryResource) ArenaSize() int { return r.size }
 
 // Allocate returns nbytes (rounded up to 256) ordered on s; see the type's documentation for
-// where the memory comes from. Out of memory (also after defragmenting) wraps ErrOutOfMemory; a
-// request larger than the arena or than 1 TiB fails at once, without defragmenting. After Close,
-// and on a Stream that was closed, it returns ErrClosed.
+// where the memory comes from. Out of memory (also after defragmenting) is an *OutOfMemoryError
+// (errors.Is(err, ErrOutOfMemory)); a request larger than the arena or than 1 TiB fails at once,
+// without defragmenting, with the same error type. After Close, and on a Stream that was closed,
+// it returns ErrClosed.
 func (r *ArenaMemoryResource) Allocate(nbytes int, s StreamView) (DevicePtr, error) {
 	if nbytes <= 0 {
 		if nbytes < 0 {
@@ -266,8 +271,14 @@ func (r *ArenaMemoryResource) Allocate(nbytes int, s StreamView) (DevicePtr, err
 		return 0, errArenaClosed
 	}
 	n, ok := alignSize(nbytes)
-	if !ok || n > r.size || n > ArenaMaxSuperblockSize {
-		return 0, r.fail(nbytes, "the request is larger than the arena or the largest superblock")
+	switch {
+	case !ok || n > r.size:
+		if !ok {
+			n = math.MaxInt
+		}
+		return 0, r.fail(nbytes, n, fmt.Sprintf("the request is larger than the arena (%d bytes)", r.size))
+	case n > ArenaMaxSuperblockSize:
+		return 0, r.fail(nbytes, n, "the request is larger than the largest superblock (1 TiB)")
 	}
 	p, err := r.allocate(n, nbytes, s)
 	if err != nil || p != 0 {
@@ -280,7 +291,7 @@ func (r *ArenaMemoryResource) Allocate(nbytes int, s StreamView) (DevicePtr, err
 	if err != nil || p != 0 {
 		return p, err
 	}
-	return 0, r.fail(nbytes, "no room in arena")
+	return 0, r.fail(nbytes, n, "no room in arena, also after defragmenting")
 }
 
 var errArenaClosed = fmt.Errorf("%w: ArenaMemoryResource.Allocate after Close", ErrClosed)
@@ -701,9 +712,11 @@ func (r *ArenaMemoryResource) returnUpstream() error {
 	return nil
 }
 
-// ArenaStats is a snapshot of an arena's state.
+// ArenaStats is a snapshot of an arena's state. Sizes are in bytes.
 type ArenaStats struct {
 	ArenaSize         int     // bytes taken from the upstream
+	PoolSize          int     // ArenaSize, named as in OutOfMemoryError
+	MaximumSize       int     // ArenaSize: the arena never grows
 	LiveBytes         int     // bytes of live allocations, each rounded up to 256
 	LiveAllocations   int     // live allocations
 	FreeBytes         int     // ArenaSize - LiveBytes
@@ -715,24 +728,47 @@ type ArenaStats struct {
 	EmptySuperblocks  int     // superblocks with nothing allocated
 	StreamArenas      int     // arenas of streams (not counting the default stream's shards)
 	Defragmentations  int     // times an allocation failure (or Release) made the arena defragment
+	// GlobalFreeBlocks and GlobalFreeBytes are the free blocks and bytes of the superblocks in
+	// the global arena, which belongs to no stream: large requests and arenas short of room take
+	// from it.
+	GlobalFreeBlocks int
+	GlobalFreeBytes  int
+	// PerStream is the free memory of each stream's arena (the superblocks it holds): first
+	// DefaultStream, its DefaultStreamArenas shards summed as one entry, then every stream arena by ascending StreamView.ID, empty ones included. With
+	// GlobalFreeBlocks and GlobalFreeBytes the entries add up to FreeBlocks and FreeBytes.
+	PerStream []StreamFreeStats
 }
 
-// Stats returns the arena's figures. It locks every arena and costs O(superblocks).
+// Stats returns the arena's figures. It locks every arena and costs O(superblocks + stream
+// arenas × log(stream arenas)).
 func (r *ArenaMemoryResource) Stats() ArenaStats {
 	arenas, unlock := r.lockArenas()
 	defer unlock()
 	r.global.mu.Lock()
 	defer r.global.mu.Unlock()
-	st := ArenaStats{ArenaSize: r.size, Defragmentations: int(r.defrags.Load())}
+	st := ArenaStats{ArenaSize: r.size, PoolSize: r.size, MaximumSize: r.size, Defragmentations: int(r.defrags.Load())}
+	st.PerStream = make([]StreamFreeStats, 1, len(arenas)-len(r.shards)+1)
+	st.PerStream[0].Stream = DefaultStream
 	for _, a := range append(arenas, &r.global) {
-		if a.kind == arenaStreamKind {
+		var entry *StreamFreeStats
+		switch a.kind {
+		case arenaShardKind:
+			entry = &st.PerStream[0]
+		case arenaStreamKind:
 			st.StreamArenas++
+			st.PerStream = append(st.PerStream, StreamFreeStats{Stream: a.stream})
+			entry = &st.PerStream[len(st.PerStream)-1]
 		}
 		a.tree.each(func(x *arenaNode) {
 			sb := x.sb
 			st.Superblocks++
 			if a.kind == arenaGlobal {
 				st.GlobalSuperblocks++
+				st.GlobalFreeBlocks += sb.free.count
+				st.GlobalFreeBytes += sb.freeBytes
+			} else {
+				entry.FreeBlocks += sb.free.count
+				entry.FreeBytes += sb.freeBytes
 			}
 			if sb.empty() {
 				st.EmptySuperblocks++
@@ -742,6 +778,7 @@ func (r *ArenaMemoryResource) Stats() ArenaStats {
 			st.LargestFreeBlock = max(st.LargestFreeBlock, sb.maxFree())
 		})
 	}
+	slices.SortFunc(st.PerStream[1:], func(x, y StreamFreeStats) int { return cmp.Compare(x.Stream.ID(), y.Stream.ID()) })
 	for i := range r.live {
 		ls := &r.live[i]
 		ls.mu.Lock()
@@ -760,14 +797,25 @@ func fragmentation(largest, free int) float64 {
 	return (1 - float64(largest)/float64(free)) * 100
 }
 
-// fail writes the dump when enabled and returns the out-of-memory error for an nbytes request.
-func (r *ArenaMemoryResource) fail(nbytes int, reason string) error {
+// fail writes the dump when enabled and returns the out-of-memory error for an nbytes request
+// (n bytes once rounded to 256; math.MaxInt when rounding overflows): an *OutOfMemoryError with
+// the arena's figures (the arena is its own maximum and never grows, so Headroom is 0) and detail
+// saying what failed.
+func (r *ArenaMemoryResource) fail(nbytes, n int, detail string) error {
 	st := r.Stats()
 	if r.dumpPath != "" {
 		r.dump(nbytes)
 	}
 	DebugLogger().Debug("rmm: ArenaMemoryResource out of memory", "request", nbytes, "arena_size", st.ArenaSize, "free", st.FreeBytes, "largest_free", st.LargestFreeBlock)
-	return outOfMemory(fmt.Sprintf("ArenaMemoryResource (arena size %d, free %d, largest free block %d)", st.ArenaSize, st.FreeBytes, st.LargestFreeBlock), nbytes, errors.New(reason))
+	return newOutOfMemory(OutOfMemoryError{
+		Resource:         "ArenaMemoryResource",
+		Requested:        nbytes,
+		PoolSize:         st.PoolSize,
+		FreeBytes:        st.FreeBytes,
+		LargestFreeBlock: st.LargestFreeBlock,
+		MaximumSize:      st.MaximumSize,
+		Detail:           detail,
+	}, n)
 }
 
 type arenaDumpLine struct {

@@ -747,9 +747,15 @@ func TestArenaZeroNegativeAndHuge(t *testing.T) {
 	_, err = a.Allocate(1<<50, DefaultStream)
 	require.ErrorIs(t, err, ErrOutOfMemory)
 	require.Contains(t, err.Error(), "1125899906842624")
-	require.Contains(t, err.Error(), "arena size 4194304")
+	var oom *OutOfMemoryError
+	require.ErrorAs(t, err, &oom)
+	require.Equal(t, OutOfMemoryError{Resource: "ArenaMemoryResource", Requested: 1 << 50, PoolSize: 4194304,
+		FreeBytes: 4194304, LargestFreeBlock: 4194304, MaximumSize: 4194304,
+		Detail: "the request is larger than the arena (4194304 bytes)"}, *oom)
 	_, err = a.Allocate(int(^uint(0)>>1), DefaultStream)
 	require.ErrorIs(t, err, ErrOutOfMemory, "a size that overflows when rounded")
+	require.ErrorAs(t, err, &oom)
+	require.False(t, oom.Fragmented)
 	require.Zero(t, a.Stats().Defragmentations, "hopeless requests do not defragment")
 	require.Equal(t, used, sim.UsedBytes(), "the arena never grows")
 	arenaAlloc(t, a, 4096, DefaultStream)
@@ -764,7 +770,7 @@ func TestArenaOutOfMemoryMessage(t *testing.T) {
 	_, err := a.Allocate(2*mb, DefaultStream)
 	require.ErrorIs(t, err, ErrOutOfMemory)
 	msg := err.Error()
-	for _, want := range []string{"2097152 bytes", "arena size 2097152", fmt.Sprintf("free %d", 2*mb-mb/2), fmt.Sprintf("largest free block %d", mb), "no room in arena"} {
+	for _, want := range []string{"2097152 bytes", "pool size 2097152, maximum 2097152", fmt.Sprintf("exhausted: %d bytes free", 2*mb-mb/2), fmt.Sprintf("largest free block %d", mb), "no room in arena"} {
 		require.Contains(t, msg, want)
 	}
 	require.Equal(t, 1, a.Stats().Defragmentations)
@@ -889,16 +895,19 @@ func TestArenaStats(t *testing.T) {
 	const mb = ArenaMinSuperblockSize
 	a, _ := arenaSim(t, 8*mb, nil)
 	st := a.Stats()
-	require.Equal(t, ArenaStats{ArenaSize: 8 * mb, FreeBytes: 8 * mb, FreeBlocks: 1, LargestFreeBlock: 8 * mb,
-		Superblocks: 1, GlobalSuperblocks: 1, EmptySuperblocks: 1}, st)
+	require.Equal(t, ArenaStats{ArenaSize: 8 * mb, PoolSize: 8 * mb, MaximumSize: 8 * mb, FreeBytes: 8 * mb, FreeBlocks: 1, LargestFreeBlock: 8 * mb,
+		Superblocks: 1, GlobalSuperblocks: 1, EmptySuperblocks: 1, GlobalFreeBlocks: 1, GlobalFreeBytes: 8 * mb,
+		PerStream: []StreamFreeStats{{Stream: DefaultStream}}}, st)
 	s := mustStream(t)
 	p := arenaAlloc(t, a, 100, s)
 	q := arenaAlloc(t, a, 3*mb, DefaultStream)
 	st = a.Stats()
 	require.Equal(t, ArenaStats{
-		ArenaSize: 8 * mb, LiveBytes: 256 + 3*mb, LiveAllocations: 2, FreeBytes: 8*mb - 256 - 3*mb,
+		ArenaSize: 8 * mb, PoolSize: 8 * mb, MaximumSize: 8 * mb, LiveBytes: 256 + 3*mb, LiveAllocations: 2, FreeBytes: 8*mb - 256 - 3*mb,
 		FreeBlocks: 2, LargestFreeBlock: 4 * mb, Superblocks: 3, GlobalSuperblocks: 2, EmptySuperblocks: 1,
 		StreamArenas: 1, Fragmentation: (1 - float64(4*mb)/float64(8*mb-256-3*mb)) * 100,
+		GlobalFreeBlocks: 1, GlobalFreeBytes: 4 * mb,
+		PerStream: []StreamFreeStats{{Stream: DefaultStream}, {Stream: s, FreeBlocks: 1, FreeBytes: mb - 256}},
 	}, st)
 	require.NoError(t, a.Deallocate(p, 100, s))
 	require.NoError(t, a.Deallocate(q, 3*mb, DefaultStream))

@@ -1,8 +1,10 @@
 package rmm
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
+	"slices"
 	"sort"
 	"sync"
 	"sync/atomic"
@@ -185,8 +187,14 @@ func binError(op string, nbytes, bin int, err error) error {
 
 // Allocate passes the request to the smallest bin of at least nbytes bytes, or to the upstream
 // when it is larger than every bin, and returns that resource's answer (its memory is ordered on
-// s as that resource orders it), errors wrapped with the bin they came from. A negative size is
-// ErrInvalidArgument.
+// s as that resource orders it). A negative size is ErrInvalidArgument.
+//
+// Out of memory is an *OutOfMemoryError (errors.Is(err, ErrOutOfMemory)): the one the bin's
+// resource (or the upstream) returned, as it is, when it returned one (the bins the resource
+// makes do: FixedSizeMemoryResource names its block size); else one for the binning resource
+// whose Detail names the bin and whose Cause is that resource's error, with no figures (PoolSize,
+// FreeBytes and LargestFreeBlock 0: the binning resource holds no memory of its own). Other
+// errors are wrapped with the bin they came from.
 func (r *BinningMemoryResource) Allocate(nbytes int, s StreamView) (DevicePtr, error) {
 	if nbytes < 0 {
 		return 0, invalidSize("BinningMemoryResource", "Allocate", nbytes)
@@ -197,9 +205,31 @@ func (r *BinningMemoryResource) Allocate(nbytes int, s StreamView) (DevicePtr, e
 	mr, bin := r.binFor(nbytes)
 	p, err := mr.Allocate(nbytes, s)
 	if err != nil {
+		var oom *OutOfMemoryError
+		switch {
+		case errors.As(err, &oom):
+			return 0, err
+		case errors.Is(err, ErrOutOfMemory):
+			return 0, binOutOfMemory(nbytes, bin, mr, err)
+		}
 		return 0, binError("Allocate", nbytes, bin, err)
 	}
 	return p, nil
+}
+
+// binOutOfMemory is the *OutOfMemoryError for a bin's resource (the upstream when bin is 0),
+// mr, that refused nbytes with an error of its own kind, err.
+func binOutOfMemory(nbytes, bin int, mr MemoryResource, err error) *OutOfMemoryError {
+	where := fmt.Sprintf("in the bin of %d bytes, served by %s", bin, resourceName(mr))
+	if bin == 0 {
+		where = fmt.Sprintf("larger than every bin, to the upstream %s", resourceName(mr))
+	}
+	return &OutOfMemoryError{
+		Resource:  "BinningMemoryResource",
+		Requested: nbytes,
+		Detail:    fmt.Sprintf("BinningMemoryResource.Allocate(%d bytes, %s)", nbytes, where),
+		Cause:     err,
+	}
 }
 
 // Deallocate passes p to the resource that nbytes selects (the same rule as Allocate) and
@@ -240,6 +270,82 @@ func (r *BinningMemoryResource) Close() error {
 		errs = append(errs, f.Close())
 	}
 	return errors.Join(errs...)
+}
+
+// BinningStats is a snapshot of a binning resource's state. Sizes are in bytes. The totals are
+// over the bins that are FixedSizeMemoryResources (made by the resource or given to AddBin);
+// other bins' resources and the upstream are only named.
+type BinningStats struct {
+	Bins []BinStats // smallest first
+	// Upstream names the resource that serves the requests larger than every bin; its figures
+	// are not included.
+	Upstream string
+	// Totals over the fixed-size bins.
+	PoolSize        int // bytes held from the upstream
+	MaximumSize     int // always 0: fixed-size bins grow as long as the upstream gives
+	LiveAllocations int
+	LiveBytes       int
+	FreeBlocks      int
+	FreeBytes       int
+	// LargestFreeBlock is the largest request the bins serve without growing: the size of the
+	// largest fixed-size bin with a free block (a request of that size goes to that bin), else 0.
+	LargestFreeBlock int
+	// PerStream sums the bins' per-stream free blocks and bytes, by ascending StreamView.ID
+	// (DefaultStream first), one entry per stream that has a free list in some bin.
+	PerStream []StreamFreeStats
+}
+
+// BinStats is one bin of a BinningStats.
+type BinStats struct {
+	Size     int    // the bin's size: it serves requests above the next smaller bin's size, up to Size
+	Resource string // the type of the resource serving the bin, e.g. "FixedSizeMemoryResource"
+	Owned    bool   // made by the binning resource (from its options or AddBin without a resource)
+	// FixedSize is the bin resource's Stats when it is a FixedSizeMemoryResource, else nil.
+	FixedSize *FixedSizeStats
+}
+
+// Stats returns the bins' figures and their totals. It calls Stats on every fixed-size bin and
+// costs O(bins × streams × log streams). It may run concurrently with every other method; each
+// bin's figures are a snapshot of that bin, taken one bin after another.
+func (r *BinningMemoryResource) Stats() BinningStats {
+	r.mu.Lock()
+	owned := make(map[*FixedSizeMemoryResource]bool, len(r.owned))
+	for _, f := range r.owned {
+		owned[f] = true
+	}
+	r.mu.Unlock()
+	bins := *r.bins.Load()
+	st := BinningStats{Bins: make([]BinStats, len(bins)), Upstream: resourceName(r.upstream)}
+	perStream := map[uint64]int{} // stream id -> index in st.PerStream
+	for i, b := range bins {
+		bs := BinStats{Size: b.size, Resource: resourceName(b.mr)}
+		if f, ok := b.mr.(*FixedSizeMemoryResource); ok {
+			bs.Owned = owned[f]
+			fs := f.Stats()
+			bs.FixedSize = &fs
+			st.PoolSize += fs.PoolSize
+			st.LiveAllocations += fs.LiveAllocations
+			st.LiveBytes += fs.LiveBytes
+			st.FreeBlocks += fs.FreeBlocks
+			st.FreeBytes += fs.FreeBytes
+			if fs.FreeBlocks > 0 {
+				st.LargestFreeBlock = max(st.LargestFreeBlock, b.size)
+			}
+			for _, ps := range fs.PerStream {
+				k, ok := perStream[ps.Stream.ID()]
+				if !ok {
+					k = len(st.PerStream)
+					perStream[ps.Stream.ID()] = k
+					st.PerStream = append(st.PerStream, StreamFreeStats{Stream: ps.Stream})
+				}
+				st.PerStream[k].FreeBlocks += ps.FreeBlocks
+				st.PerStream[k].FreeBytes += ps.FreeBytes
+			}
+		}
+		st.Bins[i] = bs
+	}
+	slices.SortFunc(st.PerStream, func(x, y StreamFreeStats) int { return cmp.Compare(x.Stream.ID(), y.Stream.ID()) })
+	return st
 }
 
 // CheckInvariants checks that the bins are ordered by size without duplicates, and the

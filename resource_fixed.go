@@ -1,8 +1,11 @@
 package rmm
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
+	"math"
+	"slices"
 	"sort"
 	"sync"
 )
@@ -22,8 +25,8 @@ type FixedSizeOptions struct {
 // fixed_size_memory_resource: memory is taken from the upstream in chunks of
 // BlockSize × BlocksToPreallocate bytes (one at construction, on the default stream; another on
 // the allocating stream whenever every block is in use) and cut into blocks. Every allocation
-// of at most BlockSize bytes takes one block; larger requests fail with ErrOutOfMemory
-// ("maximum allocation size exceeded").
+// of at most BlockSize bytes takes one block; larger requests fail with an *OutOfMemoryError
+// whose Detail says "maximum allocation size exceeded".
 //
 // Free blocks are kept per stream, with the pool's stream-ordered rules: a block freed on stream
 // A is reused at once by allocations on A; stream B takes it only after B waits (on the device)
@@ -113,9 +116,9 @@ func NewFixedSizeMemoryResource(upstream MemoryResource, opts *FixedSizeOptions)
 	if err != nil {
 		return nil, err
 	}
-	if err := f.grow(l, DefaultStream); err != nil {
+	if err := f.grow(l, DefaultStream, f.chunkSize); err != nil {
 		f.destroyEvents()
-		return nil, fmt.Errorf("NewFixedSizeMemoryResource: %w", err)
+		return nil, fmt.Errorf("NewFixedSizeMemoryResource: taking the first chunk: %w", err)
 	}
 	return f, nil
 }
@@ -135,8 +138,12 @@ func (f *FixedSizeMemoryResource) BlockSize() int { return f.blockSize }
 // Allocate returns one block for a request of at most BlockSize bytes, ordered on s: a block
 // freed on s, else one freed on another stream (after s waits on that stream's event), else a
 // block of a new chunk taken from the upstream on s. A larger request, or a chunk the upstream
-// refuses, wraps ErrOutOfMemory. After Close, and on a Stream that was closed, it returns
-// ErrClosed.
+// refuses, returns an *OutOfMemoryError (errors.Is(err, ErrOutOfMemory)) with the resource's
+// figures: PoolSize (the chunks held), FreeBytes, LargestFreeBlock (BlockSize when a block is
+// free, else 0), no MaximumSize and no Headroom (only the upstream bounds the resource), the
+// upstream's error as Cause when it refused a chunk. Fragmented is set only for a request above
+// the block size that the free blocks together would hold. After Close, and on a Stream that was
+// closed, it returns ErrClosed.
 func (f *FixedSizeMemoryResource) Allocate(nbytes int, s StreamView) (DevicePtr, error) {
 	if nbytes <= 0 {
 		if nbytes < 0 {
@@ -145,7 +152,9 @@ func (f *FixedSizeMemoryResource) Allocate(nbytes int, s StreamView) (DevicePtr,
 		return 0, nil
 	}
 	if nbytes > f.blockSize {
-		return 0, outOfMemory(fmt.Sprintf("FixedSizeMemoryResource (block size %d)", f.blockSize), nbytes, errors.New("maximum allocation size exceeded"))
+		f.mu.Lock()
+		defer f.mu.Unlock()
+		return 0, f.oomError(nbytes, fmt.Sprintf("maximum allocation size exceeded: every block is %d bytes, and larger requests always fail", f.blockSize), nil)
 	}
 	f.mu.Lock()
 	defer f.mu.Unlock()
@@ -157,10 +166,7 @@ func (f *FixedSizeMemoryResource) Allocate(nbytes int, s StreamView) (DevicePtr,
 		return 0, err
 	}
 	if len(l.blocks) == 0 {
-		if err := f.refill(l, s); err != nil {
-			if errors.Is(err, ErrOutOfMemory) {
-				return 0, fmt.Errorf("FixedSizeMemoryResource.Allocate(%d bytes): %w", nbytes, err)
-			}
+		if err := f.refill(l, s, nbytes); err != nil {
 			return 0, err
 		}
 	}
@@ -172,8 +178,8 @@ func (f *FixedSizeMemoryResource) Allocate(nbytes int, s StreamView) (DevicePtr,
 }
 
 // refill puts at least one free block into s's empty list l: one taken from another stream's
-// list after s waits for that stream, else a new chunk.
-func (f *FixedSizeMemoryResource) refill(l *fixedList, s StreamView) error {
+// list after s waits for that stream, else a new chunk (for a request of nbytes).
+func (f *FixedSizeMemoryResource) refill(l *fixedList, s StreamView, nbytes int) error {
 	for _, o := range f.lists {
 		if o == l || len(o.blocks) == 0 {
 			continue
@@ -186,15 +192,16 @@ func (f *FixedSizeMemoryResource) refill(l *fixedList, s StreamView) error {
 		o.blocks = o.blocks[:k]
 		return nil
 	}
-	return f.grow(l, s)
+	return f.grow(l, s, nbytes)
 }
 
 // grow takes a new chunk from the upstream on s and puts its blocks in l, lowest address on top.
-func (f *FixedSizeMemoryResource) grow(l *fixedList, s StreamView) error {
+// The upstream's refusal becomes an *OutOfMemoryError for a request of nbytes.
+func (f *FixedSizeMemoryResource) grow(l *fixedList, s StreamView, nbytes int) error {
 	p, err := f.upstream.Allocate(f.chunkSize, s)
 	if err != nil {
 		DebugLogger().Debug("rmm: FixedSizeMemoryResource failed to grow", "chunk", f.chunkSize, "pool_size", len(f.chunks)*f.chunkSize, "err", err)
-		return outOfMemory(fmt.Sprintf("FixedSizeMemoryResource (block size %d, %d chunks of %d bytes) growing by a chunk:", f.blockSize, len(f.chunks), f.chunkSize), f.chunkSize, err)
+		return f.oomError(nbytes, fmt.Sprintf("growing by a chunk of %d blocks of %d bytes (%d bytes): %s refused it", f.chunkBlocks, f.blockSize, f.chunkSize, resourceName(f.upstream)), err)
 	}
 	i := sort.Search(len(f.chunks), func(i int) bool { return f.chunks[i].addr > p })
 	f.chunks = append(f.chunks, fixedChunk{})
@@ -514,19 +521,26 @@ func (f *FixedSizeMemoryResource) deallocateAfterClose(p DevicePtr, s StreamView
 	return nil
 }
 
-// FixedSizeStats is a snapshot of a fixed-size resource's state.
+// FixedSizeStats is a snapshot of a fixed-size resource's state. Sizes are in bytes.
 type FixedSizeStats struct {
 	BlockSize       int // bytes per block
 	PoolSize        int // bytes held from the upstream (chunks × chunk size)
+	MaximumSize     int // always 0: the resource grows for as long as its upstream gives chunks
 	UpstreamBlocks  int // chunks held
 	LiveAllocations int // blocks in use
 	LiveBytes       int // LiveAllocations × BlockSize
 	FreeBlocks      int
 	FreeBytes       int // PoolSize - LiveBytes
-	Streams         int // streams with a free list
+	// LargestFreeBlock is the largest request served without growing: BlockSize when a block
+	// is free, else 0.
+	LargestFreeBlock int
+	Streams          int // streams with a free list
+	// PerStream is the free blocks of each stream's list, one entry per stream with a list
+	// (empty ones included), by ascending StreamView.ID: DefaultStream first. The entries add up to FreeBlocks; before Close, to FreeBytes too.
+	PerStream []StreamFreeStats
 }
 
-// Stats returns the resource's figures in O(streams).
+// Stats returns the resource's figures in O(s log s) for s streams.
 func (f *FixedSizeMemoryResource) Stats() FixedSizeStats {
 	f.mu.Lock()
 	defer f.mu.Unlock()
@@ -537,12 +551,54 @@ func (f *FixedSizeMemoryResource) Stats() FixedSizeStats {
 		LiveAllocations: len(f.live),
 		LiveBytes:       len(f.live) * f.blockSize,
 		Streams:         len(f.lists),
+		PerStream:       make([]StreamFreeStats, 0, len(f.lists)),
 	}
 	for _, l := range f.lists {
 		st.FreeBlocks += len(l.blocks)
+		s := l.stream
+		if s.id == 0 {
+			s = DefaultStream
+		}
+		st.PerStream = append(st.PerStream, StreamFreeStats{Stream: s, FreeBlocks: len(l.blocks), FreeBytes: len(l.blocks) * f.blockSize})
 	}
+	slices.SortFunc(st.PerStream, func(x, y StreamFreeStats) int { return cmp.Compare(x.Stream.ID(), y.Stream.ID()) })
 	st.FreeBytes = st.PoolSize - st.LiveBytes
+	if st.FreeBlocks > 0 {
+		st.LargestFreeBlock = f.blockSize
+	}
 	return st
+}
+
+// oomError (f.mu held) returns the error for a request of nbytes that failed: the resource's
+// figures (PoolSize: the chunks held; FreeBytes; LargestFreeBlock: BlockSize when a block is
+// free; no MaximumSize and no Headroom, since only the upstream bounds the resource), the detail
+// and the upstream's error as Cause. Fragmented is set when the free blocks together would hold
+// the request (only a request above the block size can fail so).
+func (f *FixedSizeMemoryResource) oomError(nbytes int, detail string, cause error) *OutOfMemoryError {
+	free := 0
+	for _, l := range f.lists {
+		free += len(l.blocks)
+	}
+	pool := len(f.chunks) * f.chunkSize
+	e := OutOfMemoryError{
+		Resource:  "FixedSizeMemoryResource",
+		Requested: nbytes,
+		PoolSize:  pool,
+		FreeBytes: pool - len(f.live)*f.blockSize,
+		Detail:    detail,
+		Cause:     cause,
+	}
+	if free > 0 {
+		e.LargestFreeBlock = f.blockSize
+	}
+	n := f.blockSize // a request takes a whole block
+	if nbytes > f.blockSize {
+		var ok bool
+		if n, ok = alignSize(nbytes); !ok {
+			n = math.MaxInt
+		}
+	}
+	return newOutOfMemory(e, n)
 }
 
 // CheckInvariants verifies the resource's state and returns the first violation found: every

@@ -85,7 +85,9 @@ func TestFixedSizeDefaults(t *testing.T) {
 	require.Equal(t, []fixedCall{{allocs[0].p, 128 << 20, DefaultStream}}, allocs)
 	require.Equal(t, 1<<20, f.BlockSize())
 	st := f.Stats()
-	require.Equal(t, FixedSizeStats{BlockSize: 1 << 20, PoolSize: 128 << 20, UpstreamBlocks: 1, FreeBlocks: 128, FreeBytes: 128 << 20, Streams: 1}, st)
+	require.Equal(t, FixedSizeStats{BlockSize: 1 << 20, PoolSize: 128 << 20, UpstreamBlocks: 1, FreeBlocks: 128, FreeBytes: 128 << 20,
+		LargestFreeBlock: 1 << 20, Streams: 1,
+		PerStream: []StreamFreeStats{{Stream: DefaultStream, FreeBlocks: 128, FreeBytes: 128 << 20}}}, st)
 	require.Equal(t, up, f.Upstream())
 	require.Equal(t, Access(0), f.Access())
 	require.Equal(t, CurrentDevice(), f.Device())
