@@ -137,6 +137,9 @@ type OutOfMemoryError struct {
 	// Fragmented: FreeBytes + Headroom would hold the request, but no free block (with what could
 	// be added next to it) is large enough: the memory is there, only not in one piece.
 	Fragmented bool
+	// TooLarge: no state of the resource could serve the request (it exceeds MaximumSize, or the
+	// largest block the resource ever hands out, such as a fixed-size resource's block size).
+	TooLarge bool
 	Detail     string // what failed, in words (e.g. "the upstream refused every size tried")
 	Cause      error  // the upstream's error, or nil
 }
@@ -158,8 +161,8 @@ func (e *OutOfMemoryError) Error() string {
 			fmt.Fprintf(&b, " (and %d more the pool may take)", e.Headroom)
 		}
 		fmt.Fprintf(&b, " but the largest free block is %d bytes", e.LargestFreeBlock)
-	case e.MaximumSize > 0 && e.Requested > e.MaximumSize:
-		fmt.Fprintf(&b, "; larger than the maximum size: %d bytes free, largest free block %d bytes", e.FreeBytes, e.LargestFreeBlock)
+	case e.TooLarge:
+		fmt.Fprintf(&b, "; larger than the resource can ever serve: %d bytes free, largest free block %d bytes", e.FreeBytes, e.LargestFreeBlock)
 	default:
 		fmt.Fprintf(&b, "; exhausted: %d bytes free", e.FreeBytes)
 		if e.Headroom > 0 {
@@ -186,10 +189,12 @@ func (e *OutOfMemoryError) Is(target error) bool { return target == ErrOutOfMemo
 // Unwrap returns the upstream's error, or nil.
 func (e *OutOfMemoryError) Unwrap() error { return e.Cause }
 
-// newOutOfMemory fills in Fragmented from the figures: the request (rounded to the resource's
-// granule, n bytes) fits in FreeBytes + Headroom.
+// newOutOfMemory fills in TooLarge (also when n exceeds MaximumSize) and Fragmented from the
+// figures: the request (rounded to the resource's granule, n bytes) can be served at all and fits
+// in FreeBytes + Headroom.
 func newOutOfMemory(e OutOfMemoryError, n int) *OutOfMemoryError {
-	e.Fragmented = n <= e.FreeBytes+e.Headroom
+	e.TooLarge = e.TooLarge || (e.MaximumSize > 0 && n > e.MaximumSize)
+	e.Fragmented = !e.TooLarge && n <= e.FreeBytes+e.Headroom
 	return &e
 }
 

@@ -750,7 +750,7 @@ func TestArenaZeroNegativeAndHuge(t *testing.T) {
 	var oom *OutOfMemoryError
 	require.ErrorAs(t, err, &oom)
 	require.Equal(t, OutOfMemoryError{Resource: "ArenaMemoryResource", Requested: 1 << 50, PoolSize: 4194304,
-		FreeBytes: 4194304, LargestFreeBlock: 4194304, MaximumSize: 4194304,
+		FreeBytes: 4194304, LargestFreeBlock: 4194304, MaximumSize: 4194304, TooLarge: true,
 		Detail: "the request is larger than the arena (4194304 bytes)"}, *oom)
 	_, err = a.Allocate(int(^uint(0)>>1), DefaultStream)
 	require.ErrorIs(t, err, ErrOutOfMemory, "a size that overflows when rounded")

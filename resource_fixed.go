@@ -597,6 +597,7 @@ func (f *FixedSizeMemoryResource) oomError(nbytes int, detail string, cause erro
 		if n, ok = alignSize(nbytes); !ok {
 			n = math.MaxInt
 		}
+		e.TooLarge = true
 	}
 	return newOutOfMemory(e, n)
 }

@@ -409,7 +409,11 @@ func (p *PoolMemoryResource) grow(n int, s StreamView, l *freeList) (*block, err
 	try := p.growSize(n)
 	if try == 0 {
 		DebugLogger().Debug("rmm: PoolMemoryResource cannot grow", "request", n, "pool_size", p.size, "maximum", p.maximum)
-		return nil, p.oomErr(n, "maximum pool size reached", nil, false)
+		detail := "maximum pool size reached"
+		if n > p.maximum {
+			detail = "the request exceeds the maximum pool size"
+		}
+		return nil, p.oomErr(n, detail, nil, false)
 	}
 	var lastErr error
 	for try >= n {

@@ -95,7 +95,7 @@ func TestPoolGrowthStopsAtMaximum(t *testing.T) {
 	p, _ := newSimPool(t, 1<<40, &PoolOptions{MaximumPoolSize: 1 << 20})
 	_, err := p.Allocate(1<<20+1, DefaultStream)
 	require.ErrorIs(t, err, ErrOutOfMemory)
-	require.Contains(t, err.Error(), "maximum pool size reached")
+	require.Contains(t, err.Error(), "the request exceeds the maximum pool size")
 	ptr, err := p.Allocate(1<<20, DefaultStream)
 	require.NoError(t, err, "exactly the maximum fits")
 	require.NoError(t, p.Deallocate(ptr, 1<<20, DefaultStream))

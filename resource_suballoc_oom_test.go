@@ -70,9 +70,9 @@ func TestArenaOutOfMemoryExhausted(t *testing.T) {
 	oom := oomStatsError(t, err)
 	require.Equal(t, OutOfMemoryError{
 		Resource: "ArenaMemoryResource", Requested: 5 * mb, PoolSize: 4 * mb, FreeBytes: 4 * mb,
-		LargestFreeBlock: 4 * mb, MaximumSize: 4 * mb, Detail: "the request is larger than the arena (4194304 bytes)",
+		LargestFreeBlock: 4 * mb, MaximumSize: 4 * mb, TooLarge: true, Detail: "the request is larger than the arena (4194304 bytes)",
 	}, *oom)
-	require.Contains(t, err.Error(), "the request is larger than the arena (4194304 bytes); larger than the maximum size: 4194304 bytes free")
+	require.Contains(t, err.Error(), "the request is larger than the arena (4194304 bytes); larger than the resource can ever serve: 4194304 bytes free")
 	for range 15 {
 		arenaAlloc(t, a, q, DefaultStream)
 	}
@@ -170,8 +170,8 @@ func TestArenaOutOfMemoryAboveSuperblock(t *testing.T) {
 	require.Zero(t, a.Stats().Defragmentations)
 }
 
-// A fixed-size resource serves no request above its block size: with enough blocks free the
-// failure is fragmentation (the free memory is in block-sized pieces), else exhaustion.
+// A fixed-size resource serves no request above its block size: the failure is TooLarge, never
+// fragmentation, however many blocks are free.
 func TestFixedSizeOutOfMemoryAboveBlockSize(t *testing.T) {
 	const bs = 4096
 	f := fixedNew(t, arenaMustSim(t, 1<<30), &FixedSizeOptions{BlockSize: bs, BlocksToPreallocate: 4})
@@ -181,10 +181,10 @@ func TestFixedSizeOutOfMemoryAboveBlockSize(t *testing.T) {
 	oom := oomStatsError(t, err)
 	require.Equal(t, OutOfMemoryError{
 		Resource: "FixedSizeMemoryResource", Requested: 2 * bs, PoolSize: 4 * bs, FreeBytes: 3 * bs,
-		LargestFreeBlock: bs, Fragmented: true,
+		LargestFreeBlock: bs, TooLarge: true,
 		Detail: "maximum allocation size exceeded: every block is 4096 bytes, and larger requests always fail",
 	}, *oom)
-	require.Contains(t, err.Error(), "maximum allocation size exceeded: every block is 4096 bytes, and larger requests always fail; fragmentation: 12288 bytes free but the largest free block is 4096 bytes; pool size 16384, no maximum")
+	require.Contains(t, err.Error(), "maximum allocation size exceeded: every block is 4096 bytes, and larger requests always fail; larger than the resource can ever serve: 12288 bytes free, largest free block 4096 bytes; pool size 16384, no maximum")
 
 	var ps []DevicePtr
 	for range 3 {
@@ -195,10 +195,10 @@ func TestFixedSizeOutOfMemoryAboveBlockSize(t *testing.T) {
 	_, err = f.Allocate(bs+1, DefaultStream)
 	oom = oomStatsError(t, err)
 	require.Equal(t, OutOfMemoryError{
-		Resource: "FixedSizeMemoryResource", Requested: bs + 1, PoolSize: 4 * bs,
+		Resource: "FixedSizeMemoryResource", Requested: bs + 1, PoolSize: 4 * bs, TooLarge: true,
 		Detail: "maximum allocation size exceeded: every block is 4096 bytes, and larger requests always fail",
 	}, *oom)
-	require.Contains(t, err.Error(), "exhausted: 0 bytes free, largest free block 0 bytes")
+	require.Contains(t, err.Error(), "larger than the resource can ever serve: 0 bytes free, largest free block 0 bytes")
 	require.Equal(t, 1, f.Stats().UpstreamBlocks, "no growth for a request above the block size")
 	require.NoError(t, f.Deallocate(p, 100, DefaultStream))
 	for _, q := range ps {
