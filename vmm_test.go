@@ -666,3 +666,30 @@ func TestVMMDevice(t *testing.T) {
 	require.GreaterOrEqual(t, free2-free1, 2*g, "memory comes back at unmap+release: free %d then %d", free1, free2)
 	require.NoError(t, v.free(base, reserved))
 }
+
+// Without CUDA, an expandable pool runs on hostVMM: its memory is usable across growth steps and
+// Release gives every chunk back.
+func TestVMMHostBacksExpandablePool(t *testing.T) {
+	if CUDAAvailable() == nil {
+		t.Skip("with CUDA the expandable pool runs on deviceVMM")
+	}
+	if _, err := newHostVMM(hostVMMGranularity, 0); err != nil {
+		t.Skipf("hostVMM: %v", err)
+	}
+	p, err := NewPoolMemoryResource(NewSystemMemoryResource(), &PoolOptions{Expandable: true, MaximumPoolSize: 1 << 30})
+	require.NoError(t, err)
+	const n = 40 << 20
+	var ps []DevicePtr
+	for i := 0; i < 3; i++ {
+		q, err := p.Allocate(n, DefaultStream)
+		require.NoError(t, err)
+		vmmTestFill(q, n, byte(i))
+		ps = append(ps, q)
+	}
+	for i, q := range ps {
+		vmmTestCheck(t, q, n, byte(i))
+		require.NoError(t, p.Deallocate(q, n, DefaultStream))
+	}
+	require.NoError(t, p.Release())
+	require.Zero(t, p.PoolSize())
+}
