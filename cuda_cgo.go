@@ -33,6 +33,22 @@ typedef struct {
 	unsigned char reserved[54];
 } CUmemPoolProps; // 88 bytes
 
+// Virtual memory management.
+typedef unsigned long long CUmemGenericAllocationHandle;
+typedef struct {
+	int type;
+	int requestedHandleTypes;
+	CUmemLocation location;
+	void *win32HandleMetaData;
+	unsigned char compressionType;
+	unsigned char gpuDirectRDMACapable;
+	unsigned short usage;
+	unsigned char reserved[4];
+} CUmemAllocationProp; // 32 bytes
+typedef struct { CUmemLocation location; int flags; } CUmemAccessDesc; // 12 bytes
+typedef char rmm_check_prop_size[sizeof(CUmemAllocationProp) == 32 ? 1 : -1];
+typedef char rmm_check_access_size[sizeof(CUmemAccessDesc) == 12 ? 1 : -1];
+
 static void *rmm_lib;
 static CUresult (*p_cuInit)(unsigned int);
 static CUresult (*p_cuDriverGetVersion)(int *);
@@ -85,6 +101,14 @@ static CUresult (*p_cuEventDestroy)(CUevent);
 static CUresult (*p_cuEventElapsedTime)(float *, CUevent, CUevent);
 static CUresult (*p_cuModuleLoadData)(CUmodule *, const void *);
 static CUresult (*p_cuModuleGetFunction)(CUfunction *, CUmodule, const char *);
+static CUresult (*p_cuMemGetAllocationGranularity)(size_t *, const CUmemAllocationProp *, int);
+static CUresult (*p_cuMemAddressReserve)(CUdeviceptr *, size_t, size_t, CUdeviceptr, unsigned long long);
+static CUresult (*p_cuMemAddressFree)(CUdeviceptr, size_t);
+static CUresult (*p_cuMemCreate)(CUmemGenericAllocationHandle *, size_t, const CUmemAllocationProp *, unsigned long long);
+static CUresult (*p_cuMemRelease)(CUmemGenericAllocationHandle);
+static CUresult (*p_cuMemMap)(CUdeviceptr, size_t, size_t, CUmemGenericAllocationHandle, unsigned long long);
+static CUresult (*p_cuMemUnmap)(CUdeviceptr, size_t);
+static CUresult (*p_cuMemSetAccess)(CUdeviceptr, size_t, const CUmemAccessDesc *, size_t);
 static CUresult (*p_cuLaunchKernel)(CUfunction, unsigned int, unsigned int, unsigned int,
 	unsigned int, unsigned int, unsigned int, unsigned int, CUstream, void **, void **);
 
@@ -162,6 +186,15 @@ static const char *rmm_load(void) {
 	RMM_SYM(p_cuMemPrefetchAsync_v2, "cuMemPrefetchAsync_v2", 0);
 	RMM_SYM(p_cuEventElapsedTime, "cuEventElapsedTime_v2", 0);
 	if (!p_cuEventElapsedTime) RMM_SYM(p_cuEventElapsedTime, "cuEventElapsedTime", 0);
+	// Optional: virtual memory management (10.2); no _v2 names.
+	RMM_SYM(p_cuMemGetAllocationGranularity, "cuMemGetAllocationGranularity", 0);
+	RMM_SYM(p_cuMemAddressReserve, "cuMemAddressReserve", 0);
+	RMM_SYM(p_cuMemAddressFree, "cuMemAddressFree", 0);
+	RMM_SYM(p_cuMemCreate, "cuMemCreate", 0);
+	RMM_SYM(p_cuMemRelease, "cuMemRelease", 0);
+	RMM_SYM(p_cuMemMap, "cuMemMap", 0);
+	RMM_SYM(p_cuMemUnmap, "cuMemUnmap", 0);
+	RMM_SYM(p_cuMemSetAccess, "cuMemSetAccess", 0);
 	return NULL;
 }
 
@@ -354,6 +387,63 @@ static rmm_res rmm_module_get_function(uintptr_t ctx, uintptr_t m, const char *n
 	o.r = p_cuModuleGetFunction(&f, (CUmodule)m, name); o.v = (uintptr_t)f; return o;
 }
 
+// Virtual memory management. Each trampoline answers RMM_MISSING when the driver lacks its
+// symbol. Allocations are pinned device memory on device ord; access is read/write for ord.
+static int rmm_vmm_bound(void) {
+	return p_cuMemGetAllocationGranularity && p_cuMemAddressReserve && p_cuMemAddressFree && p_cuMemCreate &&
+		p_cuMemRelease && p_cuMemMap && p_cuMemUnmap && p_cuMemSetAccess;
+}
+static void rmm_vmm_prop(CUmemAllocationProp *prop, int ord) {
+	memset(prop, 0, sizeof *prop);
+	prop->type = 1;          // CU_MEM_ALLOCATION_TYPE_PINNED
+	prop->location.type = 1; // CU_MEM_LOCATION_TYPE_DEVICE
+	prop->location.id = ord;
+}
+typedef struct { CUresult r; unsigned long long v; } rmm_res64;
+static rmm_res64 rmm_mem_granularity(uintptr_t ctx, int ord, int option) {
+	rmm_res64 o = {RMM_MISSING, 0}; CUmemAllocationProp prop; size_t g = 0;
+	if (!p_cuMemGetAllocationGranularity) return o;
+	o.r = use_ctx(ctx); if (o.r) return o;
+	rmm_vmm_prop(&prop, ord);
+	o.r = p_cuMemGetAllocationGranularity(&g, &prop, option); o.v = g; return o;
+}
+static rmm_res64 rmm_mem_address_reserve(uintptr_t ctx, size_t size, size_t align) {
+	rmm_res64 o = {RMM_MISSING, 0}; CUdeviceptr p = 0;
+	if (!p_cuMemAddressReserve) return o;
+	o.r = use_ctx(ctx); if (o.r) return o;
+	o.r = p_cuMemAddressReserve(&p, size, align, 0, 0); o.v = p; return o;
+}
+static CUresult rmm_mem_address_free(uintptr_t ctx, unsigned long long p, size_t size) {
+	CUresult r; if (!p_cuMemAddressFree) return RMM_MISSING;
+	r = use_ctx(ctx); if (r) return r; return p_cuMemAddressFree((CUdeviceptr)p, size);
+}
+static rmm_res64 rmm_mem_create(uintptr_t ctx, size_t size, int ord) {
+	rmm_res64 o = {RMM_MISSING, 0}; CUmemAllocationProp prop; CUmemGenericAllocationHandle h = 0;
+	if (!p_cuMemCreate) return o;
+	o.r = use_ctx(ctx); if (o.r) return o;
+	rmm_vmm_prop(&prop, ord);
+	o.r = p_cuMemCreate(&h, size, &prop, 0); o.v = h; return o;
+}
+static CUresult rmm_mem_release(uintptr_t ctx, unsigned long long h) {
+	CUresult r; if (!p_cuMemRelease) return RMM_MISSING;
+	r = use_ctx(ctx); if (r) return r; return p_cuMemRelease((CUmemGenericAllocationHandle)h);
+}
+static CUresult rmm_mem_map(uintptr_t ctx, unsigned long long p, size_t size, unsigned long long h) {
+	CUresult r; if (!p_cuMemMap) return RMM_MISSING;
+	r = use_ctx(ctx); if (r) return r; return p_cuMemMap((CUdeviceptr)p, size, 0, (CUmemGenericAllocationHandle)h, 0);
+}
+static CUresult rmm_mem_unmap(uintptr_t ctx, unsigned long long p, size_t size) {
+	CUresult r; if (!p_cuMemUnmap) return RMM_MISSING;
+	r = use_ctx(ctx); if (r) return r; return p_cuMemUnmap((CUdeviceptr)p, size);
+}
+static CUresult rmm_mem_set_access(uintptr_t ctx, unsigned long long p, size_t size, int ord) {
+	CUmemAccessDesc d; CUresult r;
+	if (!p_cuMemSetAccess) return RMM_MISSING;
+	r = use_ctx(ctx); if (r) return r;
+	d.location.type = 1; d.location.id = ord; d.flags = 3; // CU_MEM_ACCESS_FLAGS_PROT_READWRITE
+	return p_cuMemSetAccess((CUdeviceptr)p, size, &d, 1);
+}
+
 // Kernel launches. The parameter array lives on the C stack; cuLaunchKernel copies the values.
 // Every kernel of kernels/*.cu takes (dst, src_or_pattern..., n) as below.
 typedef struct { unsigned char b[RMM_PATTERN_BYTES]; } rmm_pattern;
@@ -387,6 +477,7 @@ static void rmm_host_free(uintptr_t p) { free((void *)p); }
 import "C"
 
 import (
+	"fmt"
 	"sync"
 	"unsafe"
 )
@@ -694,6 +785,63 @@ func cuLaunchFill(ctx, fn uintptr, grid, block int, stream uintptr, dst DevicePt
 func cuLaunchCopy(ctx, fn uintptr, grid, block int, stream uintptr, dst, src DevicePtr, n int) error {
 	return cuErr("cuLaunchKernel", C.rmm_launch_copy(C.uintptr_t(ctx), C.uintptr_t(fn), C.uint(grid), C.uint(block), C.uintptr_t(stream),
 		C.uintptr_t(dst), C.uintptr_t(src), C.size_t(n)))
+}
+
+// vmmErr is cuErr for the virtual-memory calls: CUDA_ERROR_NOT_SUPPORTED (also what a driver
+// without the symbol gives) additionally satisfies errors.Is(err, ErrNotSupported).
+func vmmErr(op string, r C.CUresult) error {
+	err := cuErr(op, r)
+	if err != nil && int(r) == cudaErrorNotSupported {
+		return fmt.Errorf("%w: %w", ErrNotSupported, err)
+	}
+	return err
+}
+
+// cuVMMBound reports whether the driver exports every virtual-memory function the package uses
+// (cuMemGetAllocationGranularity, cuMemAddressReserve/Free, cuMemCreate/Release, cuMemMap/Unmap,
+// cuMemSetAccess; CUDA 10.2).
+func cuVMMBound() bool { return driverLoaded && C.rmm_vmm_bound() != 0 }
+
+// cuMemGetAllocationGranularity returns the granularity in bytes of pinned device memory on
+// device ord (option 0 MINIMUM, 1 RECOMMENDED).
+func cuMemGetAllocationGranularity(ctx uintptr, ord, option int) (int, error) {
+	r := C.rmm_mem_granularity(C.uintptr_t(ctx), C.int(ord), C.int(option))
+	return int(r.v), vmmErr("cuMemGetAllocationGranularity", r.r)
+}
+
+// cuMemAddressReserve reserves size bytes of address space aligned to align (0: the driver's
+// default), with no hint and no flags.
+func cuMemAddressReserve(ctx uintptr, size, align int) (DevicePtr, error) {
+	r := C.rmm_mem_address_reserve(C.uintptr_t(ctx), C.size_t(size), C.size_t(align))
+	return DevicePtr(r.v), vmmErr("cuMemAddressReserve", r.r)
+}
+
+func cuMemAddressFree(ctx uintptr, p DevicePtr, size int) error {
+	return vmmErr("cuMemAddressFree", C.rmm_mem_address_free(C.uintptr_t(ctx), C.ulonglong(p), C.size_t(size)))
+}
+
+// cuMemCreate creates size bytes of pinned memory on device ord and returns its handle.
+func cuMemCreate(ctx uintptr, size, ord int) (uint64, error) {
+	r := C.rmm_mem_create(C.uintptr_t(ctx), C.size_t(size), C.int(ord))
+	return uint64(r.v), vmmErr("cuMemCreate", r.r)
+}
+
+func cuMemRelease(ctx uintptr, h uint64) error {
+	return vmmErr("cuMemRelease", C.rmm_mem_release(C.uintptr_t(ctx), C.ulonglong(h)))
+}
+
+// cuMemMap maps size bytes of handle h, from its offset 0, at p.
+func cuMemMap(ctx uintptr, p DevicePtr, size int, h uint64) error {
+	return vmmErr("cuMemMap", C.rmm_mem_map(C.uintptr_t(ctx), C.ulonglong(p), C.size_t(size), C.ulonglong(h)))
+}
+
+func cuMemUnmap(ctx uintptr, p DevicePtr, size int) error {
+	return vmmErr("cuMemUnmap", C.rmm_mem_unmap(C.uintptr_t(ctx), C.ulonglong(p), C.size_t(size)))
+}
+
+// cuMemSetAccess grants device ord read/write access to [p, p+size).
+func cuMemSetAccess(ctx uintptr, p DevicePtr, size, ord int) error {
+	return vmmErr("cuMemSetAccess", C.rmm_mem_set_access(C.uintptr_t(ctx), C.ulonglong(p), C.size_t(size), C.int(ord)))
 }
 
 // hostMalloc returns n bytes of 256-byte-aligned C heap memory (posix_memalign).

@@ -91,3 +91,13 @@ func cuLaunchFill(uintptr, uintptr, int, int, uintptr, DevicePtr, int, int, int,
 func cuLaunchCopy(uintptr, uintptr, int, int, uintptr, DevicePtr, DevicePtr, int) error {
 	return errNoCgo
 }
+
+func cuVMMBound() bool                                             { return false }
+func cuMemGetAllocationGranularity(uintptr, int, int) (int, error) { return 0, errNoCgo }
+func cuMemAddressReserve(uintptr, int, int) (DevicePtr, error)     { return 0, errNoCgo }
+func cuMemAddressFree(uintptr, DevicePtr, int) error               { return errNoCgo }
+func cuMemCreate(uintptr, int, int) (uint64, error)                { return 0, errNoCgo }
+func cuMemRelease(uintptr, uint64) error                           { return errNoCgo }
+func cuMemMap(uintptr, DevicePtr, int, uint64) error               { return errNoCgo }
+func cuMemUnmap(uintptr, DevicePtr, int) error                     { return errNoCgo }
+func cuMemSetAccess(uintptr, DevicePtr, int, int) error            { return errNoCgo }

@@ -1,5 +1,7 @@
 package rmm
 
+import "fmt"
+
 // Virtual memory management (VMM) for the expandable pool: one range of address space reserved
 // up front, physical memory created in chunks and mapped back to back inside it, so that
 // neighbouring free blocks always sit at adjacent addresses. The operations sit behind vmm so
@@ -35,4 +37,27 @@ type vmm interface {
 	unmap(addr DevicePtr, size int) error
 	// release drops the handle; its memory goes back once it is also unmapped (cuMemRelease).
 	release(h vmmHandle) error
+}
+
+// vmmCheckSize validates a size given to op: positive and a multiple of gran.
+func vmmCheckSize(impl, op string, size, gran int) error {
+	if size <= 0 || size%gran != 0 {
+		return fmt.Errorf("%w: %s.%s: size %d is not a positive multiple of the granularity %d", ErrInvalidArgument, impl, op, size, gran)
+	}
+	return nil
+}
+
+// vmmCheckRange validates a range given to op: addr and size multiples of gran, size positive,
+// and addr+size not wrapping around.
+func vmmCheckRange(impl, op string, addr DevicePtr, size, gran int) error {
+	if err := vmmCheckSize(impl, op, size, gran); err != nil {
+		return err
+	}
+	if addr == 0 || uintptr(addr)%uintptr(gran) != 0 {
+		return fmt.Errorf("%w: %s.%s: address %#x is not a non-zero multiple of the granularity %d", ErrInvalidArgument, impl, op, uintptr(addr), gran)
+	}
+	if uintptr(addr)+uintptr(size) < uintptr(addr) {
+		return fmt.Errorf("%w: %s.%s: range %#x + %d bytes wraps around", ErrInvalidArgument, impl, op, uintptr(addr), size)
+	}
+	return nil
 }

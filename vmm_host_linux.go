@@ -1,0 +1,75 @@
+//go:build linux
+
+package rmm
+
+import (
+	"errors"
+	"fmt"
+	"syscall"
+	"unsafe"
+)
+
+const hostVMMSupported = true
+
+// hostVMMOSReserve maps size bytes of inaccessible address space (mmap PROT_NONE, private,
+// anonymous, MAP_NORESERVE) whose base is a multiple of align bytes; mem is the whole mapping,
+// for hostVMMOSFree.
+func hostVMMOSReserve(size, align int) (base uintptr, mem []byte, err error) {
+	page := syscall.Getpagesize()
+	n := size
+	if align > page {
+		if size > int(^uint(0)>>1)-(align-page) {
+			return 0, nil, fmt.Errorf("%w: %d bytes aligned to %d overflow", ErrInvalidArgument, size, align)
+		}
+		n += align - page
+	}
+	mem, err = syscall.Mmap(-1, 0, n, syscall.PROT_NONE, syscall.MAP_PRIVATE|syscall.MAP_ANON|syscall.MAP_NORESERVE)
+	if err != nil {
+		return 0, nil, hostVMMErrno("mmap", err)
+	}
+	p := uintptr(unsafe.Pointer(unsafe.SliceData(mem)))
+	a := uintptr(align)
+	return (p + a - 1) / a * a, mem, nil
+}
+
+// hostVMMOSFree unmaps a reservation (munmap).
+func hostVMMOSFree(mem []byte) error {
+	if err := syscall.Munmap(mem); err != nil {
+		return hostVMMErrno("munmap", err)
+	}
+	return nil
+}
+
+// hostVMMOSProtect makes [addr, addr+size) readable and writable, or inaccessible (mprotect).
+func hostVMMOSProtect(addr uintptr, size int, rw bool) error {
+	prot := syscall.PROT_NONE
+	if rw {
+		prot = syscall.PROT_READ | syscall.PROT_WRITE
+	}
+	if err := syscall.Mprotect(hostBytes(DevicePtr(addr), size), prot); err != nil {
+		return hostVMMErrno("mprotect", err)
+	}
+	return nil
+}
+
+// hostVMMOSDrop makes [addr, addr+size) inaccessible and gives its pages back to the OS
+// (mprotect PROT_NONE, madvise MADV_DONTNEED): what is mapped there next reads zeros.
+func hostVMMOSDrop(addr uintptr, size int) error {
+	b := hostBytes(DevicePtr(addr), size)
+	if err := syscall.Mprotect(b, syscall.PROT_NONE); err != nil {
+		return hostVMMErrno("mprotect", err)
+	}
+	if err := syscall.Madvise(b, syscall.MADV_DONTNEED); err != nil {
+		return hostVMMErrno("madvise", err)
+	}
+	return nil
+}
+
+// hostVMMErrno wraps a failed system call: ENOMEM as ErrOutOfMemory, anything else as
+// ErrInvalidArgument.
+func hostVMMErrno(call string, err error) error {
+	if errors.Is(err, syscall.ENOMEM) {
+		return fmt.Errorf("%w: %s: %w", ErrOutOfMemory, call, err)
+	}
+	return fmt.Errorf("%w: %s: %w", ErrInvalidArgument, call, err)
+}

@@ -1,0 +1,13 @@
+//go:build !linux
+
+package rmm
+
+// Host virtual memory management needs mmap, mprotect and madvise with Linux's semantics;
+// elsewhere newHostVMM returns ErrNotSupported and these are never reached.
+
+const hostVMMSupported = false
+
+func hostVMMOSReserve(size, align int) (uintptr, []byte, error) { return 0, nil, ErrNotSupported }
+func hostVMMOSFree([]byte) error                                { return ErrNotSupported }
+func hostVMMOSProtect(uintptr, int, bool) error                 { return ErrNotSupported }
+func hostVMMOSDrop(uintptr, int) error                          { return ErrNotSupported }
