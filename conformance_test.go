@@ -57,6 +57,10 @@ var conformanceCases = []confCase{
 	{"FixedSizeOverSimulated", false, confFixed(64*confMiB, 4), rmmtest.Options{DetectsInvalidFree: true, Upstream: confSimulated(100 * confGiB), MaxAllocationSize: 64 * confMiB, Capacity: 100 * confGiB}},
 	{"BinningOverPool", false, confBinningOverPool, rmmtest.Options{DetectsInvalidFree: true, ReleaseKeepsMemory: true, Upstream: confSystem, MaxAllocationSize: 8 * confMiB}},
 	{"CallbackOverSystem", false, confCallback, rmmtest.Options{Upstream: confSystem}},
+	// Expandable pools map their own memory (the suite's upstream is not used).
+	{"ExpandablePoolOverHost", false, confExpandable(confSystem, 1*confGiB), rmmtest.Options{DetectsInvalidFree: true, MaxAllocationSize: 128 * confMiB, Capacity: confGiB}},
+	{"ExpandablePoolOver4KiBGranularity", false, confExpandable4KiB(64 * confMiB), rmmtest.Options{DetectsInvalidFree: true, MaxAllocationSize: 16 * confMiB, Capacity: 64 * confMiB}},
+	{"ExpandablePoolOverSimulated", false, confExpandable(confSimulated(100*confGiB), 100*confGiB), rmmtest.Options{DetectsInvalidFree: true, Upstream: confSimulated(100 * confGiB), MaxAllocationSize: 40 * confGiB, Capacity: 100 * confGiB, MayRunOutOfMemory: true}},
 	{"Pinned", false, confPinned, rmmtest.Options{DetectsInvalidFree: true}},
 
 	// On the GPU.
@@ -70,6 +74,7 @@ var conformanceCases = []confCase{
 	{"PoolOverCuda", true, confPool(nil), rmmtest.Options{DetectsInvalidFree: true, Upstream: confCuda, MaxAllocationSize: 256 * confMiB}},
 	{"PrefetchOverManaged", true, confPrefetch, rmmtest.Options{Upstream: confManagedUpstream, MaxAllocationSize: confMiB}},
 	{"StatisticsOverCuda", true, confStatisticsUnseen, rmmtest.Options{Upstream: confCuda, MaxAllocationSize: confGiB}},
+	{"ExpandablePoolOverCuda", true, confExpandable(confCuda, 8*confGiB), rmmtest.Options{DetectsInvalidFree: true, MaxAllocationSize: 512 * confMiB, Capacity: 8 * confGiB}},
 	{"LimitingOverCuda", true, confLimiting(4 * confGiB), rmmtest.Options{Upstream: confCuda, MaxAllocationSize: 512 * confMiB, Capacity: 4 * confGiB}},
 }
 
@@ -101,6 +106,21 @@ func confSimulatedOpts(capacity int) rmmtest.Options {
 // confLeaf builds a fresh leaf resource with newMR, ignoring the upstream.
 func confLeaf(newMR func() rmm.MemoryResource) func(rmm.MemoryResource) (rmm.MemoryResource, error) {
 	return func(rmm.MemoryResource) (rmm.MemoryResource, error) { return newMR(), nil }
+}
+
+// confExpandable is an expandable pool of at most maximum bytes whose memory comes from where
+// upstream() names (the pool never calls it).
+func confExpandable(upstream func() rmm.MemoryResource, maximum int) func(rmm.MemoryResource) (rmm.MemoryResource, error) {
+	return func(rmm.MemoryResource) (rmm.MemoryResource, error) {
+		return rmm.NewPoolMemoryResource(upstream(), &rmm.PoolOptions{Expandable: true, MaximumPoolSize: maximum})
+	}
+}
+
+// confExpandable4KiB is an expandable pool over host memory mapped with a 4 KiB granularity.
+func confExpandable4KiB(maximum int) func(rmm.MemoryResource) (rmm.MemoryResource, error) {
+	return func(rmm.MemoryResource) (rmm.MemoryResource, error) {
+		return rmm.NewExpandablePoolOverHostVMM(4096, 0, rmm.PoolOptions{MaximumPoolSize: maximum})
+	}
 }
 
 func confPool(opts *rmm.PoolOptions) func(rmm.MemoryResource) (rmm.MemoryResource, error) {

@@ -140,8 +140,8 @@ type OutOfMemoryError struct {
 	// TooLarge: no state of the resource could serve the request (it exceeds MaximumSize, or the
 	// largest block the resource ever hands out, such as a fixed-size resource's block size).
 	TooLarge bool
-	Detail     string // what failed, in words (e.g. "the upstream refused every size tried")
-	Cause      error  // the upstream's error, or nil
+	Detail   string // what failed, in words (e.g. "the upstream refused every size tried")
+	Cause    error  // the upstream's error, or nil
 }
 
 // Error reads, for example: "rmm: out of memory: PoolMemoryResource failed to allocate 2097152

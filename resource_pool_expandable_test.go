@@ -4,6 +4,7 @@ import (
 	"errors"
 	"math/rand"
 	"sort"
+	"sync"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -21,37 +22,70 @@ func newExpTestPool(t testing.TB, vm vmm, o PoolOptions) *PoolMemoryResource {
 // ---------------------------------------------------------------------------------------------
 // The model-based tests over the expandable pool: the recording upstream sees the mapped ranges.
 
-// expRecord keeps rec's blocks equal to vm's maximal mapped ranges.
-func expRecord(rec *recordingUpstream, vm *simVMM) {
-	vm.onMap = func(DevicePtr, int, bool) {
-		// Called under vm.mu: read the maps directly.
-		var as []DevicePtr
-		for a := range vm.maps {
-			as = append(as, a)
+// recordingVMM passes calls to inner and keeps rec's blocks equal to the maximal mapped ranges,
+// so that the model's upstream checks see what the pool holds.
+type recordingVMM struct {
+	vmm
+	rec  *recordingUpstream
+	mu   sync.Mutex
+	maps map[DevicePtr]int
+}
+
+func (v *recordingVMM) mapAt(a DevicePtr, n int, h vmmHandle) error {
+	if err := v.vmm.mapAt(a, n, h); err != nil {
+		return err
+	}
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	v.maps[a] = n
+	v.sync()
+	return nil
+}
+
+func (v *recordingVMM) unmap(a DevicePtr, n int) error {
+	if err := v.vmm.unmap(a, n); err != nil {
+		return err
+	}
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	for at := range v.maps {
+		if at >= a && at < a+DevicePtr(n) {
+			delete(v.maps, at)
 		}
-		sort.Slice(as, func(i, j int) bool { return as[i] < as[j] })
-		rec.mu.Lock()
-		defer rec.mu.Unlock()
-		clear(rec.live)
-		var start, end DevicePtr
-		for _, a := range as {
-			e := a + DevicePtr(vm.maps[a].size)
-			if a == end && end != 0 {
-				end = e
-				continue
-			}
-			if end != 0 {
-				rec.live[start] = int(end - start)
-			}
-			start, end = a, e
+	}
+	v.sync()
+	return nil
+}
+
+func (v *recordingVMM) sync() {
+	var as []DevicePtr
+	for a := range v.maps {
+		as = append(as, a)
+	}
+	sort.Slice(as, func(i, j int) bool { return as[i] < as[j] })
+	v.rec.mu.Lock()
+	defer v.rec.mu.Unlock()
+	clear(v.rec.live)
+	var start, end DevicePtr
+	for _, a := range as {
+		e := a + DevicePtr(v.maps[a])
+		if a == end && end != 0 {
+			end = e
+			continue
 		}
 		if end != 0 {
-			rec.live[start] = int(end - start)
+			v.rec.live[start] = int(end - start)
 		}
+		start, end = a, e
+	}
+	if end != 0 {
+		v.rec.live[start] = int(end - start)
 	}
 }
 
-func expandableSpec(name string, gran, capacity int, genConfig func(r *rand.Rand) resourceConfig, size func(r *rand.Rand, cfg resourceConfig) int) *conformanceSpec {
+// expandableSpec is the model's view of an expandable pool over a fresh vmm from newVMM (given
+// the configuration's upstream limit as the physical limit).
+func expandableSpec(name string, newVMM func(limit int) vmm, capacity int, genConfig func(r *rand.Rand) resourceConfig, size func(r *rand.Rand, cfg resourceConfig) int) *conformanceSpec {
 	s := poolSpec(conformanceSpec{
 		name:        name,
 		genConfig:   genConfig,
@@ -61,8 +95,7 @@ func expandableSpec(name string, gran, capacity int, genConfig func(r *rand.Rand
 	})
 	s.mergedUpstream = true
 	s.newResource = func(up MemoryResource, cfg resourceConfig) (MemoryResource, error) {
-		vm := newSimVMM(gran, cfg.UpstreamLimit)
-		expRecord(up.(*recordingUpstream), vm)
+		vm := &recordingVMM{vmm: newVMM(cfg.UpstreamLimit), rec: up.(*recordingUpstream), maps: map[DevicePtr]int{}}
 		return newExpandablePool(up, vm, PoolOptions{Expandable: true, InitialPoolSize: cfg.InitialPoolSize, MaximumPoolSize: cfg.MaximumPoolSize})
 	}
 	return s
@@ -70,7 +103,8 @@ func expandableSpec(name string, gran, capacity int, genConfig func(r *rand.Rand
 
 func TestExpandablePoolProperty(t *testing.T) {
 	const gran, capacity = 4 * kiB, 64 * miB
-	spec := expandableSpec("expandable pool over an address-only VMM (4 KiB granularity, 64 MiB range)", gran, capacity,
+	spec := expandableSpec("expandable pool over an address-only VMM (4 KiB granularity, 64 MiB range)",
+		func(limit int) vmm { return newSimVMM(gran, limit) }, capacity,
 		func(r *rand.Rand) resourceConfig {
 			c := resourceConfig{Streams: 3 + r.Intn(2)}
 			if r.Intn(2) == 0 {
@@ -98,10 +132,49 @@ func TestExpandablePoolProperty(t *testing.T) {
 	require.Positive(t, cov.oom.Load())
 }
 
+// Over real host memory mapped with a 4 KiB granularity: the model writes a pattern into every
+// live allocation and checks it after every step, which catches overlaps and memory unmapped
+// under a live block (reading it would fault).
+func TestExpandablePoolPropertyHostMemory(t *testing.T) {
+	const gran, capacity = 4 * kiB, 32 * miB
+	spec := expandableSpec("expandable pool over host memory (4 KiB granularity, 32 MiB range)",
+		func(limit int) vmm {
+			vm, err := newHostVMM(gran, limit)
+			if err != nil {
+				panic(err)
+			}
+			return vm
+		}, capacity,
+		func(r *rand.Rand) resourceConfig {
+			c := resourceConfig{Streams: 3 + r.Intn(2), MaximumPoolSize: capacity}
+			if r.Intn(2) == 0 {
+				c.InitialPoolSize = gran * r.Intn(64)
+			}
+			if r.Intn(3) == 0 {
+				c.UpstreamLimit = c.InitialPoolSize + gran*(1+r.Intn(1024))
+			}
+			return c
+		},
+		func(r *rand.Rand, _ resourceConfig) int {
+			switch r.Intn(12) {
+			case 0:
+				return logUniform(r, 64*kiB, 4*miB)
+			case 1:
+				return gran * (1 + r.Intn(8))
+			}
+			return smallSize(r)
+		})
+	spec.hostMemory = true
+	spec.mayRunOut = true
+	cov := runConformance(t, spec, 200, 100)
+	require.Positive(t, cov.allocs.Load())
+	require.Positive(t, cov.crossFrees.Load())
+}
+
 // With a physical limit below the range: the device refuses chunks.
 func TestExpandablePoolPropertyPhysicalLimit(t *testing.T) {
 	const gran, capacity = 4 * kiB, 64 * miB
-	spec := expandableSpec("expandable pool with a physical limit", gran, capacity,
+	spec := expandableSpec("expandable pool with a physical limit", func(limit int) vmm { return newSimVMM(gran, limit) }, capacity,
 		func(r *rand.Rand) resourceConfig {
 			c := resourceConfig{Streams: 3 + r.Intn(2)}
 			c.UpstreamLimit = gran * (1 + r.Intn(512))

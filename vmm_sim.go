@@ -29,8 +29,7 @@ type simVMM struct {
 	charged  int // bytes of handles not yet gone (released and unmapped)
 	creates  int
 	unmaps   int
-	onMap    func(addr DevicePtr, size int, mapped bool) // tests: called under mu
-	failNext int                                         // tests: fail the next create(s) with out of memory
+	failNext int // tests: fail the next create(s) with out of memory
 }
 
 type simMapping struct {
@@ -137,9 +136,6 @@ func (v *simVMM) mapAt(a DevicePtr, n int, h vmmHandle) error {
 		}
 	}
 	v.maps[a] = simMapping{size: n, h: h}
-	if v.onMap != nil {
-		v.onMap(a, n, true)
-	}
 	return nil
 }
 
@@ -189,9 +185,6 @@ func (v *simVMM) unmap(a DevicePtr, n int) error {
 			v.charged -= v.handles[m.h]
 			delete(v.handles, m.h)
 			delete(v.released, m.h)
-		}
-		if v.onMap != nil {
-			v.onMap(at, m.size, false)
 		}
 	}
 	v.unmaps++
