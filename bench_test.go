@@ -53,6 +53,7 @@ func benchResources(b *testing.B) []benchResource {
 				return a, func() { a.Close() }
 			}},
 			{"pool", poolOver(cuda, 8<<30)},
+			{"expandable", expandableOver(cuda, 8<<30)},
 			{"arena", arenaOver(cuda, 8<<30)},
 			{"binning", binningOverPool(cuda, 8<<30)},
 		}
@@ -62,8 +63,21 @@ func benchResources(b *testing.B) []benchResource {
 		{"system", func(*testing.B) (MemoryResource, func()) { return NewSystemMemoryResource(), func() {} }},
 		{"pool-system", poolOver(NewSystemMemoryResource(), 8<<30)},
 		{"pool-simulated", poolOver(sim, 8<<30)},
+		{"expandable-simulated", expandableOver(sim, 8<<30)},
 		{"arena-simulated", arenaOver(sim, 8<<30)},
 		{"binning-simulated", binningOverPool(sim, 8<<30)},
+	}
+}
+
+// expandableOver builds an expandable pool (at most 64 GiB) with the given initial size, its
+// memory from where up names (see PoolOptions.Expandable).
+func expandableOver(up MemoryResource, initial int) func(b *testing.B) (MemoryResource, func()) {
+	return func(b *testing.B) (MemoryResource, func()) {
+		p, err := NewPoolMemoryResource(up, &PoolOptions{InitialPoolSize: initial, MaximumPoolSize: 64 << 30, Expandable: true})
+		if err != nil {
+			b.Fatal(err)
+		}
+		return p, func() { p.Close() }
 	}
 }
 
@@ -192,6 +206,7 @@ func w2Resources(b *testing.B) []benchResource {
 				return a, func() { a.Close() }
 			}},
 			{"pool", poolOver(cuda, half)},
+			{"expandable", expandableOver(cuda, half)},
 			{"arena", arenaOver(cuda, half)},
 			{"binning", binningOverPool(cuda, half)},
 		}
@@ -199,6 +214,7 @@ func w2Resources(b *testing.B) []benchResource {
 	sim, _ := NewSimulatedMemoryResource(100 << 30)
 	return []benchResource{
 		{"pool-simulated", poolOver(sim, 50<<30)},
+		{"expandable-simulated", expandableOver(sim, 50<<30)},
 		{"arena-simulated", arenaOver(sim, 50<<30)},
 		{"binning-simulated", binningOverPool(sim, 40<<30)},
 	}
@@ -290,10 +306,15 @@ func BenchmarkW3(b *testing.B) {
 	}
 }
 
-// W4: replay of each bundled trace over a pool (initial 0, no maximum, over the GPU or host
-// memory); ns/event and peak reserved / peak live.
+// W4: replay of each bundled trace over a pool and an expandable pool (initial 0, no maximum
+// beyond the device, over the GPU or host memory); ns/event over b.N passes on one pool, and
+// peak reserved / peak live from a separate single pass on a fresh pool.
 func BenchmarkW4(b *testing.B) {
 	traces, _ := filepath.Glob(filepath.Join("testdata", "traces", "*.csv.gz"))
+	var up MemoryResource = NewSystemMemoryResource()
+	if onGPU() {
+		up, _ = NewCudaMemoryResource(0)
+	}
 	for _, path := range traces {
 		events, err := ReadLogFile(path)
 		if err != nil {
@@ -301,29 +322,108 @@ func BenchmarkW4(b *testing.B) {
 		}
 		name := filepath.Base(path)
 		name = name[:len(name)-len(".csv.gz")]
-		b.Run(name, func(b *testing.B) {
-			var up MemoryResource = NewSystemMemoryResource()
-			if onGPU() {
-				up, _ = NewCudaMemoryResource(0)
+		for _, kind := range []string{"pool", "expandable"} {
+			newPool := func() *PoolMemoryResource {
+				var o *PoolOptions
+				if kind == "expandable" {
+					o = &PoolOptions{Expandable: true, MaximumPoolSize: 64 << 30}
+				}
+				pool, err := NewPoolMemoryResource(up, o)
+				if err != nil {
+					b.Fatal(err)
+				}
+				return pool
 			}
-			pool, err := NewPoolMemoryResource(up, nil)
+			b.Run(name+"/"+kind, func(b *testing.B) {
+				// Footprint: one pass on a fresh pool.
+				pool := newPool()
+				r, err := Replay(events, pool, nil)
+				if err != nil || r.Failures > 0 {
+					b.Fatalf("replay: %v, %d failures", err, r.Failures)
+				}
+				ratio := float64(pool.Stats().PeakPoolSize) / float64(r.PeakLiveBytes)
+				pool.Close()
+				pool = newPool()
+				defer pool.Close()
+				b.ResetTimer()
+				for i := 0; i < b.N; i++ {
+					if r, err = Replay(events, pool, nil); err != nil {
+						b.Fatal(err)
+					}
+					if r.Failures > 0 {
+						b.Fatalf("%d failures", r.Failures)
+					}
+				}
+				b.StopTimer()
+				b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N*len(events)), "ns/event")
+				b.ReportMetric(ratio, "reserved/live")
+			})
+		}
+	}
+}
+
+// Growth and shrink of an expandable pool by one chunk, at each chunk size, beside cuMemAlloc and
+// cuMemFree of the same size (GPU only): grow-µs is cuMemCreate + cuMemMap + cuMemSetAccess (or
+// cuMemAlloc), shrink-µs is cuMemUnmap + cuMemRelease (or cuMemFree).
+func BenchmarkGrowth(b *testing.B) {
+	if !onGPU() {
+		b.Skip("no CUDA device")
+	}
+	vm, err := newDeviceVMM(0)
+	if err != nil {
+		b.Fatal(err)
+	}
+	cuda, _ := NewCudaMemoryResource(0)
+	for _, size := range []int{2 << 20, 32 << 20, 64 << 20, 256 << 20, 1 << 30} {
+		b.Run(sizeName(size)+"/vmm", func(b *testing.B) {
+			base, err := vm.reserve(size)
 			if err != nil {
 				b.Fatal(err)
 			}
-			defer pool.Close()
-			var r ReplayResult
-			b.ResetTimer()
+			defer vm.free(base, size)
+			var grow, shrink time.Duration
 			for i := 0; i < b.N; i++ {
-				if r, err = Replay(events, pool, nil); err != nil {
+				t0 := time.Now()
+				h, err := vm.create(size)
+				if err == nil {
+					err = vm.mapAt(base, size, h)
+				}
+				if err == nil {
+					err = vm.setAccess(base, size)
+				}
+				if err != nil {
 					b.Fatal(err)
 				}
-				if r.Failures > 0 {
-					b.Fatalf("%d failures", r.Failures)
+				t1 := time.Now()
+				if err := vm.unmap(base, size); err != nil {
+					b.Fatal(err)
 				}
+				if err := vm.release(h); err != nil {
+					b.Fatal(err)
+				}
+				grow += t1.Sub(t0)
+				shrink += time.Since(t1)
 			}
-			b.StopTimer()
-			b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N*len(events)), "ns/event")
-			b.ReportMetric(float64(pool.PoolSize())/float64(r.PeakLiveBytes), "reserved/live")
+			b.ReportMetric(float64(grow.Microseconds())/float64(b.N), "grow-µs")
+			b.ReportMetric(float64(shrink.Microseconds())/float64(b.N), "shrink-µs")
+		})
+		b.Run(sizeName(size)+"/cuMemAlloc", func(b *testing.B) {
+			var grow, shrink time.Duration
+			for i := 0; i < b.N; i++ {
+				t0 := time.Now()
+				p, err := cuda.Allocate(size, DefaultStream)
+				if err != nil {
+					b.Fatal(err)
+				}
+				t1 := time.Now()
+				if err := cuda.Deallocate(p, size, DefaultStream); err != nil {
+					b.Fatal(err)
+				}
+				grow += t1.Sub(t0)
+				shrink += time.Since(t1)
+			}
+			b.ReportMetric(float64(grow.Microseconds())/float64(b.N), "grow-µs")
+			b.ReportMetric(float64(shrink.Microseconds())/float64(b.N), "shrink-µs")
 		})
 	}
 }

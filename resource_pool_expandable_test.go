@@ -194,19 +194,56 @@ func TestExpandablePoolPropertyPhysicalLimit(t *testing.T) {
 // ---------------------------------------------------------------------------------------------
 // The cases.
 
+// The cases run over each VMM: the address-only fake and host memory with a 4 KiB
+// granularity here, the device's virtual memory on a GPU (gpu_expandable_test.go). Sizes are in
+// units of the granularity g where it matters.
+
+// expVMMCase is a VMM to run the cases over.
+type expVMMCase struct {
+	name string
+	gran int
+	new  func(t *testing.T) vmm
+}
+
+func expFakeVMMs() []expVMMCase {
+	return []expVMMCase{
+		{"sim", 4 * kiB, func(*testing.T) vmm { return newSimVMM(4*kiB, 0) }},
+		{"host", 4 * kiB, func(t *testing.T) vmm {
+			vm, err := newHostVMM(4*kiB, 0)
+			require.NoError(t, err)
+			return vm
+		}},
+	}
+}
+
+func runExpCases(t *testing.T, vms []expVMMCase, f func(t *testing.T, vm vmm, g int)) {
+	for _, c := range vms {
+		t.Run(c.name, func(t *testing.T) { f(t, c.new(t), c.gran) })
+	}
+}
+
+// expClosedClean closes p and checks that nothing is left mapped or reserved.
+func expClosedClean(t *testing.T, p *PoolMemoryResource, vm vmm) {
+	require.NoError(t, p.Close())
+	require.Empty(t, p.exp.chunks)
+	require.Zero(t, p.exp.reserved, "the reservation is freed at Close")
+	if sv, ok := vm.(*simVMM); ok {
+		charged, mappings, _, _ := sv.stats()
+		require.Zero(t, charged)
+		require.Zero(t, mappings)
+		require.Empty(t, sv.resv)
+	}
+}
+
 // A pool capped at C takes equal-size requests until their rounded total reaches C, all of them;
 // after freeing everything, one allocation of the whole cap succeeds.
-func TestExpandablePoolReachesItsCap(t *testing.T) {
-	const gran = 4 * kiB
-	for _, req := range []int{1000, 4096, 5000, 12345, 64 * kiB} {
+func expCaseReachesCap(t *testing.T, vm vmm, g int) {
+	C := 64 * g
+	p := newExpTestPool(t, vm, PoolOptions{MaximumPoolSize: C})
+	s1, err := NewStream(CurrentDevice(), &StreamOptions{NonBlocking: true})
+	require.NoError(t, err)
+	for _, req := range []int{g/4 + 1000, g, 5*g/2 + 12345, 16 * g} {
 		n, _ := alignSize(req)
-		C := 64 * gran * 8 // 2 MiB
-		C = C / n * n      // a whole number of requests
-		C = (C + gran - 1) / gran * gran
-		vm := newSimVMM(gran, 0)
-		p := newExpTestPool(t, vm, PoolOptions{MaximumPoolSize: C})
-		s1, err := NewStream(CurrentDevice(), nil)
-		require.NoError(t, err)
 		var ptrs []DevicePtr
 		total := 0
 		for i := 0; total+n <= C; i++ {
@@ -236,47 +273,39 @@ func TestExpandablePoolReachesItsCap(t *testing.T) {
 		require.Equal(t, C, p.PoolSize())
 		require.NoError(t, p.CheckInvariants())
 		require.NoError(t, p.Deallocate(whole, C, s1.View()))
-		require.NoError(t, s1.Close())
-		require.NoError(t, p.Close())
-		charged, mappings, _, _ := vm.stats()
-		require.Zero(t, charged)
-		require.Zero(t, mappings)
-		require.Empty(t, vm.resv, "the reservation is freed at Close")
 	}
+	require.NoError(t, s1.Close())
+	expClosedClean(t, p, vm)
 }
 
 // Blocks freed on two streams next to each other coalesce into one before the pool grows.
-func TestExpandablePoolCoalescesAcrossStreamsBeforeGrowing(t *testing.T) {
-	const gran = 4 * kiB
-	vm := newSimVMM(gran, 0)
-	p := newExpTestPool(t, vm, PoolOptions{InitialPoolSize: 64 * kiB, MaximumPoolSize: 1 * miB})
-	s1, err := NewStream(CurrentDevice(), nil)
+func expCaseCoalescesAcrossStreams(t *testing.T, vm vmm, g int) {
+	p := newExpTestPool(t, vm, PoolOptions{InitialPoolSize: 2 * g, MaximumPoolSize: 64 * g})
+	s1, err := NewStream(CurrentDevice(), &StreamOptions{NonBlocking: true})
 	require.NoError(t, err)
-	defer s1.Close()
-	a, err := p.Allocate(32*kiB, DefaultStream)
+	a, err := p.Allocate(g, DefaultStream)
 	require.NoError(t, err)
-	b, err := p.Allocate(32*kiB, s1.View())
+	b, err := p.Allocate(g, s1.View())
 	require.NoError(t, err)
-	require.Equal(t, a+32*kiB, b)
-	require.Equal(t, 64*kiB, p.PoolSize())
-	require.NoError(t, p.Deallocate(a, 32*kiB, DefaultStream))
-	require.NoError(t, p.Deallocate(b, 32*kiB, s1.View()))
-	_, _, creates, _ := vm.stats()
-	c, err := p.Allocate(64*kiB, s1.View())
+	require.Equal(t, a+DevicePtr(g), b)
+	require.Equal(t, 2*g, p.PoolSize())
+	require.NoError(t, p.Deallocate(a, g, DefaultStream))
+	require.NoError(t, p.Deallocate(b, g, s1.View()))
+	chunks := len(p.exp.chunks)
+	c, err := p.Allocate(2*g, s1.View())
 	require.NoError(t, err)
 	require.Equal(t, a, c, "the two halves coalesced")
-	require.Equal(t, 64*kiB, p.PoolSize(), "without growing")
-	_, _, creates2, _ := vm.stats()
-	require.Equal(t, creates, creates2)
+	require.Equal(t, 2*g, p.PoolSize(), "without growing")
+	require.Equal(t, chunks, len(p.exp.chunks))
 	require.NoError(t, p.CheckInvariants())
-	require.NoError(t, p.Deallocate(c, 64*kiB, s1.View()))
+	require.NoError(t, p.Deallocate(c, 2*g, s1.View()))
+	require.NoError(t, s1.Close())
+	expClosedClean(t, p, vm)
 }
 
-// Free space from different growth steps coalesces: a request larger than any one chunk, after
-// everything was freed, takes the chunks together (plus an extension at the end).
-func TestExpandablePoolCoalescesAcrossGrowthSteps(t *testing.T) {
-	const gran = 4 * kiB
-	vm := newSimVMM(gran, 0)
+// Free space from different growth steps coalesces: after everything was freed, a request larger
+// than any one chunk takes the chunks together, without growing.
+func expCaseCoalescesAcrossGrowthSteps(t *testing.T, vm vmm, g int) {
 	p := newExpTestPool(t, vm, PoolOptions{MaximumPoolSize: 256 * miB})
 	var ptrs []DevicePtr
 	for range 5 {
@@ -284,8 +313,7 @@ func TestExpandablePoolCoalescesAcrossGrowthSteps(t *testing.T) {
 		require.NoError(t, err)
 		ptrs = append(ptrs, ptr)
 	}
-	_, _, creates, _ := vm.stats()
-	require.Greater(t, creates, 1)
+	require.Greater(t, len(p.exp.chunks), 1)
 	for _, ptr := range ptrs {
 		require.NoError(t, p.Deallocate(ptr, 40*miB, DefaultStream))
 	}
@@ -294,17 +322,13 @@ func TestExpandablePoolCoalescesAcrossGrowthSteps(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, ptrs[0], big)
 	require.Equal(t, size, p.PoolSize(), "no growth: the free space of all steps is one block")
-	st := p.Stats()
-	require.Equal(t, 1, len(vm.mappedRanges()))
 	require.NoError(t, p.CheckInvariants())
 	require.NoError(t, p.Deallocate(big, 200*miB, DefaultStream))
-	_ = st
+	expClosedClean(t, p, vm)
 }
 
 // Release leaves exactly the chunks that hold live blocks; growth maps into the holes again.
-func TestExpandablePoolReleaseKeepsOnlyLiveChunks(t *testing.T) {
-	const gran = 4 * kiB
-	vm := newSimVMM(gran, 0)
+func expCaseReleaseKeepsOnlyLiveChunks(t *testing.T, vm vmm, g int) {
 	p := newExpTestPool(t, vm, PoolOptions{MaximumPoolSize: 1 << 30})
 	// Allocations large enough that every growth maps one chunk per allocation.
 	var ptrs []DevicePtr
@@ -313,16 +337,15 @@ func TestExpandablePoolReleaseKeepsOnlyLiveChunks(t *testing.T) {
 		require.NoError(t, err)
 		ptrs = append(ptrs, ptr)
 	}
-	small, err := p.Allocate(1000, DefaultStream) // inside the last chunk's spare room
+	small, err := p.Allocate(1000, DefaultStream) // a chunk of its own
 	require.NoError(t, err)
-	chunksBefore := p.Stats().UpstreamBlocks
+	chunksBefore := len(p.exp.chunks)
 	// Free 1, 2 and 4; 0, 3, 5 (and small) stay live.
 	for _, i := range []int{1, 2, 4} {
 		require.NoError(t, p.Deallocate(ptrs[i], 40*miB, DefaultStream))
 	}
 	require.NoError(t, p.Release())
 	require.NoError(t, p.CheckInvariants())
-	// Every chunk left overlaps a live allocation, and every live allocation is mapped.
 	live := [][2]DevicePtr{}
 	for _, i := range []int{0, 3, 5} {
 		live = append(live, [2]DevicePtr{ptrs[i], ptrs[i] + 40*miB})
@@ -337,25 +360,21 @@ func TestExpandablePoolReleaseKeepsOnlyLiveChunks(t *testing.T) {
 		}
 		require.True(t, used, "chunk %#x (%d bytes) holds no live block", uintptr(c.addr), c.size)
 	}
-	for _, l := range live {
-		covered := false
-		for _, r := range vm.mappedRanges() {
-			if r[0] <= l[0] && l[1] <= r[1] {
-				covered = true
-			}
-		}
-		require.True(t, covered, "live allocation %#x is not mapped", uintptr(l[0]))
-	}
 	st := p.Stats()
-	require.Less(t, st.UpstreamBlocks, chunksBefore)
+	require.Equal(t, chunksBefore-3, st.UpstreamBlocks, "the three freed 40 MiB chunks went back")
+	require.Equal(t, 2, st.Holes, "1 and 2 make one hole of 80 MiB, 4 one of 40 MiB")
+	require.Equal(t, 120*miB, st.HoleBytes)
 	require.Equal(t, st.PoolSize+st.HoleBytes, int(p.exp.top-p.exp.base))
-	_, mappings, _, _ := vm.stats()
-	require.Equal(t, st.UpstreamBlocks, mappings)
+	if sv, ok := vm.(*simVMM); ok {
+		_, mappings, _, _ := sv.stats()
+		require.Equal(t, st.UpstreamBlocks, mappings)
+	}
 	// Growth fills the holes before mapping past the end.
 	top := p.exp.top
 	again, err := p.Allocate(40*miB, DefaultStream)
 	require.NoError(t, err)
-	require.Less(t, again, top)
+	require.Equal(t, ptrs[1], again, "mapped into the hole")
+	require.Equal(t, top, p.exp.top)
 	require.NoError(t, p.CheckInvariants())
 	for _, i := range []int{0, 3, 5} {
 		require.NoError(t, p.Deallocate(ptrs[i], 40*miB, DefaultStream))
@@ -364,53 +383,68 @@ func TestExpandablePoolReleaseKeepsOnlyLiveChunks(t *testing.T) {
 	require.NoError(t, p.Deallocate(again, 40*miB, DefaultStream))
 	require.NoError(t, p.Release())
 	require.Zero(t, p.PoolSize())
-	charged, mappings, _, _ := vm.stats()
-	require.Zero(t, charged)
-	require.Zero(t, mappings)
+	require.Zero(t, p.Stats().Holes)
+	require.Equal(t, p.exp.base, p.exp.top)
 	require.NoError(t, p.CheckInvariants())
-	require.NoError(t, p.Close())
+	expClosedClean(t, p, vm)
 }
 
-// Out-of-memory errors carry the figures, and say fragmentation or exhaustion.
-func TestExpandablePoolOutOfMemoryFigures(t *testing.T) {
-	const gran = 4 * kiB
-	const C = 1 * miB
-	vm := newSimVMM(gran, 0)
+// Out-of-memory errors carry the figures, and say fragmentation or exhaustion; Stats gives the
+// same figures.
+func expCaseOutOfMemoryFigures(t *testing.T, vm vmm, g int) {
+	C := 256 * g
 	p := newExpTestPool(t, vm, PoolOptions{MaximumPoolSize: C})
-	// 16 blocks of 64 KiB fill the cap; free every other one: 512 KiB free in 64 KiB pieces.
+	// 16 blocks of 16g fill the cap; free every other one: 128g free in pieces of 16g.
 	var ptrs []DevicePtr
 	for range 16 {
-		ptr, err := p.Allocate(64*kiB, DefaultStream)
+		ptr, err := p.Allocate(16*g, DefaultStream)
 		require.NoError(t, err)
 		ptrs = append(ptrs, ptr)
 	}
 	for i := 0; i < 16; i += 2 {
-		require.NoError(t, p.Deallocate(ptrs[i], 64*kiB, DefaultStream))
+		require.NoError(t, p.Deallocate(ptrs[i], 16*g, DefaultStream))
 	}
-	_, err := p.Allocate(128*kiB, DefaultStream)
+	_, err := p.Allocate(32*g, DefaultStream)
 	var oom *OutOfMemoryError
 	require.ErrorAs(t, err, &oom)
 	require.ErrorIs(t, err, ErrOutOfMemory)
 	require.Equal(t, OutOfMemoryError{
-		Resource: "PoolMemoryResource (expandable)", Requested: 128 * kiB, PoolSize: C, FreeBytes: 512 * kiB,
-		LargestFreeBlock: 64 * kiB, MaximumSize: C, Headroom: 0, Fragmented: true,
-		Detail: oom.Detail,
+		Resource: "PoolMemoryResource (expandable)", Requested: 32 * g, PoolSize: C, FreeBytes: 128 * g,
+		LargestFreeBlock: 16 * g, MaximumSize: C, Headroom: 0, Fragmented: true,
+		Detail: "maximum pool size reached",
 	}, *oom)
 	require.Contains(t, err.Error(), "fragmentation")
 	// Exhaustion: more than everything free.
-	_, err = p.Allocate(600*kiB, DefaultStream)
+	_, err = p.Allocate(130*g, DefaultStream)
 	require.ErrorAs(t, err, &oom)
 	require.False(t, oom.Fragmented)
-	require.Equal(t, 512*kiB, oom.FreeBytes)
+	require.Equal(t, 128*g, oom.FreeBytes)
 	require.Contains(t, err.Error(), "exhausted")
 	require.NoError(t, p.CheckInvariants())
-	// Stats give the same figures.
 	st := p.Stats()
 	require.Equal(t, C, st.PoolSize)
-	require.Equal(t, 512*kiB, st.FreeBytes)
-	require.Equal(t, 64*kiB, st.LargestFreeBlock)
+	require.Equal(t, 128*g, st.FreeBytes)
+	require.Equal(t, 16*g, st.LargestFreeBlock)
 	require.Equal(t, 8, st.FreeBlocks)
-	require.Equal(t, []StreamFreeStats{{Stream: DefaultStream, FreeBlocks: 8, FreeBytes: 512 * kiB}}, st.PerStream)
+	require.Equal(t, []StreamFreeStats{{Stream: DefaultStream, FreeBlocks: 8, FreeBytes: 128 * g}}, st.PerStream)
+	for i := 1; i < 16; i += 2 {
+		require.NoError(t, p.Deallocate(ptrs[i], 16*g, DefaultStream))
+	}
+	expClosedClean(t, p, vm)
+}
+
+func TestExpandablePoolReachesItsCap(t *testing.T) { runExpCases(t, expFakeVMMs(), expCaseReachesCap) }
+func TestExpandablePoolCoalescesAcrossStreamsBeforeGrowing(t *testing.T) {
+	runExpCases(t, expFakeVMMs(), expCaseCoalescesAcrossStreams)
+}
+func TestExpandablePoolCoalescesAcrossGrowthSteps(t *testing.T) {
+	runExpCases(t, expFakeVMMs(), expCaseCoalescesAcrossGrowthSteps)
+}
+func TestExpandablePoolReleaseKeepsOnlyLiveChunks(t *testing.T) {
+	runExpCases(t, expFakeVMMs(), expCaseReleaseKeepsOnlyLiveChunks)
+}
+func TestExpandablePoolOutOfMemoryFigures(t *testing.T) {
+	runExpCases(t, expFakeVMMs(), expCaseOutOfMemoryFigures)
 }
 
 // The device refusing a chunk: exhaustion with the device's error, headroom 0.
