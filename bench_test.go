@@ -469,6 +469,47 @@ func BenchmarkFill(b *testing.B) {
 	b.Run("w12", func(b *testing.B) { benchFill[[3]float32](b, run, buf, [3]float32{1, 2, 3}, s) })
 }
 
+// The fill kernel's launch shape: widths 8 and 12 at each threads-per-block and blocks-per-SM
+// cap, beside cuMemsetD32Async (GPU only). For tuning launchBlock and launchBlocksPerSM.
+func BenchmarkFillLaunchShape(b *testing.B) {
+	if !onGPU() {
+		b.Skip("no CUDA device")
+	}
+	cuda, _ := NewCudaMemoryResource(0)
+	s := benchStream(b)
+	buf, err := NewDeviceBuffer(fillCopyBytes, s, cuda)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer buf.Close()
+	ctx, _ := Device(0).ctx()
+	run := func(b *testing.B, f func() error) {
+		b.SetBytes(fillCopyBytes)
+		if err := f(); err != nil {
+			b.Fatal(err)
+		}
+		s.Synchronize()
+		b.ResetTimer()
+		for i := 0; i < b.N; i++ {
+			if err := f(); err != nil {
+				b.Fatal(err)
+			}
+		}
+		s.Synchronize()
+	}
+	b.Run("driver-memsetD32", func(b *testing.B) {
+		run(b, func() error { return cuMemsetAsync(ctx, buf.Data(), 0x01020304, fillCopyBytes/4, 4, s.cu()) })
+	})
+	defer func(bl, bps int) { launchBlock, launchBlocksPerSM = bl, bps }(launchBlock, launchBlocksPerSM)
+	for _, bl := range []int{128, 256, 512, 1024} {
+		for _, bps := range []int{2, 4, 8, 16, 32, 64} {
+			launchBlock, launchBlocksPerSM = bl, bps
+			b.Run(fmt.Sprintf("block=%d/perSM=%d/w8", bl, bps), func(b *testing.B) { benchFill[float64](b, run, buf, 7, s) })
+			b.Run(fmt.Sprintf("block=%d/perSM=%d/w12", bl, bps), func(b *testing.B) { benchFill[[3]float32](b, run, buf, [3]float32{1, 2, 3}, s) })
+		}
+	}
+}
+
 func benchFill[T any](b *testing.B, run func(*testing.B, func() error), buf *DeviceBuffer, v T, s StreamView) {
 	n := fillCopyBytes / sizeOf[T]()
 	sp, err := NewDeviceSpan[T](buf.Data(), n, buf.Device(), buf.Access())

@@ -53,13 +53,18 @@ func kernelsFor(dev Device) (*kernelSet, *deviceState, error) {
 	return st.kernels, st, st.kernelsErr
 }
 
-const launchBlock = 256
+// launchBlock threads per block, at most launchBlocksPerSM blocks per multiprocessor (variables
+// so that the fill and copy benchmarks can sweep them).
+var (
+	launchBlock       = 256
+	launchBlocksPerSM = 16
+)
 
 // launchGrid returns a grid for n work items: enough blocks to fill the device several times,
 // each thread then striding.
 func launchGrid(st *deviceState, n int) int {
 	g := (n + launchBlock - 1) / launchBlock
-	if max := st.smCount * 16; g > max {
+	if max := st.smCount * launchBlocksPerSM; g > max {
 		g = max
 	}
 	if g < 1 {
