@@ -69,11 +69,11 @@ func benchResources(b *testing.B) []benchResource {
 	}
 }
 
-// expandableOver builds an expandable pool (at most 64 GiB) with the given initial size, its
+// expandableOver builds an expandable pool (at most 64 GiB, or the initial size) with the given initial size, its
 // memory from where up names (see PoolOptions.Expandable).
 func expandableOver(up MemoryResource, initial int) func(b *testing.B) (MemoryResource, func()) {
 	return func(b *testing.B) (MemoryResource, func()) {
-		p, err := NewPoolMemoryResource(up, &PoolOptions{InitialPoolSize: initial, MaximumPoolSize: 64 << 30, Expandable: true})
+		p, err := NewPoolMemoryResource(up, &PoolOptions{InitialPoolSize: initial, MaximumPoolSize: max(64<<30, (initial+2<<20-1)/(2<<20)*(2<<20)), Expandable: true})
 		if err != nil {
 			b.Fatal(err)
 		}

@@ -54,10 +54,12 @@ func kernelsFor(dev Device) (*kernelSet, *deviceState, error) {
 }
 
 // launchBlock threads per block, at most launchBlocksPerSM blocks per multiprocessor (variables
-// so that the fill and copy benchmarks can sweep them).
+// so that BenchmarkFillLaunchShape can sweep them). Measured on an H200 (4 GiB fills, widths 8
+// and 12, against cuMemsetD32Async's 4,598 GB/s): 256 × 16 reached 92.5% / 90.9%, 1024 × 64
+// 96.4% / 95.6% — the best of 128–1024 threads × 2–64 blocks per SM.
 var (
-	launchBlock       = 256
-	launchBlocksPerSM = 16
+	launchBlock       = 1024
+	launchBlocksPerSM = 64
 )
 
 // launchGrid returns a grid for n work items: enough blocks to fill the device several times,
