@@ -374,9 +374,9 @@ func inRange(off, n, size int) bool { return off >= 0 && n >= 0 && off <= size &
 // ---- DeviceBuffer ----
 
 // DeviceBuffer is an untyped, uninitialized allocation of device memory (RMM's device_buffer):
-// a size in bytes, a capacity in bytes, the MemoryResource it came from, the stream on which it
-// was last used (and on which it is freed), and the device of that resource, recorded at
-// construction and used for every later call.
+// a size in bytes, a capacity in bytes, the MemoryResource it came from, its stream (the one it
+// was allocated, last resized or set on with SetStream, on which Close frees it), and the device
+// of that resource, recorded at construction and used for every later call.
 //
 // Memory comes from the resource, aligned to Alignment (256 bytes). Copies and fills on
 // device-accessible memory are ordered on the stream passed to each call and run on the GPU;
@@ -483,7 +483,10 @@ func (b *DeviceBuffer) Cap() int { return b.st.capacity }
 // IsEmpty reports whether Len() == 0; an empty buffer may still hold capacity.
 func (b *DeviceBuffer) IsEmpty() bool { return b.st.size == 0 }
 
-// Stream returns the stream on which the buffer was last used and on which Close frees it.
+// Stream returns the buffer's stream: the one it was allocated on, or last resized on, or set
+// with SetStream; Close frees it there. Calls that take a stream argument (fills, copies) do not
+// change it: before Close, order work queued on other streams before this one (SetStream, or an
+// Event), or the memory may be reused while that work still runs.
 func (b *DeviceBuffer) Stream() StreamView { return b.st.stream }
 
 // SetStream sets the stream on which the memory is next freed or reallocated. The caller keeps
@@ -613,7 +616,7 @@ func (b *DeviceBuffer) CopyFromDevice(dstOffset int, src DevicePtr, nbytes int, 
 // Release hands the memory to the caller and leaves the buffer empty (Data 0, Len 0, Cap 0; it
 // keeps its resource and stream and may be resized again), as moving from a device_buffer does.
 // The caller then owns p and frees it with MemoryResource().Deallocate(p, capacity, s) on the
-// stream where it was last used. After Close it returns (0, 0).
+// buffer's stream (see Stream). After Close it returns (0, 0).
 func (b *DeviceBuffer) Release() (p DevicePtr, capacity int) {
 	defer runtime.KeepAlive(b)
 	p, capacity = b.st.ptr, b.st.capacity

@@ -62,6 +62,18 @@ type PoolOptions struct {
 // address); coalescing is O(1) plus the treap updates, since every block links to its address
 // neighbours within its upstream allocation; a free finds its block in one map lookup.
 //
+// Expandable pools (PoolOptions.Expandable) keep all of the above but take their memory from one
+// virtual address range reserved for the maximum size: growth maps a chunk of physical memory
+// right after the end of what is mapped (or into a hole that Release left), so the free block at
+// the end simply grows and free neighbours coalesce across growth steps. A growth maps one chunk
+// of what the request needs beyond the free block it extends, but at least 32 MiB and at least a
+// sixteenth of the pool (at most 1 GiB unless the request needs more), rounded up to the
+// granularity (2 MiB on current GPUs); when the device refuses, the chunk is halved down to what
+// the request needs. Release waits for the work behind every free, then unmaps and releases each
+// chunk that lies wholly in free memory, leaving a hole (a hole at the end shortens the range);
+// ReleaseThreshold does the same by itself past a threshold. Out-of-memory errors are
+// *OutOfMemoryError with the pool's figures, and say whether the pool is exhausted or fragmented.
+//
 // Deallocate detects a pointer the pool never handed out, a double free and a size different from
 // the one allocated, and returns ErrInvalidFree without changing anything. Safe for concurrent use
 // (one mutex; no CUDA call is made under it on the common path).
@@ -276,6 +288,10 @@ func (p *PoolMemoryResource) Allocate(nbytes int, s StreamView) (DevicePtr, erro
 			}
 		}
 		if err != nil {
+			var oom *OutOfMemoryError
+			if errors.As(err, &oom) {
+				oom.Requested = nbytes // the figures were computed for the rounded size
+			}
 			return 0, err
 		}
 		home = l

@@ -29,6 +29,7 @@ func (c vmChunk) end() DevicePtr { return c.addr + DevicePtr(c.size) }
 // expandable is the state of an expandable pool; nil on a plain pool.
 type expandable struct {
 	vm       vmm
+	source   string // where the memory comes from, for messages: "the device", "the host", ...
 	gran     int
 	base     DevicePtr // the reservation
 	reserved int       // bytes reserved: the maximum size
@@ -65,6 +66,16 @@ const (
 // device's total memory) over vm.
 func newExpandable(vm vmm, dev Device, maximum, threshold int) (*expandable, int, error) {
 	gran := vm.granularity()
+	source := "the device"
+	switch v := vm.(type) {
+	case *simVMM:
+		source = "the simulated memory"
+		if maximum == 0 && v.limit > 0 {
+			maximum = v.limit // the simulated capacity
+		}
+	case *hostVMM:
+		source = "host memory"
+	}
 	if maximum == 0 {
 		total, err := dev.TotalMemory()
 		if err != nil {
@@ -80,7 +91,7 @@ func newExpandable(vm vmm, dev Device, maximum, threshold int) (*expandable, int
 	if err != nil {
 		return nil, 0, fmt.Errorf("NewPoolMemoryResource: reserving %d bytes of address space for the expandable pool: %w", reserved, err)
 	}
-	e := &expandable{vm: vm, gran: gran, base: base, reserved: reserved, top: base, holes: map[*block]struct{}{}, threshold: threshold}
+	e := &expandable{vm: vm, source: source, gran: gran, base: base, reserved: reserved, top: base, holes: map[*block]struct{}{}, threshold: threshold}
 	e.resetTrim(0)
 	return e, reserved, nil
 }
@@ -160,7 +171,11 @@ func (p *PoolMemoryResource) growExpandable(n int, l *freeList, exact bool) (*bl
 		k = room / e.gran * e.gran
 	}
 	if kNeed, _ := alignUpChecked(need, e.gran); k < kNeed {
-		return nil, p.oomErr(n, "maximum pool size reached", nil, false)
+		detail := "maximum pool size reached"
+		if n > p.maximum {
+			detail = "the request exceeds the maximum pool size"
+		}
+		return nil, p.oomErr(n, detail, nil, false)
 	}
 	kNeed, _ := alignUpChecked(need, e.gran)
 	if exact {
@@ -217,7 +232,7 @@ func (p *PoolMemoryResource) mapChunk(addr DevicePtr, k int) (*block, error) {
 // growErr is the error of a failed growth by k bytes for an n-byte request.
 func (p *PoolMemoryResource) growErr(n, k int, err error) error {
 	if errors.Is(err, ErrOutOfMemory) {
-		return p.oomErr(n, fmt.Sprintf("the device refused a chunk of %d bytes", k), err, true)
+		return p.oomErr(n, fmt.Sprintf("%s refused a chunk of %d bytes", p.exp.source, k), err, true)
 	}
 	return err
 }

@@ -95,7 +95,9 @@ func (c *Scalar[T]) Data() DevicePtr { return c.v.Data() }
 // Span returns a one-element view (empty after Close).
 func (c *Scalar[T]) Span() DeviceSpan[T] { return c.v.Span() }
 
-// Stream returns the stream on which the scalar was last used and on which Close frees it.
+// Stream returns the scalar's stream: the one it was allocated on, or set with SetStream; Close
+// frees it there. Calls that take a stream argument do not change it: before Close, order work
+// queued on other streams before this one (SetStream, or an Event).
 func (c *Scalar[T]) Stream() StreamView { return c.v.Stream() }
 
 // SetStream sets the stream on which the memory is freed.

@@ -272,7 +272,8 @@ func copySpans[T any](op string, dst DeviceSpan[T], src SpanSource[T], s StreamV
 
 // Uvector is a typed, uninitialized vector of elements of T in device memory (RMM's
 // device_uvector): Len elements in an allocation of Cap elements from a MemoryResource, with the
-// stream on which it was last used and the device of the resource, recorded at construction.
+// its stream (the one it was allocated, last resized or set on with SetStream, on which Close
+// frees it) and the device of the resource, recorded at construction.
 // Counts and indices are in elements.
 //
 // T must hold no Go pointers (pointers, slices, maps, strings, channels, functions, interfaces,
@@ -391,7 +392,10 @@ func (v *Uvector[T]) Span() DeviceSpan[T] {
 	return DeviceSpan[T]{ptr: v.st.ptr, n: v.Len(), dev: v.st.dev, access: v.st.access}
 }
 
-// Stream returns the stream on which the vector was last used and on which Close frees it.
+// Stream returns the vector's stream: the one it was allocated on, or last resized on, or set
+// with SetStream; Close frees it there. Calls that take a stream argument (fills, copies) do not
+// change it: before Close, order work queued on other streams before this one (SetStream, or an
+// Event), or the memory may be reused while that work still runs.
 func (v *Uvector[T]) Stream() StreamView { return v.st.stream }
 
 // SetStream sets the stream on which the memory is next freed or reallocated.

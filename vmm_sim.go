@@ -47,7 +47,7 @@ func (v *simVMM) granularity() int { return v.gran }
 
 func (v *simVMM) aligned(op string, a DevicePtr, n int) error {
 	if int(a)%v.gran != 0 || n <= 0 || n%v.gran != 0 {
-		return fmt.Errorf("%w: simVMM.%s(%#x, %d): off the granularity %d", ErrInvalidArgument, op, uintptr(a), n, v.gran)
+		return fmt.Errorf("%w: simulated VMM: %s(%#x, %d): off the granularity %d", ErrInvalidArgument, op, uintptr(a), n, v.gran)
 	}
 	return nil
 }
@@ -77,11 +77,11 @@ func (v *simVMM) free(b DevicePtr, n int) error {
 	v.mu.Lock()
 	defer v.mu.Unlock()
 	if v.resv[b] != n {
-		return fmt.Errorf("%w: simVMM.free(%#x, %d): not a whole reservation", ErrInvalidArgument, uintptr(b), n)
+		return fmt.Errorf("%w: simulated VMM: free(%#x, %d): not a whole reservation", ErrInvalidArgument, uintptr(b), n)
 	}
 	for a := range v.maps {
 		if a >= b && a < b+DevicePtr(n) {
-			return fmt.Errorf("%w: simVMM.free(%#x, %d): %#x is still mapped", ErrInvalidArgument, uintptr(b), n, uintptr(a))
+			return fmt.Errorf("%w: simulated VMM: free(%#x, %d): %#x is still mapped", ErrInvalidArgument, uintptr(b), n, uintptr(a))
 		}
 	}
 	delete(v.resv, b)
@@ -96,10 +96,10 @@ func (v *simVMM) create(n int) (vmmHandle, error) {
 	}
 	if v.failNext > 0 {
 		v.failNext--
-		return 0, fmt.Errorf("%w: simVMM.create(%d): refused", ErrOutOfMemory, n)
+		return 0, fmt.Errorf("%w: simulated VMM: create(%d): refused", ErrOutOfMemory, n)
 	}
 	if v.limit > 0 && v.charged+n > v.limit {
-		return 0, fmt.Errorf("%w: simVMM.create(%d): %d of %d bytes charged", ErrOutOfMemory, n, v.charged, v.limit)
+		return 0, fmt.Errorf("%w: simulated VMM: create(%d): %d of %d bytes charged", ErrOutOfMemory, n, v.charged, v.limit)
 	}
 	h := v.hnext
 	v.hnext++
@@ -125,14 +125,14 @@ func (v *simVMM) mapAt(a DevicePtr, n int, h vmmHandle) error {
 		return err
 	}
 	if v.handles[h] != n || v.released[h] {
-		return fmt.Errorf("%w: simVMM.mapAt(%#x, %d, %d): not a live handle of that size", ErrInvalidArgument, uintptr(a), n, h)
+		return fmt.Errorf("%w: simulated VMM: mapAt(%#x, %d, %d): not a live handle of that size", ErrInvalidArgument, uintptr(a), n, h)
 	}
 	if !v.inReservation(a, n) {
-		return fmt.Errorf("%w: simVMM.mapAt(%#x, %d): outside every reservation", ErrInvalidArgument, uintptr(a), n)
+		return fmt.Errorf("%w: simulated VMM: mapAt(%#x, %d): outside every reservation", ErrInvalidArgument, uintptr(a), n)
 	}
 	for b, m := range v.maps {
 		if a < b+DevicePtr(m.size) && b < a+DevicePtr(n) {
-			return fmt.Errorf("%w: simVMM.mapAt(%#x, %d): overlaps the mapping at %#x", ErrInvalidArgument, uintptr(a), n, uintptr(b))
+			return fmt.Errorf("%w: simulated VMM: mapAt(%#x, %d): overlaps the mapping at %#x", ErrInvalidArgument, uintptr(a), n, uintptr(b))
 		}
 	}
 	v.maps[a] = simMapping{size: n, h: h}
@@ -161,7 +161,7 @@ func (v *simVMM) setAccess(a DevicePtr, n int) error {
 	defer v.mu.Unlock()
 	ms, ok := v.covered(a, n)
 	if !ok {
-		return fmt.Errorf("%w: simVMM.setAccess(%#x, %d): not wholly mapped", ErrInvalidArgument, uintptr(a), n)
+		return fmt.Errorf("%w: simulated VMM: setAccess(%#x, %d): not wholly mapped", ErrInvalidArgument, uintptr(a), n)
 	}
 	for _, at := range ms {
 		m := v.maps[at]
@@ -176,7 +176,7 @@ func (v *simVMM) unmap(a DevicePtr, n int) error {
 	defer v.mu.Unlock()
 	ms, ok := v.covered(a, n)
 	if !ok {
-		return fmt.Errorf("%w: simVMM.unmap(%#x, %d): not whole mappings", ErrInvalidArgument, uintptr(a), n)
+		return fmt.Errorf("%w: simulated VMM: unmap(%#x, %d): not whole mappings", ErrInvalidArgument, uintptr(a), n)
 	}
 	for _, at := range ms {
 		m := v.maps[at]
@@ -195,7 +195,7 @@ func (v *simVMM) release(h vmmHandle) error {
 	v.mu.Lock()
 	defer v.mu.Unlock()
 	if _, ok := v.handles[h]; !ok || v.released[h] {
-		return fmt.Errorf("%w: simVMM.release(%d): unknown handle", ErrInvalidArgument, h)
+		return fmt.Errorf("%w: simulated VMM: release(%d): unknown handle", ErrInvalidArgument, h)
 	}
 	if v.mappedAt(h) {
 		v.released[h] = true

@@ -300,6 +300,9 @@ func run(args []string, stdout, stderr io.Writer) error {
 	}
 	fmt.Fprintf(w, "%s %s (%.0f ns/event)\n", label, median.Round(time.Microsecond), float64(median.Nanoseconds())/float64(max(r.Events, 1)))
 	fmt.Fprintf(w, "peak live        %d bytes (%s)\n", r.PeakLiveBytes, rmm.FormatBytes(r.PeakLiveBytes))
+	if failures > 0 {
+		fmt.Fprintf(w, "                 (the trace's peak: %d allocations failed, so less was live in the replay and the ratio below understates)\n", failures)
+	}
 	if reserved > 0 {
 		fmt.Fprintf(w, "peak upstream    %d bytes (%s), %.3f x peak live\n", reserved, rmm.FormatBytes(reserved), float64(reserved)/float64(max(r.PeakLiveBytes, 1)))
 	}
