@@ -276,9 +276,15 @@ func (p *PoolMemoryResource) Allocate(nbytes int, s StreamView) (DevicePtr, erro
 			// again: a capped pool reaches its cap, a full device gets room.
 			DebugLogger().Debug("rmm: PoolMemoryResource releasing free memory before failing", "request", n, "pool_size", p.size)
 			before := p.size
-			if _, rerr := p.releaseWhole(); rerr == nil && p.size < before {
+			if def, rerr := p.releaseWhole(); rerr == nil && p.size < before {
 				if l, err = p.listFor(s); err != nil {
 					return 0, err
+				}
+				if l != def {
+					// Every free block is now in the default stream's list, with the work behind
+					// it waited for: move them to s's, so that growth extends them.
+					p.mergeInto(l, def)
+					p.dropList(def)
 				}
 				if b = l.bestFit(n); b != nil {
 					l.remove(b)

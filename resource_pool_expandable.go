@@ -123,6 +123,10 @@ func (e *expandable) chunkSize(need, size int) int {
 // maps only what n needs (the initial size), else a chunk of the growth policy's size.
 func (p *PoolMemoryResource) growExpandable(n int, l *freeList, exact bool) (*block, error) {
 	e := p.exp
+	if n > p.maximum {
+		// Also keeps the sizes below from overflowing when rounded up to the granularity.
+		return nil, p.oomErr(n, "the request exceeds the maximum pool size", nil, false)
+	}
 	free := func(b *block) int {
 		if b != nil && b.free && b.list == l {
 			return b.size
