@@ -242,8 +242,10 @@ func (p *PoolMemoryResource) MaximumPoolSize() int { return p.maximum }
 // Allocate returns nbytes (rounded up to 256) ordered on s. See the type's documentation for
 // where the memory comes from. Out of memory (the pool cannot grow, or the upstream refuses every
 // size tried) wraps ErrOutOfMemory and says the requested size, the pool size and the maximum; the
-// pool's memory is then as it was, though other streams' free lists may have been merged into s's
-// (a rearrangement of free blocks that the search made before growing). A Stream that was closed
+// pool's live allocations are then as they were, though other streams' free lists may have been
+// merged into s's (a rearrangement of free blocks that the search made before growing), and a
+// capped pool may have given wholly free upstream blocks (expandable: chunks) back before trying
+// to grow once more, as Release does. A Stream that was closed
 // returns ErrClosed.
 func (p *PoolMemoryResource) Allocate(nbytes int, s StreamView) (DevicePtr, error) {
 	if nbytes <= 0 {
@@ -370,15 +372,17 @@ func (p *PoolMemoryResource) growAny(n int, s StreamView, l *freeList) (*block, 
 // wholly free memory back could let a second growth succeed: the pool is capped (an uncapped
 // pool keeps librmm's behaviour), holds free memory, the request fits under the maximum, and
 // either the upstream (or the device) refused, or the
-// maximum stopped a plain pool (whose free upstream blocks count against it). An expandable pool
-// stopped by its maximum gains nothing: a chunk given back leaves a hole exactly where its free
-// memory already was.
+// maximum stopped a plain pool (whose free upstream blocks count against it), or an expandable
+// pool has holes: growth fills a hole only together with the free blocks right next to it, and
+// the free chunks given back between two holes (or between a hole and the end) merge them into
+// one. An expandable pool without holes stopped by its maximum gains nothing: a chunk given back
+// leaves a hole exactly where its free memory already was.
 func (p *PoolMemoryResource) releaseMayHelp(n int, err error) bool {
 	var oom *OutOfMemoryError
 	if !errors.As(err, &oom) || p.size == p.liveBytes || p.maximum == 0 || n > p.maximum {
 		return false
 	}
-	return p.exp == nil || oom.Cause != nil
+	return p.exp == nil || oom.Cause != nil || len(p.exp.holes) > 0
 }
 
 // split keeps the first n bytes of the free block b (out of every list) and puts the rest, as a

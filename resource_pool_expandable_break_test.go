@@ -60,3 +60,35 @@ func TestExpBreakHugeRequests(t *testing.T) {
 	}
 	expClosedClean(t, p, vm)
 }
+
+// Holes left by Release, with free memory between them: once everything is freed, a capped pool
+// still reaches its cap (the free chunks between the holes are given back so that the holes
+// merge, and growth maps the whole range again).
+func TestExpBreakCapAcrossHoles(t *testing.T) {
+	runExpCases(t, expFakeVMMs(), func(t *testing.T, vm vmm, g int) {
+		const c = 32 * miB // one chunk per allocation
+		p := newExpTestPool(t, vm, PoolOptions{MaximumPoolSize: 5 * c})
+		var ptrs []DevicePtr
+		for range 5 {
+			ptr, err := p.Allocate(c, DefaultStream)
+			require.NoError(t, err)
+			ptrs = append(ptrs, ptr)
+		}
+		require.NoError(t, p.Deallocate(ptrs[1], c, DefaultStream))
+		require.NoError(t, p.Deallocate(ptrs[3], c, DefaultStream))
+		require.NoError(t, p.Release())
+		require.Equal(t, 2, p.Stats().Holes)
+		for _, i := range []int{0, 2, 4} {
+			require.NoError(t, p.Deallocate(ptrs[i], c, DefaultStream))
+		}
+		require.NoError(t, p.CheckInvariants())
+		// free | hole | free | hole | free: nothing is live, the whole cap must be servable.
+		whole, err := p.Allocate(5*c, DefaultStream)
+		require.NoError(t, err)
+		require.Equal(t, ptrs[0], whole)
+		require.Equal(t, 5*c, p.PoolSize())
+		require.NoError(t, p.CheckInvariants())
+		require.NoError(t, p.Deallocate(whole, 5*c, DefaultStream))
+		expClosedClean(t, p, vm)
+	})
+}
