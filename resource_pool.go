@@ -3,6 +3,7 @@ package rmm
 import (
 	"errors"
 	"fmt"
+	"math"
 	"sync"
 	"sync/atomic"
 )
@@ -255,11 +256,13 @@ func (p *PoolMemoryResource) Allocate(nbytes int, s StreamView) (DevicePtr, erro
 		return 0, nil
 	}
 	n, ok := alignSize(nbytes)
-	if !ok {
-		return 0, outOfMemory("PoolMemoryResource", nbytes, errors.New("size overflows when rounded to 256 bytes"))
-	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
+	if !ok {
+		oom := p.oomErr(math.MaxInt, "the size overflows when rounded to 256 bytes", nil, false).(*OutOfMemoryError)
+		oom.Requested, oom.TooLarge, oom.Fragmented = nbytes, true, false
+		return 0, oom
+	}
 	if p.closed {
 		return 0, fmt.Errorf("%w: PoolMemoryResource.Allocate after Close", ErrClosed)
 	}
@@ -468,7 +471,8 @@ func (p *PoolMemoryResource) grow(n int, s StreamView, l *freeList) (*block, err
 	return nil, p.oomErr(n, fmt.Sprintf("the upstream refused every size from %d down to %d bytes", p.growSize(n), n), lastErr, true)
 }
 
-// oomErr is the *OutOfMemoryError for an n-byte (rounded) request; refused: the upstream (or
+// oomErr is the *OutOfMemoryError for an n-byte (rounded) request (Allocate puts the size asked
+// for in Requested); refused: the upstream (or
 // the device) refused memory, so there is no headroom whatever the maximum says.
 func (p *PoolMemoryResource) oomErr(n int, detail string, cause error, refused bool) error {
 	e := OutOfMemoryError{
