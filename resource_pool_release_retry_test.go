@@ -1,0 +1,182 @@
+package rmm
+
+import (
+	"fmt"
+	"math/rand"
+	"sort"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+)
+
+// poolRetryUpstream hands out address-only memory, optionally refusing past a limit, and keeps
+// the live blocks and a count of frees.
+type poolRetryUpstream struct {
+	mu    sync.Mutex
+	inner *SimulatedMemoryResource
+	limit int // 0: none
+	live  map[DevicePtr]int
+	bytes int
+	frees int
+}
+
+func (u *poolRetryUpstream) Allocate(n int, s StreamView) (DevicePtr, error) {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	if u.limit > 0 && u.bytes+n > u.limit {
+		return 0, fmt.Errorf("%w: poolRetryUpstream: %d + %d > %d", ErrOutOfMemory, u.bytes, n, u.limit)
+	}
+	p, err := u.inner.Allocate(n, s)
+	if err != nil {
+		return 0, err
+	}
+	u.live[p] = n
+	u.bytes += n
+	return p, nil
+}
+
+func (u *poolRetryUpstream) Deallocate(p DevicePtr, n int, s StreamView) error {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	if u.live[p] != n {
+		return fmt.Errorf("%w: poolRetryUpstream: %#x of %d bytes is not live", ErrInvalidFree, uintptr(p), n)
+	}
+	delete(u.live, p)
+	u.bytes -= n
+	u.frees++
+	return u.inner.Deallocate(p, n, s)
+}
+
+// holds reports whether [p, p+n) lies in one live upstream block.
+func (u *poolRetryUpstream) holds(p DevicePtr, n int) bool {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	for b, sz := range u.live {
+		if p >= b && p+DevicePtr(n) <= b+DevicePtr(sz) {
+			return true
+		}
+	}
+	return false
+}
+
+// A plain pool, capped or not, over an upstream that may refuse: the pool never returns a block
+// still in use, the upstream holds exactly the pool's size, an uncapped pool gives nothing back
+// except at Release, and a capped pool over an upstream without limit fails only when neither a
+// free block nor the headroom (after giving back its wholly free blocks) holds the request.
+func TestPoolReleaseRetryRandomized(t *testing.T) {
+	base := time.Now().UnixNano()
+	for i := range 40 {
+		seed := base + int64(i)
+		t.Run(fmt.Sprint(seed), func(t *testing.T) {
+			r := rand.New(rand.NewSource(seed))
+			sim, err := NewSimulatedMemoryResource(1 << 50)
+			require.NoError(t, err)
+			up := &poolRetryUpstream{inner: sim, live: map[DevicePtr]int{}}
+			if r.Intn(3) == 0 {
+				up.limit = 1 + r.Intn(64*miB)
+			}
+			o := PoolOptions{}
+			if r.Intn(4) != 0 {
+				o.MaximumPoolSize = 256 * (1 + r.Intn(64*miB/256))
+			}
+			if r.Intn(3) == 0 {
+				o.InitialPoolSize = 256 * r.Intn(max(o.MaximumPoolSize, 4*miB)/256+1)
+				if o.MaximumPoolSize > 0 && o.InitialPoolSize > o.MaximumPoolSize {
+					_, err := NewPoolMemoryResource(up, &o)
+					require.ErrorIs(t, err, ErrInvalidArgument)
+					o.InitialPoolSize = o.MaximumPoolSize
+				}
+			}
+			t.Logf("seed %d limit %d options %+v", seed, up.limit, o)
+			p, err := NewPoolMemoryResource(up, &o)
+			if err != nil {
+				require.ErrorIs(t, err, ErrOutOfMemory)
+				return
+			}
+			s1, err := NewStream(CurrentDevice(), &StreamOptions{NonBlocking: true})
+			require.NoError(t, err)
+			streams := []StreamView{DefaultStream, s1.View()}
+			type al struct {
+				n int
+				s StreamView
+			}
+			live := map[DevicePtr]al{}
+			for step := range 800 {
+				freesBefore := up.frees
+				switch k := r.Intn(10); {
+				case k < 5:
+					n := 1 + r.Intn(2*miB)
+					if r.Intn(6) == 0 {
+						n = 1 + r.Intn(max(o.MaximumPoolSize, 64*miB))
+					}
+					s := streams[r.Intn(2)]
+					ptr, err := p.Allocate(n, s)
+					if err != nil {
+						var oom *OutOfMemoryError
+						require.ErrorAs(t, err, &oom)
+						rn, _ := alignSize(n)
+						st := p.Stats()
+						require.Equal(t, n, oom.Requested)
+						require.Equal(t, st.PoolSize, oom.PoolSize)
+						require.Equal(t, st.FreeBytes, oom.FreeBytes)
+						require.Equal(t, o.MaximumPoolSize > 0 && rn > o.MaximumPoolSize, oom.TooLarge)
+						if oom.Fragmented {
+							require.LessOrEqual(t, rn, oom.FreeBytes+oom.Headroom)
+						}
+						require.Less(t, st.LargestFreeBlock, rn, "a free block held %d bytes", n)
+						if o.MaximumPoolSize > 0 && up.limit == 0 {
+							require.Greater(t, rn, o.MaximumPoolSize-st.PoolSize, "the headroom held %d bytes: %v", n, err)
+						}
+						if o.MaximumPoolSize == 0 {
+							require.Equal(t, freesBefore, up.frees, "an uncapped pool gave memory back at a failed Allocate")
+						}
+						break
+					}
+					_, dup := live[ptr]
+					require.False(t, dup)
+					live[ptr] = al{n, s}
+				case k < 9:
+					if len(live) == 0 {
+						break
+					}
+					var ptrs []DevicePtr
+					for q := range live {
+						ptrs = append(ptrs, q)
+					}
+					sort.Slice(ptrs, func(i, j int) bool { return ptrs[i] < ptrs[j] })
+					q := ptrs[r.Intn(len(ptrs))]
+					require.NoError(t, p.Deallocate(q, live[q].n, streams[r.Intn(2)]))
+					delete(live, q)
+					require.Equal(t, freesBefore, up.frees, "Deallocate gave memory back")
+				default:
+					require.NoError(t, p.Release())
+				}
+				require.NoError(t, p.CheckInvariants(), "step %d", step)
+				require.Equal(t, p.PoolSize(), up.bytes, "step %d: the upstream holds the pool's size", step)
+				if o.MaximumPoolSize > 0 {
+					require.LessOrEqual(t, p.PoolSize(), o.MaximumPoolSize)
+				}
+				var ptrs []DevicePtr
+				for q := range live {
+					ptrs = append(ptrs, q)
+				}
+				sort.Slice(ptrs, func(i, j int) bool { return ptrs[i] < ptrs[j] })
+				var end DevicePtr
+				for _, q := range ptrs {
+					require.GreaterOrEqual(t, q, end, "live allocations overlap")
+					end = q + DevicePtr(live[q].n)
+					require.True(t, up.holds(q, live[q].n), "step %d: live %#x is not in a live upstream block", step, uintptr(q))
+				}
+			}
+			for q, a := range live {
+				require.NoError(t, p.Deallocate(q, a.n, a.s))
+			}
+			require.NoError(t, s1.Close())
+			require.NoError(t, p.Close())
+			require.Zero(t, up.bytes)
+			require.Empty(t, up.live)
+		})
+	}
+}
