@@ -16,7 +16,8 @@ type PoolOptions struct {
 	// PercentOfFreeDeviceMemory(50) gives that.)
 	InitialPoolSize int
 	// MaximumPoolSize caps the bytes the pool takes from its upstream. It must be a multiple of 256
-	// and at least InitialPoolSize. Default 0: no maximum (expandable: the device's total memory).
+	// and at least InitialPoolSize. Default 0: no maximum (expandable: the device's total memory;
+	// over a SimulatedMemoryResource, its capacity).
 	MaximumPoolSize int
 	// Expandable makes a pool whose memory is one virtual address range: MaximumPoolSize bytes
 	// (rounded up to the granularity, 2 MiB on current GPUs) of address space are reserved at

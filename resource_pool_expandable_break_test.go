@@ -92,3 +92,19 @@ func TestExpBreakCapAcrossHoles(t *testing.T) {
 		expClosedClean(t, p, vm)
 	})
 }
+
+// Over a SimulatedMemoryResource without MaximumPoolSize, the range is the simulated capacity,
+// however little memory the machine replaying it has.
+func TestExpBreakSimulatedDefaultMaximum(t *testing.T) {
+	const capacity = 1 << 50 // 1 PiB of addresses
+	sim, err := NewSimulatedMemoryResource(capacity)
+	require.NoError(t, err)
+	p, err := NewPoolMemoryResource(sim, &PoolOptions{Expandable: true})
+	require.NoError(t, err)
+	require.Equal(t, capacity, p.MaximumPoolSize())
+	a, err := p.Allocate(1<<45, DefaultStream)
+	require.NoError(t, err)
+	require.NoError(t, p.CheckInvariants())
+	require.NoError(t, p.Deallocate(a, 1<<45, DefaultStream))
+	require.NoError(t, p.Close())
+}
