@@ -549,8 +549,8 @@ func TestExpandablePoolRandomized(t *testing.T) {
 		base, err = strconv.ParseInt(v, 10, 64)
 		require.NoError(t, err)
 	}
-	runs := 30
-	if testing.Short() {
+	runs := 24
+	if testing.Short() || logRaceEnabled {
 		runs = 6
 	}
 	for i := range runs {
@@ -590,7 +590,11 @@ func TestExpandablePoolConcurrentRelease(t *testing.T) {
 				seed byte
 			}
 			var live []al
-			for i := 0; i < 1500; i++ {
+			steps := 1500
+			if logRaceEnabled {
+				steps = 400
+			}
+			for i := 0; i < steps; i++ {
 				s := streams[w].View()
 				if r.Intn(2) == 0 && len(live) < 8 {
 					n := 1 + r.Intn(4*miB)
