@@ -219,8 +219,14 @@ func (p *PoolMemoryResource) mapChunk(addr DevicePtr, k int) (*block, error) {
 		return nil, fmt.Errorf("PoolMemoryResource (expandable): mapping %d bytes at %#x: %w", k, uintptr(addr), err)
 	}
 	if err := e.vm.setAccess(addr, k); err != nil {
-		e.vm.unmap(addr, k)
-		e.vm.release(h)
+		if uerr := e.vm.unmap(addr, k); uerr != nil {
+			// The chunk cannot be taken down: keep its handle (releasing a mapped handle would
+			// leave memory charged with no way back) and say so; growth at this address will fail.
+			DebugLogger().Warn("rmm: PoolMemoryResource (expandable): a chunk that could not be given access could not be unmapped either; its memory stays mapped",
+				"address", fmt.Sprintf("%#x", uintptr(addr)), "bytes", k, "err", uerr)
+		} else {
+			e.vm.release(h)
+		}
 		return nil, fmt.Errorf("PoolMemoryResource (expandable): granting access to %d bytes at %#x: %w", k, uintptr(addr), err)
 	}
 	i := sort.Search(len(e.chunks), func(i int) bool { return e.chunks[i].addr > addr })
