@@ -187,8 +187,9 @@ func sizeName(n int) string {
 	return fmt.Sprintf("%dB", n)
 }
 
-// w2Resources are W2's set-up, as librmm's benchmark: pool initial 50% of free memory; async
-// with defaults; cuda. On a CPU: a pool over an address-only upstream of 100 GiB, initial 50 GiB.
+// w2Resources are W2's set-up, as librmm's benchmark: pool initial 50% of free memory; arena of
+// the free memory less 64 MiB; binning over a 50% pool; async with defaults; cuda. On a CPU the
+// same sizes over an address-only upstream as large as an H200's free memory (140 GiB).
 func w2Resources(b *testing.B) []benchResource {
 	if onGPU() {
 		cuda, _ := NewCudaMemoryResource(0)
@@ -207,18 +208,28 @@ func w2Resources(b *testing.B) []benchResource {
 			}},
 			{"pool", poolOver(cuda, half)},
 			{"expandable", expandableOver(cuda, half)},
-			{"arena", arenaOver(cuda, half)},
+			{"arena", func(b *testing.B) (MemoryResource, func()) {
+				free, _, err := AvailableDeviceMemory() // now, after the previous resource's Close
+				if err != nil {
+					b.Fatal(err)
+				}
+				return arenaOver(cuda, free-w2ArenaReserve)(b)
+			}},
 			{"binning", binningOverPool(cuda, half)},
 		}
 	}
-	sim, _ := NewSimulatedMemoryResource(100 << 30)
+	const free = 140 << 30
+	sim, _ := NewSimulatedMemoryResource(free)
 	return []benchResource{
-		{"pool-simulated", poolOver(sim, 50<<30)},
-		{"expandable-simulated", expandableOver(sim, 50<<30)},
-		{"arena-simulated", arenaOver(sim, 50<<30)},
-		{"binning-simulated", binningOverPool(sim, 40<<30)},
+		{"pool-simulated", poolOver(sim, free/2)},
+		{"expandable-simulated", expandableOver(sim, free/2)},
+		{"arena-simulated", arenaOver(sim, free-w2ArenaReserve)},
+		{"binning-simulated", binningOverPool(sim, free/2)},
 	}
 }
+
+// w2ArenaReserve is the memory librmm's W2 leaves outside the arena: 64 MiB.
+const w2ArenaReserve = 64 << 20
 
 // W2: RMM's random_allocations workload, replicated draw for draw, on the default stream; the
 // whole loop is timed including the draws; the ns/pair metric is per allocate+free pair.
