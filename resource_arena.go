@@ -97,6 +97,7 @@ type ArenaMemoryResource struct {
 	dumpPath string // "" when no dump is wanted
 
 	global    arenaSet
+	spareSBs  []*arenaSuperblock // merged superblocks kept for reuse (under global.mu)
 	shards    []arenaShard
 	hints     sync.Pool // *arenaHint: the shard a processor used last
 	nextHint  atomic.Uint32
@@ -126,7 +127,7 @@ const (
 // default-stream arenas and the stream arenas are all arenaSets.
 type arenaSet struct {
 	mu      sync.Mutex
-	tree    arenaTree // superblocks by address; weight = largest free block
+	tree    arenaIndex // superblocks by address, with their largest free blocks
 	kind    arenaKind
 	index   int        // shard number
 	stream  StreamView // the stream whose work is ordered before reuse (DefaultStream for shards)
@@ -160,7 +161,7 @@ type arenaLive struct {
 // arenaLiveShard is one shard of the live-allocation index, chosen by a hash of the pointer.
 type arenaLiveShard struct {
 	mu    sync.Mutex
-	m     map[DevicePtr]arenaLive
+	m     arenaLiveTable
 	count int
 	bytes int // rounded sizes
 	_     [64]byte
@@ -221,10 +222,6 @@ func NewArenaMemoryResource(upstream MemoryResource, opts *ArenaOptions) (*Arena
 	for i := range r.shards {
 		a := &r.shards[i].arenaSet
 		a.kind, a.index, a.stream = arenaShardKind, i, DefaultStream.deviceView(r.dev)
-		a.tree.rng = uint32(i)*2654435761 + 1
-	}
-	for i := range r.live {
-		r.live[i].m = map[DevicePtr]arenaLive{}
 	}
 	ptr, err := upstream.Allocate(size, DefaultStream)
 	if err != nil {
@@ -234,10 +231,15 @@ func NewArenaMemoryResource(upstream MemoryResource, opts *ArenaOptions) (*Arena
 	// One superblock for the whole arena, or equal pieces of at most 1 TiB.
 	pieces := (size + ArenaMaxSuperblockSize - 1) / ArenaMaxSuperblockSize
 	piece, _ := AlignUp((size+pieces-1)/pieces, Alignment)
+	var prev *arenaSuperblock
 	for off := 0; off < size; off += piece {
 		sb := newArenaSuperblock(ptr+DevicePtr(off), min(piece, size-off))
+		if prev != nil {
+			prev.nextSB, sb.prevSB = sb, prev
+		}
+		prev = sb
 		sb.owner.Store(&r.global)
-		r.global.tree.insert(&sb.node)
+		r.global.tree.insert(sb)
 	}
 	r.hints.New = func() any { return &arenaHint{shard: int(r.nextHint.Add(1)-1) % len(r.shards)} }
 	return r, nil
@@ -300,46 +302,59 @@ var errArenaClosed = fmt.Errorf("%w: ArenaMemoryResource.Allocate after Close", 
 // (0, nil) when there is no room.
 func (r *ArenaMemoryResource) allocate(n, asked int, s StreamView) (DevicePtr, error) {
 	if n > ArenaMinSuperblockSize {
-		if s.closed() {
-			return 0, errStreamClosed("ArenaMemoryResource.Allocate", s)
-		}
-		g := &r.global
-		g.mu.Lock()
-		defer g.mu.Unlock()
-		if r.closed.Load() {
-			return 0, errArenaClosed
-		}
-		x := g.tree.firstFit(n)
-		if x == nil {
-			return 0, nil
-		}
-		sb := x.sb
-		if head := max(ArenaMinSuperblockSize, n); sb.empty() && sb.size() >= head+ArenaMinSuperblockSize {
-			tail := sb.split(head)
-			tail.owner.Store(g)
-			g.tree.insert(&tail.node)
-		}
-		p, _ := sb.firstFit(n)
-		g.tree.fix(&sb.node)
-		r.addLive(p, sb, asked, n)
-		return p, nil
+		return r.allocateLarge(n, asked, s)
 	}
 	a, err := r.lockArena(s)
 	if err != nil {
 		return 0, err
 	}
-	defer a.mu.Unlock()
+	p, err := r.allocateFrom(a, n, asked)
+	a.mu.Unlock()
+	return p, err
+}
+
+// allocateLarge serves a large request from the global arena; see allocate.
+func (r *ArenaMemoryResource) allocateLarge(n, asked int, s StreamView) (DevicePtr, error) {
+	if s.closed() {
+		return 0, errStreamClosed("ArenaMemoryResource.Allocate", s)
+	}
+	g := &r.global
+	g.mu.Lock()
+	defer g.mu.Unlock()
 	if r.closed.Load() {
 		return 0, errArenaClosed
 	}
-	var sb *arenaSuperblock
-	if x := a.tree.firstFit(n); x != nil {
-		sb = x.sb
-	} else if sb = r.takeSuperblock(a, n); sb == nil {
+	sb := g.tree.firstFit(n)
+	if sb == nil {
 		return 0, nil
 	}
+	var tail *arenaSuperblock
+	if head := max(ArenaMinSuperblockSize, n); sb.empty() && sb.size() >= head+ArenaMinSuperblockSize {
+		tail = sb.split(head, r.spareSuperblock())
+	}
 	p, _ := sb.firstFit(n)
-	a.tree.fix(&sb.node)
+	g.tree.fix(sb)
+	if tail != nil {
+		tail.owner.Store(g)
+		g.tree.insert(tail)
+	}
+	r.addLive(p, sb, asked, n)
+	return p, nil
+}
+
+// allocateFrom serves a small request from arena a (locked); see allocate.
+func (r *ArenaMemoryResource) allocateFrom(a *arenaSet, n, asked int) (DevicePtr, error) {
+	if r.closed.Load() {
+		return 0, errArenaClosed
+	}
+	sb := a.tree.firstFit(n)
+	if sb == nil {
+		if sb = r.takeSuperblock(a, n); sb == nil {
+			return 0, nil
+		}
+	}
+	p, _ := sb.firstFit(n)
+	a.tree.fix(sb)
 	r.addLive(p, sb, asked, n)
 	return p, nil
 }
@@ -351,19 +366,18 @@ func (r *ArenaMemoryResource) takeSuperblock(a *arenaSet, n int) *arenaSuperbloc
 	g := &r.global
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	x := g.tree.firstFit(n)
-	if x == nil {
+	sb := g.tree.firstFit(n)
+	if sb == nil {
 		return nil
 	}
-	sb := x.sb
-	g.tree.remove(&sb.node)
+	g.tree.remove(sb)
 	if sb.empty() && sb.size() >= 2*ArenaMinSuperblockSize {
-		tail := sb.split(ArenaMinSuperblockSize)
+		tail := sb.split(ArenaMinSuperblockSize, r.spareSuperblock())
 		tail.owner.Store(g)
-		g.tree.insert(&tail.node)
+		g.tree.insert(tail)
 	}
 	sb.owner.Store(a)
-	a.tree.insert(&sb.node)
+	a.tree.insert(sb)
 	return sb
 }
 
@@ -419,7 +433,6 @@ func (r *ArenaMemoryResource) streamArena(s StreamView) (*arenaSet, error) {
 		return v.(*arenaSet), nil
 	}
 	a := &arenaSet{kind: arenaStreamKind, stream: s.deviceView(r.dev)}
-	a.tree.rng = uint32(s.id)*2654435761 | 1
 	if s.lifetimeKnown() && !addStreamCloseHook(s, r) {
 		return nil, errStreamClosed("ArenaMemoryResource.Allocate", s)
 	}
@@ -428,15 +441,14 @@ func (r *ArenaMemoryResource) streamArena(s StreamView) (*arenaSet, error) {
 }
 
 func (r *ArenaMemoryResource) liveShard(p DevicePtr) *arenaLiveShard {
-	h := uint64(p>>8) * 0x9e3779b97f4a7c15
-	return &r.live[h>>arenaLiveShardShift]
+	return &r.live[arenaLiveHash(p)>>arenaLiveShardShift]
 }
 
 // addLive records a live allocation; the caller holds the lock of sb's owner.
 func (r *ArenaMemoryResource) addLive(p DevicePtr, sb *arenaSuperblock, asked, n int) {
 	ls := r.liveShard(p)
 	ls.mu.Lock()
-	ls.m[p] = arenaLive{sb: sb, size: asked}
+	ls.m.put(p, arenaLive{sb: sb, size: asked})
 	ls.count++
 	ls.bytes += n
 	ls.mu.Unlock()
@@ -465,23 +477,39 @@ func (r *ArenaMemoryResource) Deallocate(ptr DevicePtr, nbytes int, s StreamView
 	}
 	ls := r.liveShard(ptr)
 	ls.mu.Lock()
-	e, ok := ls.m[ptr]
-	ls.mu.Unlock()
-	if !ok {
+	i := ls.m.find(ptr)
+	if i < 0 {
+		ls.mu.Unlock()
 		return r.notAllocated(ptr, nbytes)
 	}
+	e := ls.m.slots[i].arenaLive
 	if e.size != nbytes {
+		ls.mu.Unlock()
 		return fmt.Errorf("%w: ArenaMemoryResource.Deallocate(%#x, %d): the block was allocated with %d bytes", ErrInvalidFree, uintptr(ptr), nbytes, e.size)
 	}
 	n, _ := alignSize(nbytes)
 	sb := e.sb
+	// Common case: no synchronisation is due and the owner's lock is free. The lock order is the
+	// owner's lock, then the live shard's; TryLock never waits, so it may be taken while the
+	// shard is held, and the entry found stays valid.
+	if o := sb.owner.Load(); o != nil && !r.syncDue(o, s) && o.mu.TryLock() {
+		if sb.owner.Load() == o {
+			ls.m.del(i)
+			ls.count--
+			ls.bytes -= n
+			ls.mu.Unlock()
+			return r.freeIn(o, sb, ptr, n)
+		}
+		o.mu.Unlock()
+	}
+	ls.mu.Unlock()
 	synced := false
 	for {
 		o := sb.owner.Load()
 		if o == nil {
 			return r.notAllocated(ptr, nbytes) // freed (and its superblock merged) meanwhile
 		}
-		if !synced && r.ctx != 0 && (o.kind == arenaGlobal || o.stream.id != s.id) {
+		if !synced && r.syncDue(o, s) {
 			if err := r.syncStream(s); err != nil {
 				return fmt.Errorf("ArenaMemoryResource.Deallocate: synchronising %v before freeing into another arena: %w", s, err)
 			}
@@ -493,26 +521,38 @@ func (r *ArenaMemoryResource) Deallocate(ptr DevicePtr, nbytes int, s StreamView
 			continue
 		}
 		ls.mu.Lock()
-		if cur, ok := ls.m[ptr]; !ok || cur != e {
+		if i = ls.m.find(ptr); i < 0 || ls.m.slots[i].arenaLive != e {
 			ls.mu.Unlock()
 			o.mu.Unlock()
 			return r.notAllocated(ptr, nbytes)
 		}
-		delete(ls.m, ptr)
+		ls.m.del(i)
 		ls.count--
 		ls.bytes -= n
 		ls.mu.Unlock()
-		sb.coalesce(ptr, n)
-		o.tree.fix(&sb.node)
-		if o.kind == arenaGlobal && sb.empty() {
-			r.mergeEmpty(sb)
-		}
-		o.mu.Unlock()
-		if r.closed.Load() {
-			return r.finishClose()
-		}
-		return nil
+		return r.freeIn(o, sb, ptr, n)
 	}
+}
+
+// syncDue reports whether a free on s into arena o must first synchronise s: o is the global
+// arena or another stream's arena (never without CUDA).
+func (r *ArenaMemoryResource) syncDue(o *arenaSet, s StreamView) bool {
+	return r.ctx != 0 && (o.kind == arenaGlobal || o.stream.id != s.id)
+}
+
+// freeIn returns [ptr, ptr+n) to sb, whose owner o is locked (and is unlocked here), after its
+// live entry was removed.
+func (r *ArenaMemoryResource) freeIn(o *arenaSet, sb *arenaSuperblock, ptr DevicePtr, n int) error {
+	sb.coalesce(ptr, n)
+	o.tree.fix(sb)
+	if o.kind == arenaGlobal && sb.empty() {
+		r.mergeEmpty(sb)
+	}
+	o.mu.Unlock()
+	if r.closed.Load() {
+		return r.finishClose()
+	}
+	return nil
 }
 
 func (r *ArenaMemoryResource) notAllocated(ptr DevicePtr, nbytes int) error {
@@ -531,7 +571,7 @@ func (r *ArenaMemoryResource) syncStream(s StreamView) error {
 func (r *ArenaMemoryResource) globalAdd(sb *arenaSuperblock) {
 	g := &r.global
 	sb.owner.Store(g)
-	g.tree.insert(&sb.node)
+	g.tree.insert(sb)
 	if sb.empty() {
 		r.mergeEmpty(sb)
 	}
@@ -541,26 +581,51 @@ func (r *ArenaMemoryResource) globalAdd(sb *arenaSuperblock) {
 // superblocks right before and after it, as long as the result stays within 1 TiB.
 func (r *ArenaMemoryResource) mergeEmpty(sb *arenaSuperblock) {
 	g := &r.global
-	if prev := g.tree.below(sb.addr()); prev != nil && prev.end() == sb.addr() && prev.sb.empty() &&
-		prev.size+sb.size() <= ArenaMaxSuperblockSize {
-		g.tree.remove(&sb.node)
-		prev.sb.absorb(sb)
+	if prev := sb.prevSB; prev != nil && prev.owner.Load() == g && prev.empty() &&
+		prev.size()+sb.size() <= ArenaMaxSuperblockSize {
+		g.tree.remove(sb)
+		prev.absorb(sb)
 		g.tree.fix(prev)
-		sb = prev.sb
+		r.keepSpare(sb)
+		sb = prev
 	}
-	if next := g.tree.above(sb.addr()); next != nil && next.addr == sb.end() && next.sb.empty() &&
-		sb.size()+next.size <= ArenaMaxSuperblockSize {
+	if next := sb.nextSB; next != nil && next.owner.Load() == g && next.empty() &&
+		sb.size()+next.size() <= ArenaMaxSuperblockSize {
 		g.tree.remove(next)
-		sb.absorb(next.sb)
-		g.tree.fix(&sb.node)
+		sb.absorb(next)
+		g.tree.fix(sb)
+		r.keepSpare(next)
 	}
+}
+
+// arenaSpareSuperblocks bounds the superblocks kept for reuse after merges.
+const arenaSpareSuperblocks = 64
+
+// keepSpare keeps the superblock sb, just merged into its neighbour, for a later split (global
+// arena locked).
+func (r *ArenaMemoryResource) keepSpare(sb *arenaSuperblock) {
+	if len(r.spareSBs) < arenaSpareSuperblocks {
+		r.spareSBs = append(r.spareSBs, sb)
+	}
+}
+
+// spareSuperblock returns a superblock kept by keepSpare, or nil (global arena locked).
+func (r *ArenaMemoryResource) spareSuperblock() *arenaSuperblock {
+	k := len(r.spareSBs)
+	if k == 0 {
+		return nil
+	}
+	sb := r.spareSBs[k-1]
+	r.spareSBs[k-1] = nil
+	r.spareSBs = r.spareSBs[:k-1]
+	return sb
 }
 
 // moveAllToGlobal returns every superblock of a (locked, with the global arena locked) to the
 // global arena.
 func (r *ArenaMemoryResource) moveAllToGlobal(a *arenaSet) {
 	nodes := a.tree.nodes()
-	a.tree = arenaTree{rng: a.tree.rng}
+	a.tree = arenaIndex{}
 	for _, x := range nodes {
 		r.globalAdd(x.sb)
 	}
@@ -870,13 +935,14 @@ func (r *ArenaMemoryResource) dump(nbytes int) {
 }
 
 // CheckInvariants verifies the arena's internal state and returns the first violation found:
-// every arena's tree is well formed and its superblocks name it as their owner; superblocks
-// tile the arena exactly and are between 1 MiB and 1 TiB; in each superblock the free blocks
-// are 256-aligned, ordered, never adjacent (coalescing is complete), their total is its free
-// bytes and its largest is the superblock's weight; live allocations lie in their superblock
-// and overlap nothing; free plus live bytes equal each superblock's size; no two empty
-// neighbours in the global arena are left unmerged. It locks everything, takes O(n log n) time
-// and is meant for tests.
+// every arena's index is well formed, records each superblock's largest free block, and its
+// superblocks name it as their owner; superblocks tile the arena exactly, link to their address
+// neighbours and are between 1 MiB and 1 TiB; in each superblock the free blocks are
+// 256-aligned, ordered, never adjacent (coalescing is complete) and their total is its free
+// bytes; live allocations lie in their superblock and overlap nothing; free plus live bytes
+// equal each superblock's size; no two empty neighbours in the global arena are left unmerged;
+// the live index is well formed. It locks everything, takes O(n log n) time and is meant for
+// tests.
 func (r *ArenaMemoryResource) CheckInvariants() error {
 	arenas, unlock := r.lockArenas()
 	defer unlock()
@@ -902,8 +968,6 @@ func (r *ArenaMemoryResource) CheckInvariants() error {
 				err = fmt.Errorf("arena %s: node %#x is not a superblock's", a.name(), uintptr(x.addr))
 			case sb.owner.Load() != a:
 				err = fmt.Errorf("superblock %#x is in arena %s but names another owner", uintptr(sb.addr()), a.name())
-			case x.weight != sb.maxFree():
-				err = fmt.Errorf("superblock %#x: weight %d, largest free block %d", uintptr(sb.addr()), x.weight, sb.maxFree())
 			}
 			sbs = append(sbs, sb)
 		})
@@ -917,11 +981,14 @@ func (r *ArenaMemoryResource) CheckInvariants() error {
 	for i := range r.live {
 		ls := &r.live[i]
 		c, b := 0, 0
-		for p, e := range ls.m {
+		ls.m.each(func(p DevicePtr, e arenaLive) {
 			n, _ := alignSize(e.size)
 			live[e.sb] = append(live[e.sb], arenaNode{addr: p, size: n})
 			c++
 			b += n
+		})
+		if err := ls.m.check(); err != nil {
+			return fmt.Errorf("live shard %d: %w", i, err)
 		}
 		if c != ls.count || b != ls.bytes {
 			return fmt.Errorf("live shard %d counts %d allocations of %d bytes, holds %d of %d", i, ls.count, ls.bytes, c, b)
@@ -939,6 +1006,16 @@ func (r *ArenaMemoryResource) CheckInvariants() error {
 		case sb.size() > ArenaMaxSuperblockSize:
 			return fmt.Errorf("superblock %#x of %d bytes is above 1 TiB", uintptr(sb.addr()), sb.size())
 		}
+		var before, after *arenaSuperblock
+		if i > 0 {
+			before = sbs[i-1]
+		}
+		if i+1 < len(sbs) {
+			after = sbs[i+1]
+		}
+		if sb.prevSB != before || sb.nextSB != after {
+			return fmt.Errorf("superblock %#x does not link to its address neighbours", uintptr(sb.addr()))
+		}
 		next = sb.end()
 		if err := sb.free.check(); err != nil {
 			return fmt.Errorf("superblock %#x: free blocks: %w", uintptr(sb.addr()), err)
@@ -948,9 +1025,6 @@ func (r *ArenaMemoryResource) CheckInvariants() error {
 		for k, b := range spans {
 			if b.addr%Alignment != 0 || b.size%Alignment != 0 || b.size <= 0 {
 				return fmt.Errorf("superblock %#x: free block %#x of %d bytes is not on the 256-byte grid", uintptr(sb.addr()), uintptr(b.addr), b.size)
-			}
-			if b.weight != b.size {
-				return fmt.Errorf("superblock %#x: free block %#x has weight %d, size %d", uintptr(sb.addr()), uintptr(b.addr), b.weight, b.size)
 			}
 			if k > 0 && spans[k-1].end() == b.addr {
 				return fmt.Errorf("superblock %#x: free blocks %#x and %#x are adjacent but not coalesced", uintptr(sb.addr()), uintptr(spans[k-1].addr), uintptr(b.addr))

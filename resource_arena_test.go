@@ -13,6 +13,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"testing"
+	"unsafe"
 
 	"github.com/stretchr/testify/require"
 )
@@ -194,7 +195,6 @@ func TestArenaSuperblockFirstFitAndCoalesce(t *testing.T) {
 	fit(sb, mb/4)
 	sb.coalesce(a, mb/4)
 	require.Equal(t, mb/2, sb.maxFree())
-	require.Equal(t, mb/2, sb.node.weight)
 	require.Equal(t, mb/4*3, sb.freeBytes)
 }
 
@@ -202,7 +202,7 @@ func TestArenaSuperblockSplitAndMerge(t *testing.T) {
 	const mb = ArenaMinSuperblockSize
 	base := DevicePtr(mb)
 	sb := newArenaSuperblock(base, 2*mb)
-	tail := sb.split(mb)
+	tail := sb.split(mb, nil)
 	require.Equal(t, base, sb.addr())
 	require.Equal(t, mb, sb.size())
 	require.True(t, sb.empty())
@@ -222,21 +222,87 @@ func TestArenaSuperblockSplitAndMerge(t *testing.T) {
 
 	// Only empty superblocks split or merge.
 	p, _ := sb.firstFit(256)
-	require.Panics(t, func() { sb.split(mb) })
+	require.Panics(t, func() { sb.split(mb, nil) })
 	sb.coalesce(p, 256)
 	other := newArenaSuperblock(base+3*mb, mb)
 	require.Panics(t, func() { sb.absorb(other) }, "not adjacent")
 }
 
-// The treap against a sorted-slice model: first fit, neighbours, weights, after every step.
+// A superblock merged into its neighbour is reset and used again by a split, with its free-block
+// nodes kept as spares; the node stored with it is never both a spare and in the tree.
+func TestArenaSuperblockReuse(t *testing.T) {
+	const mb = ArenaMinSuperblockSize
+	base := DevicePtr(mb)
+	sb := newArenaSuperblock(base, mb)
+	next := newArenaSuperblock(base+mb, mb)
+	sb.nextSB, next.prevSB = next, sb
+	// Leave next empty with its stored node among the spares: free the last block first (it
+	// takes the stored node), then the first (a new node), then the middle one, which joins both
+	// and drops the stored node.
+	a, _ := next.firstFit(256)
+	b, _ := next.firstFit(256)
+	c, _ := next.firstFit(mb - 512)
+	next.coalesce(c, mb-512)
+	next.coalesce(a, 256)
+	next.coalesce(b, 256)
+	require.True(t, next.empty())
+	require.NotSame(t, &next.first, next.free.root)
+	sb.absorb(next)
+	require.Nil(t, sb.nextSB)
+
+	tail := sb.split(mb, next)
+	require.Same(t, next, tail)
+	require.Same(t, tail, sb.nextSB)
+	require.Same(t, sb, tail.prevSB)
+	require.Equal(t, base+mb, tail.addr())
+	require.Equal(t, mb, tail.size())
+	require.True(t, tail.empty())
+	// Carve four blocks and free the first and third: two new free-block nodes from the spares.
+	var ps []DevicePtr
+	for range 4 {
+		p, ok := tail.firstFit(256)
+		require.True(t, ok)
+		ps = append(ps, p)
+	}
+	tail.coalesce(ps[0], 256)
+	tail.coalesce(ps[2], 256)
+	require.NoError(t, tail.free.check())
+	require.Equal(t, 3, tail.free.count)
+	require.Equal(t, mb-512, tail.freeBytes)
+	tail.coalesce(ps[1], 256)
+	tail.coalesce(ps[3], 256)
+	require.NoError(t, tail.free.check())
+	require.Equal(t, 1, tail.free.count)
+	require.True(t, tail.empty())
+}
+
+// The superblock's layout keeps what an allocation and a free read on two cache lines.
+func TestArenaSuperblockLayout(t *testing.T) {
+	var sb arenaSuperblock
+	require.Equal(t, uintptr(256), unsafe.Sizeof(sb), "Go's 256-byte size class: 64-byte aligned")
+	for _, end := range []uintptr{
+		unsafe.Offsetof(sb.owner) + 8,
+		unsafe.Offsetof(sb.free) + unsafe.Sizeof(sb.free),
+		unsafe.Offsetof(sb.freeBytes) + 8,
+		unsafe.Offsetof(sb.ileaf) + 8,
+		unsafe.Offsetof(sb.islot) + 4,
+	} {
+		require.LessOrEqual(t, end, uintptr(64), "the first line")
+	}
+	require.Equal(t, uintptr(64), unsafe.Offsetof(sb.first), "the first free-block node starts the second line")
+	require.LessOrEqual(t, unsafe.Offsetof(sb.first.parent)+8, uintptr(128), "its hot part fills it")
+}
+
+// The treap against a sorted-slice model: first fit, neighbours, sizes, after every step.
 func TestArenaTreeAgainstModel(t *testing.T) {
 	r := rand.New(rand.NewPCG(7, 11))
 	var tree arenaTree
 	var model []*arenaNode // sorted by address
+	const slot = 8192      // larger than any size: nodes never overlap
 	slots := make([]bool, 512)
 	for step := 0; step < 4000; step++ {
 		if k := r.IntN(512); !slots[k] && r.IntN(3) > 0 {
-			n := &arenaNode{addr: DevicePtr(k * 1024), size: 1024, weight: r.IntN(5000)}
+			n := &arenaNode{addr: DevicePtr(k * slot), size: r.IntN(5000) + 1}
 			tree.insert(n)
 			i, _ := slices.BinarySearchFunc(model, n.addr, func(x *arenaNode, a DevicePtr) int { return int(x.addr) - int(a) })
 			model = slices.Insert(model, i, n)
@@ -245,25 +311,25 @@ func TestArenaTreeAgainstModel(t *testing.T) {
 			i := r.IntN(len(model))
 			if r.IntN(2) == 0 {
 				tree.remove(model[i])
-				slots[model[i].addr/1024] = false
+				slots[model[i].addr/slot] = false
 				model = slices.Delete(model, i, i+1)
 			} else {
-				model[i].weight = r.IntN(5000)
+				model[i].size = r.IntN(5000) + 1
 				tree.fix(model[i])
 			}
 		}
 		require.NoError(t, tree.check(), "step %d", step)
 		require.Equal(t, len(model), tree.count)
-		w := r.IntN(5200)
+		w := r.IntN(5200) + 1
 		var want *arenaNode
 		for _, n := range model {
-			if n.weight >= w {
+			if n.size >= w {
 				want = n
 				break
 			}
 		}
 		require.Same(t, want, tree.firstFit(w), "firstFit(%d) at step %d", w, step)
-		a := DevicePtr(r.IntN(512*1024+2048)) - 1024
+		a := DevicePtr(r.IntN(512*slot+2*slot)) - slot
 		var below, above *arenaNode
 		for _, n := range model {
 			if n.addr < a {
@@ -273,8 +339,9 @@ func TestArenaTreeAgainstModel(t *testing.T) {
 				above = n
 			}
 		}
-		require.Same(t, below, tree.below(a))
-		require.Same(t, above, tree.above(a))
+		gotBelow, gotAbove := tree.around(a)
+		require.Same(t, below, gotBelow, "around(%#x)", a)
+		require.Same(t, above, gotAbove, "around(%#x)", a)
 	}
 	require.Equal(t, model, tree.nodes())
 }
@@ -1097,4 +1164,65 @@ func arenaBase(t *testing.T, sim *SimulatedMemoryResource) DevicePtr {
 		return p
 	}
 	return 0
+}
+
+// The superblock index against a sorted-slice model: insertions and removals in any order (so
+// that nodes split, empty and the root grows and shrinks), changes of a superblock's largest free
+// block, first fit and the address order, after every step.
+func TestArenaIndexAgainstModel(t *testing.T) {
+	const mb = ArenaMinSuperblockSize
+	r := rand.New(rand.NewPCG(5, 9))
+	var index arenaIndex
+	var model []*arenaSuperblock // sorted by address
+	carved := map[*arenaSuperblock][]DevicePtr{}
+	slots := make([]bool, 600)
+	deep := false // the index reached three levels
+	for step := 0; step < 6000; step++ {
+		switch k := r.IntN(len(slots)); {
+		case !slots[k] && (r.IntN(3) > 0 || step < 1500):
+			sb := newArenaSuperblock(DevicePtr(k+1)*mb, mb)
+			index.insert(sb)
+			i, _ := slices.BinarySearchFunc(model, sb.addr(), func(x *arenaSuperblock, a DevicePtr) int { return int(x.addr()) - int(a) })
+			model = slices.Insert(model, i, sb)
+			slots[k] = true
+		case len(model) > 0 && r.IntN(2) == 0:
+			i := r.IntN(len(model))
+			index.remove(model[i])
+			slots[model[i].addr()/mb-1] = false
+			model = slices.Delete(model, i, i+1)
+		case len(model) > 0:
+			sb := model[r.IntN(len(model))]
+			if ps := carved[sb]; len(ps) > 0 && r.IntN(2) == 0 {
+				sb.coalesce(ps[len(ps)-1], 64<<10)
+				carved[sb] = ps[:len(ps)-1]
+			} else if p, ok := sb.firstFit(64 << 10); ok {
+				carved[sb] = append(ps, p)
+			}
+			index.fix(sb)
+		}
+		require.NoError(t, index.check(), "step %d", step)
+		require.Equal(t, len(model), index.count)
+		if x := index.root; x != nil && !x.leaf && !x.kids[0].leaf {
+			deep = true
+		}
+		w := (r.IntN(16) + 1) * 64 << 10
+		var want *arenaSuperblock
+		for _, sb := range model {
+			if sb.maxFree() >= w {
+				want = sb
+				break
+			}
+		}
+		require.Same(t, want, index.firstFit(w), "firstFit(%d) at step %d", w, step)
+	}
+	require.True(t, deep)
+	var got []*arenaSuperblock
+	index.each(func(x *arenaNode) { got = append(got, x.sb) })
+	require.Equal(t, model, got)
+	for len(model) > 0 {
+		index.remove(model[0])
+		model = model[1:]
+		require.NoError(t, index.check())
+	}
+	require.Nil(t, index.root)
 }
