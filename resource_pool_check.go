@@ -63,8 +63,8 @@ func (p *PoolMemoryResource) Stats() PoolStats {
 }
 
 // CheckInvariants verifies the pool's internal state and returns the first violation found: every
-// free list is a well-formed treap ordered by (size, address) whose counts match and whose blocks
-// are free and name it; the live map holds exactly the allocated blocks, each 256-aligned and
+// free list is well formed (freeList.check: size classes of treaps ordered by (size, address),
+// counts that match) and its blocks are free and name it; the live map holds exactly the allocated blocks, each 256-aligned and
 // rounded; each upstream allocation is one chain of blocks linked to their address neighbours,
 // covering it exactly, and together they hold every block; free bytes plus live bytes equal
 // PoolSize; and no two neighbours are free in the same list (coalescing is complete). It takes
@@ -78,41 +78,20 @@ func (p *PoolMemoryResource) CheckInvariants() error {
 		if p.byStream[l.stream.id] != l {
 			return fmt.Errorf("list of %v is not indexed by its stream", l.stream)
 		}
-		n, bytes := 0, 0
-		var prev *block
-		var err error
-		var walk func(t *block, parentPrio uint32, root bool)
-		walk = func(t *block, parentPrio uint32, root bool) {
-			if t == nil || err != nil {
-				return
-			}
-			if !root && t.prio > parentPrio {
-				err = fmt.Errorf("treap heap order broken at block %#x", uintptr(t.addr))
-				return
-			}
-			walk(t.left, t.prio, false)
-			if prev != nil && !prev.less(t) {
-				err = fmt.Errorf("treap of %v out of order: (%d, %#x) before (%d, %#x)", l.stream, prev.size, uintptr(prev.addr), t.size, uintptr(t.addr))
-				return
-			}
-			prev = t
-			n++
+		bytes := 0
+		err := l.check(func(t *block) error {
 			bytes += t.size
 			if t.list != l || !t.free {
-				err = fmt.Errorf("block %#x is in the treap of %v but names another list or is not free", uintptr(t.addr), l.stream)
+				return fmt.Errorf("block %#x is in the free list of %v but names another list or is not free", uintptr(t.addr), l.stream)
 			}
 			if all[t.addr] != nil {
-				err = fmt.Errorf("block %#x is indexed twice", uintptr(t.addr))
+				return fmt.Errorf("block %#x is indexed twice", uintptr(t.addr))
 			}
 			all[t.addr] = t
-			walk(t.right, t.prio, false)
-		}
-		walk(l.root, 0, true)
+			return nil
+		})
 		if err != nil {
 			return err
-		}
-		if n != l.count || bytes != l.bytes {
-			return fmt.Errorf("list of %v counts %d blocks / %d bytes, holds %d / %d", l.stream, l.count, l.bytes, n, bytes)
 		}
 		freeBytes += bytes
 	}
