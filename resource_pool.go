@@ -90,7 +90,7 @@ type PoolMemoryResource struct {
 	upstreams  map[DevicePtr]int
 	lists      []*freeList
 	byStream   map[uint64]*freeList
-	live       map[DevicePtr]*block // allocated blocks by address
+	live       blockTable // allocated blocks by address
 	liveBytes  int                  // sum of the rounded sizes of live allocations
 	hooked     map[uint64]bool      // Streams whose Close will tell us
 	spare      []*block
@@ -138,7 +138,6 @@ func NewPoolMemoryResource(upstream MemoryResource, opts *PoolOptions) (*PoolMem
 		maximum:   o.MaximumPoolSize,
 		upstreams: map[DevicePtr]int{},
 		byStream:  map[uint64]*freeList{},
-		live:      map[DevicePtr]*block{},
 		hooked:    map[uint64]bool{},
 	}
 	if CUDAAvailable() == nil {
@@ -193,7 +192,6 @@ func newExpandablePool(upstream MemoryResource, vm vmm, o PoolOptions) (*PoolMem
 		maximum:   reserved,
 		upstreams: map[DevicePtr]int{},
 		byStream:  map[uint64]*freeList{},
-		live:      map[DevicePtr]*block{},
 		hooked:    map[uint64]bool{},
 		exp:       e,
 	}
@@ -310,7 +308,7 @@ func (p *PoolMemoryResource) Allocate(nbytes int, s StreamView) (DevicePtr, erro
 	}
 	p.split(b, n, home)
 	b.free, b.req = false, nbytes
-	p.live[b.addr] = b
+	p.live.put(b)
 	p.liveBytes += n
 	return b.addr, nil
 }
@@ -523,8 +521,8 @@ func (p *PoolMemoryResource) Deallocate(ptr DevicePtr, nbytes int, s StreamView)
 	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	b, ok := p.live[ptr]
-	if !ok {
+	b := p.live.get(ptr)
+	if b == nil {
 		return fmt.Errorf("%w: PoolMemoryResource.Deallocate(%#x, %d): the pointer was not allocated by this pool or was already freed", ErrInvalidFree, uintptr(ptr), nbytes)
 	}
 	if b.req != nbytes {
@@ -555,7 +553,7 @@ func (p *PoolMemoryResource) Deallocate(ptr DevicePtr, nbytes int, s StreamView)
 	} else {
 		l.dirty = true
 	}
-	delete(p.live, ptr)
+	p.live.del(ptr)
 	p.liveBytes -= b.size
 	p.freeInto(l, b)
 	if p.exp != nil && p.exp.trimAt > 0 {
@@ -848,7 +846,7 @@ func (p *PoolMemoryResource) Close() error {
 			err = ferr
 		}
 	}
-	if n := len(p.live); n > 0 {
+	if n := p.live.len(); n > 0 {
 		DebugLogger().Warn("rmm: PoolMemoryResource closed with live allocations; their upstream blocks go back as they are freed",
 			"live_allocations", n, "live_bytes", p.liveBytes, "pool_size", p.size)
 	}
@@ -867,7 +865,7 @@ func (p *PoolMemoryResource) deallocateAfterClose(b *block, s StreamView) error 
 			return fmt.Errorf("PoolMemoryResource.Deallocate after Close: synchronising %v: %w", s, err)
 		}
 	}
-	delete(p.live, b.addr)
+	p.live.del(b.addr)
 	p.liveBytes -= b.size
 	b = p.freeInto(p.closedList, b)
 	if p.exp != nil {

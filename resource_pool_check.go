@@ -34,7 +34,7 @@ func (p *PoolMemoryResource) Stats() PoolStats {
 		PeakPoolSize:    p.peakSize,
 		MaximumPoolSize: p.maximum,
 		LiveBytes:       p.liveBytes,
-		LiveAllocations: len(p.live),
+		LiveAllocations: p.live.len(),
 		FreeBytes:       p.size - p.liveBytes,
 		UpstreamBlocks:  len(p.upstreams),
 		Streams:         len(p.lists),
@@ -95,12 +95,26 @@ func (p *PoolMemoryResource) CheckInvariants() error {
 		}
 		freeBytes += bytes
 	}
-	liveBytes := 0
-	for ptr, b := range p.live {
+	liveBytes, counted := 0, 0
+	var liveErr error
+	p.live.each(func(b *block) {
+		counted++
+		if liveErr == nil && p.live.get(b.addr) != b {
+			liveErr = fmt.Errorf("live block %#x is not found from its home slot", uintptr(b.addr))
+		}
+	})
+	if liveErr != nil {
+		return liveErr
+	}
+	if counted != p.live.len() {
+		return fmt.Errorf("live table counts %d blocks, holds %d", p.live.len(), counted)
+	}
+	var lives []*block
+	p.live.each(func(b *block) { lives = append(lives, b) })
+	for _, b := range lives {
+		ptr := b.addr
 		n, _ := alignSize(b.req)
 		switch {
-		case b.addr != ptr:
-			return fmt.Errorf("live block %#x is indexed at %#x", uintptr(b.addr), uintptr(ptr))
 		case b.free || b.list != nil:
 			return fmt.Errorf("live block %#x is marked free or listed", uintptr(ptr))
 		case b.size != n:
