@@ -90,9 +90,9 @@ type PoolMemoryResource struct {
 	upstreams  map[DevicePtr]int
 	lists      []*freeList
 	byStream   map[uint64]*freeList
-	live       blockTable // allocated blocks by address
-	liveBytes  int                  // sum of the rounded sizes of live allocations
-	hooked     map[uint64]bool      // Streams whose Close will tell us
+	live       blockTable      // allocated blocks by address
+	liveBytes  int             // sum of the rounded sizes of live allocations
+	hooked     map[uint64]bool // Streams whose Close will tell us
 	spare      []*block
 	closed     bool
 	closedList *freeList // after Close: the one list left
