@@ -394,16 +394,34 @@ func (p *PoolMemoryResource) split(b *block, n int, home *freeList) {
 		return
 	}
 	r := p.newBlock(b.addr+DevicePtr(n), b.size-n)
+	b.size = n
+	p.linkAfter(b, r)
+	home.insert(r)
+}
+
+// linkAfter puts r into b's chain right after b (r's memory is the end of what b had). At the end
+// of an expandable pool's chain, r becomes its tail.
+func (p *PoolMemoryResource) linkAfter(b, r *block) {
 	r.prev, r.next = b, b.next
 	if b.next != nil {
 		b.next.prev = r
-	}
-	b.next = r
-	b.size = n
-	if p.exp != nil && p.exp.tail == b {
+	} else if p.exp != nil {
 		p.exp.tail = r
 	}
-	home.insert(r)
+	b.next = r
+}
+
+// absorbNext merges b's next neighbour into b and returns it, unlinked, for the caller to recycle.
+func (p *PoolMemoryResource) absorbNext(b *block) *block {
+	nx := b.next
+	b.size += nx.size
+	b.next = nx.next
+	if nx.next != nil {
+		nx.next.prev = b
+	} else if p.exp != nil {
+		p.exp.tail = b
+	}
+	return nx
 }
 
 // growSize is librmm's growth policy for an n-byte request: the size to ask the upstream for
@@ -568,26 +586,12 @@ func (p *PoolMemoryResource) freeInto(l *freeList, b *block) *block {
 	b.free, b.req = true, 0
 	if pr := b.prev; pr != nil && pr.free && pr.list == l {
 		l.remove(pr)
-		pr.size += b.size
-		pr.next = b.next
-		if b.next != nil {
-			b.next.prev = pr
-		} else if p.exp != nil {
-			p.exp.tail = pr
-		}
-		p.recycle(b)
+		p.recycle(p.absorbNext(pr))
 		b = pr
 	}
 	if nx := b.next; nx != nil && nx.free && nx.list == l {
 		l.remove(nx)
-		b.size += nx.size
-		b.next = nx.next
-		if nx.next != nil {
-			nx.next.prev = b
-		} else if p.exp != nil {
-			p.exp.tail = b
-		}
-		p.recycle(nx)
+		p.recycle(p.absorbNext(b))
 	}
 	l.insert(b)
 	return b

@@ -204,13 +204,13 @@ func (p *PoolMemoryResource) checkExpandable(all map[DevicePtr]*block) error {
 		if b.prev != last {
 			return fmt.Errorf("block %#x has a wrong previous neighbour", uintptr(b.addr))
 		}
-		hole := !b.free && b.req == holeReq
+		hole := isHole(b)
 		if hole {
 			holes++
 			if _, ok := e.holes[b]; !ok {
 				return fmt.Errorf("hole %#x is not indexed", uintptr(b.addr))
 			}
-			if last != nil && !last.free && last.req == holeReq {
+			if last != nil && isHole(last) {
 				return fmt.Errorf("holes %#x and %#x are adjacent", uintptr(last.addr), uintptr(b.addr))
 			}
 			if b.addr%DevicePtr(e.gran) != 0 || b.size%e.gran != 0 {
@@ -237,7 +237,7 @@ func (p *PoolMemoryResource) checkExpandable(all map[DevicePtr]*block) error {
 	if last != e.tail || at != e.top {
 		return fmt.Errorf("the chain ends at %#x, top is %#x", uintptr(at), uintptr(e.top))
 	}
-	if last != nil && !last.free && last.req == holeReq {
+	if last != nil && isHole(last) {
 		return fmt.Errorf("the chain ends with a hole at %#x", uintptr(last.addr))
 	}
 	if holes != len(e.holes) {

@@ -267,13 +267,7 @@ func (p *PoolMemoryResource) fillHole(h, nb *block) {
 		h.prev = nb
 		h.addr += DevicePtr(nb.size)
 	} else { // the rest of the hole, then nb
-		nb.prev, nb.next = h, h.next
-		if h.next != nil {
-			h.next.prev = nb
-		} else {
-			e.tail = nb
-		}
-		h.next = nb
+		p.linkAfter(h, nb)
 	}
 	h.size -= nb.size
 }
@@ -370,62 +364,39 @@ func (p *PoolMemoryResource) carveHole(def *freeList, b *block, addr DevicePtr, 
 	end := addr + DevicePtr(size)
 	if end < b.end() { // free remainder after the hole
 		r := p.newBlock(end, int(b.end()-end))
-		r.prev, r.next = b, b.next
-		if b.next != nil {
-			b.next.prev = r
-		} else {
-			e.tail = r
-		}
-		b.next = r
 		b.size -= r.size
+		p.linkAfter(b, r)
 		def.insert(r)
 	}
 	h := b
 	if addr > b.addr { // free part before the hole
 		h = p.newBlock(addr, size)
-		h.prev, h.next = b, b.next
-		if b.next != nil {
-			b.next.prev = h
-		} else {
-			e.tail = h
-		}
-		b.next = h
 		b.size = int(addr - b.addr)
+		p.linkAfter(b, h)
 		def.insert(b)
 	}
 	h.free, h.req = false, holeReq
 	e.holes[h] = struct{}{}
 	// Merge with holes on either side.
-	if nx := h.next; nx != nil && nx.req == holeReq && !nx.free {
-		h.size += nx.size
-		h.next = nx.next
-		if nx.next != nil {
-			nx.next.prev = h
-		} else {
-			e.tail = h
-		}
+	if nx := h.next; nx != nil && isHole(nx) {
 		delete(e.holes, nx)
-		p.recycle(nx)
+		p.recycle(p.absorbNext(h))
 	}
-	if pr := h.prev; pr != nil && pr.req == holeReq && !pr.free {
-		pr.size += h.size
-		pr.next = h.next
-		if h.next != nil {
-			h.next.prev = pr
-		} else {
-			e.tail = pr
-		}
+	if pr := h.prev; pr != nil && isHole(pr) {
 		delete(e.holes, h)
-		p.recycle(h)
+		p.recycle(p.absorbNext(pr))
 	}
 }
+
+// isHole reports whether b is a range whose chunk was given back.
+func isHole(b *block) bool { return !b.free && b.req == holeReq }
 
 // trimTailHole drops a hole at the end of the chain, so the chain ends at mapped memory and the
 // next growth maps there.
 func (p *PoolMemoryResource) trimTailHole() {
 	e := p.exp
 	t := e.tail
-	if t == nil || t.free || t.req != holeReq {
+	if t == nil || !isHole(t) {
 		return
 	}
 	delete(e.holes, t)
