@@ -441,9 +441,15 @@ func BenchmarkGrowth(b *testing.B) {
 
 const fillCopyBytes = 4 << 30
 
-// Fill bandwidth of Uvector.Fill at every element width beside the driver's cuMemsetD32Async on
-// the same 4 GiB buffer (GPU only); MB/s counts bytes written.
-func BenchmarkFill(b *testing.B) {
+// fillBench is the set-up BenchmarkFill and BenchmarkFillLaunchShape share: a 4 GiB buffer on a
+// stream, and run, which times f (after one warm-up call) with the stream synchronised around it.
+type fillBench struct {
+	buf *DeviceBuffer
+	s   StreamView
+	ctx uintptr
+}
+
+func newFillBench(b *testing.B) *fillBench {
 	if !onGPU() {
 		b.Skip("no CUDA device")
 	}
@@ -453,25 +459,39 @@ func BenchmarkFill(b *testing.B) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	defer buf.Close()
+	b.Cleanup(func() { buf.Close() })
 	ctx, _ := Device(0).ctx()
-	run := func(b *testing.B, f func() error) {
-		b.SetBytes(fillCopyBytes)
-		if err := f(); err != nil { // warm-up (kernel load)
+	return &fillBench{buf: buf, s: s, ctx: ctx}
+}
+
+func (fb *fillBench) run(b *testing.B, f func() error) {
+	b.SetBytes(fillCopyBytes)
+	if err := f(); err != nil { // warm-up (kernel load)
+		b.Fatal(err)
+	}
+	fb.s.Synchronize()
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		if err := f(); err != nil {
 			b.Fatal(err)
 		}
-		s.Synchronize()
-		b.ResetTimer()
-		for i := 0; i < b.N; i++ {
-			if err := f(); err != nil {
-				b.Fatal(err)
-			}
-		}
-		s.Synchronize()
 	}
-	b.Run("driver-memsetD32", func(b *testing.B) {
-		run(b, func() error { return cuMemsetAsync(ctx, buf.Data(), 0x01020304, fillCopyBytes/4, 4, s.cu()) })
+	fb.s.Synchronize()
+}
+
+// memsetD32 is the driver's baseline: cuMemsetD32Async over the buffer.
+func (fb *fillBench) memsetD32(b *testing.B) {
+	fb.run(b, func() error {
+		return cuMemsetAsync(fb.ctx, fb.buf.Data(), 0x01020304, fillCopyBytes/4, 4, fb.s.cu())
 	})
+}
+
+// Fill bandwidth of Uvector.Fill at every element width beside the driver's cuMemsetD32Async on
+// the same 4 GiB buffer (GPU only); MB/s counts bytes written.
+func BenchmarkFill(b *testing.B) {
+	fb := newFillBench(b)
+	run, buf, s := fb.run, fb.buf, fb.s
+	b.Run("driver-memsetD32", fb.memsetD32)
 	b.Run("w1", func(b *testing.B) { benchFill[uint8](b, run, buf, 7, s) })
 	b.Run("w2", func(b *testing.B) { benchFill[uint16](b, run, buf, 7, s) })
 	b.Run("w4", func(b *testing.B) { benchFill[float32](b, run, buf, 7, s) })
@@ -483,34 +503,9 @@ func BenchmarkFill(b *testing.B) {
 // The fill kernel's launch shape: widths 8 and 12 at each threads-per-block and blocks-per-SM
 // cap, beside cuMemsetD32Async (GPU only). For tuning launchBlock and launchBlocksPerSM.
 func BenchmarkFillLaunchShape(b *testing.B) {
-	if !onGPU() {
-		b.Skip("no CUDA device")
-	}
-	cuda, _ := NewCudaMemoryResource(0)
-	s := benchStream(b)
-	buf, err := NewDeviceBuffer(fillCopyBytes, s, cuda)
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer buf.Close()
-	ctx, _ := Device(0).ctx()
-	run := func(b *testing.B, f func() error) {
-		b.SetBytes(fillCopyBytes)
-		if err := f(); err != nil {
-			b.Fatal(err)
-		}
-		s.Synchronize()
-		b.ResetTimer()
-		for i := 0; i < b.N; i++ {
-			if err := f(); err != nil {
-				b.Fatal(err)
-			}
-		}
-		s.Synchronize()
-	}
-	b.Run("driver-memsetD32", func(b *testing.B) {
-		run(b, func() error { return cuMemsetAsync(ctx, buf.Data(), 0x01020304, fillCopyBytes/4, 4, s.cu()) })
-	})
+	fb := newFillBench(b)
+	run, buf, s := fb.run, fb.buf, fb.s
+	b.Run("driver-memsetD32", fb.memsetD32)
 	defer func(bl, bps int) { launchBlock, launchBlocksPerSM = bl, bps }(launchBlock, launchBlocksPerSM)
 	for _, bl := range []int{128, 256, 512, 1024} {
 		for _, bps := range []int{2, 4, 8, 16, 32, 64} {

@@ -88,11 +88,7 @@ func TestGPUExpandablePoolReleaseWhileKernelRuns(t *testing.T) {
 	for round := 0; round < 3; round++ {
 		x, err := p.Allocate(n, a.View())
 		require.NoError(t, err)
-		for i := 0; i < 200; i++ { // ~200 × 60 µs of work queued on A
-			require.NoError(t, deviceFill(0, x, n, []byte{1, 2, 3, 4, 5, 6, 7, byte(i)}, a.View()))
-		}
-		require.NoError(t, deviceFill(0, x, n, le64(0x0707070707070707), a.View()))
-		require.NoError(t, cuMemcpyDtoDAsync(ctx, result, x, n, a.View().cu()))
+		gpuBusyThenCopy(t, ctx, x, n, result, a.View())
 		require.NoError(t, p.Deallocate(x, n, a.View()))
 		freeBefore, _, err := Device(0).MemoryInfo()
 		require.NoError(t, err)

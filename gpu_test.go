@@ -218,11 +218,7 @@ func TestGPUPoolCrossStreamReuse(t *testing.T) {
 	for round := 0; round < 3; round++ {
 		x, err := pool.Allocate(n, a.View())
 		require.NoError(t, err)
-		for i := 0; i < 200; i++ { // ~200 × 60 µs of work queued on A
-			require.NoError(t, deviceFill(0, x, n, []byte{1, 2, 3, 4, 5, 6, 7, byte(i)}, a.View()))
-		}
-		require.NoError(t, deviceFill(0, x, n, le64(0x0707070707070707), a.View()))
-		require.NoError(t, cuMemcpyDtoDAsync(ctx, result, x, n, a.View().cu()))
+		gpuBusyThenCopy(t, ctx, x, n, result, a.View())
 		require.NoError(t, pool.Deallocate(x, n, a.View()))
 		y, err := pool.Allocate(n, b.View())
 		require.NoError(t, err)
@@ -257,11 +253,7 @@ func TestGPUPoolReuseAfterStreamClose(t *testing.T) {
 		lists := pool.Stats().Streams
 		x, err := pool.Allocate(n, a.View())
 		require.NoError(t, err)
-		for i := 0; i < 200; i++ {
-			require.NoError(t, deviceFill(0, x, n, []byte{1, 2, 3, 4, 5, 6, 7, byte(i)}, a.View()))
-		}
-		require.NoError(t, deviceFill(0, x, n, le64(0x0707070707070707), a.View()))
-		require.NoError(t, cuMemcpyDtoDAsync(ctx, result, x, n, a.View().cu()))
+		gpuBusyThenCopy(t, ctx, x, n, result, a.View())
 		require.NoError(t, pool.Deallocate(x, n, a.View()))
 		require.NoError(t, a.Close())
 		require.Equal(t, lists, pool.Stats().Streams, "A's list was dropped, its blocks moved to the default stream")
@@ -353,4 +345,15 @@ func TestGPUPoolDestroyedStreams(t *testing.T) {
 	require.NoError(t, Device(0).Synchronize())
 	require.NoError(t, pool.Deallocate(p, 64<<20, DefaultStream))
 	require.NoError(t, pool.CheckInvariants())
+}
+
+// gpuBusyThenCopy queues ~200 × 60 µs of fills over the n bytes at x on s, then a fill of 0x07 and
+// a copy of x into result, all still running when it returns.
+func gpuBusyThenCopy(t *testing.T, ctx uintptr, x DevicePtr, n int, result DevicePtr, s StreamView) {
+	t.Helper()
+	for i := 0; i < 200; i++ {
+		require.NoError(t, deviceFill(0, x, n, []byte{1, 2, 3, 4, 5, 6, 7, byte(i)}, s))
+	}
+	require.NoError(t, deviceFill(0, x, n, le64(0x0707070707070707), s))
+	require.NoError(t, cuMemcpyDtoDAsync(ctx, result, x, n, s.cu()))
 }
