@@ -561,7 +561,7 @@ func (r *ArenaMemoryResource) notAllocated(ptr DevicePtr, nbytes int) error {
 
 // syncStream waits for the work queued on s; for a closed Stream, for the whole device. A stream
 // with nothing left to run is answered by cuStreamQuery, which costs less than
-// cuStreamSynchronize on an idle stream (about 145 against 229 ns on an H200).
+// cuStreamSynchronize on an idle stream (the project notes give 145 against 229 ns on an H200).
 func (r *ArenaMemoryResource) syncStream(s StreamView) error {
 	if s.closed() {
 		return cuCtxSynchronize(r.ctx)
