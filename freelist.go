@@ -68,6 +68,10 @@ type freeList struct {
 	count  int     // blocks
 	bytes  int     // free bytes
 	rng    uint32
+	// The sizes (rounded) of the stream's last allocations that its cache could not serve; a
+	// free of one of these sizes goes to the stream's cache (pool_cache.go).
+	recent     [poolCacheRecent]int
+	recentNext int
 
 	top    uint64                        // bit L: level L has a class holding blocks
 	sub    [freeLevels]uint64            // bit c of sub[L]: class c of level L holds blocks

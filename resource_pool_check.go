@@ -17,6 +17,11 @@ type PoolStats struct {
 	LargestFreeBlock int // bytes; the largest request that can be served without growing
 	UpstreamBlocks   int // allocations held from the upstream (expandable: chunks mapped)
 	Streams          int // streams with a free list
+	// CachedBlocks and CachedBytes are the free blocks held in the streams' caches, for reuse by
+	// an allocation of the same size on the same stream (see PoolMemoryResource); they are
+	// counted in FreeBlocks, FreeBytes, LargestFreeBlock and PerStream, and coalesce with their
+	// neighbours when the pool would otherwise grow, or on Release.
+	CachedBlocks, CachedBytes int
 	// PerStream is each stream's free list, the default stream first, then in order of first use.
 	PerStream []StreamFreeStats
 	// Expandable pools: the address space reserved (bytes), and the holes left in it by chunks
@@ -35,10 +40,10 @@ func (p *PoolMemoryResource) Stats() PoolStats {
 		MaximumPoolSize: p.maximum,
 		LiveBytes:       p.liveBytes,
 		LiveAllocations: p.live.len(),
-		FreeBytes:       p.size - p.liveBytes,
 		UpstreamBlocks:  len(p.upstreams),
 		Streams:         len(p.lists),
 	}
+	cached := p.cachedByStream()
 	for _, l := range p.lists {
 		st.FreeBlocks += l.count
 		if b := l.largest(); b != nil && b.size > st.LargestFreeBlock {
@@ -48,8 +53,22 @@ func (p *PoolMemoryResource) Stats() PoolStats {
 		if s.id == 0 {
 			s = DefaultStream
 		}
-		st.PerStream = append(st.PerStream, StreamFreeStats{Stream: s, FreeBlocks: l.count, FreeBytes: l.bytes})
+		c := cached[s.id]
+		st.PerStream = append(st.PerStream, StreamFreeStats{Stream: s, FreeBlocks: l.count + c.blocks, FreeBytes: l.bytes + c.bytes})
 	}
+	for _, c := range p.cachesWithoutList(cached) {
+		// A stream whose list was merged into another one's keeps its cache.
+		st.PerStream = append(st.PerStream, StreamFreeStats{Stream: c.stream, FreeBlocks: c.blocks, FreeBytes: c.bytes})
+	}
+	for _, c := range cached {
+		st.LiveAllocations += c.issued
+		st.LiveBytes -= c.bytes
+		st.FreeBlocks += c.blocks
+		st.CachedBlocks += c.blocks
+		st.CachedBytes += c.bytes
+		st.LargestFreeBlock = max(st.LargestFreeBlock, c.largest)
+	}
+	st.FreeBytes = st.PoolSize - st.LiveBytes
 	sort.SliceStable(st.PerStream, func(i, j int) bool { return st.PerStream[i].Stream.id == 0 && st.PerStream[j].Stream.id != 0 })
 	if e := p.exp; e != nil {
 		st.UpstreamBlocks = len(e.chunks)
@@ -125,6 +144,11 @@ func (p *PoolMemoryResource) CheckInvariants() error {
 		all[ptr] = b
 		liveBytes += b.size
 	}
+	held, err := p.checkCaches(all)
+	if err != nil {
+		return err
+	}
+	liveBytes += held
 	if liveBytes != p.liveBytes {
 		return fmt.Errorf("live bytes counted %d, sum %d", p.liveBytes, liveBytes)
 	}

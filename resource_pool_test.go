@@ -209,8 +209,22 @@ func TestPoolBestFitAndCoalesce(t *testing.T) {
 	for _, i := range []int{1, 3, 5} {
 		require.NoError(t, p.Deallocate(ptrs[i], sizes[i], s))
 	}
+	// The last frees, of sizes just asked for, wait in the default stream's cache: free, but
+	// not coalesced yet.
 	st := p.Stats()
+	require.Equal(t, 1<<20, st.FreeBytes)
+	require.Positive(t, st.CachedBlocks)
+	require.Greater(t, st.FreeBlocks, st.CachedBlocks, "cached blocks keep their free neighbours apart")
+	require.NoError(t, p.CheckInvariants())
+	// A request the cache cannot serve coalesces them first: the whole pool is one block again.
+	whole, err := p.Allocate(1<<20, s)
+	require.NoError(t, err)
+	require.Equal(t, ptrs[0], whole)
+	require.Equal(t, 1<<20, p.PoolSize(), "no growth")
+	require.NoError(t, p.Deallocate(whole, 1<<20, s))
+	st = p.Stats()
 	require.Equal(t, 1, st.FreeBlocks)
+	require.Equal(t, 1, st.CachedBlocks, "a size just asked for, of at most 1 MiB, waits in the cache")
 	require.Equal(t, 1<<20, st.LargestFreeBlock)
 	require.NoError(t, p.CheckInvariants())
 }

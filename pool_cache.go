@@ -1,0 +1,371 @@
+package rmm
+
+import (
+	"fmt"
+	"sync"
+	"sync/atomic"
+)
+
+// Per-stream caches: the pool's fast path.
+//
+// A pool has one mutex, and goroutines that allocate and free on their own streams all take it.
+// Under contention (16 goroutines on 16 cores, each with its own stream) the mutex, not the
+// pool's work, bounds the throughput. So each stream whose lifetime the package knows (the
+// default stream and our own Streams) gets a small cache of blocks it freed, under a lock of its
+// own:
+//
+//   - A free on stream s of a block of at most poolCacheMaxBlock bytes, of the size of one of the
+//     last poolCacheRecent allocations on s that went down the slow path (so a size the stream
+//     asks for again and again), puts the block into s's cache instead of s's free list. The block stays out of the free lists (it is not free in the
+//     chain, so no neighbour coalesces with it) and counts as held in the pool's live bytes.
+//   - An allocation on s of exactly a cached block's (rounded) size takes it back under s's lock
+//     alone, and the block is recorded in the cache's own table of blocks it handed out, so that
+//     its free on s is found there, again under s's lock alone.
+//   - Everything else takes the pool's mutex as before. An allocation on s that its cache cannot
+//     serve first gives s's cached blocks back to s's free list, so best fit (and coalescing) see
+//     them: only an exact-size reuse on the same stream skips them. The slow path looks a pointer up in the
+//     pool's live table and, when it is not there, in the caches' tables: a block handed out by
+//     one stream's cache may be freed on another stream, or twice.
+//   - Before the pool grows (and in Release, Stats, the release threshold's trim, a stream's Close
+//     and Close), every cache gives its blocks back to its stream's free list, where they coalesce.
+//     A cache is then dead; a new one is made at the next free. So no request fails and no growth
+//     happens that the cached memory could have served, and the figures Stats gives are those of
+//     a pool without caches.
+//
+// Memory in a cache is reused only by its own stream, so no event is needed (as for a stream's
+// own free list). Streams made from foreign handles (NewStreamView) have no cache: their frees
+// record an event each, under the pool's mutex.
+const (
+	poolCacheSlots    = 16
+	poolCacheMaxBlock = 1 << 20 // bytes
+	poolCacheRecent   = 4
+)
+
+// poolCache is one stream's cache. Lock order: the pool's mutex, then a cache's.
+type poolCache struct {
+	mu     sync.Mutex
+	stream StreamView // the stream whose frees the cache holds
+	dead   bool
+	// busy is whether the cache holds blocks or has blocks handed out; written under mu only when
+	// it changes, read without mu by the fast paths to skip an idle cache.
+	busy   atomic.Bool
+	n      int // slots in use
+	next   int // the slot replaced when all are in use
+	slots  [poolCacheSlots]*block
+	issued blockTable // blocks taken from the slots and not freed yet
+	_      [64]byte   // keep neighbouring caches' locks off this cache line
+}
+
+// poolCaches is the published set of caches; it is never changed once published (a change
+// publishes a copy), so the fast paths read it without a lock. Pools see few streams, so a
+// scan of a short slice finds a stream's cache sooner than a map would.
+type poolCaches []*poolCache
+
+// note updates c.busy (c locked).
+func (c *poolCache) note() {
+	if v := c.n > 0 || c.issued.len() > 0; c.busy.Load() != v {
+		c.busy.Store(v)
+	}
+}
+
+// noteAllocation records n, the size of an allocation on l's stream that its cache did not
+// serve (pool locked).
+func (l *freeList) noteAllocation(n int) {
+	for _, r := range l.recent {
+		if r == n {
+			return
+		}
+	}
+	l.recent[l.recentNext] = n
+	l.recentNext = (l.recentNext + 1) % poolCacheRecent
+}
+
+// asksFor reports whether n is among the recent sizes of noteAllocation.
+func (l *freeList) asksFor(n int) bool {
+	for _, r := range l.recent {
+		if r == n {
+			return true
+		}
+	}
+	return false
+}
+
+func (p *PoolMemoryResource) cacheOf(s StreamView) *poolCache {
+	if m := p.caches.Load(); m != nil {
+		for _, c := range *m {
+			if c.stream.id == s.id {
+				return c
+			}
+		}
+	}
+	return nil
+}
+
+// allocateCached takes a block of exactly n bytes (rounded) from s's cache, for a request of
+// nbytes; 0 when the cache has none.
+func (p *PoolMemoryResource) allocateCached(n, nbytes int, s StreamView) DevicePtr {
+	c := p.cacheOf(s)
+	if c == nil || !c.busy.Load() {
+		return 0
+	}
+	c.mu.Lock()
+	if c.dead {
+		c.mu.Unlock()
+		return 0
+	}
+	for i := 0; i < c.n; i++ {
+		if b := c.slots[i]; b.size == n {
+			c.n--
+			c.slots[i] = c.slots[c.n]
+			c.slots[c.n] = nil
+			b.req = nbytes
+			c.issued.put(b)
+			c.mu.Unlock()
+			return b.addr
+		}
+	}
+	c.mu.Unlock()
+	return 0
+}
+
+// deallocateCached frees ptr on s when s's cache handed it out and has a slot for it. It reports
+// whether it did; a size other than the one allocated is an error (and changes nothing).
+func (p *PoolMemoryResource) deallocateCached(ptr DevicePtr, nbytes int, s StreamView) (bool, error) {
+	c := p.cacheOf(s)
+	if c == nil || !c.busy.Load() {
+		return false, nil
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.dead || c.n == poolCacheSlots {
+		return false, nil
+	}
+	b := c.issued.get(ptr)
+	if b == nil {
+		return false, nil
+	}
+	if b.req != nbytes {
+		return false, fmt.Errorf("%w: PoolMemoryResource.Deallocate(%#x, %d): the block was allocated with %d bytes", ErrInvalidFree, uintptr(ptr), nbytes, b.req)
+	}
+	c.issued.del(ptr)
+	b.req = 0
+	c.slots[c.n] = b
+	c.n++
+	return true, nil
+}
+
+// takeIssued finds ptr among the blocks the caches handed out and, when found, makes it a block
+// of the pool's live table again (pool locked). It returns nil when no cache handed ptr out.
+func (p *PoolMemoryResource) takeIssued(ptr DevicePtr) *block {
+	m := p.caches.Load()
+	if m == nil {
+		return nil
+	}
+	for _, c := range *m {
+		c.mu.Lock()
+		b := c.issued.get(ptr)
+		if b != nil {
+			c.issued.del(ptr)
+			c.note()
+			p.live.put(b)
+		}
+		c.mu.Unlock()
+		if b != nil {
+			return b
+		}
+	}
+	return nil
+}
+
+// cacheFree puts the block b, just freed on s (whose list is l), into s's cache, making the cache
+// when s has none; the block the cache drops to make room goes to l. It reports false, changing
+// nothing, when b is not for a cache. Pool locked; b is out of the live table, still counted in
+// liveBytes.
+func (p *PoolMemoryResource) cacheFree(l *freeList, b *block, s StreamView) bool {
+	if !l.lazy || b.size > poolCacheMaxBlock || p.closed || !l.asksFor(b.size) {
+		return false
+	}
+	c := p.cacheOf(s)
+	if c == nil {
+		c = &poolCache{stream: l.stream}
+		var m poolCaches
+		if old := p.caches.Load(); old != nil {
+			m = append(m, *old...)
+		}
+		m = append(m, c)
+		p.caches.Store(&m)
+	}
+	c.mu.Lock()
+	b.req = 0
+	if c.n < poolCacheSlots {
+		c.slots[c.n] = b
+		c.n++
+		c.note()
+		c.mu.Unlock()
+		return true
+	}
+	old := c.slots[c.next]
+	c.slots[c.next] = b
+	c.next = (c.next + 1) % poolCacheSlots
+	c.mu.Unlock()
+	p.liveBytes -= old.size
+	p.freeInto(l, old)
+	return true
+}
+
+// flushCache gives the blocks in s's cache back to s's list l (pool locked), where they
+// coalesce, so that a best-fit search of l sees them. The cache stays.
+func (p *PoolMemoryResource) flushCache(l *freeList, s StreamView) {
+	c := p.cacheOf(s)
+	if c == nil || !c.busy.Load() {
+		return
+	}
+	c.mu.Lock()
+	slots, k := c.slots, c.n
+	c.n, c.next, c.slots = 0, 0, [poolCacheSlots]*block{}
+	c.note()
+	c.mu.Unlock()
+	for _, b := range slots[:k] {
+		p.liveBytes -= b.size
+		p.freeInto(l, b)
+	}
+}
+
+// dropCaches empties every cache (pool locked): cached blocks go to their streams' free lists,
+// coalescing, and blocks the caches handed out go to the live table. The caches die; it returns
+// the number of blocks given back to the free lists.
+func (p *PoolMemoryResource) dropCaches() int {
+	m := p.caches.Load()
+	if m == nil {
+		return 0
+	}
+	p.caches.Store(nil)
+	freed := 0
+	for _, c := range *m {
+		c.mu.Lock()
+		c.dead = true
+		c.issued.each(func(b *block) { p.live.put(b) })
+		c.issued = blockTable{}
+		slots := c.slots
+		k := c.n
+		c.n, c.slots = 0, [poolCacheSlots]*block{}
+		c.note()
+		c.mu.Unlock()
+		if k == 0 {
+			continue
+		}
+		// The stream's list may have been merged into another stream's and dropped since: make
+		// it again. If that fails, wait for the stream on the host; then the blocks may go to
+		// any list.
+		l, err := p.listFor(c.stream)
+		if err != nil {
+			DebugLogger().Warn("rmm: PoolMemoryResource: no free list for a stream's cached blocks; synchronising it", "stream", c.stream.String(), "err", err)
+			if p.ctx != 0 {
+				if serr := cuStreamSynchronize(p.ctx, c.stream.cu()); serr != nil {
+					cuCtxSynchronize(p.ctx)
+				}
+			}
+			if l, err = p.listFor(DefaultStream); err != nil {
+				panic(fmt.Sprintf("rmm: PoolMemoryResource: no free list for the default stream: %v", err))
+			}
+		}
+		for _, b := range slots[:k] {
+			p.liveBytes -= b.size
+			p.freeInto(l, b)
+			l.dirty = true
+		}
+		freed += k
+	}
+	return freed
+}
+
+// poolCacheFigures is what one stream's cache holds, for Stats.
+type poolCacheFigures struct {
+	stream                         StreamView
+	blocks, bytes, largest, issued int
+}
+
+// cachedByStream returns each cache's figures by stream id (pool locked).
+func (p *PoolMemoryResource) cachedByStream() map[uint64]poolCacheFigures {
+	m := p.caches.Load()
+	if m == nil {
+		return nil
+	}
+	out := make(map[uint64]poolCacheFigures, len(*m))
+	for _, c := range *m {
+		c.mu.Lock()
+		f := poolCacheFigures{stream: c.stream, blocks: c.n, issued: c.issued.len()}
+		for _, b := range c.slots[:c.n] {
+			f.bytes += b.size
+			f.largest = max(f.largest, b.size)
+		}
+		c.mu.Unlock()
+		out[c.stream.id] = f
+	}
+	return out
+}
+
+// cachesWithoutList returns the figures of the caches holding blocks whose stream has no free
+// list (pool locked), in the order the caches were made.
+func (p *PoolMemoryResource) cachesWithoutList(cached map[uint64]poolCacheFigures) []poolCacheFigures {
+	var out []poolCacheFigures
+	if m := p.caches.Load(); m != nil {
+		for _, c := range *m {
+			if f := cached[c.stream.id]; f.blocks > 0 && p.byStream[c.stream.id] == nil {
+				out = append(out, f)
+			}
+		}
+	}
+	return out
+}
+
+// checkCaches verifies the caches for CheckInvariants (pool locked): every cached block is
+// allocated in the chain, out of the lists and the live table, of at most poolCacheMaxBlock
+// bytes; every block a cache handed out is in no other table. It adds both kinds to all, and
+// returns the bytes they hold.
+func (p *PoolMemoryResource) checkCaches(all map[DevicePtr]*block) (int, error) {
+	m := p.caches.Load()
+	if m == nil {
+		return 0, nil
+	}
+	held := 0
+	for _, c := range *m {
+		id := c.stream.id
+		c.mu.Lock()
+		var err error
+		add := func(b *block, what string) {
+			switch {
+			case err != nil:
+			case b.free || b.list != nil:
+				err = fmt.Errorf("%s block %#x of stream %#x is free or listed", what, uintptr(b.addr), id)
+			case all[b.addr] != nil || p.live.get(b.addr) != nil:
+				err = fmt.Errorf("%s block %#x of stream %#x is indexed twice", what, uintptr(b.addr), id)
+			case b.size > poolCacheMaxBlock:
+				err = fmt.Errorf("%s block %#x of stream %#x has %d bytes", what, uintptr(b.addr), id, b.size)
+			}
+			all[b.addr] = b
+			held += b.size
+		}
+		for _, b := range c.slots[:c.n] {
+			if b.req != 0 {
+				err = fmt.Errorf("cached block %#x of stream %#x has a size asked", uintptr(b.addr), id)
+			}
+			add(b, "cached")
+		}
+		c.issued.each(func(b *block) {
+			if n, _ := alignSize(b.req); err == nil && n != b.size {
+				err = fmt.Errorf("block %#x handed out by the cache of stream %#x has %d bytes, asked %d", uintptr(b.addr), id, b.size, b.req)
+			}
+			add(b, "handed-out")
+		})
+		dead := c.dead
+		c.mu.Unlock()
+		if err != nil {
+			return 0, err
+		}
+		if dead {
+			return 0, fmt.Errorf("the cache of stream %#x is dead but published", id)
+		}
+	}
+	return held, nil
+}
