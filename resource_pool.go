@@ -289,10 +289,6 @@ func (p *PoolMemoryResource) Allocate(nbytes int, s StreamView) (DevicePtr, erro
 	p.flushCache(l, s)
 	l.noteAllocation(n)
 	b, home, err := p.findBlock(l, n, s)
-	if err == nil && b == nil && p.dropCaches() > 0 {
-		// Blocks held in the streams' caches are free memory: coalesce them before growing.
-		b, home, err = p.findBlock(l, n, s)
-	}
 	if err != nil {
 		return 0, err
 	}
@@ -344,6 +340,9 @@ func (p *PoolMemoryResource) findBlock(l *freeList, n int, s StreamView) (*block
 		l.remove(b)
 		return b, l, nil
 	}
+	// Blocks in the other streams' caches are free memory: put them where this search (and the
+	// merging after it) sees them.
+	p.dropCaches()
 	// A block that fits on its own in another stream's list: wait for that stream, take it. The
 	// remainder after the split stays in that list.
 	for _, o := range p.lists {
