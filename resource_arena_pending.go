@@ -8,9 +8,10 @@ import (
 // Stream-ordered reuse of the global arena. A free into the global arena does not wait for the
 // freeing stream: the superblock notes the stream as pending (arenaPending), and a stream that
 // later takes memory from that superblock first waits on the device for an event of each
-// pending stream (waitPending). Everything here runs under the global arena's lock, CUDA calls
-// included: they are made only when memory crosses from one stream to another, never on the
-// one-stream path.
+// pending stream (waitPending). Apart from making a stream's record (streamRec), everything here
+// runs under the global arena's lock, CUDA calls included: they are made when memory passes from
+// one stream to another (and at each free on a foreign stream), never when DefaultStream or one
+// of our Streams allocates and frees alone.
 
 // arenaPendingMax bounds the streams a superblock remembers. A free by one more stream
 // synchronises that stream on the host instead; a merge that would hold more synchronises the
@@ -18,7 +19,8 @@ import (
 const arenaPendingMax = 4
 
 // arenaStream is what the arena knows of a stream that freed memory into the global arena. Its
-// fields are guarded by the global arena's lock, except stream and lazy, which never change.
+// fields are guarded by the global arena's lock, except stream and lazy, which never change (nor
+// does a foreign stream's event until the record is dropped).
 type arenaStream struct {
 	stream StreamView
 	// event is recorded on stream to order another stream after the frees (0 until needed on
