@@ -191,7 +191,8 @@ func TestGPUArenaSmallMediumLarge(t *testing.T) {
 	require.NoError(t, arena.CheckInvariants())
 }
 
-// A large block freed on A (the global arena: the free synchronises A) is given to B.
+// A large block freed on A (into the global arena: the free does not wait, B waits on the device
+// for A's work when it takes the block) is given to B.
 func TestGPUArenaLargeCrossStreamReuse(t *testing.T) {
 	requireGPU(t)
 	cuda, ctx := suballocCuda(t)

@@ -64,21 +64,39 @@ type ArenaOptions struct {
 //     global arena that fits moves to the stream's arena (an empty superblock of 2 MiB or more
 //     is split and exactly 1 MiB moves).
 //   - Each stream gets its own arena, keyed by the stream's identity (StreamView.ID). When one
-//     of our Streams is closed, it is synchronised and its superblocks go back to the global
-//     arena; the arenas of views of foreign streams (NewStreamView) are emptied and dropped at
-//     each defragmentation. Allocations on DefaultStream use one of DefaultStreamArenas sharded
-//     arenas, chosen per goroutine by processor affinity, falling over to an idle shard when the
-//     preferred one is busy. Empty superblocks otherwise stay in their arena, as in librmm.
+//     of our Streams is closed, it is synchronised (if its arena holds superblocks or it freed
+//     into the global arena) and its superblocks go back to the global arena; the arenas of
+//     views of foreign streams (NewStreamView) are emptied and dropped at each defragmentation.
+//     Allocations on DefaultStream use one of DefaultStreamArenas sharded arenas, chosen per
+//     goroutine by processor affinity, falling over to an idle shard when the preferred one is
+//     busy. Empty superblocks otherwise stay in their arena, as in librmm.
 //   - Deallocate frees the block in the superblock that holds it, wherever that superblock is
 //     now, coalescing with free neighbours; empty superblocks in the global arena coalesce with
-//     empty neighbours. A free on a stream other than the one of the arena holding the block, or
-//     a free into the global arena, first synchronises the freeing stream (cuStreamSynchronize),
-//     so that the block is never reused by another stream before the work before the free ends.
+//     empty neighbours. A free on a stream other than the one of the arena holding the block
+//     first synchronises the freeing stream (cuStreamSynchronize).
+//   - A free into the global arena does not wait: memory there is reused in stream order, as
+//     in PoolMemoryResource. The superblock remembers the streams that freed into it (at most
+//     four; a fifth is synchronised on the host before its free, and a merge of two empty
+//     superblocks synchronises the streams that do not fit), and a stream that takes memory
+//     from it, by a large request or by moving it into its arena, first waits on the device for
+//     an event of each of those streams (cuStreamWaitEvent: the host does not block). A
+//     superblock moved into a stream's arena forgets them: what is ordered on that stream comes
+//     after them. So a block is never reused by another stream before the work queued before its
+//     free ends, and allocating and freeing on one stream makes no CUDA call. librmm instead
+//     synchronises the freeing stream at every free into the global arena: a driver call on
+//     every free of a large block, and a host wait while the stream is busy.
+//   - Events: on DefaultStream and our own Streams, whose lifetime the package knows, the event
+//     is recorded only when another stream waits for it; a Stream that closes is synchronised
+//     first, so superblocks still naming it can ignore it. On streams made from foreign handles
+//     (NewStreamView) it is recorded at every free into the global arena, while the stream
+//     surely exists; their events are dropped at each defragmentation. The CUDA calls that order
+//     one stream after another are made under the global arena's lock.
 //   - When an allocation fails, the arena defragments: it synchronises the device
 //     (cuCtxSynchronize), returns every arena's superblocks, empty or not, to the global arena,
-//     coalesces empty neighbours and retries once. Every arena stays locked from before the
-//     synchronisation until the superblocks have moved, so that no block whose work is still
-//     queued can slip into the global arena. If the retry fails too it writes the dump (when
+//     where no stream is pending any more, coalesces empty neighbours and retries once (Release
+//     does the same). Every arena stays locked from before the synchronisation until the
+//     superblocks have moved, so that no block whose work is still queued can slip into the
+//     global arena. If the retry fails too it writes the dump (when
 //     enabled) and returns an *OutOfMemoryError (errors.Is(err, ErrOutOfMemory) holds) that
 //     gives the size asked, the arena size (as PoolSize and MaximumSize: the arena never grows,
 //     so Headroom is 0), the free bytes and the largest free block, and whether the free bytes
@@ -91,7 +109,8 @@ type ArenaOptions struct {
 type ArenaMemoryResource struct {
 	upstream MemoryResource
 	dev      Device
-	ctx      uintptr // 0 without CUDA: no synchronisation is needed
+	ctx      uintptr      // 0 without CUDA: no synchronisation is needed
+	drv      *arenaDriver // the CUDA calls (&arenaCUDA; tests use fakes)
 	base     DevicePtr
 	size     int
 	dumpPath string // "" when no dump is wanted
@@ -102,7 +121,9 @@ type ArenaMemoryResource struct {
 	hints     sync.Pool // *arenaHint: the shard a processor used last
 	nextHint  atomic.Uint32
 	streams   sync.Map   // stream id -> *arenaSet
-	streamsMu sync.Mutex // creating stream arenas
+	streamsMu sync.Mutex // creating stream arenas and stream records
+	recs      sync.Map   // stream id -> *arenaStream, for streams that freed into the global arena
+	defRec    arenaStream
 	multiMu   sync.Mutex // serialises the operations that lock every arena
 	live      [arenaLiveShards]arenaLiveShard
 	defrags   atomic.Int64
@@ -202,9 +223,11 @@ func NewArenaMemoryResource(upstream MemoryResource, opts *ArenaOptions) (*Arena
 	r := &ArenaMemoryResource{
 		upstream: upstream,
 		dev:      DeviceOf(upstream),
+		drv:      &arenaCUDA,
 		size:     size,
 		shards:   make([]arenaShard, nshards),
 	}
+	r.defRec = arenaStream{stream: DefaultStream.deviceView(r.dev), lazy: true}
 	if o.DumpLogOnFailure {
 		r.dumpPath = o.DumpLogPath
 		if r.dumpPath == "" {
@@ -313,7 +336,8 @@ func (r *ArenaMemoryResource) allocate(n, asked int, s StreamView) (DevicePtr, e
 	return p, err
 }
 
-// allocateLarge serves a large request from the global arena; see allocate.
+// allocateLarge serves a large request from the global arena; see allocate. s first waits on
+// the device for the streams that freed into the superblock (waitPending).
 func (r *ArenaMemoryResource) allocateLarge(n, asked int, s StreamView) (DevicePtr, error) {
 	if s.closed() {
 		return 0, errStreamClosed("ArenaMemoryResource.Allocate", s)
@@ -328,9 +352,13 @@ func (r *ArenaMemoryResource) allocateLarge(n, asked int, s StreamView) (DeviceP
 	if sb == nil {
 		return 0, nil
 	}
+	if err := r.waitPending(sb.pend, s); err != nil {
+		return 0, fmt.Errorf("ArenaMemoryResource.Allocate(%d): %w", asked, err)
+	}
 	var tail *arenaSuperblock
 	if head := max(ArenaMinSuperblockSize, n); sb.empty() && sb.size() >= head+ArenaMinSuperblockSize {
 		tail = sb.split(head, r.spareSuperblock())
+		copyPending(tail, sb)
 	}
 	p, _ := sb.firstFit(n)
 	g.tree.fix(sb)
@@ -349,8 +377,9 @@ func (r *ArenaMemoryResource) allocateFrom(a *arenaSet, n, asked int) (DevicePtr
 	}
 	sb := a.tree.firstFit(n)
 	if sb == nil {
-		if sb = r.takeSuperblock(a, n); sb == nil {
-			return 0, nil
+		var err error
+		if sb, err = r.takeSuperblock(a, n, asked); sb == nil {
+			return 0, err
 		}
 	}
 	p, _ := sb.firstFit(n)
@@ -360,25 +389,34 @@ func (r *ArenaMemoryResource) allocateFrom(a *arenaSet, n, asked int) (DevicePtr
 }
 
 // takeSuperblock moves the lowest-addressed superblock of the global arena that can serve n
-// bytes into arena a (locked), splitting off exactly 1 MiB of an empty superblock of 2 MiB or
-// more. It returns nil when the global arena has none.
-func (r *ArenaMemoryResource) takeSuperblock(a *arenaSet, n int) *arenaSuperblock {
+// bytes (asked: the caller's size) into arena a (locked), splitting off exactly 1 MiB of an
+// empty superblock of 2 MiB or more; the tail left in the global arena keeps the pending streams.
+// a's stream first waits on the device for the streams that freed into the superblock
+// (waitPending); the superblock then forgets them, since everything later ordered on a's
+// stream comes after them. It returns nil when the global arena has none, or when the wait
+// fails (with its error).
+func (r *ArenaMemoryResource) takeSuperblock(a *arenaSet, n, asked int) (*arenaSuperblock, error) {
 	g := &r.global
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	sb := g.tree.firstFit(n)
 	if sb == nil {
-		return nil
+		return nil, nil
+	}
+	if err := r.waitPending(sb.pend, a.stream); err != nil {
+		return nil, fmt.Errorf("ArenaMemoryResource.Allocate(%d): %w", asked, err)
 	}
 	g.tree.remove(sb)
 	if sb.empty() && sb.size() >= 2*ArenaMinSuperblockSize {
 		tail := sb.split(ArenaMinSuperblockSize, r.spareSuperblock())
+		copyPending(tail, sb)
 		tail.owner.Store(g)
 		g.tree.insert(tail)
 	}
+	clearPending(sb)
 	sb.owner.Store(a)
 	a.tree.insert(sb)
-	return sb
+	return sb, nil
 }
 
 // lockArena returns s's arena, locked: a shard for DefaultStream, else the stream's own arena.
@@ -433,7 +471,7 @@ func (r *ArenaMemoryResource) streamArena(s StreamView) (*arenaSet, error) {
 		return v.(*arenaSet), nil
 	}
 	a := &arenaSet{kind: arenaStreamKind, stream: s.deviceView(r.dev)}
-	if s.lifetimeKnown() && !addStreamCloseHook(s, r) {
+	if _, hooked := r.recs.Load(s.id); s.lifetimeKnown() && !hooked && !addStreamCloseHook(s, r) {
 		return nil, errStreamClosed("ArenaMemoryResource.Allocate", s)
 	}
 	r.streams.Store(s.id, a)
@@ -466,11 +504,23 @@ func (r *ArenaMemoryResource) liveCount() int {
 }
 
 // Deallocate returns p's block to the superblock that holds it, coalescing with its free
-// neighbours. nbytes must be the size given to Allocate. When the superblock is in another
-// stream's arena or in the global arena, s is synchronised first (cuStreamSynchronize; the
-// device when s is a closed Stream). A pointer the arena did not hand out, a double free or
-// another size returns ErrInvalidFree and changes nothing. Allocations that outlive Close are
-// freed as usual; the last one gives the arena back to the upstream.
+// neighbours. nbytes must be the size given to Allocate. The block may be handed out again at
+// once to work ordered on s, and to other streams only behind that work:
+//
+//   - When the superblock is in the global arena (every block above 1 MiB, and small blocks whose
+//     superblock went back there), the free does not wait. The superblock notes s: on
+//     DefaultStream and our own Streams no CUDA call is made; on a foreign stream (NewStreamView)
+//     an event is recorded on s now (cuEventRecord). Another stream that takes the memory waits
+//     on the device for s's work first (see the type's documentation). A superblock notes at
+//     most four streams: a free by a fifth synchronises s (cuStreamQuery, then
+//     cuStreamSynchronize) instead.
+//   - When the superblock is in the arena of another stream than s, s is synchronised first
+//     (cuStreamQuery, then cuStreamSynchronize).
+//   - On a Stream that was closed, the device is synchronised instead (cuCtxSynchronize).
+//
+// A pointer the arena did not hand out, a double free or another size returns ErrInvalidFree
+// and changes nothing. Allocations that outlive Close are freed as usual; the last one gives the
+// arena back to the upstream.
 func (r *ArenaMemoryResource) Deallocate(ptr DevicePtr, nbytes int, s StreamView) error {
 	if ptr == 0 {
 		return nil
@@ -489,11 +539,13 @@ func (r *ArenaMemoryResource) Deallocate(ptr DevicePtr, nbytes int, s StreamView
 	}
 	n, _ := alignSize(nbytes)
 	sb := e.sb
-	// Common case: no synchronisation is due and the owner's lock is free. The lock order is the
-	// owner's lock, then the live shard's; TryLock never waits, so it may be taken while the
-	// shard is held, and the entry found stays valid.
-	if o := sb.owner.Load(); o != nil && !r.syncDue(o, s) && o.mu.TryLock() {
-		if sb.owner.Load() == o {
+	// Common case: the owner's lock is free, and the free needs neither a synchronisation nor a
+	// CUDA call nor a stream record to look up (a free into s's own arena, or on DefaultStream,
+	// whose record is r.defRec, into the global arena). The lock order is the owner's lock, then
+	// the live shard's; TryLock never waits, so it may be taken while the shard is held, and the
+	// entry found stays valid.
+	if o := sb.owner.Load(); o != nil && r.freeFast(o, s) && o.mu.TryLock() {
+		if sb.owner.Load() == o && r.noteDefault(o, sb) {
 			ls.m.del(i)
 			ls.count--
 			ls.bytes -= n
@@ -503,13 +555,31 @@ func (r *ArenaMemoryResource) Deallocate(ptr DevicePtr, nbytes int, s StreamView
 		o.mu.Unlock()
 	}
 	ls.mu.Unlock()
-	synced := false
+	return r.deallocateSlow(ptr, nbytes, n, s, e, ls)
+}
+
+// deallocateSlow is Deallocate past its common case: it looks s's record up, synchronises s
+// where that is due, and waits for the owner's lock. e is the live entry found for ptr (n: its
+// rounded size) in shard ls, which is not held.
+func (r *ArenaMemoryResource) deallocateSlow(ptr DevicePtr, nbytes, n int, s StreamView, e arenaLive, ls *arenaLiveShard) error {
+	sb := e.sb
+	var x *arenaStream // s's record, once the superblock is seen in the global arena
+	synced := false    // s was synchronised: the free needs no ordering any more
 	for {
 		o := sb.owner.Load()
 		if o == nil {
 			return r.notAllocated(ptr, nbytes) // freed (and its superblock merged) meanwhile
 		}
-		if !synced && r.syncDue(o, s) {
+		toGlobal := !synced && r.ctx != 0 && o.kind == arenaGlobal && !r.closed.Load()
+		if toGlobal && x == nil && !s.closed() {
+			var err error
+			if x, err = r.streamRec(s); err != nil {
+				return fmt.Errorf("ArenaMemoryResource.Deallocate: %w", err)
+			}
+		}
+		if (toGlobal && x == nil) || (!synced && r.crossArena(o, s)) {
+			// A closed Stream (the device is synchronised), or a small block of another stream's
+			// arena.
 			if err := r.syncStream(s); err != nil {
 				return fmt.Errorf("ArenaMemoryResource.Deallocate: synchronising %v before freeing into another arena: %w", s, err)
 			}
@@ -520,11 +590,40 @@ func (r *ArenaMemoryResource) Deallocate(ptr DevicePtr, nbytes int, s StreamView
 			o.mu.Unlock()
 			continue
 		}
+		note := !synced && r.ctx != 0 && o.kind == arenaGlobal && !r.closed.Load()
+		if note && (x == nil || x.done) {
+			// The superblock reached the global arena, or s's record was dropped, meanwhile.
+			o.mu.Unlock()
+			x = nil
+			continue
+		}
 		ls.mu.Lock()
-		if i = ls.m.find(ptr); i < 0 || ls.m.slots[i].arenaLive != e {
+		i := ls.m.find(ptr)
+		if i < 0 || ls.m.slots[i].arenaLive != e {
 			ls.mu.Unlock()
 			o.mu.Unlock()
 			return r.notAllocated(ptr, nbytes)
+		}
+		if note {
+			// The entry stays while o is locked (only a holder of the owner's lock removes it),
+			// so the shard need not be held over the CUDA call notePending may make.
+			ls.mu.Unlock()
+			ok, err := r.notePending(sb, x)
+			if err != nil {
+				o.mu.Unlock()
+				return err
+			}
+			if !ok {
+				// The superblock already waits for arenaPendingMax other streams.
+				o.mu.Unlock()
+				if err := r.syncStream(s); err != nil {
+					return fmt.Errorf("ArenaMemoryResource.Deallocate: synchronising %v before freeing into the global arena: %w", s, err)
+				}
+				synced = true
+				continue
+			}
+			ls.mu.Lock()
+			i = ls.m.find(ptr)
 		}
 		ls.m.del(i)
 		ls.count--
@@ -534,10 +633,32 @@ func (r *ArenaMemoryResource) Deallocate(ptr DevicePtr, nbytes int, s StreamView
 	}
 }
 
-// syncDue reports whether a free on s into arena o must first synchronise s: o is the global
-// arena or another stream's arena (never without CUDA).
-func (r *ArenaMemoryResource) syncDue(o *arenaSet, s StreamView) bool {
-	return r.ctx != 0 && (o.kind == arenaGlobal || o.stream.id != s.id)
+// freeFast reports whether a free on s into arena o may take Deallocate's common path: without
+// CUDA always; into the global arena on DefaultStream; into another arena on its own stream.
+func (r *ArenaMemoryResource) freeFast(o *arenaSet, s StreamView) bool {
+	if r.ctx == 0 {
+		return true
+	}
+	if o.kind == arenaGlobal {
+		return s.id == 0
+	}
+	return o.stream.id == s.id
+}
+
+// noteDefault notes DefaultStream as pending on sb when its owner o (locked) is the global arena
+// (see notePending; no CUDA call). It returns false when sb cannot note one more stream.
+func (r *ArenaMemoryResource) noteDefault(o *arenaSet, sb *arenaSuperblock) bool {
+	if r.ctx == 0 || o.kind != arenaGlobal || r.closed.Load() {
+		return true
+	}
+	ok, _ := r.notePending(sb, &r.defRec) // lazy: never an error
+	return ok
+}
+
+// crossArena reports whether a free on s into arena o must first synchronise s: o is another
+// stream's arena (never without CUDA). Frees into the global arena are ordered by notePending.
+func (r *ArenaMemoryResource) crossArena(o *arenaSet, s StreamView) bool {
+	return r.ctx != 0 && o.kind != arenaGlobal && o.stream.id != s.id
 }
 
 // freeIn returns [ptr, ptr+n) to sb, whose owner o is locked (and is unlocked here), after its
@@ -564,12 +685,12 @@ func (r *ArenaMemoryResource) notAllocated(ptr DevicePtr, nbytes int) error {
 // cuStreamSynchronize on an idle stream (the project notes give 145 against 229 ns on an H200).
 func (r *ArenaMemoryResource) syncStream(s StreamView) error {
 	if s.closed() {
-		return cuCtxSynchronize(r.ctx)
+		return r.drv.ctxSynchronize(r.ctx)
 	}
-	if done, err := cuStreamQuery(r.ctx, s.cu()); err == nil && done {
+	if done, err := r.drv.streamQuery(r.ctx, s.cu()); err == nil && done {
 		return nil
 	}
-	return cuStreamSynchronize(r.ctx, s.cu())
+	return r.drv.streamSynchronize(r.ctx, s.cu())
 }
 
 // globalAdd puts sb into the global arena (locked), merging it with empty neighbours when empty.
@@ -583,12 +704,14 @@ func (r *ArenaMemoryResource) globalAdd(sb *arenaSuperblock) {
 }
 
 // mergeEmpty merges the empty superblock sb of the global arena (locked) with the empty
-// superblocks right before and after it, as long as the result stays within 1 TiB.
+// superblocks right before and after it, as long as the result stays within 1 TiB. The merged
+// superblock waits for the pending streams of both (mergePending).
 func (r *ArenaMemoryResource) mergeEmpty(sb *arenaSuperblock) {
 	g := &r.global
 	if prev := sb.prevSB; prev != nil && prev.owner.Load() == g && prev.empty() &&
 		prev.size()+sb.size() <= ArenaMaxSuperblockSize {
 		g.tree.remove(sb)
+		r.mergePending(prev, sb)
 		prev.absorb(sb)
 		g.tree.fix(prev)
 		r.keepSpare(sb)
@@ -597,6 +720,7 @@ func (r *ArenaMemoryResource) mergeEmpty(sb *arenaSuperblock) {
 	if next := sb.nextSB; next != nil && next.owner.Load() == g && next.empty() &&
 		sb.size()+next.size() <= ArenaMaxSuperblockSize {
 		g.tree.remove(next)
+		r.mergePending(sb, next)
 		sb.absorb(next)
 		g.tree.fix(sb)
 		r.keepSpare(next)
@@ -662,19 +786,23 @@ func (r *ArenaMemoryResource) lockArenas() ([]*arenaSet, func()) {
 }
 
 // defragment waits for the device, then returns every arena's superblocks (empty or not) to
-// the global arena, where empty neighbours coalesce. Arenas of foreign streams are dropped (they
-// are made again on their next use). Every arena stays locked from before the synchronisation to
-// the end, so no free can slip a block whose work is still queued into the global arena.
+// the global arena, where empty neighbours coalesce. No stream is pending on any superblock
+// afterwards. Arenas and records of foreign streams are dropped (they are made again on their
+// next use). Every arena, the global one included, stays locked from before the synchronisation
+// to the end, so that no free can slip a block whose work is still queued into the global arena,
+// or note a stream there that the synchronisation does not cover.
 func (r *ArenaMemoryResource) defragment() error {
 	arenas, unlock := r.lockArenas()
 	defer unlock()
+	g := &r.global
+	g.mu.Lock()
 	if r.ctx != 0 {
-		if err := cuCtxSynchronize(r.ctx); err != nil {
+		if err := r.drv.ctxSynchronize(r.ctx); err != nil {
+			g.mu.Unlock()
 			return err
 		}
 	}
-	g := &r.global
-	g.mu.Lock()
+	r.forgetPending()
 	for _, a := range arenas {
 		r.moveAllToGlobal(a)
 		if a.kind == arenaStreamKind && !a.stream.lifetimeKnown() {
@@ -687,37 +815,46 @@ func (r *ArenaMemoryResource) defragment() error {
 	return nil
 }
 
-// streamClosing is called by Stream.Close before the stream is destroyed: the stream is
-// synchronised and its arena's superblocks go back to the global arena.
+// streamClosing is called by Stream.Close before the stream is destroyed. When the stream's
+// arena holds superblocks, or the stream freed into the global arena, the stream is
+// synchronised (cuStreamSynchronize; the device if that fails), its superblocks go back to the
+// global arena, and its record is marked done and its event destroyed: superblocks that still
+// name it as pending ignore it from then on, so nothing refers to the dead handle.
 func (r *ArenaMemoryResource) streamClosing(s StreamView) {
-	// streamsMu orders this after a streamArena that registered the hook but has not stored the
-	// arena yet.
+	// streamsMu orders this after a streamArena or streamRec that registered the hook but has
+	// not stored the arena or record yet.
 	r.streamsMu.Lock()
-	v, ok := r.streams.Load(s.id)
-	if ok {
-		r.streams.Delete(s.id)
-	}
+	v, ok := r.streams.LoadAndDelete(s.id)
+	xv, xok := r.recs.LoadAndDelete(s.id)
 	r.streamsMu.Unlock()
-	if !ok {
-		return
+	var a *arenaSet
+	if ok {
+		a = v.(*arenaSet)
+		a.mu.Lock()
+		defer a.mu.Unlock()
+		a.retired = true
+		if a.tree.count == 0 {
+			a = nil
+		}
 	}
-	a := v.(*arenaSet)
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	a.retired = true
-	if a.tree.count == 0 {
+	if a == nil && !xok {
 		return
 	}
 	if r.ctx != 0 {
-		if err := cuStreamSynchronize(r.ctx, s.cu()); err != nil {
+		if err := r.drv.streamSynchronize(r.ctx, s.cu()); err != nil {
 			DebugLogger().Warn("rmm: ArenaMemoryResource: synchronising a closing stream failed; synchronising the device", "stream", s.String(), "err", err)
-			if err := cuCtxSynchronize(r.ctx); err != nil {
+			if err := r.drv.ctxSynchronize(r.ctx); err != nil {
 				DebugLogger().Error("rmm: ArenaMemoryResource: synchronising the device failed", "err", err)
 			}
 		}
 	}
 	r.global.mu.Lock()
-	r.moveAllToGlobal(a)
+	if xok {
+		r.dropRec(xv.(*arenaStream))
+	}
+	if a != nil {
+		r.moveAllToGlobal(a)
+	}
 	r.global.mu.Unlock()
 }
 
@@ -765,15 +902,17 @@ func (r *ArenaMemoryResource) finishClose() error {
 	return r.returnUpstream()
 }
 
-// returnUpstream (closeMu held) waits for the device and frees the arena's upstream allocation.
+// returnUpstream (closeMu held) waits for the device, destroys the events of the stream
+// records and frees the arena's upstream allocation.
 func (r *ArenaMemoryResource) returnUpstream() error {
 	if !r.held {
 		return nil
 	}
 	if r.ctx != 0 {
-		if err := cuCtxSynchronize(r.ctx); err != nil {
+		if err := r.drv.ctxSynchronize(r.ctx); err != nil {
 			return fmt.Errorf("ArenaMemoryResource.Close: synchronising the device: %w", err)
 		}
+		r.dropRecs()
 	}
 	if err := r.upstream.Deallocate(r.base, r.size, DefaultStream); err != nil {
 		return fmt.Errorf("ArenaMemoryResource.Close: returning the %d-byte arena to %s: %w", r.size, resourceName(r.upstream), err)
@@ -946,7 +1085,8 @@ func (r *ArenaMemoryResource) dump(nbytes int) {
 // 256-aligned, ordered, never adjacent (coalescing is complete) and their total is its free
 // bytes; live allocations lie in their superblock and overlap nothing; free plus live bytes
 // equal each superblock's size; no two empty neighbours in the global arena are left unmerged;
-// the live index is well formed. It locks everything, takes O(n log n) time and is meant for
+// only superblocks of the global arena name pending streams, each at most once; the live index
+// is well formed. It locks everything, takes O(n log n) time and is meant for
 // tests.
 func (r *ArenaMemoryResource) CheckInvariants() error {
 	arenas, unlock := r.lockArenas()
@@ -973,6 +1113,12 @@ func (r *ArenaMemoryResource) CheckInvariants() error {
 				err = fmt.Errorf("arena %s: node %#x is not a superblock's", a.name(), uintptr(x.addr))
 			case sb.owner.Load() != a:
 				err = fmt.Errorf("superblock %#x is in arena %s but names another owner", uintptr(sb.addr()), a.name())
+			case a != &r.global && sb.pend.len() > 0:
+				err = fmt.Errorf("superblock %#x in arena %s still names %d pending streams", uintptr(sb.addr()), a.name(), sb.pend.len())
+			case sb.pend.len() > 0:
+				if e := sb.pend.check(); e != nil {
+					err = fmt.Errorf("superblock %#x: %w", uintptr(sb.addr()), e)
+				}
 			}
 			sbs = append(sbs, sb)
 		})

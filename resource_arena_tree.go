@@ -339,7 +339,11 @@ type arenaSuperblock struct {
 	node      arenaNode  // the superblock's range (addr, size) and node.sb, the superblock
 
 	prevSB, nextSB *arenaSuperblock // address neighbours (nil at the arena's ends)
-	_              [16]byte
+	// pend: the streams that freed into the superblock while it was in the global arena and
+	// may still have work queued (nil or empty: none). Only the global arena's lock guards it;
+	// it is empty whenever the superblock is in another arena.
+	pend *arenaPending
+	_    [8]byte
 }
 
 func newArenaSuperblock(addr DevicePtr, size int) *arenaSuperblock {
@@ -348,7 +352,8 @@ func newArenaSuperblock(addr DevicePtr, size int) *arenaSuperblock {
 
 // reset makes sb an empty superblock of size bytes at addr, with no owner and no neighbours. A
 // superblock merged into its neighbour (absorb) can be reset and used again: its free-block
-// nodes are kept as spares. The owner is left alone (nil for both).
+// nodes (and its set of pending streams, emptied) are kept for reuse. The owner is left alone
+// (nil for both).
 func (sb *arenaSuperblock) reset(addr DevicePtr, size int) *arenaSuperblock {
 	// The spares must not hold the first node, which goes back into the tree.
 	spare := sb.spare
@@ -370,6 +375,7 @@ func (sb *arenaSuperblock) reset(addr DevicePtr, size int) *arenaSuperblock {
 	sb.freeBytes = size
 	sb.ileaf, sb.islot = nil, 0
 	sb.prevSB, sb.nextSB = nil, nil
+	sb.pend.clear() // kept, empty, for reuse
 	return sb
 }
 
