@@ -54,15 +54,18 @@ func arenaSyncSim(t *testing.T, size int) (*ArenaMemoryResource, *arenaSyncFake)
 }
 
 // arenaSyncStream makes a Stream and returns a view of it carrying the fake handle h (without
-// CUDA every Stream's handle is 0), named name in the log.
+// CUDA every Stream's handle is 0; with CUDA the Stream's own handle is kept), named name in the
+// log.
 func arenaSyncStream(t *testing.T, f *arenaSyncFake, h uintptr, name string) (StreamView, *Stream) {
 	t.Helper()
 	st, err := NewStream(CurrentDevice(), nil)
 	require.NoError(t, err)
 	t.Cleanup(func() { st.Close() })
 	v := st.View()
-	v.h = h
-	f.name(h, name)
+	if v.h == 0 {
+		v.h = h
+	} // with CUDA, the real handle: Stream.Close tells the arena about that one
+	f.name(v.h, name)
 	return v, st
 }
 
@@ -699,7 +702,7 @@ func TestArenaSyncAgainstModel(t *testing.T) {
 					s.v, s.st = arenaSyncStream(t, f, nextH, fmt.Sprintf("S%#x", nextH))
 				}
 				f.mu.Lock()
-				s.i = m.stream(nextH)
+				s.i = m.stream(s.v.h)
 				f.mu.Unlock()
 				streams = append(streams, s)
 			}
