@@ -426,6 +426,75 @@ func TestBrkPoolCacheCappedOOMLeavesNothingUsable(t *testing.T) {
 	}
 }
 
+// An expandable pool with a release threshold keeps at most the threshold plus one minimum
+// chunk (32 MiB) of free memory mapped after a free. Memory freed into the streams' caches is
+// free memory too (Stats counts it so), so it must not let the pool keep more mapped. Three
+// Streams each allocate sixteen blocks (the pool maps two 32 MiB chunks) and free them, last
+// first: with 1 MiB + 256 bytes (too large for a cache) a trim gives the upper chunk back and
+// 32 MiB stay mapped; with 1 MiB every block waits in a cache, no free reaches the trim, and all
+// 64 MiB stay mapped with ReleaseThreshold 1.
+func TestBrkPoolCacheReleaseThresholdCountsCachedMemory(t *testing.T) {
+	for _, n := range []int{1<<20 + 256, 1 << 20} {
+		t.Run(fmt.Sprint(n), func(t *testing.T) {
+			sim, err := NewSimulatedMemoryResource(1 << 40)
+			require.NoError(t, err)
+			p, err := NewPoolMemoryResource(sim, &PoolOptions{Expandable: true, ReleaseThreshold: 1})
+			require.NoError(t, err)
+			t.Cleanup(func() { p.Close() })
+			type blk struct {
+				p DevicePtr
+				s StreamView
+			}
+			var blocks []blk
+			for range 3 {
+				s, _ := brkStream(t)
+				for range poolCacheSlots {
+					q, err := p.Allocate(n, s)
+					require.NoError(t, err)
+					blocks = append(blocks, blk{q, s})
+				}
+			}
+			require.Equal(t, 64<<20, p.PoolSize())
+			for i := len(blocks) - 1; i >= 0; i-- {
+				require.NoError(t, p.Deallocate(blocks[i].p, n, blocks[i].s))
+			}
+			st := brkCheck(t, p)
+			require.Zero(t, st.LiveBytes)
+			require.LessOrEqual(t, st.FreeBytes, 1+32<<20,
+				"%d MiB free kept mapped with ReleaseThreshold 1 (%d MiB of it in the caches)", st.FreeBytes>>20, st.CachedBytes>>20)
+		})
+	}
+}
+
+// After a trim that can give nothing back (live blocks pin every chunk), the next trim waits
+// until the free memory has grown by another minimum chunk: resetTrim sets the level to the
+// free bytes plus 32 MiB, not to the threshold plus 32 MiB as its comment and ReleaseThreshold's
+// documentation say. Here (no cache involved: the blocks are too large for one) both 32 MiB
+// chunks end wholly free and stay mapped with ReleaseThreshold 1, although the last free left
+// 64 MiB free, more than the threshold plus one chunk, with two whole chunks free.
+func TestBrkPoolExpandableTrimLevelRisesPastThreshold(t *testing.T) {
+	const n = 1<<20 + 256
+	sim, err := NewSimulatedMemoryResource(1 << 40)
+	require.NoError(t, err)
+	p, err := NewPoolMemoryResource(sim, &PoolOptions{Expandable: true, ReleaseThreshold: 1})
+	require.NoError(t, err)
+	t.Cleanup(func() { p.Close() })
+	var ptrs []DevicePtr
+	for range 48 {
+		q, err := p.Allocate(n, DefaultStream)
+		require.NoError(t, err)
+		ptrs = append(ptrs, q)
+	}
+	require.Equal(t, 64<<20, p.PoolSize())
+	for _, q := range ptrs { // first allocated first: the lower chunk stays pinned the longest
+		require.NoError(t, p.Deallocate(q, n, DefaultStream))
+	}
+	st := brkCheck(t, p)
+	require.Zero(t, st.LiveBytes)
+	require.Zero(t, st.CachedBytes)
+	require.LessOrEqual(t, st.FreeBytes, 1+32<<20, "%d MiB free kept mapped with ReleaseThreshold 1", st.FreeBytes>>20)
+}
+
 // Adaptors stacked on a pool: wrong sizes and double frees through the stack are rejected by
 // the pool (the tracking adaptor frees with the size it recorded), and the statistics adaptor's
 // counters come back to what they were after a rejected free.

@@ -26,11 +26,13 @@ import (
 //     them: only an exact-size reuse on the same stream skips them. The slow path looks a pointer up in the
 //     pool's live table and, when it is not there, in the caches' tables: a block handed out by
 //     one stream's cache may be freed on another stream, or twice.
-//   - Before the pool grows (and in Release, Stats, the release threshold's trim, a stream's Close
-//     and Close), every cache gives its blocks back to its stream's free list, where they coalesce.
-//     A cache is then dead; a new one is made at the next free. So no request fails and no growth
-//     happens that the cached memory could have served, and the figures Stats gives are those of
-//     a pool without caches.
+//   - Before the pool searches other streams' lists (so before it grows or fails), and in Release,
+//     a stream's Close and Close, every cache gives its blocks back to its stream's free list,
+//     where they coalesce. A cache is then dead; a new one is made at the next free. So no request
+//     fails and no growth happens that the cached memory could have served. Stats and
+//     out-of-memory errors count cached blocks as free.
+//   - An expandable pool with a ReleaseThreshold has no caches: memory held in a cache would
+//     escape the trim that each free checks for.
 //
 // Memory in a cache is reused only by its own stream, so no event is needed (as for a stream's
 // own free list). Streams made from foreign handles (NewStreamView) have no cache: their frees
@@ -182,7 +184,8 @@ func (p *PoolMemoryResource) takeIssued(ptr DevicePtr) *block {
 // nothing, when b is not for a cache. Pool locked; b is out of the live table, still counted in
 // liveBytes.
 func (p *PoolMemoryResource) cacheFree(l *freeList, b *block, s StreamView) bool {
-	if !l.lazy || b.size > poolCacheMaxBlock || p.closed || !l.asksFor(b.size) {
+	if !l.lazy || b.size > poolCacheMaxBlock || p.closed || !l.asksFor(b.size) ||
+		(p.exp != nil && p.exp.threshold > 0) {
 		return false
 	}
 	c := p.cacheOf(s)

@@ -609,9 +609,9 @@ func (p *PoolMemoryResource) Deallocate(ptr DevicePtr, nbytes int, s StreamView)
 		return nil
 	}
 	p.liveBytes -= b.size
-	p.freeInto(l, b)
+	b = p.freeInto(l, b)
 	if p.exp != nil && p.exp.trimAt > 0 {
-		return p.trimIfOver()
+		return p.trimIfOver(b)
 	}
 	return nil
 }

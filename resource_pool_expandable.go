@@ -410,12 +410,16 @@ func (p *PoolMemoryResource) trimTailHole() {
 	p.recycle(t)
 }
 
-// trimIfOver is called after a free: past the trim level, it waits for the streams' work behind
-// the frees and gives back whole free chunks until at most ReleaseThreshold bytes are free.
-func (p *PoolMemoryResource) trimIfOver() error {
+// trimIfOver is called after a free that left the free block b: past the trim level, or past the
+// threshold when b holds a whole chunk, it waits for the streams' work behind the frees and gives
+// back whole free chunks until at most ReleaseThreshold bytes are free. (The trim level rises
+// after a trim that left memory mapped, so that a pool whose free memory lies in chunks that
+// also hold live blocks does not synchronise at every free; a free that makes a chunk wholly
+// free trims all the same.)
+func (p *PoolMemoryResource) trimIfOver(b *block) error {
 	e := p.exp
 	free := p.size - p.liveBytes
-	if e.trimAt == 0 || free <= e.trimAt {
+	if e.trimAt == 0 || free <= e.threshold || (free <= e.trimAt && !p.holdsChunk(b)) {
 		return nil
 	}
 	def, err := p.mergeAllSynced()
@@ -427,6 +431,16 @@ func (p *PoolMemoryResource) trimIfOver() error {
 		return fmt.Errorf("PoolMemoryResource: trimming to the release threshold: %w", err)
 	}
 	return nil
+}
+
+// holdsChunk reports whether the block b covers a whole mapped chunk.
+func (p *PoolMemoryResource) holdsChunk(b *block) bool {
+	e := p.exp
+	if b.size < e.gran {
+		return false
+	}
+	i := sort.Search(len(e.chunks), func(i int) bool { return e.chunks[i].addr >= b.addr })
+	return i < len(e.chunks) && e.chunks[i].end() <= b.end()
 }
 
 // closeExpandable gives back the reservation once nothing is mapped.
