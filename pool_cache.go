@@ -156,9 +156,11 @@ func (p *PoolMemoryResource) deallocateCached(ptr DevicePtr, nbytes int, s Strea
 	return true, nil
 }
 
-// takeIssued finds ptr among the blocks the caches handed out and, when found, makes it a block
-// of the pool's live table again (pool locked). It returns nil when no cache handed ptr out.
-func (p *PoolMemoryResource) takeIssued(ptr DevicePtr) *block {
+// takeIssued finds ptr among the blocks the caches handed out and, when found and asked for with
+// nbytes, makes it a block of the pool's live table again (pool locked); a block asked for with
+// another size is returned where it is, for the caller's error. It returns nil when no cache
+// handed ptr out.
+func (p *PoolMemoryResource) takeIssued(ptr DevicePtr, nbytes int) *block {
 	m := p.caches.Load()
 	if m == nil {
 		return nil
@@ -166,7 +168,7 @@ func (p *PoolMemoryResource) takeIssued(ptr DevicePtr) *block {
 	for _, c := range *m {
 		c.mu.Lock()
 		b := c.issued.get(ptr)
-		if b != nil {
+		if b != nil && b.req == nbytes {
 			c.issued.del(ptr)
 			c.note()
 			p.live.put(b)

@@ -571,7 +571,7 @@ func (p *PoolMemoryResource) Deallocate(ptr DevicePtr, nbytes int, s StreamView)
 	defer p.mu.Unlock()
 	b := p.live.get(ptr)
 	if b == nil {
-		b = p.takeIssued(ptr)
+		b = p.takeIssued(ptr, nbytes)
 	}
 	if b == nil {
 		return fmt.Errorf("%w: PoolMemoryResource.Deallocate(%#x, %d): the pointer was not allocated by this pool or was already freed", ErrInvalidFree, uintptr(ptr), nbytes)
