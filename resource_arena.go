@@ -123,10 +123,14 @@ type ArenaMemoryResource struct {
 	streams   sync.Map   // stream id -> *arenaSet
 	streamsMu sync.Mutex // creating stream arenas and stream records
 	recs      sync.Map   // stream id -> *arenaStream, for streams that freed into the global arena
-	defRec    arenaStream
-	multiMu   sync.Mutex // serialises the operations that lock every arena
-	live      [arenaLiveShards]arenaLiveShard
-	defrags   atomic.Int64
+	// lazyRecs is the records of our Streams in recs, by ascending stream id, published for
+	// the fast paths to read without a lock; never changed once published (streamsMu held to
+	// publish a copy).
+	lazyRecs atomic.Pointer[[]*arenaStream]
+	defRec   arenaStream
+	multiMu  sync.Mutex // serialises the operations that lock every arena
+	live     [arenaLiveShards]arenaLiveShard
+	defrags  atomic.Int64
 
 	closed  atomic.Bool
 	closeMu sync.Mutex
@@ -339,7 +343,10 @@ func (r *ArenaMemoryResource) allocate(n, asked int, s StreamView) (DevicePtr, e
 // allocateLarge serves a large request from the global arena; see allocate. s first waits on
 // the device for the streams that freed into the superblock (waitPending).
 func (r *ArenaMemoryResource) allocateLarge(n, asked int, s StreamView) (DevicePtr, error) {
-	if s.closed() {
+	// A record of s that is not done proves s open: Stream.Close marks it done (under the
+	// global arena's lock) before the Stream counts as closed.
+	x := r.lazyRec(s)
+	if x == nil && s.closed() {
 		return 0, errStreamClosed("ArenaMemoryResource.Allocate", s)
 	}
 	g := &r.global
@@ -347,6 +354,9 @@ func (r *ArenaMemoryResource) allocateLarge(n, asked int, s StreamView) (DeviceP
 	defer g.mu.Unlock()
 	if r.closed.Load() {
 		return 0, errArenaClosed
+	}
+	if x != nil && x.done && s.closed() {
+		return 0, errStreamClosed("ArenaMemoryResource.Allocate", s)
 	}
 	sb := g.tree.firstFit(n)
 	if sb == nil {
@@ -540,19 +550,21 @@ func (r *ArenaMemoryResource) Deallocate(ptr DevicePtr, nbytes int, s StreamView
 	n, _ := alignSize(nbytes)
 	sb := e.sb
 	// Common case: the owner's lock is free, and the free needs neither a synchronisation nor a
-	// CUDA call nor a stream record to look up (a free into s's own arena, or on DefaultStream,
-	// whose record is r.defRec, into the global arena). The lock order is the owner's lock, then
-	// the live shard's; TryLock never waits, so it may be taken while the shard is held, and the
-	// entry found stays valid.
-	if o := sb.owner.Load(); o != nil && r.freeFast(o, s) && o.mu.TryLock() {
-		if sb.owner.Load() == o && r.noteDefault(o, sb) {
-			ls.m.del(i)
-			ls.count--
-			ls.bytes -= n
-			ls.mu.Unlock()
-			return r.freeIn(o, sb, ptr, n)
+	// CUDA call nor a stream record to make (a free into s's own arena, or into the global arena
+	// on DefaultStream or on one of our Streams whose record is published in lazyRecs). The lock
+	// order is the owner's lock, then the live shard's; TryLock never waits, so it may be taken
+	// while the shard is held, and the entry found stays valid.
+	if o := sb.owner.Load(); o != nil {
+		if x, ok := r.freeFast(o, s); ok && o.mu.TryLock() {
+			if sb.owner.Load() == o && r.noteLazy(o, sb, x) {
+				ls.m.del(i)
+				ls.count--
+				ls.bytes -= n
+				ls.mu.Unlock()
+				return r.freeIn(o, sb, ptr, n)
+			}
+			o.mu.Unlock()
 		}
-		o.mu.Unlock()
 	}
 	ls.mu.Unlock()
 	return r.deallocateSlow(ptr, nbytes, n, s, e, ls)
@@ -634,24 +646,30 @@ func (r *ArenaMemoryResource) deallocateSlow(ptr DevicePtr, nbytes, n int, s Str
 }
 
 // freeFast reports whether a free on s into arena o may take Deallocate's common path: without
-// CUDA always; into the global arena on DefaultStream; into another arena on its own stream.
-func (r *ArenaMemoryResource) freeFast(o *arenaSet, s StreamView) bool {
+// CUDA always; into another arena on its own stream; into the global arena on a stream with a
+// lazy record (DefaultStream, or one of our Streams in lazyRecs), which it returns for noteLazy.
+func (r *ArenaMemoryResource) freeFast(o *arenaSet, s StreamView) (*arenaStream, bool) {
 	if r.ctx == 0 {
-		return true
+		return nil, true
 	}
 	if o.kind == arenaGlobal {
-		return s.id == 0
+		x := r.lazyRec(s)
+		return x, x != nil
 	}
-	return o.stream.id == s.id
+	return nil, o.stream.id == s.id
 }
 
-// noteDefault notes DefaultStream as pending on sb when its owner o (locked) is the global arena
-// (see notePending; no CUDA call). It returns false when sb cannot note one more stream.
-func (r *ArenaMemoryResource) noteDefault(o *arenaSet, sb *arenaSuperblock) bool {
+// noteLazy notes the stream of x, a lazy record from freeFast, as pending on sb when its owner o
+// (locked) is the global arena (see notePending; no CUDA call). It returns false when x is done
+// (its Stream closed: the slow path synchronises the device) or sb cannot note one more stream.
+func (r *ArenaMemoryResource) noteLazy(o *arenaSet, sb *arenaSuperblock, x *arenaStream) bool {
 	if r.ctx == 0 || o.kind != arenaGlobal || r.closed.Load() {
 		return true
 	}
-	ok, _ := r.notePending(sb, &r.defRec) // lazy: never an error
+	if x.done {
+		return false
+	}
+	ok, _ := r.notePending(sb, x) // lazy: never an error
 	return ok
 }
 
@@ -826,6 +844,9 @@ func (r *ArenaMemoryResource) streamClosing(s StreamView) {
 	r.streamsMu.Lock()
 	v, ok := r.streams.LoadAndDelete(s.id)
 	xv, xok := r.recs.LoadAndDelete(s.id)
+	if xok {
+		r.unpublishRec(xv.(*arenaStream))
+	}
 	r.streamsMu.Unlock()
 	var a *arenaSet
 	if ok {

@@ -1,6 +1,7 @@
 package rmm
 
 import (
+	"cmp"
 	"fmt"
 	"slices"
 )
@@ -210,7 +211,71 @@ func (r *ArenaMemoryResource) streamRec(s StreamView) (*arenaStream, error) {
 		x.event = e
 	}
 	r.recs.Store(s.id, x)
+	if x.lazy {
+		r.publishRec(x)
+	}
 	return x, nil
+}
+
+// lazyRec returns the record of s when s is DefaultStream, or one of our Streams whose record is
+// published in lazyRecs; nil otherwise. It takes no lock (a binary search of the published
+// records); the record's fields are read under the global arena's lock.
+func (r *ArenaMemoryResource) lazyRec(s StreamView) *arenaStream {
+	if s.id == 0 {
+		return &r.defRec
+	}
+	if s.id&ownedStreamBit == 0 {
+		return nil
+	}
+	p := r.lazyRecs.Load()
+	if p == nil {
+		return nil
+	}
+	recs := *p
+	lo, hi := 0, len(recs)
+	for lo < hi {
+		m := int(uint(lo+hi) >> 1)
+		if recs[m].stream.id < s.id {
+			lo = m + 1
+		} else {
+			hi = m
+		}
+	}
+	if lo < len(recs) && recs[lo].stream.id == s.id {
+		return recs[lo]
+	}
+	return nil
+}
+
+// publishRec publishes lazyRecs with the lazy record x added (streamsMu held).
+func (r *ArenaMemoryResource) publishRec(x *arenaStream) {
+	var recs []*arenaStream
+	if p := r.lazyRecs.Load(); p != nil {
+		recs = make([]*arenaStream, 0, len(*p)+1)
+		recs = append(recs, *p...)
+	}
+	i, _ := slices.BinarySearchFunc(recs, x.stream.id, func(y *arenaStream, id uint64) int { return cmp.Compare(y.stream.id, id) })
+	recs = slices.Insert(recs, i, x)
+	r.lazyRecs.Store(&recs)
+}
+
+// unpublishRec publishes lazyRecs without x (streamsMu held); x stays valid for the readers of
+// an older copy, which find it done once the global arena's lock orders them after its drop.
+func (r *ArenaMemoryResource) unpublishRec(x *arenaStream) {
+	p := r.lazyRecs.Load()
+	if p == nil {
+		return
+	}
+	i := slices.Index(*p, x)
+	if i < 0 {
+		return
+	}
+	recs := slices.Delete(slices.Clone(*p), i, i+1)
+	if len(recs) == 0 {
+		r.lazyRecs.Store(nil)
+		return
+	}
+	r.lazyRecs.Store(&recs)
 }
 
 // notePending records, before a free on x's stream into sb (in the global arena, locked), that
@@ -366,4 +431,5 @@ func (r *ArenaMemoryResource) dropRecs() {
 		r.recs.Delete(k)
 		return true
 	})
+	r.lazyRecs.Store(nil)
 }
