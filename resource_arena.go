@@ -115,8 +115,11 @@ type ArenaMemoryResource struct {
 	size     int
 	dumpPath string // "" when no dump is wanted
 
-	global    arenaSet
-	spareSBs  []*arenaSuperblock // merged superblocks kept for reuse (under global.mu)
+	global   arenaSet
+	spareSBs []*arenaSuperblock // merged superblocks kept for reuse (under global.mu)
+	// putOff is an empty superblock of the global arena whose merge with its empty next
+	// neighbour is put off (see freedEmpty); nil when none. Under global.mu.
+	putOff    *arenaSuperblock
 	shards    []arenaShard
 	hints     sync.Pool // *arenaHint: the shard a processor used last
 	nextHint  atomic.Uint32
@@ -359,6 +362,16 @@ func (r *ArenaMemoryResource) allocateLarge(n, asked int, s StreamView) (DeviceP
 		return 0, errStreamClosed("ArenaMemoryResource.Allocate", s)
 	}
 	sb := g.tree.firstFit(n)
+	head := max(ArenaMinSuperblockSize, n)
+	reuse := false // sb is the superblock whose merge was put off, and this split would undo it
+	if a := r.putOff; a != nil {
+		// Merged, a would be found as well, and split into itself and its neighbour when the
+		// head is a's size; otherwise merge now and search again.
+		if reuse = sb == a && head == a.size(); !reuse {
+			r.settle()
+			sb = g.tree.firstFit(n)
+		}
+	}
 	if sb == nil {
 		return 0, nil
 	}
@@ -366,7 +379,11 @@ func (r *ArenaMemoryResource) allocateLarge(n, asked int, s StreamView) (DeviceP
 		return 0, fmt.Errorf("ArenaMemoryResource.Allocate(%d): %w", asked, err)
 	}
 	var tail *arenaSuperblock
-	if head := max(ArenaMinSuperblockSize, n); sb.empty() && sb.size() >= head+ArenaMinSuperblockSize {
+	switch {
+	case reuse:
+		r.putOff = nil
+		copyPending(sb.nextSB, sb) // as the split gives the tail the merged superblock's streams
+	case sb.empty() && sb.size() >= head+ArenaMinSuperblockSize:
 		tail = sb.split(head, r.spareSuperblock())
 		copyPending(tail, sb)
 	}
@@ -407,7 +424,7 @@ func (r *ArenaMemoryResource) allocateFrom(a *arenaSet, n, asked int) (DevicePtr
 // fails (with its error).
 func (r *ArenaMemoryResource) takeSuperblock(a *arenaSet, n, asked int) (*arenaSuperblock, error) {
 	g := &r.global
-	g.mu.Lock()
+	r.lockGlobal()
 	defer g.mu.Unlock()
 	sb := g.tree.firstFit(n)
 	if sb == nil {
@@ -556,6 +573,7 @@ func (r *ArenaMemoryResource) Deallocate(ptr DevicePtr, nbytes int, s StreamView
 	// while the shard is held, and the entry found stays valid.
 	if o := sb.owner.Load(); o != nil {
 		if x, ok := r.freeFast(o, s); ok && o.mu.TryLock() {
+			r.settleIn(o)
 			if sb.owner.Load() == o && r.noteLazy(o, sb, x) {
 				ls.m.del(i)
 				ls.count--
@@ -598,6 +616,7 @@ func (r *ArenaMemoryResource) deallocateSlow(ptr DevicePtr, nbytes, n int, s Str
 			synced = true
 		}
 		o.mu.Lock()
+		r.settleIn(o)
 		if sb.owner.Load() != o {
 			o.mu.Unlock()
 			continue
@@ -685,7 +704,7 @@ func (r *ArenaMemoryResource) freeIn(o *arenaSet, sb *arenaSuperblock, ptr Devic
 	sb.coalesce(ptr, n)
 	o.tree.fix(sb)
 	if o.kind == arenaGlobal && sb.empty() {
-		r.mergeEmpty(sb)
+		r.freedEmpty(sb)
 	}
 	o.mu.Unlock()
 	if r.closed.Load() {
@@ -725,24 +744,72 @@ func (r *ArenaMemoryResource) globalAdd(sb *arenaSuperblock) {
 // superblocks right before and after it, as long as the result stays within 1 TiB. The merged
 // superblock waits for the pending streams of both (mergePending).
 func (r *ArenaMemoryResource) mergeEmpty(sb *arenaSuperblock) {
-	g := &r.global
-	if prev := sb.prevSB; prev != nil && prev.owner.Load() == g && prev.empty() &&
-		prev.size()+sb.size() <= ArenaMaxSuperblockSize {
-		g.tree.remove(sb)
-		r.mergePending(prev, sb)
-		prev.absorb(sb)
-		g.tree.fix(prev)
-		r.keepSpare(sb)
+	if prev := sb.prevSB; r.mergeable(prev, sb) {
+		r.mergeNext(prev)
 		sb = prev
 	}
-	if next := sb.nextSB; next != nil && next.owner.Load() == g && next.empty() &&
-		sb.size()+next.size() <= ArenaMaxSuperblockSize {
-		g.tree.remove(next)
-		r.mergePending(sb, next)
-		sb.absorb(next)
-		g.tree.fix(sb)
-		r.keepSpare(next)
+	if r.mergeable(sb, sb.nextSB) {
+		r.mergeNext(sb)
 	}
+}
+
+// mergeable reports whether the superblocks sb and next, address neighbours (either may be nil),
+// are both empty and in the global arena (locked), and together within 1 TiB.
+func (r *ArenaMemoryResource) mergeable(sb, next *arenaSuperblock) bool {
+	g := &r.global
+	return sb != nil && next != nil && sb.owner.Load() == g && next.owner.Load() == g &&
+		sb.empty() && next.empty() && sb.size()+next.size() <= ArenaMaxSuperblockSize
+}
+
+// mergeNext merges sb's next neighbour into sb (see mergeable; global arena locked).
+func (r *ArenaMemoryResource) mergeNext(sb *arenaSuperblock) {
+	g := &r.global
+	next := sb.nextSB
+	g.tree.remove(next)
+	r.mergePending(sb, next)
+	sb.absorb(next)
+	g.tree.fix(sb)
+	r.keepSpare(next)
+}
+
+// freedEmpty merges sb, which a free in the global arena (locked) has just emptied, with its
+// empty neighbours, as mergeEmpty does, except that a merge with the next neighbour alone is put
+// off: when the next large request takes exactly sb, as when one stream allocates and frees a
+// block of one size in a loop, the split that would undo the merge is saved too. Until then sb
+// holds the merged superblock's pending streams (the merge's host waits, if any, are made now)
+// and its neighbour none; every other holder of the global arena's lock first completes the
+// merge (settle), so that the put-off merge is never seen.
+func (r *ArenaMemoryResource) freedEmpty(sb *arenaSuperblock) {
+	if r.mergeable(sb.prevSB, sb) || !r.mergeable(sb, sb.nextSB) {
+		r.mergeEmpty(sb)
+		return
+	}
+	r.mergePending(sb, sb.nextSB)
+	r.putOff = sb
+}
+
+// settle completes the merge that freedEmpty put off, if any (global arena locked). It makes no
+// CUDA call: the merged superblock already holds every pending stream.
+func (r *ArenaMemoryResource) settle() {
+	if sb := r.putOff; sb != nil {
+		r.putOff = nil
+		r.mergeNext(sb)
+	}
+}
+
+// settleIn settles when o, just locked, is the global arena.
+func (r *ArenaMemoryResource) settleIn(o *arenaSet) {
+	if o == &r.global && r.putOff != nil {
+		r.settle()
+	}
+}
+
+// lockGlobal locks the global arena and completes a put-off merge (settle). Every holder of the
+// global arena's lock takes it this way (or settles right after taking it), except
+// allocateLarge, which may use the put-off superblock as it is.
+func (r *ArenaMemoryResource) lockGlobal() {
+	r.global.mu.Lock()
+	r.settle()
 }
 
 // arenaSpareSuperblocks bounds the superblocks kept for reuse after merges.
@@ -813,7 +880,7 @@ func (r *ArenaMemoryResource) defragment() error {
 	arenas, unlock := r.lockArenas()
 	defer unlock()
 	g := &r.global
-	g.mu.Lock()
+	r.lockGlobal()
 	if r.ctx != 0 {
 		if err := r.drv.ctxSynchronize(r.ctx); err != nil {
 			g.mu.Unlock()
@@ -869,7 +936,7 @@ func (r *ArenaMemoryResource) streamClosing(s StreamView) {
 			}
 		}
 	}
-	r.global.mu.Lock()
+	r.lockGlobal()
 	if xok {
 		r.dropRec(xv.(*arenaStream))
 	}
@@ -901,7 +968,7 @@ func (r *ArenaMemoryResource) Close() error {
 		return nil
 	}
 	_, unlock := r.lockArenas()
-	r.global.mu.Lock()
+	r.lockGlobal()
 	r.closed.Store(true)
 	r.global.mu.Unlock()
 	unlock()
@@ -974,7 +1041,7 @@ type ArenaStats struct {
 func (r *ArenaMemoryResource) Stats() ArenaStats {
 	arenas, unlock := r.lockArenas()
 	defer unlock()
-	r.global.mu.Lock()
+	r.lockGlobal()
 	defer r.global.mu.Unlock()
 	st := ArenaStats{ArenaSize: r.size, PoolSize: r.size, MaximumSize: r.size, Defragmentations: int(r.defrags.Load())}
 	st.PerStream = make([]StreamFreeStats, 1, len(arenas)-len(r.shards)+1)
@@ -1058,7 +1125,7 @@ type arenaDumpLine struct {
 // dump writes the arena's state after a failed nbytes request to the dump file.
 func (r *ArenaMemoryResource) dump(nbytes int) {
 	arenas, unlock := r.lockArenas()
-	r.global.mu.Lock()
+	r.lockGlobal()
 	var lines []arenaDumpLine
 	totalFree, largest := 0, 0
 	for _, a := range append(arenas, &r.global) {
@@ -1112,7 +1179,7 @@ func (r *ArenaMemoryResource) dump(nbytes int) {
 func (r *ArenaMemoryResource) CheckInvariants() error {
 	arenas, unlock := r.lockArenas()
 	defer unlock()
-	r.global.mu.Lock()
+	r.lockGlobal()
 	defer r.global.mu.Unlock()
 	for i := range r.live {
 		r.live[i].mu.Lock()

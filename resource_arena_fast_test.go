@@ -1,6 +1,9 @@
 package rmm
 
 import (
+	"fmt"
+	"math/rand/v2"
+	"slices"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -66,4 +69,198 @@ func TestArenaFastStreamRecords(t *testing.T) {
 	require.Nil(t, a.lazyRecs.Load(), "no Stream left with a record")
 	require.Empty(t, f.errors())
 	require.NoError(t, a.Close())
+}
+
+// arenaFastSettled locks and unlocks the global arena, which completes a put-off merge.
+func arenaFastSettled(a *ArenaMemoryResource) {
+	a.lockGlobal()
+	a.global.mu.Unlock()
+}
+
+// A merge put off by a free is invisible: the next large request of the freed superblock's size
+// takes it as it is, and any other use of the global arena merges first, so that addresses are
+// those of the merged superblock split again.
+func TestArenaFastPutOffMerge(t *testing.T) {
+	const mb = ArenaMinSuperblockSize
+	a, f := arenaSyncSim(t, 64*mb)
+	base := a.base
+	s, _ := arenaSyncStream(t, f, 0xa, "A")
+
+	p := arenaAlloc(t, a, 8*mb, s)
+	require.Equal(t, base, p)
+	require.NoError(t, a.Deallocate(p, 8*mb, s))
+	require.NotNil(t, a.putOff, "the merge with the rest of the arena is put off")
+	require.Equal(t, base, a.putOff.addr())
+	require.Equal(t, 8*mb, a.putOff.size())
+
+	// The same size takes the superblock as it is.
+	p = arenaAlloc(t, a, 8*mb, s)
+	require.Equal(t, base, p)
+	require.Nil(t, a.putOff)
+	require.Equal(t, 2, a.global.tree.count)
+	require.NoError(t, a.Deallocate(p, 8*mb, s))
+
+	// Larger and smaller requests, and a small one moving a superblock to a stream arena, are
+	// served from the merged superblock.
+	for _, n := range []int{16 * mb, 4 * mb, 8*mb - 256, 4096} {
+		require.NotNil(t, a.putOff)
+		p = arenaAlloc(t, a, n, s)
+		require.Equal(t, base, p, "%d bytes", n)
+		require.Nil(t, a.putOff, "%d bytes", n)
+		st := a.Stats()
+		require.Equal(t, 2, st.Superblocks, "%d bytes: the merged superblock, split once", n)
+		require.NoError(t, a.Deallocate(p, n, s))
+		if n == 4096 {
+			break
+		}
+		arenaCheck(t, a)
+		require.Nil(t, a.putOff, "CheckInvariants merges")
+		require.Equal(t, 1, a.Stats().Superblocks)
+		q := arenaAlloc(t, a, 8*mb, s)
+		require.NoError(t, a.Deallocate(q, 8*mb, s))
+	}
+
+	// A free that empties a superblock whose previous neighbour is empty merges at once.
+	arenaFastSettled(a)
+	require.Empty(t, f.take(), "one stream: no CUDA call")
+	require.NoError(t, a.Release())
+	require.Equal(t, []string{"ctx-sync"}, f.take())
+	x := arenaAlloc(t, a, 4*mb, s)
+	y := arenaAlloc(t, a, 4*mb, s)
+	require.Equal(t, base+DevicePtr(4*mb), y)
+	require.NoError(t, a.Deallocate(x, 4*mb, s))
+	require.Nil(t, a.putOff, "the next neighbour is in use")
+	require.NoError(t, a.Deallocate(y, 4*mb, s))
+	require.Nil(t, a.putOff)
+	require.Equal(t, 1, a.global.tree.count)
+	st := a.Stats()
+	require.Equal(t, 1, st.Superblocks)
+	require.Equal(t, 64*mb, st.LargestFreeBlock)
+	require.Empty(t, f.take(), "one stream: no CUDA call")
+	arenaCheck(t, a)
+}
+
+// Random work on several streams, run twice: on an arena left alone, and on one whose put-off
+// merge is completed after every operation. Both hand out the same addresses, make the same CUDA
+// calls and end in the same state.
+func TestArenaFastPutOffAgainstMerged(t *testing.T) {
+	const mb = ArenaMinSuperblockSize
+	for seed := range uint64(6) {
+		t.Run(fmt.Sprint(seed), func(t *testing.T) {
+			ax, fx := arenaSyncSim(t, 128*mb) // merged after every operation
+			ay, fy := arenaSyncSim(t, 128*mb)
+			r := rand.New(rand.NewPCG(seed, 11))
+			type stream struct {
+				v  StreamView
+				st *Stream
+			}
+			streams := []*stream{{v: DefaultStream}}
+			nextH := uintptr(0x100)
+			add := func(foreign bool) {
+				nextH++
+				name := fmt.Sprintf("S%#x", nextH)
+				s := &stream{}
+				if foreign {
+					s.v = arenaSyncForeign(fx, nextH, uint64(nextH), name)
+					fy.name(nextH, name)
+				} else {
+					st, err := NewStream(CurrentDevice(), nil)
+					require.NoError(t, err)
+					t.Cleanup(func() { st.Close() })
+					s.st, s.v = st, st.View()
+					if s.v.h == 0 {
+						s.v.h = nextH
+					}
+					fx.name(s.v.h, name)
+					fy.name(s.v.h, name)
+				}
+				streams = append(streams, s)
+			}
+			for range 3 {
+				add(false)
+			}
+			add(true)
+			sizes := []int{4096, 1 << 20, 2 * mb, 8 * mb, 8 * mb, 8*mb + 256, 24 * mb}
+			type block struct {
+				p DevicePtr
+				n int
+				s *stream
+			}
+			var blocks []block
+			putOff := 0
+			for op := 0; op < 2000; op++ {
+				v := r.IntN(100)
+				switch {
+				case len(blocks) == 0 || (len(blocks) < 12 && v < 50):
+					s := streams[r.IntN(len(streams))]
+					n := sizes[r.IntN(len(sizes))]
+					if r.IntN(4) == 0 {
+						n = mb + 256*(1+r.IntN(12*4096))
+					}
+					px, errx := ax.Allocate(n, s.v)
+					py, erry := ay.Allocate(n, s.v)
+					require.Equal(t, px, py, "op %d: Allocate(%d)", op, n)
+					require.Equal(t, errx == nil, erry == nil, "op %d: %v, %v", op, errx, erry)
+					if errx == nil {
+						blocks = append(blocks, block{px, n, s})
+					}
+				case v < 90:
+					k := r.IntN(len(blocks))
+					b := blocks[k]
+					blocks = slices.Delete(blocks, k, k+1)
+					s := b.s
+					if r.IntN(5) == 0 {
+						s = streams[r.IntN(len(streams))]
+					}
+					require.NoError(t, ax.Deallocate(b.p, b.n, s.v))
+					require.NoError(t, ay.Deallocate(b.p, b.n, s.v))
+					if ay.putOff != nil {
+						putOff++
+					}
+				case v < 95:
+					// A Stream closes and another comes; a foreign stream is replaced.
+					for i, s := range streams[1:] {
+						if s.st != nil {
+							require.NoError(t, s.st.Close())
+							streams = slices.Delete(streams, i+1, i+2)
+							for k := range blocks {
+								if blocks[k].s == s {
+									blocks[k].s = streams[0]
+								}
+							}
+							break
+						}
+					}
+					add(r.IntN(3) == 0)
+				default:
+					require.NoError(t, ax.Release())
+					require.NoError(t, ay.Release())
+				}
+				arenaFastSettled(ax)
+				lx, ly := fx.take(), fy.take()
+				if slices.Contains(lx, "ctx-sync") {
+					// A defragmentation (Release, or a failed request) drops the records of
+					// foreign streams in map order.
+					slices.Sort(lx)
+					slices.Sort(ly)
+				}
+				require.Equal(t, lx, ly, "op %d", op)
+				if op%97 == 0 {
+					arenaCheck(t, ax)
+					arenaCheck(t, ay)
+				}
+			}
+			for _, b := range blocks {
+				require.NoError(t, ax.Deallocate(b.p, b.n, b.s.v))
+				require.NoError(t, ay.Deallocate(b.p, b.n, b.s.v))
+			}
+			require.Equal(t, fx.take(), fy.take())
+			require.Equal(t, ax.Stats(), ay.Stats())
+			arenaCheck(t, ay)
+			require.Empty(t, fx.errors())
+			require.Empty(t, fy.errors())
+			require.Positive(t, putOff, "some merges were put off")
+			t.Logf("%d frees left a merge put off; %d driver calls", putOff, fy.calls)
+		})
+	}
 }

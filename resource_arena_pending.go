@@ -422,7 +422,7 @@ func (r *ArenaMemoryResource) forgetPending() {
 func (r *ArenaMemoryResource) dropRecs() {
 	r.streamsMu.Lock()
 	defer r.streamsMu.Unlock()
-	r.global.mu.Lock()
+	r.lockGlobal()
 	defer r.global.mu.Unlock()
 	r.global.tree.each(func(x *arenaNode) { clearPending(x.sb) })
 	r.dropRec(&r.defRec)
