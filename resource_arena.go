@@ -777,14 +777,16 @@ func (r *ArenaMemoryResource) mergeNext(sb *arenaSuperblock) {
 // off: when the next large request takes exactly sb, as when one stream allocates and frees a
 // block of one size in a loop, the split that would undo the merge is saved too. Until then sb
 // holds the merged superblock's pending streams (the merge's host waits, if any, are made now)
-// and its neighbour none; every other holder of the global arena's lock first completes the
-// merge (settle), so that the put-off merge is never seen.
+// and its neighbour none, or the same ones; every other holder of the global arena's lock first
+// completes the merge (settle), so that the put-off merge is never seen.
 func (r *ArenaMemoryResource) freedEmpty(sb *arenaSuperblock) {
 	if r.mergeable(sb.prevSB, sb) || !r.mergeable(sb, sb.nextSB) {
 		r.mergeEmpty(sb)
 		return
 	}
-	r.mergePending(sb, sb.nextSB)
+	if next := sb.nextSB; !samePending(sb, next) {
+		r.mergePending(sb, next)
+	} // else what next names is in sb already: the merge adds nothing
 	r.putOff = sb
 }
 

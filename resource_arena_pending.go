@@ -376,10 +376,22 @@ func (r *ArenaMemoryResource) mergePending(sb, next *arenaSuperblock) {
 // copyPending gives the superblock tail, just split off sb (global arena locked), sb's pending
 // streams: its memory was freed behind the same work.
 func copyPending(tail, sb *arenaSuperblock) {
-	tail.pend.clear()
-	if sb.pend.len() > 0 {
+	switch {
+	case sb.pend.len() == 0:
+		tail.pend.clear()
+	case samePending(tail, sb):
+	default:
 		*tail.pending() = *sb.pend
 	}
+}
+
+// samePending reports whether sb and next name the same pending streams in the same order
+// (global arena locked).
+func samePending(sb, next *arenaSuperblock) bool {
+	if sb.pend == nil || next.pend == nil {
+		return sb.pend.len() == next.pend.len()
+	}
+	return *sb.pend == *next.pend
 }
 
 // clearPending forgets sb's pending streams (global arena locked): their work has finished, or
