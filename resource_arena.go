@@ -131,9 +131,12 @@ type ArenaMemoryResource struct {
 	// publish a copy).
 	lazyRecs atomic.Pointer[[]*arenaStream]
 	defRec   arenaStream
-	multiMu  sync.Mutex // serialises the operations that lock every arena
-	live     [arenaLiveShards]arenaLiveShard
-	defrags  atomic.Int64
+	multiMu  sync.Mutex                      // serialises the operations that lock every arena
+	live     [arenaLiveShards]arenaLiveShard // live allocations of up to 1 MiB
+	// large is the live allocations above 1 MiB (large requests), under the global arena's lock,
+	// which a large request and a free into the global arena hold anyway.
+	large   arenaLiveSet
+	defrags atomic.Int64
 
 	closed  atomic.Bool
 	closeMu sync.Mutex
@@ -186,13 +189,33 @@ type arenaLive struct {
 	size int
 }
 
-// arenaLiveShard is one shard of the live-allocation index, chosen by a hash of the pointer.
-type arenaLiveShard struct {
-	mu    sync.Mutex
+// arenaLiveSet is a table of live allocations with their count and bytes.
+type arenaLiveSet struct {
 	m     arenaLiveTable
 	count int
 	bytes int // rounded sizes
-	_     [64]byte
+}
+
+// add records the live allocation p of asked bytes (n once rounded) in superblock sb.
+func (l *arenaLiveSet) add(p DevicePtr, sb *arenaSuperblock, asked, n int) {
+	l.m.put(p, arenaLive{sb: sb, size: asked})
+	l.count++
+	l.bytes += n
+}
+
+// remove deletes the entry in slot i (from m.find), of n bytes once rounded.
+func (l *arenaLiveSet) remove(i, n int) {
+	l.m.del(i)
+	l.count--
+	l.bytes -= n
+}
+
+// arenaLiveShard is one shard of the index of small live allocations, chosen by a hash of the
+// pointer.
+type arenaLiveShard struct {
+	mu sync.Mutex
+	arenaLiveSet
+	_ [64]byte
 }
 
 // NewArenaMemoryResource returns an arena over upstream (nil: the current device resource),
@@ -393,7 +416,7 @@ func (r *ArenaMemoryResource) allocateLarge(n, asked int, s StreamView) (DeviceP
 		tail.owner.Store(g)
 		g.tree.insert(tail)
 	}
-	r.addLive(p, sb, asked, n)
+	r.large.add(p, sb, asked, n)
 	return p, nil
 }
 
@@ -509,18 +532,18 @@ func (r *ArenaMemoryResource) liveShard(p DevicePtr) *arenaLiveShard {
 	return &r.live[arenaLiveHash(p)>>arenaLiveShardShift]
 }
 
-// addLive records a live allocation; the caller holds the lock of sb's owner.
+// addLive records a small live allocation; the caller holds the lock of sb's owner.
 func (r *ArenaMemoryResource) addLive(p DevicePtr, sb *arenaSuperblock, asked, n int) {
 	ls := r.liveShard(p)
 	ls.mu.Lock()
-	ls.m.put(p, arenaLive{sb: sb, size: asked})
-	ls.count++
-	ls.bytes += n
+	ls.add(p, sb, asked, n)
 	ls.mu.Unlock()
 }
 
 func (r *ArenaMemoryResource) liveCount() int {
-	n := 0
+	r.lockGlobal()
+	n := r.large.count
+	r.global.mu.Unlock()
 	for i := range r.live {
 		ls := &r.live[i]
 		ls.mu.Lock()
@@ -552,17 +575,20 @@ func (r *ArenaMemoryResource) Deallocate(ptr DevicePtr, nbytes int, s StreamView
 	if ptr == 0 {
 		return nil
 	}
+	if nbytes > ArenaMinSuperblockSize {
+		return r.deallocateLarge(ptr, nbytes, s)
+	}
 	ls := r.liveShard(ptr)
 	ls.mu.Lock()
 	i := ls.m.find(ptr)
 	if i < 0 {
 		ls.mu.Unlock()
-		return r.notAllocated(ptr, nbytes)
+		return r.notAllocated(ptr, nbytes, false)
 	}
 	e := ls.m.slots[i].arenaLive
 	if e.size != nbytes {
 		ls.mu.Unlock()
-		return fmt.Errorf("%w: ArenaMemoryResource.Deallocate(%#x, %d): the block was allocated with %d bytes", ErrInvalidFree, uintptr(ptr), nbytes, e.size)
+		return arenaWrongSize(ptr, nbytes, e.size)
 	}
 	n, _ := alignSize(nbytes)
 	sb := e.sb
@@ -575,9 +601,7 @@ func (r *ArenaMemoryResource) Deallocate(ptr DevicePtr, nbytes int, s StreamView
 		if x, ok := r.freeFast(o, s); ok && o.mu.TryLock() {
 			r.settleIn(o)
 			if sb.owner.Load() == o && r.noteLazy(o, sb, x) {
-				ls.m.del(i)
-				ls.count--
-				ls.bytes -= n
+				ls.remove(i, n)
 				ls.mu.Unlock()
 				return r.freeIn(o, sb, ptr, n)
 			}
@@ -585,20 +609,83 @@ func (r *ArenaMemoryResource) Deallocate(ptr DevicePtr, nbytes int, s StreamView
 		}
 	}
 	ls.mu.Unlock()
-	return r.deallocateSlow(ptr, nbytes, n, s, e, ls)
+	return r.deallocateSlow(ptr, nbytes, n, s, e, &ls.arenaLiveSet, &ls.mu)
+}
+
+// deallocateLarge is Deallocate of a block above 1 MiB, whose live entry is in r.large. Its
+// common case, a free into the global arena on a stream with a lazy record, takes the global
+// arena's lock once and no other.
+func (r *ArenaMemoryResource) deallocateLarge(ptr DevicePtr, nbytes int, s StreamView) error {
+	g := &r.global
+	r.lockGlobal()
+	l := &r.large
+	i := l.m.find(ptr)
+	if i < 0 {
+		g.mu.Unlock()
+		return r.notAllocated(ptr, nbytes, true)
+	}
+	e := l.m.slots[i].arenaLive
+	if e.size != nbytes {
+		g.mu.Unlock()
+		return arenaWrongSize(ptr, nbytes, e.size)
+	}
+	n, _ := alignSize(nbytes)
+	sb := e.sb
+	// A superblock changes owner only under the global arena's lock: o stays sb's owner. The
+	// lock order is an arena's lock, then the global arena's; TryLock never waits, so it may be
+	// taken while the global arena is held.
+	o := sb.owner.Load()
+	if x, ok := r.freeFast(o, s); ok {
+		switch {
+		case o == g:
+			if r.noteLazy(o, sb, x) {
+				l.remove(i, n)
+				return r.freeIn(o, sb, ptr, n)
+			}
+		case o.mu.TryLock():
+			l.remove(i, n)
+			g.mu.Unlock()
+			return r.freeIn(o, sb, ptr, n)
+		}
+	}
+	g.mu.Unlock()
+	return r.deallocateSlow(ptr, nbytes, n, s, e, l, nil)
+}
+
+// lockLive locks the live table of deallocateSlow: mu, or when mu is nil (the table of large
+// blocks) the global arena, unless o, locked, is the global arena.
+func (r *ArenaMemoryResource) lockLive(mu *sync.Mutex, o *arenaSet) {
+	switch {
+	case mu != nil:
+		mu.Lock()
+	case o != &r.global:
+		r.lockGlobal()
+	}
+}
+
+// unlockLive undoes lockLive.
+func (r *ArenaMemoryResource) unlockLive(mu *sync.Mutex, o *arenaSet) {
+	switch {
+	case mu != nil:
+		mu.Unlock()
+	case o != &r.global:
+		r.global.mu.Unlock()
+	}
 }
 
 // deallocateSlow is Deallocate past its common case: it looks s's record up, synchronises s
 // where that is due, and waits for the owner's lock. e is the live entry found for ptr (n: its
-// rounded size) in shard ls, which is not held.
-func (r *ArenaMemoryResource) deallocateSlow(ptr DevicePtr, nbytes, n int, s StreamView, e arenaLive, ls *arenaLiveShard) error {
+// rounded size) in l, a shard of small blocks guarded by mu or, when mu is nil, the table of
+// large blocks guarded by the global arena's lock; neither is held.
+func (r *ArenaMemoryResource) deallocateSlow(ptr DevicePtr, nbytes, n int, s StreamView, e arenaLive, l *arenaLiveSet, mu *sync.Mutex) error {
 	sb := e.sb
+	large := mu == nil
 	var x *arenaStream // s's record, once the superblock is seen in the global arena
 	synced := false    // s was synchronised: the free needs no ordering any more
 	for {
 		o := sb.owner.Load()
 		if o == nil {
-			return r.notAllocated(ptr, nbytes) // freed (and its superblock merged) meanwhile
+			return r.notAllocated(ptr, nbytes, large) // freed (and its superblock merged) meanwhile
 		}
 		toGlobal := !synced && r.ctx != 0 && o.kind == arenaGlobal && !r.closed.Load()
 		if toGlobal && x == nil && !s.closed() {
@@ -628,17 +715,18 @@ func (r *ArenaMemoryResource) deallocateSlow(ptr DevicePtr, nbytes, n int, s Str
 			x = nil
 			continue
 		}
-		ls.mu.Lock()
-		i := ls.m.find(ptr)
-		if i < 0 || ls.m.slots[i].arenaLive != e {
-			ls.mu.Unlock()
+		r.lockLive(mu, o)
+		i := l.m.find(ptr)
+		if i < 0 || l.m.slots[i].arenaLive != e {
+			r.unlockLive(mu, o)
 			o.mu.Unlock()
-			return r.notAllocated(ptr, nbytes)
+			return r.notAllocated(ptr, nbytes, large)
 		}
 		if note {
 			// The entry stays while o is locked (only a holder of the owner's lock removes it),
-			// so the shard need not be held over the CUDA call notePending may make.
-			ls.mu.Unlock()
+			// so the shard need not be held over the CUDA call notePending may make (the table
+			// of large blocks is guarded by o, the global arena, itself).
+			r.unlockLive(mu, o)
 			ok, err := r.notePending(sb, x)
 			if err != nil {
 				o.mu.Unlock()
@@ -653,13 +741,11 @@ func (r *ArenaMemoryResource) deallocateSlow(ptr DevicePtr, nbytes, n int, s Str
 				synced = true
 				continue
 			}
-			ls.mu.Lock()
-			i = ls.m.find(ptr)
+			r.lockLive(mu, o)
+			i = l.m.find(ptr)
 		}
-		ls.m.del(i)
-		ls.count--
-		ls.bytes -= n
-		ls.mu.Unlock()
+		l.remove(i, n)
+		r.unlockLive(mu, o)
 		return r.freeIn(o, sb, ptr, n)
 	}
 }
@@ -713,8 +799,29 @@ func (r *ArenaMemoryResource) freeIn(o *arenaSet, sb *arenaSuperblock, ptr Devic
 	return nil
 }
 
-func (r *ArenaMemoryResource) notAllocated(ptr DevicePtr, nbytes int) error {
+// notAllocated returns the error for a free of ptr that the live table of its size (large:
+// above 1 MiB) does not hold; when the other table holds ptr, the error gives the size
+// allocated.
+func (r *ArenaMemoryResource) notAllocated(ptr DevicePtr, nbytes int, large bool) error {
+	var l *arenaLiveSet
+	if large {
+		ls := r.liveShard(ptr)
+		ls.mu.Lock()
+		defer ls.mu.Unlock()
+		l = &ls.arenaLiveSet
+	} else {
+		r.lockGlobal()
+		defer r.global.mu.Unlock()
+		l = &r.large
+	}
+	if i := l.m.find(ptr); i >= 0 {
+		return arenaWrongSize(ptr, nbytes, l.m.slots[i].size)
+	}
 	return fmt.Errorf("%w: ArenaMemoryResource.Deallocate(%#x, %d): the pointer was not allocated by this arena or was already freed", ErrInvalidFree, uintptr(ptr), nbytes)
+}
+
+func arenaWrongSize(ptr DevicePtr, nbytes, size int) error {
+	return fmt.Errorf("%w: ArenaMemoryResource.Deallocate(%#x, %d): the block was allocated with %d bytes", ErrInvalidFree, uintptr(ptr), nbytes, size)
 }
 
 // syncStream waits for the work queued on s; for a closed Stream, for the whole device. A stream
@@ -1078,6 +1185,7 @@ func (r *ArenaMemoryResource) Stats() ArenaStats {
 		})
 	}
 	slices.SortFunc(st.PerStream[1:], func(x, y StreamFreeStats) int { return cmp.Compare(x.Stream.ID(), y.Stream.ID()) })
+	st.LiveAllocations, st.LiveBytes = r.large.count, r.large.bytes
 	for i := range r.live {
 		ls := &r.live[i]
 		ls.mu.Lock()
@@ -1175,9 +1283,10 @@ func (r *ArenaMemoryResource) dump(nbytes int) {
 // 256-aligned, ordered, never adjacent (coalescing is complete) and their total is its free
 // bytes; live allocations lie in their superblock and overlap nothing; free plus live bytes
 // equal each superblock's size; no two empty neighbours in the global arena are left unmerged;
-// only superblocks of the global arena name pending streams, each at most once; the live index
-// is well formed. It locks everything, takes O(n log n) time and is meant for
-// tests.
+// only superblocks of the global arena name pending streams, each at most once; the live tables
+// are well formed, blocks above 1 MiB in the table of large blocks and the others in the shards.
+// It locks everything (completing a merge put off by a free, as every use of the global arena
+// does), takes O(n log n) time and is meant for tests.
 func (r *ArenaMemoryResource) CheckInvariants() error {
 	arenas, unlock := r.lockArenas()
 	defer unlock()
@@ -1219,20 +1328,30 @@ func (r *ArenaMemoryResource) CheckInvariants() error {
 	sort.Slice(sbs, func(i, j int) bool { return sbs[i].addr() < sbs[j].addr() })
 	live := map[*arenaSuperblock][]arenaNode{}
 	liveCount := 0
-	for i := range r.live {
-		ls := &r.live[i]
+	for i := 0; i <= len(r.live); i++ {
+		ls, name := &r.large, "the table of large blocks"
+		if i < len(r.live) {
+			ls, name = &r.live[i].arenaLiveSet, fmt.Sprintf("live shard %d", i)
+		}
 		c, b := 0, 0
+		var err error
 		ls.m.each(func(p DevicePtr, e arenaLive) {
 			n, _ := alignSize(e.size)
+			if large := n > ArenaMinSuperblockSize; large != (ls == &r.large) && err == nil {
+				err = fmt.Errorf("%s holds the allocation %#x of %d bytes", name, uintptr(p), e.size)
+			}
 			live[e.sb] = append(live[e.sb], arenaNode{addr: p, size: n})
 			c++
 			b += n
 		})
+		if err != nil {
+			return err
+		}
 		if err := ls.m.check(); err != nil {
-			return fmt.Errorf("live shard %d: %w", i, err)
+			return fmt.Errorf("%s: %w", name, err)
 		}
 		if c != ls.count || b != ls.bytes {
-			return fmt.Errorf("live shard %d counts %d allocations of %d bytes, holds %d of %d", i, ls.count, ls.bytes, c, b)
+			return fmt.Errorf("%s counts %d allocations of %d bytes, holds %d of %d", name, ls.count, ls.bytes, c, b)
 		}
 		liveCount += c
 	}

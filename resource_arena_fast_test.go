@@ -264,3 +264,64 @@ func TestArenaFastPutOffAgainstMerged(t *testing.T) {
 		})
 	}
 }
+
+// Blocks above 1 MiB are kept in their own live table, under the global arena's lock, wherever
+// their superblock goes: frees find them in a stream's arena too, a free with the size of the
+// other table names the size allocated, and Stats counts both tables.
+func TestArenaFastLargeTable(t *testing.T) {
+	const mb = ArenaMinSuperblockSize
+	a, f := arenaSyncSim(t, 2*mb+mb/2)
+	sa, _ := arenaSyncStream(t, f, 0xa, "A")
+	sb, _ := arenaSyncStream(t, f, 0xb, "B")
+
+	big := arenaAlloc(t, a, 2*mb, sa) // the superblock is not split: 512 KiB stay free in it
+	require.Equal(t, 1, a.large.count)
+	small := arenaAlloc(t, a, 4096, sa) // the superblock moves to A's arena
+	require.Equal(t, big+DevicePtr(2*mb), small)
+	st := a.Stats()
+	require.Equal(t, 2, st.LiveAllocations)
+	require.Equal(t, 2*mb+4096, st.LiveBytes)
+	require.Zero(t, st.GlobalSuperblocks)
+	arenaCheck(t, a)
+
+	// Sizes of the other table.
+	err := a.Deallocate(big, 4096, sa)
+	require.ErrorIs(t, err, ErrInvalidFree)
+	require.Contains(t, err.Error(), fmt.Sprintf("allocated with %d bytes", 2*mb))
+	err = a.Deallocate(small, 2*mb, sa)
+	require.ErrorIs(t, err, ErrInvalidFree)
+	require.Contains(t, err.Error(), "allocated with 4096 bytes")
+	err = a.Deallocate(big+DevicePtr(mb), 2*mb, sa)
+	require.ErrorIs(t, err, ErrInvalidFree)
+	require.Contains(t, err.Error(), "not allocated")
+	require.Equal(t, 2, a.Stats().LiveAllocations)
+	require.Empty(t, f.take())
+
+	// Freed on A, into A's arena, whose lock may still be held when the free tries it.
+	arena, ok := a.streams.Load(sa.ID())
+	require.True(t, ok)
+	arena.(*arenaSet).mu.Lock()
+	done := make(chan error)
+	go func() { done <- a.Deallocate(big, 2*mb, sa) }()
+	arena.(*arenaSet).mu.Unlock()
+	require.NoError(t, <-done)
+	require.Zero(t, a.large.count)
+	require.Empty(t, f.take(), "A's own arena: no CUDA call")
+	arenaCheck(t, a)
+
+	// Again, freed on B: B is synchronised first. (Large requests come from the global arena:
+	// the superblock, in A's arena, returns there when the arena defragments.)
+	big2 := arenaAlloc(t, a, 2*mb, sa)
+	require.Equal(t, big, big2)
+	require.Equal(t, []string{"ctx-sync"}, f.take())
+	small2 := arenaAlloc(t, a, 4096, sa)
+	require.Equal(t, 1, a.Stats().StreamArenas)
+	require.Zero(t, a.Stats().GlobalSuperblocks)
+	require.NoError(t, a.Deallocate(big, 2*mb, sb))
+	require.Equal(t, []string{"query B", "sync B"}, f.take())
+	require.NoError(t, a.Deallocate(small, 4096, sa))
+	require.NoError(t, a.Deallocate(small2, 4096, sa))
+	require.Empty(t, f.take())
+	require.Equal(t, 0, a.Stats().LiveAllocations)
+	arenaCheck(t, a)
+}
