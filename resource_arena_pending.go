@@ -388,10 +388,16 @@ func copyPending(tail, sb *arenaSuperblock) {
 // samePending reports whether sb and next name the same pending streams in the same order
 // (global arena locked).
 func samePending(sb, next *arenaSuperblock) bool {
-	if sb.pend == nil || next.pend == nil {
-		return sb.pend.len() == next.pend.len()
+	p, q := sb.pend, next.pend
+	if p.len() != q.len() {
+		return false
 	}
-	return *sb.pend == *next.pend
+	for i := range p.len() {
+		if p.recs[i] != q.recs[i] {
+			return false
+		}
+	}
+	return true
 }
 
 // clearPending forgets sb's pending streams (global arena locked): their work has finished, or
