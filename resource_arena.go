@@ -126,10 +126,11 @@ type ArenaMemoryResource struct {
 	streams   sync.Map   // stream id -> *arenaSet
 	streamsMu sync.Mutex // creating stream arenas and stream records
 	recs      sync.Map   // stream id -> *arenaStream, for streams that freed into the global arena
-	// lazyRecs is the records of our Streams in recs, by ascending stream id, published for
-	// the fast paths to read without a lock; never changed once published (streamsMu held to
-	// publish a copy).
-	lazyRecs atomic.Pointer[[]*arenaStream]
+	// arenas and lazyRecs publish the stream arenas in streams and the records of our Streams
+	// in recs (at most arenaPublishMax of each) for the fast paths, which read them without a
+	// lock; streamsMu serialises their changes.
+	arenas   atomic.Pointer[arenaByStream[*arenaSet]]
+	lazyRecs atomic.Pointer[arenaByStream[*arenaStream]]
 	defRec   arenaStream
 	multiMu  sync.Mutex                      // serialises the operations that lock every arena
 	live     [arenaLiveShards]arenaLiveShard // live allocations of up to 1 MiB
@@ -512,6 +513,9 @@ func (r *ArenaMemoryResource) lockShard() *arenaSet {
 // streamArena returns s's arena, creating it on first use. For our own Streams it asks to be
 // told when the stream closes; a closed Stream returns ErrClosed.
 func (r *ArenaMemoryResource) streamArena(s StreamView) (*arenaSet, error) {
+	if a, ok := r.arenas.Load().find(s.id); ok {
+		return a, nil
+	}
 	if v, ok := r.streams.Load(s.id); ok {
 		return v.(*arenaSet), nil
 	}
@@ -525,6 +529,7 @@ func (r *ArenaMemoryResource) streamArena(s StreamView) (*arenaSet, error) {
 		return nil, errStreamClosed("ArenaMemoryResource.Allocate", s)
 	}
 	r.streams.Store(s.id, a)
+	r.arenas.Store(r.arenas.Load().with(s.id, a))
 	return a, nil
 }
 
@@ -1002,6 +1007,7 @@ func (r *ArenaMemoryResource) defragment() error {
 		if a.kind == arenaStreamKind && !a.stream.lifetimeKnown() {
 			a.retired = true
 			r.streams.Delete(a.stream.id)
+			r.arenas.Store(r.arenas.Load().without(a.stream.id))
 		}
 	}
 	g.mu.Unlock()
@@ -1020,8 +1026,13 @@ func (r *ArenaMemoryResource) streamClosing(s StreamView) {
 	r.streamsMu.Lock()
 	v, ok := r.streams.LoadAndDelete(s.id)
 	xv, xok := r.recs.LoadAndDelete(s.id)
+	if ok {
+		r.arenas.Store(r.arenas.Load().without(s.id))
+	}
 	if xok {
-		r.unpublishRec(xv.(*arenaStream))
+		// Readers of an older copy find the record done once the global arena's lock orders
+		// them after its drop below.
+		r.lazyRecs.Store(r.lazyRecs.Load().without(s.id))
 	}
 	r.streamsMu.Unlock()
 	var a *arenaSet

@@ -31,7 +31,7 @@ func TestArenaFastStreamRecords(t *testing.T) {
 	require.NotNil(t, xb)
 	require.Equal(t, sa.ID(), xa.stream.ID())
 	require.Equal(t, sb.ID(), xb.stream.ID())
-	require.Len(t, *a.lazyRecs.Load(), 2)
+	require.Len(t, a.lazyRecs.Load().ids, 2)
 	require.Equal(t, []string{"create e1", "record e1 on B, wait A"}, f.take(), "A takes what B freed")
 
 	// The pair on A again, from the fast paths: the superblock still names B, whose event as
@@ -45,7 +45,7 @@ func TestArenaFastStreamRecords(t *testing.T) {
 	f.kill(0xa)
 	require.Nil(t, a.lazyRec(sa), "withdrawn at Close")
 	require.Same(t, xb, a.lazyRec(sb))
-	require.Len(t, *a.lazyRecs.Load(), 1)
+	require.Len(t, a.lazyRecs.Load().ids, 1)
 	f.take()
 
 	cur := a.lazyRecs.Load()
@@ -324,4 +324,43 @@ func TestArenaFastLargeTable(t *testing.T) {
 	require.Empty(t, f.take())
 	require.Equal(t, 0, a.Stats().LiveAllocations)
 	arenaCheck(t, a)
+}
+
+// The published sets keyed by stream id: changes make copies and leave the old set as it was;
+// past arenaPublishMax entries nothing more is added.
+func TestArenaFastByStream(t *testing.T) {
+	var p *arenaByStream[int]
+	_, ok := p.find(1)
+	require.False(t, ok)
+	require.Nil(t, p.without(1))
+	for _, id := range []uint64{5, 1, 9, 3} {
+		p = p.with(id, int(id)*10)
+	}
+	require.Equal(t, []uint64{1, 3, 5, 9}, p.ids)
+	require.Equal(t, []int{10, 30, 50, 90}, p.vals)
+	for _, id := range []uint64{0, 2, 4, 10} {
+		_, ok := p.find(id)
+		require.False(t, ok, "%d", id)
+	}
+	v, ok := p.find(9)
+	require.True(t, ok)
+	require.Equal(t, 90, v)
+	q := p.without(3)
+	require.Equal(t, []uint64{1, 5, 9}, q.ids)
+	require.Equal(t, []int{10, 50, 90}, q.vals)
+	require.Equal(t, []uint64{1, 3, 5, 9}, p.ids, "the published set is unchanged")
+	require.Same(t, q, q.without(3), "not there")
+	require.Nil(t, q.without(1).without(5).without(9))
+
+	var full *arenaByStream[int]
+	for id := range uint64(arenaPublishMax) {
+		full = full.with(2*id+1, 1)
+	}
+	require.Same(t, full, full.with(2, 2), "full")
+	_, ok = full.find(2)
+	require.False(t, ok)
+	for id := range uint64(arenaPublishMax) {
+		_, ok := full.find(2*id + 1)
+		require.True(t, ok)
+	}
 }

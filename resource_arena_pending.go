@@ -1,7 +1,6 @@
 package rmm
 
 import (
-	"cmp"
 	"fmt"
 	"slices"
 )
@@ -212,7 +211,7 @@ func (r *ArenaMemoryResource) streamRec(s StreamView) (*arenaStream, error) {
 	}
 	r.recs.Store(s.id, x)
 	if x.lazy {
-		r.publishRec(x)
+		r.lazyRecs.Store(r.lazyRecs.Load().with(s.id, x))
 	}
 	return x, nil
 }
@@ -227,55 +226,8 @@ func (r *ArenaMemoryResource) lazyRec(s StreamView) *arenaStream {
 	if s.id&ownedStreamBit == 0 {
 		return nil
 	}
-	p := r.lazyRecs.Load()
-	if p == nil {
-		return nil
-	}
-	recs := *p
-	lo, hi := 0, len(recs)
-	for lo < hi {
-		m := int(uint(lo+hi) >> 1)
-		if recs[m].stream.id < s.id {
-			lo = m + 1
-		} else {
-			hi = m
-		}
-	}
-	if lo < len(recs) && recs[lo].stream.id == s.id {
-		return recs[lo]
-	}
-	return nil
-}
-
-// publishRec publishes lazyRecs with the lazy record x added (streamsMu held).
-func (r *ArenaMemoryResource) publishRec(x *arenaStream) {
-	var recs []*arenaStream
-	if p := r.lazyRecs.Load(); p != nil {
-		recs = make([]*arenaStream, 0, len(*p)+1)
-		recs = append(recs, *p...)
-	}
-	i, _ := slices.BinarySearchFunc(recs, x.stream.id, func(y *arenaStream, id uint64) int { return cmp.Compare(y.stream.id, id) })
-	recs = slices.Insert(recs, i, x)
-	r.lazyRecs.Store(&recs)
-}
-
-// unpublishRec publishes lazyRecs without x (streamsMu held); x stays valid for the readers of
-// an older copy, which find it done once the global arena's lock orders them after its drop.
-func (r *ArenaMemoryResource) unpublishRec(x *arenaStream) {
-	p := r.lazyRecs.Load()
-	if p == nil {
-		return
-	}
-	i := slices.Index(*p, x)
-	if i < 0 {
-		return
-	}
-	recs := slices.Delete(slices.Clone(*p), i, i+1)
-	if len(recs) == 0 {
-		r.lazyRecs.Store(nil)
-		return
-	}
-	r.lazyRecs.Store(&recs)
+	x, _ := r.lazyRecs.Load().find(s.id)
+	return x
 }
 
 // notePending records, before a free on x's stream into sb (in the global arena, locked), that
@@ -450,4 +402,76 @@ func (r *ArenaMemoryResource) dropRecs() {
 		return true
 	})
 	r.lazyRecs.Store(nil)
+}
+
+// arenaPublishMax bounds the entries of an arenaByStream; streams past it are found the slow way.
+const arenaPublishMax = 256
+
+// arenaByStream is a set of values keyed by stream id (StreamView.ID), published (through an
+// atomic.Pointer) for readers that take no lock: it is never changed once published, with and
+// without return changed copies, made under the lock that serialises the writers. The nil set
+// is empty. Arenas see few streams, so a copy per change costs little, and a binary search of
+// a short slice finds a stream sooner than a map.
+type arenaByStream[T any] struct {
+	ids  []uint64 // ascending
+	vals []T
+}
+
+// find returns the value for id.
+func (p *arenaByStream[T]) find(id uint64) (v T, ok bool) {
+	if p == nil {
+		return v, false
+	}
+	ids := p.ids
+	lo, hi := 0, len(ids)
+	for lo < hi {
+		m := int(uint(lo+hi) >> 1)
+		if ids[m] < id {
+			lo = m + 1
+		} else {
+			hi = m
+		}
+	}
+	if lo < len(ids) && ids[lo] == id {
+		return p.vals[lo], true
+	}
+	return v, false
+}
+
+// with returns p with id set to v; p itself when it holds arenaPublishMax entries already
+// (the caller's readers then miss id and take their slow path).
+func (p *arenaByStream[T]) with(id uint64, v T) *arenaByStream[T] {
+	q := &arenaByStream[T]{}
+	if p != nil {
+		if len(p.ids) >= arenaPublishMax {
+			return p
+		}
+		q.ids, q.vals = slices.Clone(p.ids), slices.Clone(p.vals)
+	}
+	i, found := slices.BinarySearch(q.ids, id)
+	if found {
+		q.vals[i] = v
+		return q
+	}
+	q.ids = slices.Insert(q.ids, i, id)
+	q.vals = slices.Insert(q.vals, i, v)
+	return q
+}
+
+// without returns p without id: p itself when id is not in it, nil when nothing is left.
+func (p *arenaByStream[T]) without(id uint64) *arenaByStream[T] {
+	if p == nil {
+		return nil
+	}
+	i, found := slices.BinarySearch(p.ids, id)
+	if !found {
+		return p
+	}
+	if len(p.ids) == 1 {
+		return nil
+	}
+	return &arenaByStream[T]{
+		ids:  slices.Delete(slices.Clone(p.ids), i, i+1),
+		vals: slices.Delete(slices.Clone(p.vals), i, i+1),
+	}
 }
