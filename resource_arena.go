@@ -368,7 +368,8 @@ func (r *ArenaMemoryResource) allocate(n, asked int, s StreamView) (DevicePtr, e
 }
 
 // allocateLarge serves a large request from the global arena; see allocate. s first waits on
-// the device for the streams that freed into the superblock (waitPending).
+// the device for the streams that freed into the superblock (waitPending). The live entry goes
+// to r.large, under the global arena's lock already held.
 func (r *ArenaMemoryResource) allocateLarge(n, asked int, s StreamView) (DevicePtr, error) {
 	// A record of s that is not done proves s open: Stream.Close marks it done (under the
 	// global arena's lock) before the Stream counts as closed.

@@ -6,7 +6,8 @@ import (
 
 // arenaFastBenchArena returns an arena of size bytes over an address-only upstream. With fakeCtx
 // its CUDA calls go to a fake device that only counts them (ctx 1 stands for a context), so the
-// stream-ordering code runs as it does on a GPU.
+// stream-ordering code runs as it does on a GPU; without, the arena has no context (as without
+// CUDA, also where there is a GPU).
 func arenaFastBenchArena(b *testing.B, size int, fakeCtx bool) (*ArenaMemoryResource, *arenaSyncFake) {
 	b.Helper()
 	sim, err := NewSimulatedMemoryResource(1 << 50)
@@ -19,6 +20,7 @@ func arenaFastBenchArena(b *testing.B, size int, fakeCtx bool) (*ArenaMemoryReso
 	}
 	b.Cleanup(func() { a.Close() })
 	var f *arenaSyncFake
+	a.ctx = 0
 	if fakeCtx {
 		f = newArenaSyncFake(nil)
 		f.quiet = true

@@ -42,7 +42,7 @@ func TestArenaFastStreamRecords(t *testing.T) {
 
 	old := a.lazyRecs.Load()
 	require.NoError(t, sta.Close())
-	f.kill(0xa)
+	f.kill(sa.h)
 	require.Nil(t, a.lazyRec(sa), "withdrawn at Close")
 	require.Same(t, xb, a.lazyRec(sb))
 	require.Len(t, a.lazyRecs.Load().ids, 1)

@@ -8,10 +8,11 @@ import (
 // Stream-ordered reuse of the global arena. A free into the global arena does not wait for the
 // freeing stream: the superblock notes the stream as pending (arenaPending), and a stream that
 // later takes memory from that superblock first waits on the device for an event of each
-// pending stream (waitPending). Apart from making a stream's record (streamRec), everything here
-// runs under the global arena's lock, CUDA calls included: they are made when memory passes from
-// one stream to another (and at each free on a foreign stream), never when DefaultStream or one
-// of our Streams allocates and frees alone.
+// pending stream (waitPending). Apart from making a stream's record (streamRec) and finding a
+// published one (lazyRec, arenaByStream), everything here runs under the global arena's lock,
+// CUDA calls included: they are made when memory passes from one stream to another (and at each
+// free on a foreign stream), never when DefaultStream or one of our Streams allocates and frees
+// alone.
 
 // arenaPendingMax bounds the streams a superblock remembers. A free by one more stream
 // synchronises that stream on the host instead; a merge that would hold more synchronises the
