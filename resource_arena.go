@@ -389,12 +389,16 @@ func (r *ArenaMemoryResource) allocateLarge(n, asked int, s StreamView) (DeviceP
 	sb := g.tree.firstFit(n)
 	head := max(ArenaMinSuperblockSize, n)
 	reuse := false // sb is the superblock whose merge was put off, and this split would undo it
-	if a := r.putOff; a != nil {
-		// Merged, a would be found as well, and split into itself and its neighbour when the
-		// head is a's size; otherwise merge now and search again.
+	if a := r.putOff; a != nil && (sb == nil || sb.addr() >= a.addr()) {
+		// A fit below a is the same merged or not. Merged, a would be found where it is, and
+		// split into itself and its neighbour when the head is a's size. Otherwise merge now:
+		// a, empty, is then the first fit if it holds n; if not, sb still is (it cannot be the
+		// neighbour a absorbed, which holds less than n).
 		if reuse = sb == a && head == a.size(); !reuse {
 			r.settle()
-			sb = g.tree.firstFit(n)
+			if a.size() >= n {
+				sb = a
+			}
 		}
 	}
 	if sb == nil {
