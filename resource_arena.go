@@ -273,6 +273,7 @@ func NewArenaMemoryResource(upstream MemoryResource, opts *ArenaOptions) (*Arena
 		r.ctx = ctx
 	}
 	r.global.kind = arenaGlobal
+	r.large.m.half = true
 	for i := range r.shards {
 		a := &r.shards[i].arenaSet
 		a.kind, a.index, a.stream = arenaShardKind, i, DefaultStream.deviceView(r.dev)
