@@ -145,7 +145,7 @@ func TestArenaFastPutOffMerge(t *testing.T) {
 // calls and end in the same state.
 func TestArenaFastPutOffAgainstMerged(t *testing.T) {
 	const mb = ArenaMinSuperblockSize
-	for seed := range uint64(6) {
+	for seed := range uint64(10) {
 		t.Run(fmt.Sprint(seed), func(t *testing.T) {
 			ax, fx := arenaSyncSim(t, 128*mb) // merged after every operation
 			ay, fy := arenaSyncSim(t, 128*mb)
@@ -188,7 +188,7 @@ func TestArenaFastPutOffAgainstMerged(t *testing.T) {
 			}
 			var blocks []block
 			putOff := 0
-			for op := 0; op < 2000; op++ {
+			for op := 0; op < 3000; op++ {
 				v := r.IntN(100)
 				switch {
 				case len(blocks) == 0 || (len(blocks) < 12 && v < 50):
