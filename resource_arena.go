@@ -115,18 +115,29 @@ type ArenaMemoryResource struct {
 	size     int
 	dumpPath string // "" when no dump is wanted
 
-	global    arenaSet
-	spareSBs  []*arenaSuperblock // merged superblocks kept for reuse (under global.mu)
+	global   arenaSet
+	spareSBs []*arenaSuperblock // merged superblocks kept for reuse (under global.mu)
+	// putOff is an empty superblock of the global arena whose merge with its empty next
+	// neighbour is put off (see freedEmpty); nil when none. Under global.mu.
+	putOff    *arenaSuperblock
 	shards    []arenaShard
 	hints     sync.Pool // *arenaHint: the shard a processor used last
 	nextHint  atomic.Uint32
 	streams   sync.Map   // stream id -> *arenaSet
 	streamsMu sync.Mutex // creating stream arenas and stream records
 	recs      sync.Map   // stream id -> *arenaStream, for streams that freed into the global arena
-	defRec    arenaStream
-	multiMu   sync.Mutex // serialises the operations that lock every arena
-	live      [arenaLiveShards]arenaLiveShard
-	defrags   atomic.Int64
+	// arenas and lazyRecs publish the stream arenas in streams and the records of our Streams
+	// in recs (at most arenaPublishMax of each) for the fast paths, which read them without a
+	// lock; streamsMu serialises their changes.
+	arenas   atomic.Pointer[arenaByStream[*arenaSet]]
+	lazyRecs atomic.Pointer[arenaByStream[*arenaStream]]
+	defRec   arenaStream
+	multiMu  sync.Mutex                      // serialises the operations that lock every arena
+	live     [arenaLiveShards]arenaLiveShard // live allocations of up to 1 MiB
+	// large is the live allocations above 1 MiB (large requests), under the global arena's lock,
+	// which a large request and a free into the global arena hold anyway.
+	large   arenaLiveSet
+	defrags atomic.Int64
 
 	closed  atomic.Bool
 	closeMu sync.Mutex
@@ -179,13 +190,33 @@ type arenaLive struct {
 	size int
 }
 
-// arenaLiveShard is one shard of the live-allocation index, chosen by a hash of the pointer.
-type arenaLiveShard struct {
-	mu    sync.Mutex
+// arenaLiveSet is a table of live allocations with their count and bytes.
+type arenaLiveSet struct {
 	m     arenaLiveTable
 	count int
 	bytes int // rounded sizes
-	_     [64]byte
+}
+
+// add records the live allocation p of asked bytes (n once rounded) in superblock sb.
+func (l *arenaLiveSet) add(p DevicePtr, sb *arenaSuperblock, asked, n int) {
+	l.m.put(p, arenaLive{sb: sb, size: asked})
+	l.count++
+	l.bytes += n
+}
+
+// remove deletes the entry in slot i (from m.find), of n bytes once rounded.
+func (l *arenaLiveSet) remove(i, n int) {
+	l.m.del(i)
+	l.count--
+	l.bytes -= n
+}
+
+// arenaLiveShard is one shard of the index of small live allocations, chosen by a hash of the
+// pointer.
+type arenaLiveShard struct {
+	mu sync.Mutex
+	arenaLiveSet
+	_ [64]byte
 }
 
 // NewArenaMemoryResource returns an arena over upstream (nil: the current device resource),
@@ -242,6 +273,7 @@ func NewArenaMemoryResource(upstream MemoryResource, opts *ArenaOptions) (*Arena
 		r.ctx = ctx
 	}
 	r.global.kind = arenaGlobal
+	r.large.m.half = true
 	for i := range r.shards {
 		a := &r.shards[i].arenaSet
 		a.kind, a.index, a.stream = arenaShardKind, i, DefaultStream.deviceView(r.dev)
@@ -337,9 +369,13 @@ func (r *ArenaMemoryResource) allocate(n, asked int, s StreamView) (DevicePtr, e
 }
 
 // allocateLarge serves a large request from the global arena; see allocate. s first waits on
-// the device for the streams that freed into the superblock (waitPending).
+// the device for the streams that freed into the superblock (waitPending). The live entry goes
+// to r.large, under the global arena's lock already held.
 func (r *ArenaMemoryResource) allocateLarge(n, asked int, s StreamView) (DevicePtr, error) {
-	if s.closed() {
+	// A record of s that is not done proves s open: Stream.Close marks it done (under the
+	// global arena's lock) before the Stream counts as closed.
+	x := r.lazyRec(s)
+	if x == nil && s.closed() {
 		return 0, errStreamClosed("ArenaMemoryResource.Allocate", s)
 	}
 	g := &r.global
@@ -348,7 +384,24 @@ func (r *ArenaMemoryResource) allocateLarge(n, asked int, s StreamView) (DeviceP
 	if r.closed.Load() {
 		return 0, errArenaClosed
 	}
+	if x != nil && x.done && s.closed() {
+		return 0, errStreamClosed("ArenaMemoryResource.Allocate", s)
+	}
 	sb := g.tree.firstFit(n)
+	head := max(ArenaMinSuperblockSize, n)
+	reuse := false // sb is the superblock whose merge was put off, and this split would undo it
+	if a := r.putOff; a != nil && (sb == nil || sb.addr() >= a.addr()) {
+		// A fit below a is the same merged or not. Merged, a would be found where it is, and
+		// split into itself and its neighbour when the head is a's size. Otherwise merge now:
+		// a, empty, is then the first fit if it holds n; if not, sb still is (it cannot be the
+		// neighbour a absorbed, which holds less than n).
+		if reuse = sb == a && head == a.size(); !reuse {
+			r.settle()
+			if a.size() >= n {
+				sb = a
+			}
+		}
+	}
 	if sb == nil {
 		return 0, nil
 	}
@@ -356,7 +409,11 @@ func (r *ArenaMemoryResource) allocateLarge(n, asked int, s StreamView) (DeviceP
 		return 0, fmt.Errorf("ArenaMemoryResource.Allocate(%d): %w", asked, err)
 	}
 	var tail *arenaSuperblock
-	if head := max(ArenaMinSuperblockSize, n); sb.empty() && sb.size() >= head+ArenaMinSuperblockSize {
+	switch {
+	case reuse:
+		r.putOff = nil
+		copyPending(sb.nextSB, sb) // as the split gives the tail the merged superblock's streams
+	case sb.empty() && sb.size() >= head+ArenaMinSuperblockSize:
 		tail = sb.split(head, r.spareSuperblock())
 		copyPending(tail, sb)
 	}
@@ -366,7 +423,7 @@ func (r *ArenaMemoryResource) allocateLarge(n, asked int, s StreamView) (DeviceP
 		tail.owner.Store(g)
 		g.tree.insert(tail)
 	}
-	r.addLive(p, sb, asked, n)
+	r.large.add(p, sb, asked, n)
 	return p, nil
 }
 
@@ -397,7 +454,7 @@ func (r *ArenaMemoryResource) allocateFrom(a *arenaSet, n, asked int) (DevicePtr
 // fails (with its error).
 func (r *ArenaMemoryResource) takeSuperblock(a *arenaSet, n, asked int) (*arenaSuperblock, error) {
 	g := &r.global
-	g.mu.Lock()
+	r.lockGlobal()
 	defer g.mu.Unlock()
 	sb := g.tree.firstFit(n)
 	if sb == nil {
@@ -462,6 +519,9 @@ func (r *ArenaMemoryResource) lockShard() *arenaSet {
 // streamArena returns s's arena, creating it on first use. For our own Streams it asks to be
 // told when the stream closes; a closed Stream returns ErrClosed.
 func (r *ArenaMemoryResource) streamArena(s StreamView) (*arenaSet, error) {
+	if a, ok := r.arenas.Load().find(s.id); ok {
+		return a, nil
+	}
 	if v, ok := r.streams.Load(s.id); ok {
 		return v.(*arenaSet), nil
 	}
@@ -475,6 +535,7 @@ func (r *ArenaMemoryResource) streamArena(s StreamView) (*arenaSet, error) {
 		return nil, errStreamClosed("ArenaMemoryResource.Allocate", s)
 	}
 	r.streams.Store(s.id, a)
+	r.arenas.Store(r.arenas.Load().with(s.id, a))
 	return a, nil
 }
 
@@ -482,18 +543,18 @@ func (r *ArenaMemoryResource) liveShard(p DevicePtr) *arenaLiveShard {
 	return &r.live[arenaLiveHash(p)>>arenaLiveShardShift]
 }
 
-// addLive records a live allocation; the caller holds the lock of sb's owner.
+// addLive records a small live allocation; the caller holds the lock of sb's owner.
 func (r *ArenaMemoryResource) addLive(p DevicePtr, sb *arenaSuperblock, asked, n int) {
 	ls := r.liveShard(p)
 	ls.mu.Lock()
-	ls.m.put(p, arenaLive{sb: sb, size: asked})
-	ls.count++
-	ls.bytes += n
+	ls.add(p, sb, asked, n)
 	ls.mu.Unlock()
 }
 
 func (r *ArenaMemoryResource) liveCount() int {
-	n := 0
+	r.lockGlobal()
+	n := r.large.count
+	r.global.mu.Unlock()
 	for i := range r.live {
 		ls := &r.live[i]
 		ls.mu.Lock()
@@ -525,50 +586,117 @@ func (r *ArenaMemoryResource) Deallocate(ptr DevicePtr, nbytes int, s StreamView
 	if ptr == 0 {
 		return nil
 	}
+	if nbytes > ArenaMinSuperblockSize {
+		return r.deallocateLarge(ptr, nbytes, s)
+	}
 	ls := r.liveShard(ptr)
 	ls.mu.Lock()
 	i := ls.m.find(ptr)
 	if i < 0 {
 		ls.mu.Unlock()
-		return r.notAllocated(ptr, nbytes)
+		return r.notAllocated(ptr, nbytes, false)
 	}
 	e := ls.m.slots[i].arenaLive
 	if e.size != nbytes {
 		ls.mu.Unlock()
-		return fmt.Errorf("%w: ArenaMemoryResource.Deallocate(%#x, %d): the block was allocated with %d bytes", ErrInvalidFree, uintptr(ptr), nbytes, e.size)
+		return arenaWrongSize(ptr, nbytes, e.size)
 	}
 	n, _ := alignSize(nbytes)
 	sb := e.sb
 	// Common case: the owner's lock is free, and the free needs neither a synchronisation nor a
-	// CUDA call nor a stream record to look up (a free into s's own arena, or on DefaultStream,
-	// whose record is r.defRec, into the global arena). The lock order is the owner's lock, then
-	// the live shard's; TryLock never waits, so it may be taken while the shard is held, and the
-	// entry found stays valid.
-	if o := sb.owner.Load(); o != nil && r.freeFast(o, s) && o.mu.TryLock() {
-		if sb.owner.Load() == o && r.noteDefault(o, sb) {
-			ls.m.del(i)
-			ls.count--
-			ls.bytes -= n
-			ls.mu.Unlock()
-			return r.freeIn(o, sb, ptr, n)
+	// CUDA call nor a stream record to make (a free into s's own arena, or into the global arena
+	// on DefaultStream or on one of our Streams whose record is published in lazyRecs). The lock
+	// order is the owner's lock, then the live shard's; TryLock never waits, so it may be taken
+	// while the shard is held, and the entry found stays valid.
+	if o := sb.owner.Load(); o != nil {
+		if x, ok := r.freeFast(o, s); ok && o.mu.TryLock() {
+			r.settleIn(o)
+			if sb.owner.Load() == o && r.noteLazy(o, sb, x) {
+				ls.remove(i, n)
+				ls.mu.Unlock()
+				return r.freeIn(o, sb, ptr, n)
+			}
+			o.mu.Unlock()
 		}
-		o.mu.Unlock()
 	}
 	ls.mu.Unlock()
-	return r.deallocateSlow(ptr, nbytes, n, s, e, ls)
+	return r.deallocateSlow(ptr, nbytes, n, s, e, &ls.arenaLiveSet, &ls.mu)
+}
+
+// deallocateLarge is Deallocate of a block above 1 MiB, whose live entry is in r.large. Its
+// common case, a free into the global arena on a stream with a lazy record, takes the global
+// arena's lock once and no other.
+func (r *ArenaMemoryResource) deallocateLarge(ptr DevicePtr, nbytes int, s StreamView) error {
+	g := &r.global
+	r.lockGlobal()
+	l := &r.large
+	i := l.m.find(ptr)
+	if i < 0 {
+		g.mu.Unlock()
+		return r.notAllocated(ptr, nbytes, true)
+	}
+	e := l.m.slots[i].arenaLive
+	if e.size != nbytes {
+		g.mu.Unlock()
+		return arenaWrongSize(ptr, nbytes, e.size)
+	}
+	n, _ := alignSize(nbytes)
+	sb := e.sb
+	// A superblock changes owner only under the global arena's lock: o stays sb's owner. The
+	// lock order is an arena's lock, then the global arena's; TryLock never waits, so it may be
+	// taken while the global arena is held.
+	o := sb.owner.Load()
+	if x, ok := r.freeFast(o, s); ok {
+		switch {
+		case o == g:
+			if r.noteLazy(o, sb, x) {
+				l.remove(i, n)
+				return r.freeIn(o, sb, ptr, n)
+			}
+		case o.mu.TryLock():
+			l.remove(i, n)
+			g.mu.Unlock()
+			return r.freeIn(o, sb, ptr, n)
+		}
+	}
+	g.mu.Unlock()
+	return r.deallocateSlow(ptr, nbytes, n, s, e, l, nil)
+}
+
+// lockLive locks the live table of deallocateSlow: mu, or when mu is nil (the table of large
+// blocks) the global arena, unless o, locked, is the global arena.
+func (r *ArenaMemoryResource) lockLive(mu *sync.Mutex, o *arenaSet) {
+	switch {
+	case mu != nil:
+		mu.Lock()
+	case o != &r.global:
+		r.lockGlobal()
+	}
+}
+
+// unlockLive undoes lockLive.
+func (r *ArenaMemoryResource) unlockLive(mu *sync.Mutex, o *arenaSet) {
+	switch {
+	case mu != nil:
+		mu.Unlock()
+	case o != &r.global:
+		r.global.mu.Unlock()
+	}
 }
 
 // deallocateSlow is Deallocate past its common case: it looks s's record up, synchronises s
 // where that is due, and waits for the owner's lock. e is the live entry found for ptr (n: its
-// rounded size) in shard ls, which is not held.
-func (r *ArenaMemoryResource) deallocateSlow(ptr DevicePtr, nbytes, n int, s StreamView, e arenaLive, ls *arenaLiveShard) error {
+// rounded size) in l, a shard of small blocks guarded by mu or, when mu is nil, the table of
+// large blocks guarded by the global arena's lock; neither is held.
+func (r *ArenaMemoryResource) deallocateSlow(ptr DevicePtr, nbytes, n int, s StreamView, e arenaLive, l *arenaLiveSet, mu *sync.Mutex) error {
 	sb := e.sb
+	large := mu == nil
 	var x *arenaStream // s's record, once the superblock is seen in the global arena
 	synced := false    // s was synchronised: the free needs no ordering any more
 	for {
 		o := sb.owner.Load()
 		if o == nil {
-			return r.notAllocated(ptr, nbytes) // freed (and its superblock merged) meanwhile
+			return r.notAllocated(ptr, nbytes, large) // freed (and its superblock merged) meanwhile
 		}
 		toGlobal := !synced && r.ctx != 0 && o.kind == arenaGlobal && !r.closed.Load()
 		if toGlobal && x == nil && !s.closed() {
@@ -586,6 +714,7 @@ func (r *ArenaMemoryResource) deallocateSlow(ptr DevicePtr, nbytes, n int, s Str
 			synced = true
 		}
 		o.mu.Lock()
+		r.settleIn(o)
 		if sb.owner.Load() != o {
 			o.mu.Unlock()
 			continue
@@ -597,17 +726,18 @@ func (r *ArenaMemoryResource) deallocateSlow(ptr DevicePtr, nbytes, n int, s Str
 			x = nil
 			continue
 		}
-		ls.mu.Lock()
-		i := ls.m.find(ptr)
-		if i < 0 || ls.m.slots[i].arenaLive != e {
-			ls.mu.Unlock()
+		r.lockLive(mu, o)
+		i := l.m.find(ptr)
+		if i < 0 || l.m.slots[i].arenaLive != e {
+			r.unlockLive(mu, o)
 			o.mu.Unlock()
-			return r.notAllocated(ptr, nbytes)
+			return r.notAllocated(ptr, nbytes, large)
 		}
 		if note {
 			// The entry stays while o is locked (only a holder of the owner's lock removes it),
-			// so the shard need not be held over the CUDA call notePending may make.
-			ls.mu.Unlock()
+			// so the shard need not be held over the CUDA call notePending may make (the table
+			// of large blocks is guarded by o, the global arena, itself).
+			r.unlockLive(mu, o)
 			ok, err := r.notePending(sb, x)
 			if err != nil {
 				o.mu.Unlock()
@@ -622,36 +752,40 @@ func (r *ArenaMemoryResource) deallocateSlow(ptr DevicePtr, nbytes, n int, s Str
 				synced = true
 				continue
 			}
-			ls.mu.Lock()
-			i = ls.m.find(ptr)
+			r.lockLive(mu, o)
+			i = l.m.find(ptr)
 		}
-		ls.m.del(i)
-		ls.count--
-		ls.bytes -= n
-		ls.mu.Unlock()
+		l.remove(i, n)
+		r.unlockLive(mu, o)
 		return r.freeIn(o, sb, ptr, n)
 	}
 }
 
 // freeFast reports whether a free on s into arena o may take Deallocate's common path: without
-// CUDA always; into the global arena on DefaultStream; into another arena on its own stream.
-func (r *ArenaMemoryResource) freeFast(o *arenaSet, s StreamView) bool {
+// CUDA always; into another arena on its own stream; into the global arena on a stream with a
+// lazy record (DefaultStream, or one of our Streams in lazyRecs), which it returns for noteLazy.
+func (r *ArenaMemoryResource) freeFast(o *arenaSet, s StreamView) (*arenaStream, bool) {
 	if r.ctx == 0 {
-		return true
+		return nil, true
 	}
 	if o.kind == arenaGlobal {
-		return s.id == 0
+		x := r.lazyRec(s)
+		return x, x != nil
 	}
-	return o.stream.id == s.id
+	return nil, o.stream.id == s.id
 }
 
-// noteDefault notes DefaultStream as pending on sb when its owner o (locked) is the global arena
-// (see notePending; no CUDA call). It returns false when sb cannot note one more stream.
-func (r *ArenaMemoryResource) noteDefault(o *arenaSet, sb *arenaSuperblock) bool {
+// noteLazy notes the stream of x, a lazy record from freeFast, as pending on sb when its owner o
+// (locked) is the global arena (see notePending; no CUDA call). It returns false when x is done
+// (its Stream closed: the slow path synchronises the device) or sb cannot note one more stream.
+func (r *ArenaMemoryResource) noteLazy(o *arenaSet, sb *arenaSuperblock, x *arenaStream) bool {
 	if r.ctx == 0 || o.kind != arenaGlobal || r.closed.Load() {
 		return true
 	}
-	ok, _ := r.notePending(sb, &r.defRec) // lazy: never an error
+	if x.done {
+		return false
+	}
+	ok, _ := r.notePending(sb, x) // lazy: never an error
 	return ok
 }
 
@@ -667,7 +801,7 @@ func (r *ArenaMemoryResource) freeIn(o *arenaSet, sb *arenaSuperblock, ptr Devic
 	sb.coalesce(ptr, n)
 	o.tree.fix(sb)
 	if o.kind == arenaGlobal && sb.empty() {
-		r.mergeEmpty(sb)
+		r.freedEmpty(sb)
 	}
 	o.mu.Unlock()
 	if r.closed.Load() {
@@ -676,8 +810,29 @@ func (r *ArenaMemoryResource) freeIn(o *arenaSet, sb *arenaSuperblock, ptr Devic
 	return nil
 }
 
-func (r *ArenaMemoryResource) notAllocated(ptr DevicePtr, nbytes int) error {
+// notAllocated returns the error for a free of ptr that the live table of its size (large:
+// above 1 MiB) does not hold; when the other table holds ptr, the error gives the size
+// allocated.
+func (r *ArenaMemoryResource) notAllocated(ptr DevicePtr, nbytes int, large bool) error {
+	var l *arenaLiveSet
+	if large {
+		ls := r.liveShard(ptr)
+		ls.mu.Lock()
+		defer ls.mu.Unlock()
+		l = &ls.arenaLiveSet
+	} else {
+		r.lockGlobal()
+		defer r.global.mu.Unlock()
+		l = &r.large
+	}
+	if i := l.m.find(ptr); i >= 0 {
+		return arenaWrongSize(ptr, nbytes, l.m.slots[i].size)
+	}
 	return fmt.Errorf("%w: ArenaMemoryResource.Deallocate(%#x, %d): the pointer was not allocated by this arena or was already freed", ErrInvalidFree, uintptr(ptr), nbytes)
+}
+
+func arenaWrongSize(ptr DevicePtr, nbytes, size int) error {
+	return fmt.Errorf("%w: ArenaMemoryResource.Deallocate(%#x, %d): the block was allocated with %d bytes", ErrInvalidFree, uintptr(ptr), nbytes, size)
 }
 
 // syncStream waits for the work queued on s; for a closed Stream, for the whole device. A stream
@@ -707,24 +862,74 @@ func (r *ArenaMemoryResource) globalAdd(sb *arenaSuperblock) {
 // superblocks right before and after it, as long as the result stays within 1 TiB. The merged
 // superblock waits for the pending streams of both (mergePending).
 func (r *ArenaMemoryResource) mergeEmpty(sb *arenaSuperblock) {
-	g := &r.global
-	if prev := sb.prevSB; prev != nil && prev.owner.Load() == g && prev.empty() &&
-		prev.size()+sb.size() <= ArenaMaxSuperblockSize {
-		g.tree.remove(sb)
-		r.mergePending(prev, sb)
-		prev.absorb(sb)
-		g.tree.fix(prev)
-		r.keepSpare(sb)
+	if prev := sb.prevSB; r.mergeable(prev, sb) {
+		r.mergeNext(prev)
 		sb = prev
 	}
-	if next := sb.nextSB; next != nil && next.owner.Load() == g && next.empty() &&
-		sb.size()+next.size() <= ArenaMaxSuperblockSize {
-		g.tree.remove(next)
-		r.mergePending(sb, next)
-		sb.absorb(next)
-		g.tree.fix(sb)
-		r.keepSpare(next)
+	if r.mergeable(sb, sb.nextSB) {
+		r.mergeNext(sb)
 	}
+}
+
+// mergeable reports whether the superblocks sb and next, address neighbours (either may be nil),
+// are both empty and in the global arena (locked), and together within 1 TiB.
+func (r *ArenaMemoryResource) mergeable(sb, next *arenaSuperblock) bool {
+	g := &r.global
+	return sb != nil && next != nil && sb.owner.Load() == g && next.owner.Load() == g &&
+		sb.empty() && next.empty() && sb.size()+next.size() <= ArenaMaxSuperblockSize
+}
+
+// mergeNext merges sb's next neighbour into sb (see mergeable; global arena locked).
+func (r *ArenaMemoryResource) mergeNext(sb *arenaSuperblock) {
+	g := &r.global
+	next := sb.nextSB
+	g.tree.remove(next)
+	r.mergePending(sb, next)
+	sb.absorb(next)
+	g.tree.fix(sb)
+	r.keepSpare(next)
+}
+
+// freedEmpty merges sb, which a free in the global arena (locked) has just emptied, with its
+// empty neighbours, as mergeEmpty does, except that a merge with the next neighbour alone is put
+// off: when the next large request takes exactly sb, as when one stream allocates and frees a
+// block of one size in a loop, the split that would undo the merge is saved too. Until then sb
+// holds the merged superblock's pending streams (the merge's host waits, if any, are made now)
+// and its neighbour none, or the same ones; every other holder of the global arena's lock first
+// completes the merge (settle), so that the put-off merge is never seen.
+func (r *ArenaMemoryResource) freedEmpty(sb *arenaSuperblock) {
+	if r.mergeable(sb.prevSB, sb) || !r.mergeable(sb, sb.nextSB) {
+		r.mergeEmpty(sb)
+		return
+	}
+	if next := sb.nextSB; !samePending(sb, next) {
+		r.mergePending(sb, next)
+	} // else what next names is in sb already: the merge adds nothing
+	r.putOff = sb
+}
+
+// settle completes the merge that freedEmpty put off, if any (global arena locked). It makes no
+// CUDA call: the merged superblock already holds every pending stream.
+func (r *ArenaMemoryResource) settle() {
+	if sb := r.putOff; sb != nil {
+		r.putOff = nil
+		r.mergeNext(sb)
+	}
+}
+
+// settleIn settles when o, just locked, is the global arena.
+func (r *ArenaMemoryResource) settleIn(o *arenaSet) {
+	if o == &r.global && r.putOff != nil {
+		r.settle()
+	}
+}
+
+// lockGlobal locks the global arena and completes a put-off merge (settle). Every holder of the
+// global arena's lock takes it this way (or settles right after taking it), except
+// allocateLarge, which may use the put-off superblock as it is.
+func (r *ArenaMemoryResource) lockGlobal() {
+	r.global.mu.Lock()
+	r.settle()
 }
 
 // arenaSpareSuperblocks bounds the superblocks kept for reuse after merges.
@@ -795,7 +1000,7 @@ func (r *ArenaMemoryResource) defragment() error {
 	arenas, unlock := r.lockArenas()
 	defer unlock()
 	g := &r.global
-	g.mu.Lock()
+	r.lockGlobal()
 	if r.ctx != 0 {
 		if err := r.drv.ctxSynchronize(r.ctx); err != nil {
 			g.mu.Unlock()
@@ -808,6 +1013,7 @@ func (r *ArenaMemoryResource) defragment() error {
 		if a.kind == arenaStreamKind && !a.stream.lifetimeKnown() {
 			a.retired = true
 			r.streams.Delete(a.stream.id)
+			r.arenas.Store(r.arenas.Load().without(a.stream.id))
 		}
 	}
 	g.mu.Unlock()
@@ -826,6 +1032,14 @@ func (r *ArenaMemoryResource) streamClosing(s StreamView) {
 	r.streamsMu.Lock()
 	v, ok := r.streams.LoadAndDelete(s.id)
 	xv, xok := r.recs.LoadAndDelete(s.id)
+	if ok {
+		r.arenas.Store(r.arenas.Load().without(s.id))
+	}
+	if xok {
+		// Readers of an older copy find the record done once the global arena's lock orders
+		// them after its drop below.
+		r.lazyRecs.Store(r.lazyRecs.Load().without(s.id))
+	}
 	r.streamsMu.Unlock()
 	var a *arenaSet
 	if ok {
@@ -848,7 +1062,7 @@ func (r *ArenaMemoryResource) streamClosing(s StreamView) {
 			}
 		}
 	}
-	r.global.mu.Lock()
+	r.lockGlobal()
 	if xok {
 		r.dropRec(xv.(*arenaStream))
 	}
@@ -880,7 +1094,7 @@ func (r *ArenaMemoryResource) Close() error {
 		return nil
 	}
 	_, unlock := r.lockArenas()
-	r.global.mu.Lock()
+	r.lockGlobal()
 	r.closed.Store(true)
 	r.global.mu.Unlock()
 	unlock()
@@ -953,7 +1167,7 @@ type ArenaStats struct {
 func (r *ArenaMemoryResource) Stats() ArenaStats {
 	arenas, unlock := r.lockArenas()
 	defer unlock()
-	r.global.mu.Lock()
+	r.lockGlobal()
 	defer r.global.mu.Unlock()
 	st := ArenaStats{ArenaSize: r.size, PoolSize: r.size, MaximumSize: r.size, Defragmentations: int(r.defrags.Load())}
 	st.PerStream = make([]StreamFreeStats, 1, len(arenas)-len(r.shards)+1)
@@ -988,6 +1202,7 @@ func (r *ArenaMemoryResource) Stats() ArenaStats {
 		})
 	}
 	slices.SortFunc(st.PerStream[1:], func(x, y StreamFreeStats) int { return cmp.Compare(x.Stream.ID(), y.Stream.ID()) })
+	st.LiveAllocations, st.LiveBytes = r.large.count, r.large.bytes
 	for i := range r.live {
 		ls := &r.live[i]
 		ls.mu.Lock()
@@ -1037,7 +1252,7 @@ type arenaDumpLine struct {
 // dump writes the arena's state after a failed nbytes request to the dump file.
 func (r *ArenaMemoryResource) dump(nbytes int) {
 	arenas, unlock := r.lockArenas()
-	r.global.mu.Lock()
+	r.lockGlobal()
 	var lines []arenaDumpLine
 	totalFree, largest := 0, 0
 	for _, a := range append(arenas, &r.global) {
@@ -1085,13 +1300,14 @@ func (r *ArenaMemoryResource) dump(nbytes int) {
 // 256-aligned, ordered, never adjacent (coalescing is complete) and their total is its free
 // bytes; live allocations lie in their superblock and overlap nothing; free plus live bytes
 // equal each superblock's size; no two empty neighbours in the global arena are left unmerged;
-// only superblocks of the global arena name pending streams, each at most once; the live index
-// is well formed. It locks everything, takes O(n log n) time and is meant for
-// tests.
+// only superblocks of the global arena name pending streams, each at most once; the live tables
+// are well formed, blocks above 1 MiB in the table of large blocks and the others in the shards.
+// It locks everything (completing a merge put off by a free, as every use of the global arena
+// does), takes O(n log n) time and is meant for tests.
 func (r *ArenaMemoryResource) CheckInvariants() error {
 	arenas, unlock := r.lockArenas()
 	defer unlock()
-	r.global.mu.Lock()
+	r.lockGlobal()
 	defer r.global.mu.Unlock()
 	for i := range r.live {
 		r.live[i].mu.Lock()
@@ -1129,20 +1345,30 @@ func (r *ArenaMemoryResource) CheckInvariants() error {
 	sort.Slice(sbs, func(i, j int) bool { return sbs[i].addr() < sbs[j].addr() })
 	live := map[*arenaSuperblock][]arenaNode{}
 	liveCount := 0
-	for i := range r.live {
-		ls := &r.live[i]
+	for i := 0; i <= len(r.live); i++ {
+		ls, name := &r.large, "the table of large blocks"
+		if i < len(r.live) {
+			ls, name = &r.live[i].arenaLiveSet, fmt.Sprintf("live shard %d", i)
+		}
 		c, b := 0, 0
+		var err error
 		ls.m.each(func(p DevicePtr, e arenaLive) {
 			n, _ := alignSize(e.size)
+			if large := n > ArenaMinSuperblockSize; large != (ls == &r.large) && err == nil {
+				err = fmt.Errorf("%s holds the allocation %#x of %d bytes", name, uintptr(p), e.size)
+			}
 			live[e.sb] = append(live[e.sb], arenaNode{addr: p, size: n})
 			c++
 			b += n
 		})
+		if err != nil {
+			return err
+		}
 		if err := ls.m.check(); err != nil {
-			return fmt.Errorf("live shard %d: %w", i, err)
+			return fmt.Errorf("%s: %w", name, err)
 		}
 		if c != ls.count || b != ls.bytes {
-			return fmt.Errorf("live shard %d counts %d allocations of %d bytes, holds %d of %d", i, ls.count, ls.bytes, c, b)
+			return fmt.Errorf("%s counts %d allocations of %d bytes, holds %d of %d", name, ls.count, ls.bytes, c, b)
 		}
 		liveCount += c
 	}

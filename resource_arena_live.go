@@ -2,11 +2,12 @@ package rmm
 
 import "fmt"
 
-// The arena's index of live allocations: pointer → (superblock, size asked), sharded by a hash of
-// the pointer, each shard an open-addressing hash table with linear probing. A lookup hashes the
-// pointer once (the same hash picks the shard) and reads, as a rule, one cache line; a deletion
-// shifts the entries after it back instead of leaving tombstones, so probes stay short however
-// long the arena lives.
+// The arena's index of live allocations: pointer → (superblock, size asked). Blocks up to 1 MiB
+// are sharded by a hash of the pointer, each shard under its own lock; blocks above 1 MiB are in
+// one table under the global arena's lock. Each is an open-addressing hash table with linear
+// probing. A lookup hashes the pointer once (the same hash picks the shard) and reads, as a rule,
+// one cache line; a deletion shifts the entries after it back instead of leaving tombstones, so
+// probes stay short however long the arena lives.
 
 // arenaLiveHash mixes a 256-aligned pointer (Fibonacci hashing): the top 6 bits choose the shard,
 // the bits below them the slot.
@@ -18,11 +19,16 @@ type arenaLiveEntry struct {
 	arenaLive
 }
 
-// arenaLiveTable is one shard's table. Its length is 0 or a power of two, at most 3/4 full.
+// arenaLiveTable is a table of live allocations. Its length is 0 or a power of two, at most 3/4
+// full, or half full when half is set.
 type arenaLiveTable struct {
 	slots []arenaLiveEntry
 	n     int
 	shift uint // 64 - log2(len(slots))
+	// half keeps the table at most half full: shorter probe runs, so that a deletion moves fewer
+	// entries, for twice the slots. The table of large blocks (at most one per MiB of the arena)
+	// sets it; the shards, which may hold millions of small blocks, do not.
+	half bool
 }
 
 const arenaLiveShardBits = 64 - arenaLiveShardShift
@@ -50,7 +56,7 @@ func (t *arenaLiveTable) find(p DevicePtr) int {
 
 // put adds p, which must not be in the table.
 func (t *arenaLiveTable) put(p DevicePtr, v arenaLive) {
-	if (t.n+1)*4 > len(t.slots)*3 {
+	if (t.n+1)*4 > len(t.slots)*3 || (t.half && (t.n+1)*2 > len(t.slots)) {
 		t.grow()
 	}
 	mask := len(t.slots) - 1
