@@ -736,7 +736,9 @@ func brkChaos(t *testing.T, opts *PoolOptions, closeMidway bool) {
 			defer wg.Done()
 			r := rand.New(rand.NewPCG(uint64(w), 9))
 			var mine []blk
-			for i := 0; i < 1500; i++ {
+			// With closeMidway, go on past 1500 steps until an allocation meets the closed pool, so
+			// that the close happens while the workers run however the goroutines are scheduled.
+			for i := 0; i < 1500 || (closeMidway && closedOK.Load() == 0 && i < 1_000_000); i++ {
 				progress.Add(1)
 				s := streams[r.IntN(len(streams))]
 				switch k := r.IntN(10); {
