@@ -899,10 +899,14 @@ func (p *PoolMemoryResource) Close() error {
 }
 
 // deallocateAfterClose frees an allocation that outlived Close: the stream is synchronised (the
-// pool has no events any more), the block is coalesced, and its upstream block is returned when
-// wholly free.
+// pool has no events any more; for a Stream that was closed, whose handle is gone, the device),
+// the block is coalesced, and its upstream block is returned when wholly free.
 func (p *PoolMemoryResource) deallocateAfterClose(b *block, s StreamView) error {
-	if p.ctx != 0 {
+	if p.ctx != 0 && s.closed() {
+		if err := cuCtxSynchronize(p.ctx); err != nil {
+			return fmt.Errorf("PoolMemoryResource.Deallocate after Close, on closed %v: %w", s, err)
+		}
+	} else if p.ctx != 0 {
 		if err := cuStreamSynchronize(p.ctx, s.cu()); err != nil {
 			return fmt.Errorf("PoolMemoryResource.Deallocate after Close: synchronising %v: %w", s, err)
 		}
