@@ -249,7 +249,6 @@ func (f *arenaSyncFake) driver() *arenaDriver {
 // its bytes by another stream a, t is ordered after that free or the host saw it finish.
 type arenaSyncModel struct {
 	streams map[uintptr]int // handle -> stream number
-	closing int             // the stream whose Close is under way: its synchronisation names handle 0 or a real one
 	seq     []int           // frees per stream
 	after   [][]int         // after[t][a]: the last free of a that t is ordered after
 	done    []int           // done[a]: the last free of a known finished
@@ -263,7 +262,7 @@ type arenaSyncFreed struct {
 }
 
 func newArenaSyncModel() *arenaSyncModel {
-	return &arenaSyncModel{streams: map[uintptr]int{}, closing: -1, events: map[uintptr][]int{}}
+	return &arenaSyncModel{streams: map[uintptr]int{}, events: map[uintptr][]int{}}
 }
 
 // stream adds a stream with handle h and returns its number.
@@ -280,9 +279,6 @@ func (m *arenaSyncModel) stream(h uintptr) int {
 }
 
 func (m *arenaSyncModel) of(h uintptr) int {
-	if m.closing >= 0 {
-		return m.closing
-	}
 	i, ok := m.streams[h]
 	if !ok {
 		panic(fmt.Sprintf("model: unknown stream %#x", h))
@@ -782,13 +778,7 @@ func TestArenaSyncAgainstModel(t *testing.T) {
 					// A Stream closes (its frees so far must finish first) and another comes.
 					for _, s := range streams[1:] {
 						if !s.gone && s.st != nil {
-							f.mu.Lock()
-							m.closing = s.i
-							f.mu.Unlock()
-							require.NoError(t, s.st.Close())
-							f.mu.Lock()
-							m.closing = -1
-							f.mu.Unlock()
+							brkCloseInModel(t, f, s.st, s.i)
 							f.kill(s.v.h)
 							s.gone = true
 							break
