@@ -23,8 +23,9 @@ const Alignment = 256
 //     resource and the size asked, and the resource stays fully usable.
 //   - Deallocate returns p, which Allocate(nbytes, ·) gave, so that it may be reused by work
 //     ordered after everything queued on s at the time of the call. nbytes must be the size given to
-//     Allocate. Deallocate(0, 0, s) is a no-op. PoolMemoryResource, SystemMemoryResource and
-//     SimulatedMemoryResource detect a pointer they never gave out, a double free and a wrong size,
+//     Allocate. Deallocate(0, 0, s) is a no-op. The sub-allocators (PoolMemoryResource,
+//     ArenaMemoryResource, FixedSizeMemoryResource, BinningMemoryResource), SystemMemoryResource
+//     and SimulatedMemoryResource detect a pointer they never gave out, a double free and a wrong size,
 //     and return ErrInvalidFree without changing their state; the driver resources pass the
 //     pointer to CUDA, which reports what it detects as a *CUDAError.
 //   - Both are safe for concurrent use by many goroutines.

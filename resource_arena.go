@@ -1144,7 +1144,7 @@ type ArenaStats struct {
 	LiveAllocations   int     // live allocations
 	FreeBytes         int     // ArenaSize - LiveBytes
 	FreeBlocks        int     // free blocks over all superblocks
-	LargestFreeBlock  int     // bytes; the largest request that can succeed now (after defragmenting)
+	LargestFreeBlock  int     // bytes; the largest free block in any superblock now (a defragmentation may coalesce larger)
 	Fragmentation     float64 // percent: (1 - LargestFreeBlock/FreeBytes) × 100; 0 when nothing is free
 	Superblocks       int     // superblocks in all arenas
 	GlobalSuperblocks int     // superblocks in the global arena

@@ -57,15 +57,18 @@ type PoolOptions struct {
 // double the pool; with one, half the remaining headroom; a failing upstream is retried with
 // halved sizes down to the request). Blocks from different upstream allocations never coalesce.
 //
-// Per-stream caches: on the default stream and on our own Streams, a free of a block of at most
-// 1 MiB whose size the stream asked for in one of its last four allocations that went past its
-// cache waits in a small cache of that stream (up to 16 blocks), under a lock of the stream's
-// own; the next request of that rounded size on that stream takes it back without the pool's
-// mutex, and its free is found there again. So goroutines that allocate and free on their own
-// streams do not contend. A cached block is free memory that has not coalesced yet: an allocation
-// on the stream that its cache cannot serve first returns the stream's cached blocks to its list,
-// so best fit sees them, and before the pool grows (or fails), and in Release and Close, every
-// cache returns its blocks. Stats counts cached blocks as free (PoolStats.CachedBlocks).
+// Per-stream caches: the default stream and each of our own Streams have a small cache (up to 16
+// blocks) under a lock of their own, so that goroutines allocating and freeing on their own
+// streams do not contend for the pool's mutex. The rule: a freed block goes to the stream's cache
+// when it is at most 1 MiB and the stream recently asked for that size (one of the last four
+// sizes its cache could not serve); a request on that stream of exactly that rounded size takes
+// it back. For example, a loop that allocates and frees 64 KiB on one stream takes the pool's
+// mutex for its first allocation and free only. A cached block is free memory that has not
+// coalesced yet: an allocation on the stream that its cache cannot serve first returns the
+// stream's cached blocks to its list, so best fit sees them; before the pool looks at other
+// streams' lists (so before it grows or fails), and in Release and Close, every cache returns its
+// blocks; a Stream's Close returns its cache's blocks and moves its free list to DefaultStream's.
+// Stats counts cached blocks as free (PoolStats.CachedBlocks).
 //
 // Events: on the default stream and on our own Streams, whose lifetime the package knows, the
 // event is recorded only when another stream takes the blocks (Stream.Close records it first if

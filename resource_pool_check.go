@@ -14,7 +14,7 @@ type PoolStats struct {
 	LiveAllocations  int
 	FreeBytes        int // PoolSize - LiveBytes
 	FreeBlocks       int
-	LargestFreeBlock int // bytes; the largest request that can be served without growing
+	LargestFreeBlock int // bytes; the largest free block in any one list or cache (a request up to the free bytes may still be served without growing, once other streams' lists are merged)
 	UpstreamBlocks   int // allocations held from the upstream (expandable: chunks mapped)
 	Streams          int // streams with a free list
 	// CachedBlocks and CachedBytes are the free blocks held in the streams' caches, for reuse by

@@ -226,8 +226,11 @@ func (s *Stream) Synchronize() error { return s.view.Synchronize() }
 // Close tells every resource holding free memory ordered on the stream (so that it records an
 // event while the stream still exists), then destroys the stream (cuStreamDestroy; queued work
 // still completes). Closing twice returns nil. Afterwards the stream's views must not be used
-// for new work: StreamView's methods and PoolMemoryResource.Allocate return ErrClosed for them,
-// and a pool treats a free on them as a free on DefaultStream after synchronising the device.
+// for new work: StreamView's methods and the Allocate of PoolMemoryResource,
+// ArenaMemoryResource and FixedSizeMemoryResource return ErrClosed for them (resources that do not
+// order on streams, such as SystemMemoryResource, ignore the stream), and a pool treats a free on
+// them as a free on DefaultStream after synchronising the device. A pool moves the closed
+// stream's free blocks, its cached ones included, to DefaultStream's list.
 func (s *Stream) Close() error {
 	s.mu.Lock()
 	if s.closed {

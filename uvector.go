@@ -272,7 +272,7 @@ func copySpans[T any](op string, dst DeviceSpan[T], src SpanSource[T], s StreamV
 
 // Uvector is a typed, uninitialized vector of elements of T in device memory (RMM's
 // device_uvector): Len elements in an allocation of Cap elements from a MemoryResource, with the
-// its stream (the one it was allocated, last resized or set on with SetStream, on which Close
+// stream (the one it was allocated, last resized or set on with SetStream, on which Close
 // frees it) and the device of the resource, recorded at construction.
 // Counts and indices are in elements.
 //
