@@ -510,7 +510,11 @@ func (p *PoolMemoryResource) grow(n int, s StreamView, l *freeList) (*block, err
 		try = p.backOff(try, n)
 	}
 	DebugLogger().Debug("rmm: PoolMemoryResource failed to grow", "request", n, "pool_size", p.size, "maximum", p.maximum, "err", lastErr)
-	return nil, p.oomErr(n, fmt.Sprintf("the upstream refused every size from %d down to %d bytes", p.growSize(n), n), lastErr, true)
+	detail := fmt.Sprintf("the upstream refused every size from %d down to %d bytes", p.growSize(n), n)
+	if p.growSize(n) == n {
+		detail = fmt.Sprintf("the upstream refused %d bytes", n)
+	}
+	return nil, p.oomErr(n, detail, lastErr, true)
 }
 
 // oomErr is the *OutOfMemoryError for an n-byte (rounded) request (Allocate puts the size asked
