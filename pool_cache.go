@@ -26,10 +26,11 @@ import (
 //     them: only an exact-size reuse on the same stream skips them. The slow path looks a pointer up in the
 //     pool's live table and, when it is not there, in the caches' tables: a block handed out by
 //     one stream's cache may be freed on another stream, or twice.
-//   - Before the pool searches other streams' lists (so before it grows or fails), and in Release,
-//     a stream's Close and Close, every cache gives its blocks back to its stream's free list,
-//     where they coalesce. A cache is then dead; a new one is made at the next free. So no request
-//     fails and no growth happens that the cached memory could have served. Stats and
+//   - Before the pool searches other streams' lists (so before it grows or fails), and in Release
+//     and the release threshold's trim, every cache gives its blocks back to its stream's free
+//     list, where they coalesce. So no request fails and no growth happens that the cached memory
+//     could have served. A stream's Close and the pool's Close also end the caches: the blocks
+//     they handed out go to the pool's live table, and a new cache is made at the next free. Stats and
 //     out-of-memory errors count cached blocks as free.
 //   - An expandable pool with a ReleaseThreshold has no caches: memory held in a cache would
 //     escape the trim that each free checks for.
@@ -221,49 +222,55 @@ func (p *PoolMemoryResource) cacheFree(l *freeList, b *block, s StreamView) bool
 // flushCache gives the blocks in s's cache back to s's list l (pool locked), where they
 // coalesce, so that a best-fit search of l sees them. The cache stays.
 func (p *PoolMemoryResource) flushCache(l *freeList, s StreamView) {
-	c := p.cacheOf(s)
-	if c == nil || !c.busy.Load() {
-		return
+	if c := p.cacheOf(s); c != nil && c.busy.Load() {
+		p.returnCached(c, l, false)
 	}
-	c.mu.Lock()
-	slots, k := c.slots, c.n
-	c.n, c.next, c.slots = 0, 0, [poolCacheSlots]*block{}
-	c.note()
-	c.mu.Unlock()
-	for _, b := range slots[:k] {
-		p.liveBytes -= b.size
-		p.freeInto(l, b)
+}
+
+// flushCaches gives every cache's blocks back to its stream's list (pool locked); the caches
+// stay, with the blocks they handed out.
+func (p *PoolMemoryResource) flushCaches() {
+	if m := p.caches.Load(); m != nil {
+		for _, c := range *m {
+			if c.busy.Load() {
+				p.returnCached(c, nil, false)
+			}
+		}
 	}
 }
 
 // dropCaches empties every cache (pool locked): cached blocks go to their streams' free lists,
-// coalescing, and blocks the caches handed out go to the live table. The caches die; it returns
-// the number of blocks given back to the free lists.
-func (p *PoolMemoryResource) dropCaches() int {
+// coalescing, and blocks the caches handed out go to the live table. The caches die (one whose
+// blocks found no list stays, holding them).
+func (p *PoolMemoryResource) dropCaches() {
 	m := p.caches.Load()
 	if m == nil {
-		return 0
+		return
 	}
-	p.caches.Store(nil)
-	freed := 0
+	var keep poolCaches
 	for _, c := range *m {
-		c.mu.Lock()
-		c.dead = true
-		c.issued.each(func(b *block) { p.live.put(b) })
-		c.issued = blockTable{}
-		slots := c.slots
-		k := c.n
-		c.n, c.slots = 0, [poolCacheSlots]*block{}
-		c.note()
-		c.mu.Unlock()
-		if k == 0 {
-			continue
+		if !p.returnCached(c, nil, true) {
+			keep = append(keep, c)
 		}
+	}
+	if keep == nil {
+		p.caches.Store(nil)
+	} else {
+		p.caches.Store(&keep)
+	}
+}
+
+// returnCached gives c's cached blocks back to l, or when l is nil to the list of c's stream
+// (pool locked); with kill it also moves the blocks c handed out to the live table and marks c
+// dead, for the caller to unpublish. The list's event must then cover the frees behind the
+// blocks (dirty). It reports false, changing nothing, when no list can be had for the blocks.
+func (p *PoolMemoryResource) returnCached(c *poolCache, l *freeList, kill bool) bool {
+	if l == nil && c.busy.Load() {
 		// The stream's list may have been merged into another stream's and dropped since: make
 		// it again. If that fails, wait for the stream on the host; then the blocks may go to
-		// any list.
-		l, err := p.listFor(c.stream)
-		if err != nil {
+		// the default stream's list.
+		var err error
+		if l, err = p.listFor(c.stream); err != nil {
 			DebugLogger().Warn("rmm: PoolMemoryResource: no free list for a stream's cached blocks; synchronising it", "stream", c.stream.String(), "err", err)
 			if p.ctx != 0 {
 				if serr := cuStreamSynchronize(p.ctx, c.stream.cu()); serr != nil {
@@ -271,17 +278,29 @@ func (p *PoolMemoryResource) dropCaches() int {
 				}
 			}
 			if l, err = p.listFor(DefaultStream); err != nil {
-				panic(fmt.Sprintf("rmm: PoolMemoryResource: no free list for the default stream: %v", err))
+				DebugLogger().Error("rmm: PoolMemoryResource: no free list for a stream's cached blocks; they stay cached", "stream", c.stream.String(), "err", err)
+				return false
 			}
 		}
-		for _, b := range slots[:k] {
-			p.liveBytes -= b.size
-			p.freeInto(l, b)
-			l.dirty = true
-		}
-		freed += k
 	}
-	return freed
+	c.mu.Lock()
+	slots, k := c.slots, c.n
+	c.n, c.next, c.slots = 0, 0, [poolCacheSlots]*block{}
+	if kill {
+		c.dead = true
+		c.issued.each(func(b *block) { p.live.put(b) })
+		c.issued = blockTable{}
+	}
+	c.note()
+	c.mu.Unlock()
+	for _, b := range slots[:k] {
+		p.liveBytes -= b.size
+		p.freeInto(l, b)
+	}
+	if k > 0 {
+		l.dirty = true
+	}
+	return true
 }
 
 // poolCacheFigures is what one stream's cache holds, for Stats.

@@ -284,3 +284,30 @@ func TestPoolCacheConcurrent(t *testing.T) {
 	require.Zero(t, p.PoolSize())
 	require.Zero(t, sim.UsedBytes())
 }
+
+// Blocks freed through a cache's fast path and then returned to the stream's list mark the list
+// dirty, so that the next stream to take them waits for an event recorded after those frees.
+func TestPoolCacheFlushMarksListDirty(t *testing.T) {
+	p, _ := newSimPool(t, 1<<30, &PoolOptions{InitialPoolSize: 4 << 20})
+	s := poolCacheTestStream(t)
+	x, err := p.Allocate(4096, s)
+	require.NoError(t, err)
+	require.NoError(t, p.Deallocate(x, 4096, s)) // slow path: into the cache
+	p.mu.Lock()
+	l := p.byStream[s.ID()]
+	l.dirty = false // as after another stream made it record its event
+	p.mu.Unlock()
+	x, err = p.Allocate(4096, s) // from the cache
+	require.NoError(t, err)
+	require.NoError(t, p.Deallocate(x, 4096, s)) // fast path: back into the cache
+	p.mu.Lock()
+	require.False(t, l.dirty)
+	p.mu.Unlock()
+	y, err := p.Allocate(8192, s) // a miss: the cached block goes to the list
+	require.NoError(t, err)
+	p.mu.Lock()
+	require.True(t, l.dirty, "the list holds a block freed after its event was recorded")
+	p.mu.Unlock()
+	require.NoError(t, p.Deallocate(y, 8192, s))
+	require.NoError(t, p.CheckInvariants())
+}

@@ -345,7 +345,7 @@ func (p *PoolMemoryResource) findBlock(l *freeList, n int, s StreamView) (*block
 	}
 	// Blocks in the other streams' caches are free memory: put them where this search (and the
 	// merging after it) sees them.
-	p.dropCaches()
+	p.flushCaches()
 	// A block that fits on its own in another stream's list: wait for that stream, take it. The
 	// remainder after the split stays in that list.
 	for _, o := range p.lists {
@@ -811,7 +811,7 @@ func (p *PoolMemoryResource) Release() error {
 // mergeAllSynced waits for the work behind every free and merges every list into the default
 // stream's, which it returns.
 func (p *PoolMemoryResource) mergeAllSynced() (*freeList, error) {
-	p.dropCaches()
+	p.flushCaches()
 	if err := p.syncAll(); err != nil {
 		return nil, fmt.Errorf("PoolMemoryResource: waiting for the streams: %w", err)
 	}
@@ -877,6 +877,7 @@ func (p *PoolMemoryResource) Close() error {
 	if p.closed {
 		return nil
 	}
+	p.dropCaches() // blocks handed out by caches outlive Close in the live table
 	def, err := p.releaseWhole()
 	if def == nil {
 		return fmt.Errorf("PoolMemoryResource.Close: %w", err)
