@@ -67,9 +67,11 @@ type ArenaOptions struct {
 //     of our Streams is closed, it is synchronised (if its arena holds superblocks or it freed
 //     into the global arena) and its superblocks go back to the global arena; the arenas of
 //     views of foreign streams (NewStreamView) are emptied and dropped at each defragmentation.
-//     Allocations on DefaultStream use one of DefaultStreamArenas sharded arenas, chosen per
-//     goroutine by processor affinity, falling over to an idle shard when the preferred one is
-//     busy. Empty superblocks otherwise stay in their arena, as in librmm.
+//     Allocations on DefaultStream use one of DefaultStreamArenas sharded arenas: each
+//     processor (GOMAXPROCS) keeps the shard it used last and moves to the next idle one only
+//     when that one is busy, so goroutines that contend spread over the shards while one
+//     goroutine alone keeps one shard (and its memory in one place) however the runtime moves
+//     it. Empty superblocks otherwise stay in their arena, as in librmm.
 //   - Deallocate frees the block in the superblock that holds it, wherever that superblock is
 //     now, coalescing with free neighbours; empty superblocks in the global arena coalesce with
 //     empty neighbours. A free on a stream other than the one of the arena holding the block
@@ -119,10 +121,13 @@ type ArenaMemoryResource struct {
 	spareSBs []*arenaSuperblock // merged superblocks kept for reuse (under global.mu)
 	// putOff is an empty superblock of the global arena whose merge with its empty next
 	// neighbour is put off (see freedEmpty); nil when none. Under global.mu.
-	putOff    *arenaSuperblock
-	shards    []arenaShard
-	hints     sync.Pool // *arenaHint: the shard a processor used last
-	nextHint  atomic.Uint32
+	putOff *arenaSuperblock
+	shards []arenaShard
+	// hints holds, per processor, the default-stream shard it used last. The runtime empties
+	// it at garbage collections; a new hint starts at settled, the shard a hint last moved to
+	// (see lockShard).
+	hints     sync.Pool // *arenaHint
+	settled   atomic.Int32
 	streams   sync.Map   // stream id -> *arenaSet
 	streamsMu sync.Mutex // creating stream arenas and stream records
 	recs      sync.Map   // stream id -> *arenaStream, for streams that freed into the global arena
@@ -296,7 +301,7 @@ func NewArenaMemoryResource(upstream MemoryResource, opts *ArenaOptions) (*Arena
 		sb.owner.Store(&r.global)
 		r.global.tree.insert(sb)
 	}
-	r.hints.New = func() any { return &arenaHint{shard: int(r.nextHint.Add(1)-1) % len(r.shards)} }
+	r.hints.New = func() any { return &arenaHint{shard: int(r.settled.Load())} }
 	return r, nil
 }
 
@@ -505,7 +510,10 @@ func (r *ArenaMemoryResource) lockShard() *arenaSet {
 			i -= n
 		}
 		if a := &r.shards[i].arenaSet; a.mu.TryLock() {
-			h.shard = i
+			if i != h.shard {
+				h.shard = i
+				r.settled.Store(int32(i))
+			}
 			r.hints.Put(h)
 			return a
 		}

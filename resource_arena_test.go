@@ -15,6 +15,7 @@ import (
 	"testing"
 	"unsafe"
 
+	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
 
@@ -1225,4 +1226,37 @@ func TestArenaIndexAgainstModel(t *testing.T) {
 		require.NoError(t, index.check())
 	}
 	require.Nil(t, index.root)
+}
+
+// One goroutine allocating on DefaultStream keeps one default-stream shard across garbage
+// collections (which empty the per-processor hints) and however many processors there are: its
+// memory is not spread over every shard.
+func TestArenaDefaultStreamOneGoroutineOneShard(t *testing.T) {
+	defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(16))
+	sim, err := NewSimulatedMemoryResource(1 << 34)
+	require.NoError(t, err)
+	a, err := NewArenaMemoryResource(sim, &ArenaOptions{ArenaSize: 1 << 32, DefaultStreamArenas: 16})
+	require.NoError(t, err)
+	defer a.Close()
+	var ptrs []DevicePtr
+	for i := 0; i < 200; i++ {
+		p, err := a.Allocate(768<<10, DefaultStream) // one superblock each
+		require.NoError(t, err)
+		ptrs = append(ptrs, p)
+		if i%10 == 0 {
+			runtime.GC()
+			runtime.Gosched()
+		}
+	}
+	used := 0
+	for i := range a.shards {
+		if a.shards[i].tree.count > 0 {
+			used++
+			assert.Equal(t, 200, a.shards[i].tree.count, "shard %d", i)
+		}
+	}
+	assert.Equal(t, 1, used, "default-stream shards holding superblocks")
+	for _, p := range ptrs {
+		require.NoError(t, a.Deallocate(p, 768<<10, DefaultStream))
+	}
 }
