@@ -127,7 +127,9 @@ type ArenaMemoryResource struct {
 	// it at garbage collections; a new hint starts at settled, the shard a hint last moved to
 	// (see lockShard).
 	hints     sync.Pool // *arenaHint
+	_         [64]byte  // settled is written while goroutines contend: off the line of hints
 	settled   atomic.Int32
+	_         [60]byte
 	streams   sync.Map   // stream id -> *arenaSet
 	streamsMu sync.Mutex // creating stream arenas and stream records
 	recs      sync.Map   // stream id -> *arenaStream, for streams that freed into the global arena
