@@ -189,6 +189,9 @@ func routeOf(op string, a Access) (route, error) {
 //   - host-only and device memory: cuMemcpyHtoDAsync / cuMemcpyDtoHAsync on s, then s is
 //     synchronised, because the host end is then touched by the CPU without stream order.
 func copyMem(op string, dst, src memRef, n int, s StreamView) error {
+	if s.closed() {
+		return errStreamClosed(op, s)
+	}
 	if n == 0 {
 		return nil
 	}
@@ -251,6 +254,9 @@ func copyMem(op string, dst, src memRef, n int, s StreamView) error {
 // driver infers the source's kind through unified addressing (cuMemcpyAsync on s; s is then
 // synchronised when dst is host-only memory). Without CUDA src must be host memory.
 func copyFromAddr(op string, dst memRef, src DevicePtr, n int, s StreamView) error {
+	if s.closed() {
+		return errStreamClosed(op, s)
+	}
 	if n == 0 {
 		return nil
 	}
@@ -278,6 +284,9 @@ func copyFromAddr(op string, dst memRef, src DevicePtr, n int, s StreamView) err
 // copyFromGo copies Go memory (which must hold no Go pointers) to dst; finished at return
 // (cuMemcpyHtoDAsync on s, then s synchronised, in one driver call).
 func copyFromGo(op string, dst memRef, src unsafe.Pointer, n int, s StreamView) error {
+	if s.closed() {
+		return errStreamClosed(op, s)
+	}
 	if n == 0 {
 		return nil
 	}
@@ -302,6 +311,9 @@ func copyFromGo(op string, dst memRef, src unsafe.Pointer, n int, s StreamView) 
 // copyToGo copies n bytes at src into Go memory; finished at return (cuMemcpyDtoHAsync on s,
 // then s synchronised).
 func copyToGo(op string, dst unsafe.Pointer, src memRef, n int, s StreamView) error {
+	if s.closed() {
+		return errStreamClosed(op, s)
+	}
 	if n == 0 {
 		return nil
 	}
@@ -326,6 +338,9 @@ func copyToGo(op string, dst unsafe.Pointer, src memRef, n int, s StreamView) er
 // fillMem writes elem repeatedly over nbytes at dst (nbytes a multiple of len(elem)): deviceFill
 // (driver memset or fill kernels, asynchronous on s) on device memory, the CPU on host memory.
 func fillMem(op string, dst memRef, nbytes int, elem []byte, s StreamView) error {
+	if s.closed() {
+		return errStreamClosed(op, s)
+	}
 	if nbytes == 0 {
 		return nil
 	}

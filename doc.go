@@ -42,7 +42,8 @@
 // ErrInvalidFree, ErrNoDevice, ErrOutOfRange, ErrClosed, ErrNotSupported, and ErrMalformedLog for
 // event logs; a failing driver call is a *CUDAError, and file access reports the operating
 // system's errors (errors.Is(err, fs.ErrNotExist)). A failed call leaves the resource or
-// container as it was.
+// container as it was. A container operation (fill, copy, element access) given a view of a
+// Stream that was closed returns ErrClosed before touching anything.
 //
 // # The debug log
 //

@@ -1,0 +1,63 @@
+package rmm
+
+import (
+	"testing"
+
+	"github.com/stretchr/testify/require"
+)
+
+// Container operations on a view of a closed Stream return ErrClosed and change nothing; with
+// CUDA they would otherwise hand the driver a destroyed stream handle.
+func TestContainersRejectClosedStream(t *testing.T) {
+	mr := NewSystemMemoryResource()
+	v, err := NewUvectorFromSlice([]int32{1, 2, 3, 4}, DefaultStream, mr)
+	require.NoError(t, err)
+	defer v.Close()
+	w, err := NewUvectorFromSlice([]int32{9, 9, 9, 9}, DefaultStream, mr)
+	require.NoError(t, err)
+	defer w.Close()
+	buf, err := NewDeviceBuffer(8, DefaultStream, mr)
+	require.NoError(t, err)
+	defer buf.Close()
+	require.NoError(t, buf.CopyFromHost(0, []byte{1, 2, 3, 4, 5, 6, 7, 8}, DefaultStream))
+	sc, err := NewScalar[int64](DefaultStream, mr)
+	require.NoError(t, err)
+	defer sc.Close()
+	require.NoError(t, sc.SetValue(7, DefaultStream))
+
+	st, err := NewStream(0, nil)
+	require.NoError(t, err)
+	s := st.View()
+	require.NoError(t, st.Close())
+
+	host := make([]int32, 4)
+	hostB := make([]byte, 8)
+	ops := map[string]func() error{
+		"Uvector.Fill":          func() error { return v.Fill(5, s) },
+		"Uvector.SetElement":    func() error { return v.SetElement(0, 5, s) },
+		"Uvector.Element":       func() error { _, err := v.Element(0, s); return err },
+		"Uvector.CopyFromHost":  func() error { return v.CopyFromHost([]int32{5, 5, 5, 5}, s) },
+		"Uvector.CopyToHost":    func() error { return v.CopyToHost(host, s) },
+		"Uvector.ToSlice":       func() error { _, err := v.ToSlice(s); return err },
+		"Uvector.CopyFrom":      func() error { return v.CopyFrom(w.Span(), s) },
+		"DeviceSpan.Fill":       func() error { return v.Span().Fill(5, s) },
+		"DeviceBuffer.CopyFrom": func() error { return buf.CopyFromHost(0, []byte{9}, s) },
+		"DeviceBuffer.CopyTo":   func() error { return buf.CopyToHost(hostB, 0, s) },
+		"DeviceBuffer.Device":   func() error { return buf.CopyFromDevice(0, w.Data(), 4, s) },
+		"Scalar.SetValue":       func() error { return sc.SetValue(9, s) },
+		"Scalar.Value":          func() error { _, err := sc.Value(s); return err },
+	}
+	for name, op := range ops {
+		require.ErrorIs(t, op(), ErrClosed, name)
+	}
+	got, err := v.ToSlice(DefaultStream)
+	require.NoError(t, err)
+	require.Equal(t, []int32{1, 2, 3, 4}, got)
+	require.Equal(t, []int32{0, 0, 0, 0}, host)
+	b, err := buf.Bytes(DefaultStream)
+	require.NoError(t, err)
+	require.Equal(t, []byte{1, 2, 3, 4, 5, 6, 7, 8}, b)
+	x, err := sc.Value(DefaultStream)
+	require.NoError(t, err)
+	require.Equal(t, int64(7), x)
+}
