@@ -177,8 +177,10 @@ func (e *OutOfMemoryError) Error() string {
 		b.WriteString(", no maximum")
 	}
 	if e.Cause != nil {
-		b.WriteString(": ")
-		b.WriteString(e.Cause.Error())
+		// The cause is usually another out-of-memory error: say so once.
+		b.WriteString(" (upstream: ")
+		b.WriteString(strings.TrimPrefix(e.Cause.Error(), ErrOutOfMemory.Error()+": "))
+		b.WriteString(")")
 	}
 	return b.String()
 }

@@ -464,6 +464,18 @@ func (p *PoolMemoryResource) growSize(n int) int {
 	return max(n, AlignDown(room/2, Alignment))
 }
 
+// maxDetail is the Detail of an out-of-memory error when the maximum stopped a growth of need
+// bytes for an n-byte request with left bytes under the maximum.
+func maxDetail(n, need, left, maximum int) string {
+	switch {
+	case n > maximum:
+		return "the request exceeds the maximum pool size"
+	case left <= 0:
+		return "maximum pool size reached"
+	}
+	return fmt.Sprintf("growing by the %d bytes it needs would pass the maximum pool size (%d bytes left under it)", need, left)
+}
+
 // backOff is the next size to try after the upstream refused try bytes for an n-byte request:
 // half, at least n. Under a maximum it stays on the 256-byte grid; without one it is librmm's
 // exact halving.
@@ -480,11 +492,7 @@ func (p *PoolMemoryResource) grow(n int, s StreamView, l *freeList) (*block, err
 	try := p.growSize(n)
 	if try == 0 {
 		DebugLogger().Debug("rmm: PoolMemoryResource cannot grow", "request", n, "pool_size", p.size, "maximum", p.maximum)
-		detail := "maximum pool size reached"
-		if n > p.maximum {
-			detail = "the request exceeds the maximum pool size"
-		}
-		return nil, p.oomErr(n, detail, nil, false)
+		return nil, p.oomErr(n, maxDetail(n, n, p.maximum-p.size, p.maximum), nil, false)
 	}
 	var lastErr error
 	for try >= n {

@@ -175,11 +175,7 @@ func (p *PoolMemoryResource) growExpandable(n int, l *freeList, exact bool) (*bl
 		k = room / e.gran * e.gran
 	}
 	if kNeed, _ := alignUpChecked(need, e.gran); k < kNeed {
-		detail := "maximum pool size reached"
-		if n > p.maximum {
-			detail = "the request exceeds the maximum pool size"
-		}
-		return nil, p.oomErr(n, detail, nil, false)
+		return nil, p.oomErr(n, maxDetail(n, kNeed, p.maximum-p.size, p.maximum), nil, false)
 	}
 	kNeed, _ := alignUpChecked(need, e.gran)
 	if exact {

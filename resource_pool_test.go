@@ -434,3 +434,33 @@ func TestPoolCappedReleasesBeforeFailing(t *testing.T) {
 	require.NoError(t, p.Deallocate(b, 1<<20, DefaultStream))
 	require.NoError(t, p.Deallocate(c, 3<<20, DefaultStream))
 }
+
+// When the maximum stops a growth of a pool that has not reached it, the error says how much
+// the growth needed and how much was left under the maximum, not that the maximum was reached.
+func TestPoolOutOfMemoryDetailUnderMaximum(t *testing.T) {
+	for _, c := range []struct {
+		name       string
+		expandable bool
+		want       string
+	}{
+		{"plain", false, "growing by the 3145728 bytes it needs would pass the maximum pool size (2097152 bytes left under it)"},
+		{"expandable", true, "growing by the 4194304 bytes it needs would pass the maximum pool size (2097152 bytes left under it)"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			sim, err := NewSimulatedMemoryResource(64 << 20)
+			require.NoError(t, err)
+			p, err := NewPoolMemoryResource(sim, &PoolOptions{InitialPoolSize: 2 << 20, MaximumPoolSize: 4 << 20, Expandable: c.expandable})
+			require.NoError(t, err)
+			defer p.Close()
+			a, err := p.Allocate(2<<20, DefaultStream)
+			require.NoError(t, err)
+			_, err = p.Allocate(3<<20, DefaultStream)
+			var oom *OutOfMemoryError
+			require.ErrorAs(t, err, &oom)
+			require.Equal(t, c.want, oom.Detail)
+			require.False(t, oom.TooLarge)
+			require.Equal(t, 2<<20, oom.Headroom)
+			require.NoError(t, p.Deallocate(a, 2<<20, DefaultStream))
+		})
+	}
+}

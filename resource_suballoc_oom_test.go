@@ -3,6 +3,7 @@ package rmm
 import (
 	"errors"
 	"fmt"
+	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -229,7 +230,8 @@ func TestFixedSizeOutOfMemoryExhausted(t *testing.T) {
 		Cause:  oom.Cause,
 	}, *oom)
 	require.Equal(t, oom.Cause, errors.Unwrap(err))
-	require.Contains(t, err.Error(), "growing by a chunk of 4 blocks of 4096 bytes (16384 bytes): SimulatedMemoryResource refused it; exhausted: 0 bytes free, largest free block 0 bytes; pool size 16384, no maximum: rmm: out of memory: SimulatedMemoryResource")
+	require.Contains(t, err.Error(), "growing by a chunk of 4 blocks of 4096 bytes (16384 bytes): SimulatedMemoryResource refused it; exhausted: 0 bytes free, largest free block 0 bytes; pool size 16384, no maximum (upstream: SimulatedMemoryResource (capacity 16384, in use 16384) failed to allocate 16384 bytes (16.000000 KiB))")
+	require.Equal(t, 1, strings.Count(err.Error(), ErrOutOfMemory.Error()), "the sentinel's text once")
 	require.Equal(t, before, f.Stats(), "a failed call changes nothing")
 	fixedCheck(t, f)
 
@@ -341,7 +343,8 @@ func TestBinningOutOfMemory(t *testing.T) {
 		Cause:  oom.Cause,
 	}, *oom)
 	require.ErrorContains(t, oom.Cause, "SimulatedMemoryResource")
-	require.Contains(t, err.Error(), "BinningMemoryResource.Allocate(614400 bytes, in the bin of 1048576 bytes, served by SimulatedMemoryResource); exhausted: 0 bytes free, largest free block 0 bytes; pool size 0, no maximum: rmm: out of memory: SimulatedMemoryResource")
+	require.Contains(t, err.Error(), "BinningMemoryResource.Allocate(614400 bytes, in the bin of 1048576 bytes, served by SimulatedMemoryResource); exhausted: 0 bytes free, largest free block 0 bytes; pool size 0, no maximum (upstream: SimulatedMemoryResource (capacity 0, in use 0) failed to allocate 614400 bytes (600.000000 KiB))")
+	require.Equal(t, 1, strings.Count(err.Error(), ErrOutOfMemory.Error()), "the sentinel's text once")
 	_, err = b.Allocate(2<<20, DefaultStream)
 	oom = oomStatsError(t, err)
 	require.Equal(t, "BinningMemoryResource.Allocate(2097152 bytes, larger than every bin, to the upstream SimulatedMemoryResource)", oom.Detail)
