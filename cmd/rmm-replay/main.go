@@ -259,8 +259,7 @@ func run(args []string, stdout, stderr io.Writer) error {
 	for i, x := range results {
 		walls[i] = x.Wall
 	}
-	sort.Slice(walls, func(i, j int) bool { return walls[i] < walls[j] })
-	median := walls[(len(walls)-1)/2] // the lower median for an even count
+	median := medianOf(walls)
 
 	failures := 0
 	for _, x := range results {
@@ -315,4 +314,15 @@ func run(args []string, stdout, stderr io.Writer) error {
 		fmt.Fprintf(w, "unmatched frees  %d (skipped)\n", r.UnmatchedFrees)
 	}
 	return nil
+}
+
+// medianOf returns the median of d (sorting d): the middle value, or the mean of the two middle
+// values for an even count.
+func medianOf(d []time.Duration) time.Duration {
+	sort.Slice(d, func(i, j int) bool { return d[i] < d[j] })
+	m := d[len(d)/2]
+	if len(d)%2 == 0 {
+		m = (d[len(d)/2-1] + m) / 2
+	}
+	return m
 }

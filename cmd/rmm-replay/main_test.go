@@ -7,6 +7,7 @@ import (
 	"regexp"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/gormm/rmm"
 	"github.com/stretchr/testify/require"
@@ -79,4 +80,12 @@ func TestReplayCapped(t *testing.T) {
 	require.NoError(t, run([]string{"-simulate", "256MiB", "-v", cupy}, &out, &errOut))
 	require.Regexp(t, regexp.MustCompile(`failures         [1-9]\d*\n`), out.String())
 	require.Contains(t, errOut.String(), "out of memory")
+}
+
+func TestMedianOf(t *testing.T) {
+	ms := time.Millisecond
+	require.Equal(t, 5*ms, medianOf([]time.Duration{5 * ms}))
+	require.Equal(t, 2150*time.Microsecond, medianOf([]time.Duration{2200 * time.Microsecond, 2100 * time.Microsecond}))
+	require.Equal(t, 3*ms, medianOf([]time.Duration{9 * ms, 1 * ms, 3 * ms}))
+	require.Equal(t, 5*ms, medianOf([]time.Duration{9 * ms, 1 * ms, 4 * ms, 6 * ms}))
 }
