@@ -8,6 +8,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 )
@@ -612,5 +613,47 @@ func TestBrkShardLoneGoroutineOneShard(t *testing.T) {
 			require.Equal(t, a.size, st.FreeBytes)
 			arenaCheck(t, a)
 		})
+	}
+}
+
+// A lone goroutine that finds its shard held by Stats (which locks every arena in turn) waits
+// for it instead of moving: its memory stays in one shard while a monitor reads the figures.
+func TestBrkShardStatsMovesLoneGoroutine(t *testing.T) {
+	a, _ := arenaSim(t, 1<<30, &ArenaOptions{DefaultStreamArenas: 4})
+	const n = 768 << 10 // one superblock each
+	var ptrs []DevicePtr
+	ptrs = append(ptrs, arenaAlloc(t, a, n, DefaultStream))
+	require.Equal(t, 0, brkShardShardOf(a, ptrs[0]))
+	// Another goroutine is briefly in shard 1 (the test holds it) while Stats runs: Stats
+	// takes shard 0, then waits for shard 1.
+	a.shards[1].mu.Lock()
+	statsDone := make(chan struct{})
+	go func() { a.Stats(); close(statsDone) }()
+	for a.shards[0].mu.TryLock() {
+		a.shards[0].mu.Unlock()
+		runtime.Gosched()
+	}
+	// The other goroutine leaves shard 1 a little later; meanwhile this goroutine allocates and
+	// finds its shard 0 held by Stats.
+	go func() {
+		time.Sleep(20 * time.Millisecond)
+		a.shards[1].mu.Unlock()
+	}()
+	ptrs = append(ptrs, arenaAlloc(t, a, n, DefaultStream))
+	<-statsDone
+	for i := range 20 {
+		if i%5 == 4 {
+			runtime.GC()
+			runtime.GC()
+		}
+		ptrs = append(ptrs, arenaAlloc(t, a, n, DefaultStream))
+	}
+	shards := map[int]int{}
+	for _, p := range ptrs {
+		shards[brkShardShardOf(a, p)]++
+	}
+	require.Equal(t, map[int]int{0: len(ptrs)}, shards, "a lone goroutine's blocks stay in its shard")
+	for _, p := range ptrs {
+		require.NoError(t, a.Deallocate(p, n, DefaultStream))
 	}
 }

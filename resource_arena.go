@@ -123,6 +123,9 @@ type ArenaMemoryResource struct {
 	// neighbour is put off (see freedEmpty); nil when none. Under global.mu.
 	putOff *arenaSuperblock
 	shards []arenaShard
+	// lockingAll is non-zero while lockArenas holds or takes every arena's lock: a busy shard
+	// then says nothing about contention, and lockShard waits for its own shard.
+	lockingAll atomic.Int32
 	// hints holds, per processor, the default-stream shard it used last. The runtime empties
 	// it at garbage collections; a new hint starts at settled, the shard a hint last moved to
 	// (see lockShard).
@@ -502,10 +505,15 @@ func (r *ArenaMemoryResource) lockArena(s StreamView) (*arenaSet, error) {
 }
 
 // lockShard locks a default-stream arena: the one this processor used last if it is free,
-// else the next free one, else (all busy) waits for the preferred one.
+// else the next free one, else (all busy) waits for the preferred one. While lockArenas locks
+// every arena (Stats, CheckInvariants, Release, Close), it waits for the preferred one: a shard
+// held there is no sign of contention, and moving would spread a lone goroutine's memory.
 func (r *ArenaMemoryResource) lockShard() *arenaSet {
 	h := r.hints.Get().(*arenaHint)
 	n := len(r.shards)
+	if r.lockingAll.Load() != 0 {
+		n = 0 // wait for the preferred shard below
+	}
 	for k := 0; k < n; k++ {
 		i := h.shard + k
 		if i >= n {
@@ -979,6 +987,7 @@ func (r *ArenaMemoryResource) moveAllToGlobal(a *arenaSet) {
 // arenas and the function that unlocks them. No stream arena is made until then.
 func (r *ArenaMemoryResource) lockArenas() ([]*arenaSet, func()) {
 	r.multiMu.Lock()
+	r.lockingAll.Add(1)
 	r.streamsMu.Lock()
 	arenas := make([]*arenaSet, 0, len(r.shards)+8)
 	for i := range r.shards {
@@ -995,6 +1004,7 @@ func (r *ArenaMemoryResource) lockArenas() ([]*arenaSet, func()) {
 		for _, a := range arenas {
 			a.mu.Unlock()
 		}
+		r.lockingAll.Add(-1)
 		r.streamsMu.Unlock()
 		r.multiMu.Unlock()
 	}
