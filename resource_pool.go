@@ -302,9 +302,16 @@ func (p *PoolMemoryResource) Allocate(nbytes int, s StreamView) (DevicePtr, erro
 			// again: a capped pool reaches its cap, a full device gets room.
 			DebugLogger().Debug("rmm: PoolMemoryResource releasing free memory before failing", "request", n, "pool_size", p.size)
 			before := p.size
-			if def, rerr := p.releaseWhole(); rerr == nil && p.size < before {
-				if l, err = p.listFor(s); err != nil {
-					return 0, err
+			def, rerr := p.releaseWhole()
+			if rerr != nil {
+				// A chunk that could not be given back stays in the pool, whole and free; what
+				// was given back still counts.
+				DebugLogger().Debug("rmm: PoolMemoryResource could not give back all free memory", "request", n, "err", rerr)
+			}
+			if def != nil && p.size < before {
+				var lerr error
+				if l, lerr = p.listFor(s); lerr != nil {
+					return 0, lerr
 				}
 				if l != def {
 					// Every free block is now in the default stream's list, with the work behind
@@ -314,6 +321,7 @@ func (p *PoolMemoryResource) Allocate(nbytes int, s StreamView) (DevicePtr, erro
 				}
 				if b = l.bestFit(n); b != nil {
 					l.remove(b)
+					err = nil
 				} else {
 					b, err = p.growAny(n, s, l)
 				}

@@ -1,6 +1,7 @@
 package rmm
 
 import (
+	"errors"
 	"fmt"
 	"math/rand"
 	"sort"
@@ -179,4 +180,58 @@ func TestPoolReleaseRetryRandomized(t *testing.T) {
 			require.Empty(t, up.live)
 		})
 	}
+}
+
+// poolRetryUnmapOnce fails its first unmap.
+type poolRetryUnmapOnce struct {
+	vmm
+	failed bool
+}
+
+var errPoolRetryUnmap = errors.New("unmap refused")
+
+func (v *poolRetryUnmapOnce) unmap(a DevicePtr, n int) error {
+	if !v.failed {
+		v.failed = true
+		return errPoolRetryUnmap
+	}
+	return v.vmm.unmap(a, n)
+}
+
+// When the release before failing gives back some chunks but one unmap fails, the pool still
+// retries with what it gave back, and the out-of-memory error it returns gives the figures of
+// the pool as it is then, not as it was before the release.
+func TestPoolReleaseRetryPartialRelease(t *testing.T) {
+	const mib = 1 << 20
+	sim := newSimVMM(4<<10, 0)
+	vm := &poolRetryUnmapOnce{vmm: sim}
+	p := newExpTestPool(t, vm, PoolOptions{MaximumPoolSize: 96 * mib})
+	defer p.Close()
+	a, err := p.Allocate(32*mib, DefaultStream) // chunk 1: [0, 32 MiB)
+	require.NoError(t, err)
+	b, err := p.Allocate(32*mib, DefaultStream) // chunk 2: [32, 64 MiB)
+	require.NoError(t, err)
+	require.NoError(t, p.Deallocate(a, 32*mib, DefaultStream))
+	require.NoError(t, p.Deallocate(b, 32*mib, DefaultStream))
+	sim.mu.Lock()
+	sim.limit = 64 * mib // no more memory
+	sim.mu.Unlock()
+
+	// Growing by 16 or 32 MiB is refused; the release gives back chunk 1 (the unmap of chunk 2,
+	// tried first, fails), and growing again is refused too.
+	_, err = p.Allocate(80*mib, DefaultStream)
+	var oom *OutOfMemoryError
+	require.ErrorAs(t, err, &oom)
+	require.True(t, vm.failed)
+	st := p.Stats()
+	require.Equal(t, 32*mib, st.PoolSize, "chunk 1 was given back")
+	require.Equal(t, st.PoolSize, oom.PoolSize)
+	require.Equal(t, st.FreeBytes, oom.FreeBytes)
+	require.Equal(t, 32*mib, oom.LargestFreeBlock)
+	require.NoError(t, p.CheckInvariants())
+
+	// The pool still serves what it holds.
+	c, err := p.Allocate(32*mib, DefaultStream)
+	require.NoError(t, err)
+	require.NoError(t, p.Deallocate(c, 32*mib, DefaultStream))
 }
