@@ -33,12 +33,46 @@ type arenaStream struct {
 	lazy bool
 	// dirty: a lazy stream freed memory since its event was last recorded.
 	dirty bool
+	// waited holds the ids of the first nWaited streams of known lifetime (DefaultStream, our
+	// Streams) that already wait for the event as last recorded: a stream's later work stays
+	// ordered after a wait, so waiting again would be a redundant cuStreamWaitEvent. Emptied at
+	// each record; when full, the oldest entry gives way.
+	waited  [arenaWaitedMax]uint64
+	nWaited uint8
+	oldest  uint8
 	// done: the work queued on the stream before it was set has finished (the Stream was
 	// synchronised before it closed; a foreign stream's record was dropped after the device was
 	// synchronised) and the record is no longer used: entries naming it are ignored, and its
 	// event is destroyed.
 	done bool
 }
+
+// arenaWaitedMax bounds the streams an arenaStream remembers as already waiting for its event.
+const arenaWaitedMax = 4
+
+// hasWaited reports whether the stream with this id already waits for x's event as last
+// recorded.
+func (x *arenaStream) hasWaited(id uint64) bool {
+	return slices.Contains(x.waited[:x.nWaited], id)
+}
+
+// noteWaited notes that stream t now waits for x's event as last recorded (streams of unknown
+// lifetime are not noted: a foreign stream's id may come back with another stream).
+func (x *arenaStream) noteWaited(t StreamView) {
+	if !t.lifetimeKnown() || x.hasWaited(t.id) {
+		return
+	}
+	if int(x.nWaited) < arenaWaitedMax {
+		x.waited[x.nWaited] = t.id
+		x.nWaited++
+		return
+	}
+	x.waited[x.oldest] = t.id
+	x.oldest = (x.oldest + 1) % arenaWaitedMax
+}
+
+// recorded notes that x's event was recorded again: no stream waits for it yet.
+func (x *arenaStream) recorded() { x.nWaited, x.oldest = 0, 0 }
 
 // arenaPending is the set of streams that freed memory into a superblock of the global arena
 // and may still have work queued before those frees. A stream other than these that takes
@@ -244,6 +278,8 @@ func (r *ArenaMemoryResource) notePending(sb *arenaSuperblock, x *arenaStream) (
 		x.dirty = true
 	} else if err := r.drv.eventRecord(r.ctx, x.event, x.stream.cu()); err != nil {
 		return false, fmt.Errorf("ArenaMemoryResource.Deallocate: recording the event on %v: %w", x.stream, err)
+	} else {
+		x.recorded()
 	}
 	if !known {
 		sb.pending().add(x)
@@ -277,12 +313,15 @@ func (r *ArenaMemoryResource) waitPending(p *arenaPending, t StreamView) error {
 				return fmt.Errorf("ordering %v after %v: %w", t, x.stream, err)
 			}
 			x.dirty = false
+			x.recorded()
+			x.noteWaited(t)
 			continue
 		}
-		if x.event != 0 {
+		if x.event != 0 && !x.hasWaited(t.id) {
 			if err := r.drv.streamWaitEvent(r.ctx, t.cu(), x.event); err != nil {
 				return fmt.Errorf("ordering %v after %v: %w", t, x.stream, err)
 			}
+			x.noteWaited(t)
 		}
 	}
 	return nil

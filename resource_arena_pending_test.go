@@ -825,3 +825,73 @@ func TestArenaSyncConcurrent(t *testing.T) {
 	require.Empty(t, f.errors())
 	t.Logf("%d driver calls", f.calls)
 }
+
+// A stream that already waits for another stream's event as last recorded does not wait for it
+// again: its later work stays ordered after the first wait. A new record (a lazy stream's frees
+// since, or every free of a foreign stream) makes it wait again; foreign waiters always wait.
+func TestArenaSyncNoRedundantWait(t *testing.T) {
+	const n = 4 << 20
+	a, f := arenaSyncSim(t, 16*n)
+	sa, _ := arenaSyncStream(t, f, 0xa, "A")
+	sb, _ := arenaSyncStream(t, f, 0xb, "B")
+	fs := arenaSyncForeign(f, 0xf, 7, "F")
+	x := arenaAlloc(t, a, 4*n, sa)
+	require.NoError(t, a.Deallocate(x, 4*n, sa))
+	require.Empty(t, f.take())
+
+	// B takes two pieces of what A freed: one wait.
+	y1 := arenaAlloc(t, a, n, sb)
+	require.Equal(t, []string{"create e1", "record e1 on A, wait B"}, f.take())
+	y2 := arenaAlloc(t, a, n, sb)
+	require.Equal(t, x+n, y2)
+	require.Empty(t, f.take(), "B already waits for e1 as recorded")
+	// A foreign stream is not remembered: it waits each time.
+	z1 := arenaAlloc(t, a, n, fs)
+	require.Equal(t, []string{"wait F on e1"}, f.take())
+	require.NoError(t, a.Deallocate(z1, n, fs))
+	require.Equal(t, []string{"create e2", "record e2 on F"}, f.take())
+	z1 = arenaAlloc(t, a, n, fs)
+	require.Equal(t, []string{"wait F on e1"}, f.take(), "the foreign stream waits again")
+	require.NoError(t, a.Deallocate(z1, n, fs))
+	require.Equal(t, []string{"record e2 on F"}, f.take())
+
+	// A frees again: its event must be recorded anew, and B waits for the new record.
+	x2 := arenaAlloc(t, a, n, sa)
+	require.Equal(t, []string{"wait A on e2"}, f.take(), "F freed there")
+	require.NoError(t, a.Deallocate(x2, n, sa))
+	require.NoError(t, a.Deallocate(y1, n, sb))
+	require.NoError(t, a.Deallocate(y2, n, sb))
+	require.Empty(t, f.take())
+	w := arenaAlloc(t, a, 8*n, DefaultStream)
+	require.ElementsMatch(t, []string{"record e1 on A, wait default", "wait default on e2", "create e3", "record e3 on B, wait default"}, f.take())
+	require.NoError(t, a.Deallocate(w, 8*n, DefaultStream))
+	w = arenaAlloc(t, a, 8*n, sb)
+	require.ElementsMatch(t, []string{"create e4", "record e4 on default, wait B", "wait B on e1", "wait B on e2"}, f.take(),
+		"A's event was recorded again since B waited: B waits for it again")
+	require.NoError(t, a.Deallocate(w, 8*n, sb))
+	arenaCheck(t, a)
+}
+
+// The streams remembered as waiting are at most arenaWaitedMax; the oldest gives way, and then
+// waits again (a redundant wait, not a missing one).
+func TestArenaWaitedRing(t *testing.T) {
+	var x arenaStream
+	views := make([]StreamView, arenaWaitedMax+1)
+	for i := range views {
+		views[i] = StreamView{id: ownedStreamBit | uint64(i+1)}
+		x.noteWaited(views[i])
+	}
+	require.False(t, x.hasWaited(views[0].id), "the oldest gave way")
+	for _, v := range views[1:] {
+		require.True(t, x.hasWaited(v.id))
+	}
+	x.noteWaited(DefaultStream)
+	require.True(t, x.hasWaited(DefaultStream.id))
+	require.False(t, x.hasWaited(views[1].id))
+	x.noteWaited(StreamView{id: foreignStreamBit | 9})
+	require.False(t, x.hasWaited(foreignStreamBit|9), "foreign streams are not remembered")
+	x.recorded()
+	for _, v := range views {
+		require.False(t, x.hasWaited(v.id))
+	}
+}
