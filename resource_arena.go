@@ -81,7 +81,8 @@ type ArenaOptions struct {
 //     four; a fifth is synchronised on the host before its free, and a merge of two empty
 //     superblocks synchronises the streams that do not fit), and a stream that takes memory
 //     from it, by a large request or by moving it into its arena, first waits on the device for
-//     an event of each of those streams (cuStreamWaitEvent: the host does not block). A
+//     an event of each of those streams (cuStreamWaitEvent: the host does not block; skipped
+//     when DefaultStream or one of our Streams already waits for that event as recorded). A
 //     superblock moved into a stream's arena forgets them: what is ordered on that stream comes
 //     after them. So a block is never reused by another stream before the work queued before its
 //     free ends, and allocating and freeing on one stream makes no CUDA call. librmm instead
