@@ -2,6 +2,7 @@ package rmm
 
 import (
 	"fmt"
+	"slices"
 	"sync"
 	"sync/atomic"
 )
@@ -74,24 +75,15 @@ func (c *poolCache) note() {
 // noteAllocation records n, the size of an allocation on l's stream that its cache did not
 // serve (pool locked).
 func (l *freeList) noteAllocation(n int) {
-	for _, r := range l.recent {
-		if r == n {
-			return
-		}
+	if l.asksFor(n) {
+		return
 	}
 	l.recent[l.recentNext] = n
 	l.recentNext = (l.recentNext + 1) % poolCacheRecent
 }
 
 // asksFor reports whether n is among the recent sizes of noteAllocation.
-func (l *freeList) asksFor(n int) bool {
-	for _, r := range l.recent {
-		if r == n {
-			return true
-		}
-	}
-	return false
-}
+func (l *freeList) asksFor(n int) bool { return slices.Contains(l.recent[:], n) }
 
 func (p *PoolMemoryResource) cacheOf(s StreamView) *poolCache {
 	if m := p.caches.Load(); m != nil {

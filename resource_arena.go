@@ -610,15 +610,9 @@ func (r *ArenaMemoryResource) Deallocate(ptr DevicePtr, nbytes int, s StreamView
 	}
 	ls := r.liveShard(ptr)
 	ls.mu.Lock()
-	i := ls.m.find(ptr)
-	if i < 0 {
-		ls.mu.Unlock()
-		return r.notAllocated(ptr, nbytes, false)
-	}
-	e := ls.m.slots[i].arenaLive
-	if e.size != nbytes {
-		ls.mu.Unlock()
-		return arenaWrongSize(ptr, nbytes, e.size)
+	i, e, err := r.findLive(&ls.arenaLiveSet, ptr, nbytes, false, &ls.mu)
+	if err != nil {
+		return err
 	}
 	n, _ := alignSize(nbytes)
 	sb := e.sb
@@ -649,15 +643,9 @@ func (r *ArenaMemoryResource) deallocateLarge(ptr DevicePtr, nbytes int, s Strea
 	g := &r.global
 	r.lockGlobal()
 	l := &r.large
-	i := l.m.find(ptr)
-	if i < 0 {
-		g.mu.Unlock()
-		return r.notAllocated(ptr, nbytes, true)
-	}
-	e := l.m.slots[i].arenaLive
-	if e.size != nbytes {
-		g.mu.Unlock()
-		return arenaWrongSize(ptr, nbytes, e.size)
+	i, e, err := r.findLive(l, ptr, nbytes, true, &g.mu)
+	if err != nil {
+		return err
 	}
 	n, _ := alignSize(nbytes)
 	sb := e.sb
@@ -832,6 +820,26 @@ func (r *ArenaMemoryResource) freeIn(o *arenaSet, sb *arenaSuperblock, ptr Devic
 // notAllocated returns the error for a free of ptr that the live table of its size (large:
 // above 1 MiB) does not hold; when the other table holds ptr, the error gives the size
 // allocated.
+// findLive looks up the live block ptr, freed with nbytes, in l (large: the table of blocks above
+// 1 MiB), which mu, held by the caller, guards: its slot and entry. When ptr is not there or was
+// allocated with another size it unlocks mu and returns the ErrInvalidFree error.
+func (r *ArenaMemoryResource) findLive(l *arenaLiveSet, ptr DevicePtr, nbytes int, large bool, mu *sync.Mutex) (int, arenaLive, error) {
+	i := l.m.find(ptr)
+	if i < 0 {
+		mu.Unlock()
+		return -1, arenaLive{}, r.notAllocated(ptr, nbytes, large)
+	}
+	e := l.m.slots[i].arenaLive
+	if e.size != nbytes {
+		mu.Unlock()
+		return -1, arenaLive{}, arenaWrongSize(ptr, nbytes, e.size)
+	}
+	return i, e, nil
+}
+
+// notAllocated is the error for ptr, not found in the live table it belongs in by nbytes (large:
+// the table of large blocks): a wrong size when the other table holds it, else a pointer this
+// arena did not hand out or that was freed already.
 func (r *ArenaMemoryResource) notAllocated(ptr DevicePtr, nbytes int, large bool) error {
 	var l *arenaLiveSet
 	if large {

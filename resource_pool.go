@@ -526,9 +526,9 @@ func (p *PoolMemoryResource) grow(n int, s StreamView, l *freeList) (*block, err
 		try = p.backOff(try, n)
 	}
 	DebugLogger().Debug("rmm: PoolMemoryResource failed to grow", "request", n, "pool_size", p.size, "maximum", p.maximum, "err", lastErr)
-	detail := fmt.Sprintf("the upstream refused every size from %d down to %d bytes", p.growSize(n), n)
-	if p.growSize(n) == n {
-		detail = fmt.Sprintf("the upstream refused %d bytes", n)
+	detail := fmt.Sprintf("the upstream refused %d bytes", n)
+	if first := p.growSize(n); first != n {
+		detail = fmt.Sprintf("the upstream refused every size from %d down to %d bytes", first, n)
 	}
 	return nil, p.oomErr(n, detail, lastErr, true)
 }
@@ -926,11 +926,13 @@ func (p *PoolMemoryResource) Close() error {
 // pool has no events any more; for a Stream that was closed, whose handle is gone, the device),
 // the block is coalesced, and its upstream block is returned when wholly free.
 func (p *PoolMemoryResource) deallocateAfterClose(b *block, s StreamView) error {
-	if p.ctx != 0 && s.closed() {
+	switch {
+	case p.ctx == 0:
+	case s.closed():
 		if err := cuCtxSynchronize(p.ctx); err != nil {
 			return fmt.Errorf("PoolMemoryResource.Deallocate after Close, on closed %v: %w", s, err)
 		}
-	} else if p.ctx != 0 {
+	default:
 		if err := cuStreamSynchronize(p.ctx, s.cu()); err != nil {
 			return fmt.Errorf("PoolMemoryResource.Deallocate after Close: synchronising %v: %w", s, err)
 		}

@@ -307,11 +307,7 @@ func (p *PoolMemoryResource) releaseChunks(def *freeList, limit int) error {
 	}
 	var cands []cand
 	def.each(func(b *block) {
-		if b.size < e.gran {
-			return
-		}
-		i := sort.Search(len(e.chunks), func(i int) bool { return e.chunks[i].addr >= b.addr })
-		for ; i < len(e.chunks) && e.chunks[i].end() <= b.end(); i++ {
+		for i := e.firstChunkIn(b); i < len(e.chunks) && e.chunks[i].end() <= b.end(); i++ {
 			cands = append(cands, cand{i, b})
 		}
 	})
@@ -432,11 +428,18 @@ func (p *PoolMemoryResource) trimIfOver(b *block) error {
 // holdsChunk reports whether the block b covers a whole mapped chunk.
 func (p *PoolMemoryResource) holdsChunk(b *block) bool {
 	e := p.exp
-	if b.size < e.gran {
-		return false
-	}
-	i := sort.Search(len(e.chunks), func(i int) bool { return e.chunks[i].addr >= b.addr })
+	i := e.firstChunkIn(b)
 	return i < len(e.chunks) && e.chunks[i].end() <= b.end()
+}
+
+// firstChunkIn returns the index of the first chunk that starts inside b or after it
+// (len(e.chunks) when b is smaller than a chunk can be); the chunks from there that end inside b
+// lie wholly in b.
+func (e *expandable) firstChunkIn(b *block) int {
+	if b.size < e.gran {
+		return len(e.chunks)
+	}
+	return sort.Search(len(e.chunks), func(i int) bool { return e.chunks[i].addr >= b.addr })
 }
 
 // closeExpandable gives back the reservation once nothing is mapped.
