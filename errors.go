@@ -120,7 +120,7 @@ func FormatBytes(n int64) string {
 }
 
 // OutOfMemoryError is the out-of-memory error of the sub-allocators (pool, arena, binning,
-// fixed-size): it carries the figures that tell whether the request failed for lack of memory or
+// fixed-size) and of LimitingResourceAdaptor (Limited): it carries the figures that tell whether the request failed for lack of memory or
 // because the free memory is cut into pieces that are each too small (fragmentation).
 // errors.Is(err, ErrOutOfMemory) holds; errors.As(err, &oom) gives the figures; Unwrap gives the
 // upstream's own error when the upstream refused to grow the resource.
@@ -140,15 +140,32 @@ type OutOfMemoryError struct {
 	// TooLarge: no state of the resource could serve the request (it exceeds MaximumSize, or the
 	// largest block the resource ever hands out, such as a fixed-size resource's block size).
 	TooLarge bool
-	Detail   string // what failed, in words (e.g. "the upstream refused every size tried")
-	Cause    error  // the upstream's error, or nil
+	// Limited: the request was refused by a byte limit (LimitingResourceAdaptor), not for lack of
+	// memory. MaximumSize is then the limit (0 included), PoolSize the bytes charged against it,
+	// Headroom what was left of it; FreeBytes and LargestFreeBlock are 0.
+	Limited bool
+	Detail  string // what failed, in words (e.g. "the upstream refused every size tried")
+	Cause   error  // the upstream's error, or nil
 }
 
 // Error reads, for example: "rmm: out of memory: PoolMemoryResource failed to allocate 2097152
 // bytes (2.000000 MiB): maximum pool size reached; fragmentation: 3145728 bytes free but the
-// largest free block is 1048576 bytes; pool size 4194304, maximum 4194304".
+// largest free block is 1048576 bytes; pool size 4194304, maximum 4194304", or for a limit:
+// "rmm: out of memory: LimitingResourceAdaptor (limit 1048576, allocated 700160) failed to
+// allocate 500000 bytes (488.281250 KiB): exceeded memory limit".
 func (e *OutOfMemoryError) Error() string {
 	var b strings.Builder
+	if e.Limited {
+		fmt.Fprintf(&b, "%v: %s (limit %d, allocated %d) failed to allocate %d bytes (%s)", ErrOutOfMemory, e.Resource, e.MaximumSize, e.PoolSize, e.Requested, FormatBytes(int64(e.Requested)))
+		if e.Detail != "" {
+			b.WriteString(": ")
+			b.WriteString(e.Detail)
+		}
+		if e.TooLarge {
+			b.WriteString("; the request is larger than the limit")
+		}
+		return b.String()
+	}
 	fmt.Fprintf(&b, "%v: %s failed to allocate %d bytes (%s)", ErrOutOfMemory, e.Resource, e.Requested, FormatBytes(int64(e.Requested)))
 	if e.Detail != "" {
 		b.WriteString(": ")

@@ -1,8 +1,8 @@
 package rmm
 
 import (
-	"errors"
 	"fmt"
+	"math"
 	"sync/atomic"
 )
 
@@ -19,25 +19,25 @@ type LimitingOptions struct {
 // CuPy's set_limit): for capping a program's or a test's device memory.
 //
 // Each allocation of n bytes is charged AlignUp(n, alignment) bytes. Allocate adds the charge to
-// the counter first (one atomic add) and checks: when the new total exceeds the limit the charge
-// is taken off again and the error wraps ErrOutOfMemory ("exceeded memory limit"); reaching the
-// limit exactly is allowed. Otherwise the upstream is called, and its failure takes the charge off
-// again. Deallocate calls the upstream and then takes the charge off (not when the upstream
-// returns an error: the memory is still allocated). Fragmentation and page sizes of the upstream
-// are not considered.
+// the counter only if the new total stays within the limit (reaching the limit exactly is
+// allowed), in one compare-and-swap; otherwise nothing is added and the error is an
+// *OutOfMemoryError (errors.Is(err, ErrOutOfMemory); Limited set, MaximumSize the limit, PoolSize
+// the bytes charged when the request was refused, Detail "exceeded memory limit"). After the
+// charge the upstream is called, and its failure takes the charge off again. Deallocate calls the
+// upstream and then takes the charge off (not when the upstream returns an error: the memory is
+// still allocated). Fragmentation and page sizes of the upstream are not considered.
 //
-// Safe for concurrent use, lock-free. Because the charge is added before the check, an allocation
-// that is refused briefly counts against the limit, and another allocation racing with it may be
-// refused although it would have fitted alone (as in librmm).
+// Safe for concurrent use, lock-free. The limit holds at every instant: AllocatedBytes never
+// exceeds it, and allocations racing for the last bytes are served in the order their charges
+// land (of three allocations of 5 MiB racing under 12 MiB, exactly two succeed), unlike librmm,
+// whose add-then-check briefly counts a refused charge and may refuse an allocation that would
+// have fitted.
 type LimitingResourceAdaptor struct {
 	upstream  MemoryResource
 	limit     int64
 	alignment int
 	allocated atomic.Int64
 }
-
-// errLimitExceeded is the cause carried by the adaptor's out-of-memory errors.
-var errLimitExceeded = errors.New("exceeded memory limit")
 
 // NewLimitingResourceAdaptor returns an adaptor that lets at most limit bytes (as charged; see
 // LimitingOptions.Alignment) be allocated through it from upstream (nil: the current device
@@ -58,21 +58,30 @@ func NewLimitingResourceAdaptor(upstream MemoryResource, limit int, opts *Limiti
 }
 
 // Allocate allocates nbytes from the upstream on stream s if its charge fits under the limit.
-// Over the limit (or a size whose rounding overflows) the error wraps ErrOutOfMemory and says the
-// limit and the bytes allocated; the upstream's errors are returned unchanged. Either way the
-// counter is as it was. A negative size returns an error wrapping ErrInvalidArgument.
+// Over the limit (or a size whose rounding overflows) the error is an *OutOfMemoryError that
+// says the limit and the bytes allocated, and the upstream is not called; the upstream's errors
+// are returned unchanged. Either way the counter is as it was. A negative size returns an error
+// wrapping ErrInvalidArgument.
 func (r *LimitingResourceAdaptor) Allocate(nbytes int, s StreamView) (DevicePtr, error) {
 	if nbytes < 0 {
 		return 0, invalidSize("LimitingResourceAdaptor", "Allocate", nbytes)
 	}
 	charge, ok := AlignUp(nbytes, r.alignment)
 	if !ok {
-		return 0, outOfMemory(fmt.Sprintf("LimitingResourceAdaptor (limit %d)", r.limit), nbytes, errLimitExceeded)
+		return 0, r.limitError(nbytes, math.MaxInt, r.allocated.Load())
 	}
 	c := int64(charge)
-	if now := r.allocated.Add(c); now > r.limit || now < c {
-		r.allocated.Add(-c)
-		return 0, outOfMemory(fmt.Sprintf("LimitingResourceAdaptor (limit %d, allocated %d)", r.limit, now-c), nbytes, errLimitExceeded)
+	for {
+		cur := r.allocated.Load()
+		// The counter never exceeds the limit, so limit − cur cannot overflow, and comparing the
+		// charge with it (rather than cur + c with the limit) cannot wrap for a huge charge. The
+		// charge is only added when it fits: a refused one is never visible to others.
+		if c > r.limit-cur {
+			return 0, r.limitError(nbytes, charge, cur)
+		}
+		if r.allocated.CompareAndSwap(cur, cur+c) {
+			break
+		}
 	}
 	p, err := r.upstream.Allocate(nbytes, s)
 	if err != nil {
@@ -80,6 +89,21 @@ func (r *LimitingResourceAdaptor) Allocate(nbytes int, s StreamView) (DevicePtr,
 		return 0, err
 	}
 	return p, nil
+}
+
+// limitError is the error for a request of nbytes charged charge bytes (math.MaxInt when the
+// rounding overflows), refused while allocated bytes were charged.
+func (r *LimitingResourceAdaptor) limitError(nbytes, charge int, allocated int64) *OutOfMemoryError {
+	return newOutOfMemory(OutOfMemoryError{
+		Resource:    "LimitingResourceAdaptor",
+		Requested:   nbytes,
+		PoolSize:    int(allocated),
+		MaximumSize: int(r.limit),
+		Headroom:    int(r.limit - allocated),
+		Limited:     true,
+		TooLarge:    int64(charge) > r.limit,
+		Detail:      "exceeded memory limit",
+	}, charge)
 }
 
 // Deallocate returns p to the upstream on stream s and then takes its charge off the counter.

@@ -1,6 +1,9 @@
 package rmm
 
 import (
+	"errors"
+	"math"
+	"runtime"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -223,4 +226,227 @@ func TestLimitingForwarding(t *testing.T) {
 		}
 	})
 	require.Zero(t, n)
+}
+
+// limFlakyUpstream forwards to inner but fails every every-th allocation (counted across all
+// goroutines) with errAdpInjected.
+type limFlakyUpstream struct {
+	inner  MemoryResource
+	every  int64
+	calls  atomic.Int64
+	failed atomic.Int64
+}
+
+func (u *limFlakyUpstream) Allocate(n int, s StreamView) (DevicePtr, error) {
+	if u.calls.Add(1)%u.every == 0 {
+		u.failed.Add(1)
+		return 0, errAdpInjected
+	}
+	return u.inner.Allocate(n, s)
+}
+
+func (u *limFlakyUpstream) Deallocate(p DevicePtr, n int, s StreamView) error {
+	return u.inner.Deallocate(p, n, s)
+}
+
+// limRaceRounds makes three goroutines each allocate 5 MiB under a 12 MiB limit at the same
+// moment, rounds times, while a fourth reads AllocatedBytes in a loop. Each round the three are
+// released together and spin until all three are running before they allocate. check is given
+// each round's results (nil error: success); the successes are then freed. It returns the
+// largest figure the reader saw and how many reads it made.
+func limRaceRounds(t *testing.T, r *LimitingResourceAdaptor, rounds int, check func(round int, errs [3]error)) (maxSeen, reads int64) {
+	t.Helper()
+	const n = 5 * miB
+	var stop atomic.Bool
+	var seen, count atomic.Int64
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for !stop.Load() {
+			if v := int64(r.AllocatedBytes()); v > seen.Load() {
+				seen.Store(v)
+			}
+			count.Add(1)
+		}
+	}()
+	for round := range rounds {
+		var ptrs [3]DevicePtr
+		var errs [3]error
+		var arrived atomic.Int32
+		start := make(chan struct{})
+		var wg sync.WaitGroup
+		for i := range 3 {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				<-start
+				arrived.Add(1)
+				for arrived.Load() < 3 {
+					runtime.Gosched()
+				}
+				ptrs[i], errs[i] = r.Allocate(n, DefaultStream)
+			}()
+		}
+		close(start)
+		wg.Wait()
+		check(round, errs)
+		for i, err := range errs {
+			if err == nil {
+				require.NoError(t, r.Deallocate(ptrs[i], n, DefaultStream))
+			}
+		}
+		require.Zero(t, r.AllocatedBytes(), "round %d", round)
+		if t.Failed() {
+			break
+		}
+	}
+	stop.Store(true)
+	<-done
+	return seen.Load(), count.Load()
+}
+
+// Three allocations of 5 MiB race under a 12 MiB limit: exactly two succeed each round, the third
+// is refused, and no reader ever sees the count above the limit (a refused charge is never added).
+func TestLimitingRaceReaderNeverAboveLimit(t *testing.T) {
+	const limit = 12 * miB
+	sim, err := NewSimulatedMemoryResource(1 << 30)
+	require.NoError(t, err)
+	r := adpNewLimiting(t, sim, limit, nil)
+	maxSeen, reads := limRaceRounds(t, r, 3000, func(round int, errs [3]error) {
+		ok, refused := 0, 0
+		for _, err := range errs {
+			switch {
+			case err == nil:
+				ok++
+			case errors.Is(err, ErrOutOfMemory):
+				refused++
+			default:
+				t.Errorf("round %d: unexpected error %v", round, err)
+			}
+		}
+		if ok != 2 || refused != 1 {
+			t.Errorf("round %d: %d succeeded, %d refused; want 2 and 1", round, ok, refused)
+		}
+	})
+	t.Logf("reader: %d reads, largest figure %d", reads, maxSeen)
+	require.Greater(t, reads, int64(0))
+	require.LessOrEqual(t, maxSeen, int64(limit), "the reader saw the count above the limit")
+	require.Zero(t, sim.UsedBytes())
+}
+
+// The same race over an upstream that fails every fifth allocation: a charge whose upstream call
+// fails is rolled back, the count never passes the limit, and each round at most two succeed and
+// at most one is refused by the limit.
+func TestLimitingRaceFailingUpstream(t *testing.T) {
+	const limit = 12 * miB
+	sim, err := NewSimulatedMemoryResource(1 << 30)
+	require.NoError(t, err)
+	up := &limFlakyUpstream{inner: sim, every: 5}
+	r := adpNewLimiting(t, up, limit, nil)
+	var upstreamFailures int64
+	maxSeen, _ := limRaceRounds(t, r, 2000, func(round int, errs [3]error) {
+		ok, refused := 0, 0
+		for _, err := range errs {
+			switch {
+			case err == nil:
+				ok++
+			case errors.Is(err, errAdpInjected):
+				upstreamFailures++
+			case errors.Is(err, ErrOutOfMemory):
+				refused++
+			default:
+				t.Errorf("round %d: unexpected error %v", round, err)
+			}
+		}
+		if ok > 2 || refused > 1 {
+			t.Errorf("round %d: %d succeeded, %d refused by the limit", round, ok, refused)
+		}
+	})
+	require.Equal(t, up.failed.Load(), upstreamFailures, "every upstream failure is returned as is")
+	require.Greater(t, upstreamFailures, int64(100))
+	require.LessOrEqual(t, maxSeen, int64(limit))
+	require.Zero(t, r.AllocatedBytes())
+	require.Zero(t, sim.UsedBytes())
+}
+
+// Charges near the top of int: the sum of the charges never wraps, a refused request leaves the
+// counter, and the headroom is exact to the byte.
+func TestLimitingOverflow(t *testing.T) {
+	r := adpNewLimiting(t, &adpNullUpstream{}, math.MaxInt, nil)
+	p := adpAlloc(t, r, 1<<62)
+	// 2^62 + 2^62 = 2^63 is one past MaxInt.
+	_, err := r.Allocate(1<<62, DefaultStream)
+	require.ErrorIs(t, err, ErrOutOfMemory)
+	require.Equal(t, 1<<62, r.AllocatedBytes())
+	q := adpAlloc(t, r, 1<<62-256)
+	require.Equal(t, math.MaxInt-255, r.AllocatedBytes())
+	// 255 bytes of headroom left: a 1-byte allocation is charged 256.
+	_, err = r.Allocate(1, DefaultStream)
+	require.ErrorIs(t, err, ErrOutOfMemory)
+	_, err = r.Allocate(math.MaxInt-255, DefaultStream)
+	require.ErrorIs(t, err, ErrOutOfMemory)
+	// A size whose rounding overflows.
+	_, err = r.Allocate(math.MaxInt, DefaultStream)
+	require.ErrorIs(t, err, ErrOutOfMemory)
+	require.Equal(t, math.MaxInt-255, r.AllocatedBytes())
+	z := adpAlloc(t, r, 0)
+	require.Zero(t, z)
+	adpFree(t, r, q, 1<<62-256)
+	adpFree(t, r, p, 1<<62)
+	require.Zero(t, r.AllocatedBytes())
+
+	// A limit of 0 takes only zero-byte requests.
+	zero := adpNewLimiting(t, &adpNullUpstream{}, 0, nil)
+	_, err = zero.Allocate(1, DefaultStream)
+	require.ErrorIs(t, err, ErrOutOfMemory)
+	z = adpAlloc(t, zero, 0)
+	require.Zero(t, z)
+	require.Zero(t, zero.AllocatedBytes())
+}
+
+// The refusal is an *OutOfMemoryError with the limit's figures; its message names the limit and
+// the bytes allocated.
+func TestLimitingOutOfMemoryError(t *testing.T) {
+	sim, _ := NewSimulatedMemoryResource(1 << 30)
+	r := adpNewLimiting(t, sim, 1<<20, nil)
+	p := adpAlloc(t, r, 700_000)
+	_, err := r.Allocate(500_000, DefaultStream)
+	require.ErrorIs(t, err, ErrOutOfMemory)
+	var oom *OutOfMemoryError
+	require.ErrorAs(t, err, &oom)
+	require.Equal(t, OutOfMemoryError{
+		Resource:    "LimitingResourceAdaptor",
+		Requested:   500_000,
+		PoolSize:    700_160,
+		MaximumSize: 1 << 20,
+		Headroom:    1<<20 - 700_160,
+		Limited:     true,
+		Detail:      "exceeded memory limit",
+	}, *oom)
+	require.EqualError(t, err, "rmm: out of memory: LimitingResourceAdaptor (limit 1048576, allocated 700160) failed to allocate 500000 bytes (488.281250 KiB): exceeded memory limit")
+	require.Nil(t, errors.Unwrap(err), "no upstream error behind a refusal")
+
+	// Larger than the limit itself: TooLarge, and the message says so.
+	_, err = r.Allocate(1<<20+1, DefaultStream)
+	require.ErrorAs(t, err, &oom)
+	require.True(t, oom.TooLarge)
+	require.False(t, oom.Fragmented)
+	require.Equal(t, 1<<20+1, oom.Requested)
+	require.ErrorContains(t, err, "(limit 1048576, allocated 700160) failed to allocate 1048577 bytes")
+	require.ErrorContains(t, err, "exceeded memory limit; the request is larger than the limit")
+	_, err = r.Allocate(math.MaxInt, DefaultStream)
+	require.ErrorAs(t, err, &oom)
+	require.True(t, oom.TooLarge)
+	require.ErrorIs(t, err, ErrOutOfMemory)
+
+	// The upstream's own out of memory passes through unchanged (not made a limit error).
+	small, _ := NewSimulatedMemoryResource(1 << 20)
+	r2 := adpNewLimiting(t, small, 1<<30, nil)
+	_, err = r2.Allocate(2<<20, DefaultStream)
+	require.ErrorIs(t, err, ErrOutOfMemory)
+	if errors.As(err, &oom) {
+		require.False(t, oom.Limited, "%v", err)
+	}
+	require.Zero(t, r2.AllocatedBytes())
+	adpFree(t, r, p, 700_000)
 }
