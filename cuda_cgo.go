@@ -86,6 +86,8 @@ static CUresult (*p_cuMemsetD16Async)(CUdeviceptr, unsigned short, size_t, CUstr
 static CUresult (*p_cuMemsetD32Async)(CUdeviceptr, unsigned int, size_t, CUstream);
 static CUresult (*p_cuMemPrefetchAsync_v2)(CUdeviceptr, size_t, CUmemLocation, unsigned int, CUstream);
 static CUresult (*p_cuMemAdvise_v2)(CUdeviceptr, size_t, int, CUmemLocation);
+static CUresult (*p_cuPointerGetAttributes)(unsigned int, int *, void **, CUdeviceptr);
+static CUresult (*p_cuMemRangeGetAttribute)(void *, size_t, int, CUdeviceptr, size_t);
 static CUresult (*p_cuDeviceGetDefaultMemPool)(CUmemoryPool *, CUdevice);
 static CUresult (*p_cuStreamCreate)(CUstream *, unsigned int);
 static CUresult (*p_cuStreamDestroy)(CUstream);
@@ -157,6 +159,7 @@ static const char *rmm_load(void) {
 	RMM_SYM(p_cuMemsetD8Async, "cuMemsetD8Async", 1);
 	RMM_SYM(p_cuMemsetD16Async, "cuMemsetD16Async", 1);
 	RMM_SYM(p_cuMemsetD32Async, "cuMemsetD32Async", 1);
+	RMM_SYM(p_cuPointerGetAttributes, "cuPointerGetAttributes", 1);
 	RMM_SYM(p_cuStreamCreate, "cuStreamCreate", 1);
 	RMM_SYM(p_cuStreamDestroy, "cuStreamDestroy_v2", 1);
 	RMM_SYM(p_cuStreamSynchronize, "cuStreamSynchronize", 1);
@@ -182,6 +185,7 @@ static const char *rmm_load(void) {
 	RMM_SYM(p_cuMemPoolTrimTo, "cuMemPoolTrimTo", 0);
 	RMM_SYM(p_cuDeviceGetDefaultMemPool, "cuDeviceGetDefaultMemPool", 0);
 	RMM_SYM(p_cuMemAdvise_v2, "cuMemAdvise_v2", 0);
+	RMM_SYM(p_cuMemRangeGetAttribute, "cuMemRangeGetAttribute", 0);
 	RMM_SYM(p_cuStreamGetId, "cuStreamGetId", 0);
 	RMM_SYM(p_cuMemPrefetchAsync_v2, "cuMemPrefetchAsync_v2", 0);
 	RMM_SYM(p_cuEventElapsedTime, "cuEventElapsedTime_v2", 0);
@@ -340,6 +344,25 @@ static CUresult rmm_mem_advise(uintptr_t ctx, uintptr_t p, size_t n, int advice,
 	r = use_ctx(ctx); if (r) return r;
 	loc.type = loc_type; loc.id = loc_id;
 	return p_cuMemAdvise_v2((CUdeviceptr)p, n, advice, loc);
+}
+static int rmm_prefetch_bound(void) { return p_cuMemPrefetchAsync_v2 != NULL; }
+// cuPointerGetAttributes (plural) answers CUDA_SUCCESS with the attribute zeroed for an address
+// the driver does not know, where cuPointerGetAttribute fails: asking about any pointer is no
+// failing call. CU_POINTER_ATTRIBUTE_IS_MANAGED (8) is a 4-byte boolean.
+static rmm_res rmm_pointer_is_managed(uintptr_t ctx, uintptr_t p) {
+	rmm_res o = {0, 0}; int attr = 8; unsigned int managed = 0; void *data = &managed;
+	o.r = use_ctx(ctx); if (o.r) return o;
+	o.r = p_cuPointerGetAttributes(1, &attr, &data, (CUdeviceptr)p);
+	o.v = managed; return o;
+}
+// A 4-byte attribute of the managed range [p, p+n) (CU_MEM_RANGE_ATTRIBUTE_LAST_PREFETCH_LOCATION
+// is 4: a device ordinal, -1 for the host, -2 for none).
+static rmm_res rmm_mem_range_attribute_int(uintptr_t ctx, uintptr_t p, size_t n, int attr) {
+	rmm_res o = {0, 0}; int v = 0;
+	if (!p_cuMemRangeGetAttribute) { o.r = RMM_MISSING; return o; }
+	o.r = use_ctx(ctx); if (o.r) return o;
+	o.r = p_cuMemRangeGetAttribute(&v, sizeof v, attr, (CUdeviceptr)p, n);
+	o.v = (uintptr_t)(intptr_t)v; return o;
 }
 static rmm_res rmm_stream_create(uintptr_t ctx, unsigned int flags) {
 	rmm_res o = {0, 0}; CUstream s = 0; o.r = use_ctx(ctx); if (o.r) return o;
@@ -688,6 +711,25 @@ func cuMemPrefetchAsync(ctx uintptr, p DevicePtr, n int, locType, locID int, str
 // (locType 1, locID the ordinal) or the host (locType 2).
 func cuMemAdvise(ctx uintptr, p DevicePtr, n int, advice, locType, locID int) error {
 	return cuErr("cuMemAdvise_v2", C.rmm_mem_advise(C.uintptr_t(ctx), C.uintptr_t(p), C.size_t(n), C.int(advice), C.int(locType), C.int(locID)))
+}
+
+// cuMemPrefetchBound reports whether the driver exports cuMemPrefetchAsync_v2 (CUDA 12.2); without
+// it cuMemPrefetchAsync answers CUDA_ERROR_NOT_SUPPORTED without calling the driver.
+func cuMemPrefetchBound() bool { return driverLoaded && C.rmm_prefetch_bound() != 0 }
+
+// cuPointerIsManaged reports whether p lies in managed memory (CU_POINTER_ATTRIBUTE_IS_MANAGED,
+// read with cuPointerGetAttributes, which answers false without an error for an address the
+// driver does not know).
+func cuPointerIsManaged(ctx uintptr, p DevicePtr) (bool, error) {
+	r := C.rmm_pointer_is_managed(C.uintptr_t(ctx), C.uintptr_t(p))
+	return r.v != 0, cuErr("cuPointerGetAttributes", r.r)
+}
+
+// cuMemRangeGetAttributeInt reads a 4-byte attribute (a CUmem_range_attribute) of the managed
+// range [p, p+n) with cuMemRangeGetAttribute.
+func cuMemRangeGetAttributeInt(ctx uintptr, p DevicePtr, n, attr int) (int, error) {
+	r := C.rmm_mem_range_attribute_int(C.uintptr_t(ctx), C.uintptr_t(p), C.size_t(n), C.int(attr))
+	return int(int32(r.v)), cuErr("cuMemRangeGetAttribute", r.r)
 }
 
 func cuStreamCreate(ctx uintptr, flags uint) (uintptr, error) {

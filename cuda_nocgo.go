@@ -68,6 +68,11 @@ func cuMemsetAsync(uintptr, DevicePtr, uint32, int, int, uintptr) error { return
 func cuMemPrefetchAsync(uintptr, DevicePtr, int, int, int, uintptr) error {
 	return errNoCgo
 }
+func cuMemPrefetchBound() bool                            { return false }
+func cuPointerIsManaged(uintptr, DevicePtr) (bool, error) { return false, errNoCgo }
+func cuMemRangeGetAttributeInt(uintptr, DevicePtr, int, int) (int, error) {
+	return 0, errNoCgo
+}
 func cuStreamCreate(uintptr, uint) (uintptr, error)            { return 0, errNoCgo }
 func cuStreamDestroy(uintptr, uintptr) error                   { return errNoCgo }
 func cuStreamSynchronize(uintptr, uintptr) error               { return errNoCgo }
