@@ -68,7 +68,7 @@ func (r *LimitingResourceAdaptor) Allocate(nbytes int, s StreamView) (DevicePtr,
 	}
 	charge, ok := AlignUp(nbytes, r.alignment)
 	if !ok {
-		return 0, r.limitError(nbytes, math.MaxInt, r.allocated.Load())
+		return 0, r.limitError(nbytes, math.MaxInt, true, r.allocated.Load())
 	}
 	c := int64(charge)
 	for {
@@ -77,7 +77,7 @@ func (r *LimitingResourceAdaptor) Allocate(nbytes int, s StreamView) (DevicePtr,
 		// charge with it (rather than cur + c with the limit) cannot wrap for a huge charge. The
 		// charge is only added when it fits: a refused one is never visible to others.
 		if c > r.limit-cur {
-			return 0, r.limitError(nbytes, charge, cur)
+			return 0, r.limitError(nbytes, charge, false, cur)
 		}
 		if r.allocated.CompareAndSwap(cur, cur+c) {
 			break
@@ -91,9 +91,9 @@ func (r *LimitingResourceAdaptor) Allocate(nbytes int, s StreamView) (DevicePtr,
 	return p, nil
 }
 
-// limitError is the error for a request of nbytes charged charge bytes (math.MaxInt when the
-// rounding overflows), refused while allocated bytes were charged.
-func (r *LimitingResourceAdaptor) limitError(nbytes, charge int, allocated int64) *OutOfMemoryError {
+// limitError is the error for a request of nbytes charged charge bytes (overflow: the rounding
+// overflowed, charge is math.MaxInt), refused while allocated bytes were charged.
+func (r *LimitingResourceAdaptor) limitError(nbytes, charge int, overflow bool, allocated int64) *OutOfMemoryError {
 	return newOutOfMemory(OutOfMemoryError{
 		Resource:    "LimitingResourceAdaptor",
 		Requested:   nbytes,
@@ -101,7 +101,7 @@ func (r *LimitingResourceAdaptor) limitError(nbytes, charge int, allocated int64
 		MaximumSize: int(r.limit),
 		Headroom:    int(r.limit - allocated),
 		Limited:     true,
-		TooLarge:    int64(charge) > r.limit,
+		TooLarge:    overflow || int64(charge) > r.limit,
 		Detail:      "exceeded memory limit",
 	}, charge)
 }

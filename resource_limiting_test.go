@@ -385,10 +385,17 @@ func TestLimitingOverflow(t *testing.T) {
 	require.ErrorIs(t, err, ErrOutOfMemory)
 	_, err = r.Allocate(math.MaxInt-255, DefaultStream)
 	require.ErrorIs(t, err, ErrOutOfMemory)
-	// A size whose rounding overflows.
+	// A size whose rounding overflows: larger than any limit, even MaxInt with nothing allocated.
 	_, err = r.Allocate(math.MaxInt, DefaultStream)
 	require.ErrorIs(t, err, ErrOutOfMemory)
 	require.Equal(t, math.MaxInt-255, r.AllocatedBytes())
+	var oom *OutOfMemoryError
+	empty := adpNewLimiting(t, &adpNullUpstream{}, math.MaxInt, nil)
+	_, err = empty.Allocate(math.MaxInt, DefaultStream)
+	require.ErrorAs(t, err, &oom)
+	require.True(t, oom.TooLarge)
+	require.False(t, oom.Fragmented)
+	require.Equal(t, math.MaxInt, oom.Headroom)
 	z := adpAlloc(t, r, 0)
 	require.Zero(t, z)
 	adpFree(t, r, q, 1<<62-256)
