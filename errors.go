@@ -120,8 +120,9 @@ func FormatBytes(n int64) string {
 }
 
 // OutOfMemoryError is the out-of-memory error of the sub-allocators (pool, arena, binning,
-// fixed-size) and of LimitingResourceAdaptor (Limited): it carries the figures that tell whether the request failed for lack of memory or
-// because the free memory is cut into pieces that are each too small (fragmentation).
+// fixed-size) and of LimitingResourceAdaptor (Limited): it carries the figures that tell whether
+// the request failed for lack of memory or because the free memory is cut into pieces that are
+// each too small (fragmentation).
 // errors.Is(err, ErrOutOfMemory) holds; errors.As(err, &oom) gives the figures; Unwrap gives the
 // upstream's own error when the upstream refused to grow the resource.
 type OutOfMemoryError struct {

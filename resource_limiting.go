@@ -31,7 +31,8 @@ type LimitingOptions struct {
 // exceeds it, and allocations racing for the last bytes are served in the order their charges
 // land (of three allocations of 5 MiB racing under 12 MiB, exactly two succeed), unlike librmm,
 // whose add-then-check briefly counts a refused charge and may refuse an allocation that would
-// have fitted.
+// have fitted. Only an allocation that holds its charge can make another one fail, including one
+// whose upstream call is under way and then fails.
 type LimitingResourceAdaptor struct {
 	upstream  MemoryResource
 	limit     int64
