@@ -312,7 +312,7 @@ func TestLimitingRaceReaderNeverAboveLimit(t *testing.T) {
 	sim, err := NewSimulatedMemoryResource(1 << 30)
 	require.NoError(t, err)
 	r := adpNewLimiting(t, sim, limit, nil)
-	maxSeen, reads := limRaceRounds(t, r, 3000, func(round int, errs [3]error) {
+	maxSeen, reads := limRaceRounds(t, r, 10000, func(round int, errs [3]error) {
 		ok, refused := 0, 0
 		for _, err := range errs {
 			switch {
@@ -344,7 +344,7 @@ func TestLimitingRaceFailingUpstream(t *testing.T) {
 	up := &limFlakyUpstream{inner: sim, every: 5}
 	r := adpNewLimiting(t, up, limit, nil)
 	var upstreamFailures int64
-	maxSeen, _ := limRaceRounds(t, r, 2000, func(round int, errs [3]error) {
+	maxSeen, _ := limRaceRounds(t, r, 5000, func(round int, errs [3]error) {
 		ok, refused := 0, 0
 		for _, err := range errs {
 			switch {
