@@ -462,14 +462,14 @@ func TestPatterns(t *testing.T) {
 // 64 KiB live.
 func TestCheckSmallLimits(t *testing.T) {
 	err := Check(func(rmm.MemoryResource) (rmm.MemoryResource, error) { return rmm.NewSystemMemoryResource(), nil },
-		&Options{DetectsInvalidFree: true, MaxAllocationSize: 256, Streams: -1, Sequences: 20})
+		&Options{DetectsInvalidFree: true, IgnoresStreams: true, MaxAllocationSize: 256, Streams: -1, Sequences: 20})
 	require.NoError(t, err)
 	err = Check(func(rmm.MemoryResource) (rmm.MemoryResource, error) { return rmm.NewSimulatedMemoryResource(64 << 10) },
-		&Options{DetectsInvalidFree: true, Upstream: simulated, Capacity: 64 << 10, Sequences: 50})
+		&Options{DetectsInvalidFree: true, IgnoresStreams: true, Upstream: simulated, Capacity: 64 << 10, Sequences: 50})
 	require.NoError(t, err)
 	// The same resource declared unbounded fails: it runs out.
 	err = Check(func(rmm.MemoryResource) (rmm.MemoryResource, error) { return rmm.NewSimulatedMemoryResource(64 << 10) },
-		&Options{Upstream: simulated, Sequences: 50})
+		&Options{Upstream: simulated, IgnoresStreams: true, Sequences: 50})
 	require.ErrorContains(t, err, "Check/RandomSizes/DefaultStream: ")
 	require.ErrorContains(t, err, "out of memory")
 	require.ErrorContains(t, err, "replay with "+SeedEnv)
