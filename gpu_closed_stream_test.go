@@ -1,6 +1,7 @@
 package rmm
 
 import (
+	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -151,4 +152,39 @@ func TestGPUFreeOnClosedStream(t *testing.T) {
 			}
 		})
 	}
+}
+
+// The logging adaptor logs a call on a closed Stream with stream 0, not the destroyed handle,
+// and hands the view on: the pool under it frees the memory as on DefaultStream.
+func TestGPULoggingClosedStream(t *testing.T) {
+	requireGPU(t)
+	cuda, err := NewCudaMemoryResource(0)
+	require.NoError(t, err)
+	pool, err := NewPoolMemoryResource(cuda, nil)
+	require.NoError(t, err)
+	defer pool.Close()
+	var log strings.Builder
+	mr, err := NewLoggingResourceAdaptor(pool, &log, &LoggingOptions{AutoFlush: true})
+	require.NoError(t, err)
+	s, err := NewStream(0, &StreamOptions{NonBlocking: true})
+	require.NoError(t, err)
+	handle := s.View().Handle()
+	require.NotZero(t, handle)
+	p, err := mr.Allocate(4096, s.View())
+	require.NoError(t, err)
+	require.NoError(t, s.Close())
+	require.NoError(t, mr.Deallocate(p, 4096, s.View()))
+	_, err = mr.Allocate(4096, s.View())
+	require.ErrorIs(t, err, ErrClosed)
+	require.NoError(t, mr.Close())
+	events, err := ReadLog(strings.NewReader(log.String()))
+	require.NoError(t, err)
+	require.Len(t, events, 3)
+	require.Equal(t, ActionAllocate, events[0].Action)
+	require.Equal(t, handle, events[0].Stream, "the live Stream's handle")
+	require.Equal(t, ActionFree, events[1].Action)
+	require.Zero(t, events[1].Stream, "a free on the closed Stream")
+	require.Equal(t, ActionAllocateFailure, events[2].Action)
+	require.Zero(t, events[2].Stream, "an allocation on the closed Stream")
+	require.Zero(t, pool.Stats().LiveAllocations)
 }
