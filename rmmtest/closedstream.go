@@ -20,15 +20,16 @@ func (s *suite) testClosedStream(t tester) {
 	small, large := min(1000, c.maxSize), min(miB+1, c.maxSize)
 
 	// A free on a view of a Stream that was closed succeeds, whether the memory was allocated on
-	// that Stream or on another one.
+	// that Stream or on another one; memory allocated on it is also freed on a live Stream.
 	t.Run("FreeOnClosed", func(t tester) {
 		defer s.hintOnFailure(t)
 		in := s.newInstance(t, 0)
 		si := in.mustAddStream(t)
 		a := in.need(t, small, si)
 		b := in.need(t, large, si)
+		e := in.need(t, small, si)
 		d := in.need(t, small, 0)
-		in.mustVerify(t, "three allocations, two on a Stream")
+		in.mustVerify(t, "four allocations, three on a Stream")
 		if err := in.closeStream(si); err != nil {
 			t.Fatalf("closing the Stream: %v", err)
 		}
@@ -41,6 +42,12 @@ func (s *suite) testClosedStream(t tester) {
 				t.Fatalf("freeing %v on the closed Stream: %v, want nil", x, err)
 			}
 			in.mustVerify(t, fmt.Sprintf("%v freed on the closed Stream", x))
+		}
+		other := in.mustAddStream(t)
+		if e != nil {
+			if err := in.free(e, other); err != nil {
+				t.Fatalf("freeing %v, allocated on the closed Stream, on another Stream: %v, want nil", e, err)
+			}
 		}
 		// The memory is usable again.
 		x := in.need(t, large, 0)

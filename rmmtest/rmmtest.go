@@ -50,7 +50,7 @@
 //     must be comparable); two resources that compare equal must be interchangeable.
 //   - ClosedStream: the resource never uses the handle of a stream that was destroyed. FreeOnClosed:
 //     memory allocated on a Stream (and on DefaultStream) is freed on the Stream's view after the
-//     Stream was closed, and each free returns nil. FreeThenReuse: memory freed on a Stream that
+//     Stream was closed, and memory allocated on it on another Stream; each free returns nil. FreeThenReuse: memory freed on a Stream that
 //     is then closed is allocated and freed again on DefaultStream and on another Stream.
 //     AllocateOnClosed: Allocate on a closed Stream returns 0 and an error wrapping
 //     rmm.ErrClosed and changes nothing (or, when Options.IgnoresStreams is set, succeeds or
