@@ -61,3 +61,46 @@ func TestContainersRejectClosedStream(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, int64(7), x)
 }
+
+// A container whose Stream was closed frees its memory on that Stream's view at Close, Resize
+// and after Release: the resource (a pool here) treats the free as one on DefaultStream, and
+// Resize beyond the capacity, which would allocate on the closed Stream, returns ErrClosed and
+// changes nothing.
+func TestContainersFreeOnClosedStream(t *testing.T) {
+	pool, err := NewPoolMemoryResource(NewSystemMemoryResource(), nil)
+	require.NoError(t, err)
+	defer pool.Close()
+	st, err := NewStream(0, &StreamOptions{NonBlocking: true})
+	require.NoError(t, err)
+	s := st.View()
+	v, err := NewUvectorFromSlice([]int32{1, 2, 3, 4}, s, pool)
+	require.NoError(t, err)
+	buf, err := NewDeviceBuffer(1000, s, pool)
+	require.NoError(t, err)
+	sc, err := NewScalarWithValue[int64](7, s, pool)
+	require.NoError(t, err)
+	require.Equal(t, 3, pool.Stats().LiveAllocations)
+	require.NoError(t, st.Close())
+
+	require.ErrorIs(t, v.Resize(1000, s), ErrClosed, "growing allocates on the closed Stream")
+	require.Equal(t, 4, v.Len())
+	got, err := v.ToSlice(DefaultStream)
+	require.NoError(t, err)
+	require.Equal(t, []int32{1, 2, 3, 4}, got)
+	require.Equal(t, 3, pool.Stats().LiveAllocations)
+
+	require.NoError(t, v.Close())
+	require.NoError(t, sc.Close())
+	p, n := buf.Release()
+	require.NoError(t, buf.Close())
+	require.Equal(t, 1, pool.Stats().LiveAllocations)
+	require.NoError(t, pool.Deallocate(p, n, s), "the released buffer freed on the closed Stream")
+	st2 := pool.Stats()
+	require.Zero(t, st2.LiveAllocations)
+	require.Equal(t, st2.PoolSize, st2.FreeBytes)
+	require.NoError(t, pool.CheckInvariants())
+	// The memory is handed out again on DefaultStream.
+	w, err := NewUvector[int32](4, DefaultStream, pool)
+	require.NoError(t, err)
+	require.NoError(t, w.Close())
+}

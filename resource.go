@@ -28,6 +28,21 @@ const Alignment = 256
 //     and SimulatedMemoryResource detect a pointer they never gave out, a double free and a wrong size,
 //     and return ErrInvalidFree without changing their state; the driver resources pass the
 //     pointer to CUDA, which reports what it detects as a *CUDAError.
+//   - A free on another stream than the one the memory was allocated on (or last used on) must be
+//     ordered after that stream by the caller: record an Event on the allocating stream after the
+//     last use (an allocation made on it counts as a use), make the freeing stream wait for it
+//     (StreamView.WaitEvent), then Deallocate. No resource of this package does it for the caller
+//     (a resource would have to document that it does): the driver's stream-ordered allocator
+//     (CudaAsyncMemoryResource, cuMemFreeAsync) orders nothing, and a free it is given unordered
+//     races with the allocation; the sub-allocators order a block's reuse after the freeing
+//     stream only, not after the allocating one, whose allocation may itself have been made to
+//     wait for an earlier free.
+//   - A view of a Stream that was closed is never handed to the driver: a resource that orders
+//     its work on streams returns an error wrapping ErrClosed from Allocate on it, and treats
+//     Deallocate on it as a free on DefaultStream after waiting for the device
+//     (cuCtxSynchronize); resources that ignore the stream (SystemMemoryResource,
+//     CudaMemoryResource, ManagedMemoryResource, PinnedMemoryResource) accept it as any other.
+//     Adaptors hand the view on as it is.
 //   - Both are safe for concurrent use by many goroutines.
 //
 // Optional behaviour is discovered by type assertion, as io.WriterTo is: Releaser (give unused

@@ -32,6 +32,11 @@ type CudaAsyncOptions struct {
 // CudaAsyncMemoryResource is a stream-ordered allocator over its own CUDA memory pool
 // (cuMemPoolCreate): Allocate is cuMemAllocFromPoolAsync on the given stream, Deallocate is
 // cuMemFreeAsync on the given stream. Close destroys the pool.
+//
+// A view of a Stream that was closed is never handed to the driver: Allocate on it returns
+// ErrClosed, and Deallocate on it first waits for the device (cuCtxSynchronize) and then frees on
+// the legacy default stream. A free on a stream other than the one the memory was last used on
+// must be ordered after that use by the caller (see MemoryResource): the driver does not.
 type CudaAsyncMemoryResource struct {
 	dev  Device
 	ctx  uintptr
@@ -90,7 +95,8 @@ func NewCudaAsyncMemoryResource(dev Device, opts *CudaAsyncOptions) (*CudaAsyncM
 }
 
 // Allocate returns nbytes from the pool, ordered on s (cuMemAllocFromPoolAsync). Out of memory is
-// reported synchronously and wraps ErrOutOfMemory.
+// reported synchronously and wraps ErrOutOfMemory. After Close, or on a view of a Stream that was
+// closed, it returns an error wrapping ErrClosed without calling the driver.
 func (r *CudaAsyncMemoryResource) Allocate(nbytes int, s StreamView) (DevicePtr, error) {
 	if nbytes <= 0 {
 		if nbytes < 0 {
@@ -102,6 +108,9 @@ func (r *CudaAsyncMemoryResource) Allocate(nbytes int, s StreamView) (DevicePtr,
 	if pool == 0 {
 		return 0, fmt.Errorf("%w: CudaAsyncMemoryResource.Allocate after Close", ErrClosed)
 	}
+	if s.closed() {
+		return 0, errStreamClosed("CudaAsyncMemoryResource.Allocate", s)
+	}
 	p, err := cuMemAllocFromPoolAsync(r.ctx, nbytes, pool, s.cu())
 	if err != nil {
 		if isOOM(err) {
@@ -112,12 +121,28 @@ func (r *CudaAsyncMemoryResource) Allocate(nbytes int, s StreamView) (DevicePtr,
 	return p, nil
 }
 
-// Deallocate returns p to the pool, ordered on s (cuMemFreeAsync).
+// Deallocate returns p to the pool, ordered on s (cuMemFreeAsync). On a view of a Stream that was
+// closed it waits for the device (cuCtxSynchronize) and frees on the legacy default stream.
 func (r *CudaAsyncMemoryResource) Deallocate(p DevicePtr, nbytes int, s StreamView) error {
 	if p == 0 {
 		return nil
 	}
-	return cuMemFreeAsync(r.ctx, p, s.cu())
+	return freeAsyncOn("CudaAsyncMemoryResource", r.ctx, p, s)
+}
+
+// freeAsyncOn frees p with cuMemFreeAsync ordered on s, or, when s is a view of a Stream that was
+// closed, on the legacy default stream once the device is idle.
+func freeAsyncOn(name string, ctx uintptr, p DevicePtr, s StreamView) error {
+	if s.closed() {
+		// The handle was destroyed (and may already name another stream): the driver must not
+		// see it. Work queued on the stream before Close still runs, so wait for the whole
+		// device before the memory may be reused; the free itself is then ordered after nothing.
+		if err := cuCtxSynchronize(ctx); err != nil {
+			return fmt.Errorf("%s.Deallocate(%#x) on closed %v: waiting for the device: %w", name, uintptr(p), s, err)
+		}
+		s = DefaultStream
+	}
+	return cuMemFreeAsync(ctx, p, s.cu())
 }
 
 // Device returns the resource's device.

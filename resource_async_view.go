@@ -30,7 +30,10 @@ func DefaultMemPool(dev Device) (uintptr, error) {
 // pool made by another library, or one imported from another process. Allocate is
 // cuMemAllocFromPoolAsync on the given stream, Deallocate is cuMemFreeAsync on the given stream.
 // Close does not destroy the pool; the pool must outlive the view and every allocation made
-// through it.
+// through it. A view of a Stream that was closed is never handed to the driver: Allocate on it
+// returns ErrClosed, Deallocate on it waits for the device (cuCtxSynchronize) and frees on the
+// legacy default stream. A free on another stream than the memory's last use must be ordered
+// after that use by the caller (see MemoryResource).
 //
 // Equality (librmm's rule): memory from one view may be freed through any other view of the same
 // pool, or through the CudaAsyncMemoryResource that owns the pool; Equal reports this.
@@ -61,7 +64,8 @@ func NewCudaAsyncViewMemoryResource(dev Device, pool uintptr) (*CudaAsyncViewMem
 
 // Allocate returns nbytes from the pool, ordered on s (cuMemAllocFromPoolAsync): the memory may
 // be used by work queued on s after this call. Out of memory is reported synchronously and wraps
-// ErrOutOfMemory. After Close it returns ErrClosed.
+// ErrOutOfMemory. After Close, or on a view of a Stream that was closed, it returns an error
+// wrapping ErrClosed without calling the driver.
 func (r *CudaAsyncViewMemoryResource) Allocate(nbytes int, s StreamView) (DevicePtr, error) {
 	if nbytes <= 0 {
 		if nbytes < 0 {
@@ -71,6 +75,9 @@ func (r *CudaAsyncViewMemoryResource) Allocate(nbytes int, s StreamView) (Device
 	}
 	if r.closed.Load() {
 		return 0, fmt.Errorf("%w: CudaAsyncViewMemoryResource.Allocate after Close", ErrClosed)
+	}
+	if s.closed() {
+		return 0, errStreamClosed("CudaAsyncViewMemoryResource.Allocate", s)
 	}
 	p, err := cuMemAllocFromPoolAsync(r.ctx, nbytes, r.pool, s.cu())
 	if err != nil {
@@ -83,13 +90,14 @@ func (r *CudaAsyncViewMemoryResource) Allocate(nbytes int, s StreamView) (Device
 }
 
 // Deallocate returns p to the pool, ordered on s (cuMemFreeAsync): the memory is reused only by
-// work ordered after everything queued on s so far. It works after Close too, so that memory
-// still allocated can be given back.
+// work ordered after everything queued on s so far. On a view of a Stream that was closed it
+// waits for the device (cuCtxSynchronize) and frees on the legacy default stream. It works after
+// Close too, so that memory still allocated can be given back.
 func (r *CudaAsyncViewMemoryResource) Deallocate(p DevicePtr, nbytes int, s StreamView) error {
 	if p == 0 {
 		return nil
 	}
-	return cuMemFreeAsync(r.ctx, p, s.cu())
+	return freeAsyncOn("CudaAsyncViewMemoryResource", r.ctx, p, s)
 }
 
 // Device returns the pool's device.

@@ -3,7 +3,8 @@ package rmm
 import "fmt"
 
 // CudaMemoryResource allocates device memory with cuMemAlloc and frees it with cuMemFree, one
-// driver call per operation, on the device given at construction. The stream is ignored:
+// driver call per operation, on the device given at construction. The stream is ignored and
+// never reaches the driver (a view of a Stream that was closed is accepted as any other):
 // cuMemAlloc memory is usable on every stream, and cuMemFree synchronises. It is the initial
 // resource of every device. All CudaMemoryResources of one device are interchangeable.
 type CudaMemoryResource struct {
@@ -40,7 +41,8 @@ func (r *CudaMemoryResource) Access() Access { return DeviceAccessible }
 
 // ManagedMemoryResource allocates CUDA managed (unified) memory with cuMemAllocManaged
 // (CU_MEM_ATTACH_GLOBAL) on the device given at construction; it is usable from the host and
-// every device. Freed with cuMemFree; the stream is ignored.
+// every device. Freed with cuMemFree, which synchronises; the stream is ignored and never reaches
+// the driver (a view of a Stream that was closed is accepted as any other).
 type ManagedMemoryResource struct {
 	dev Device
 }

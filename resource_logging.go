@@ -30,7 +30,10 @@ type LoggingOptions struct {
 //
 // The Thread column is the OS thread id of the caller (gettid on Linux, 0 elsewhere), the Time
 // column the local wall-clock time of day when the line is written, the Stream column the
-// stream's CUstream handle (0 for DefaultStream and for host streams).
+// stream's CUstream handle (0 for DefaultStream and for host streams). A call on a view of a
+// Stream that was closed logs 0: its handle was destroyed and may already name another stream,
+// and the resources treat a free there as one on DefaultStream. The view itself is handed to the
+// upstream as it is.
 //
 // It is safe for concurrent use: lines are formatted and written under one mutex, so they never
 // interleave and appear in the order the events were logged. An error writing the log does not
@@ -127,12 +130,16 @@ func (r *LoggingResourceAdaptor) Deallocate(p DevicePtr, nbytes int, s StreamVie
 // so that times never go backwards down the file (unless the wall clock itself does).
 func (r *LoggingResourceAdaptor) log(a EventAction, p DevicePtr, nbytes int, s StreamView) {
 	tid := osThreadID()
+	h := s.Handle()
+	if h != 0 && s.closed() {
+		h = 0 // destroyed: the value may now be another stream's
+	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if r.closed.Load() {
 		return
 	}
-	e := LogEvent{Thread: tid, Time: timeOfDay(time.Now()), Action: a, Pointer: p, Size: nbytes, Stream: s.Handle()}
+	e := LogEvent{Thread: tid, Time: timeOfDay(time.Now()), Action: a, Pointer: p, Size: nbytes, Stream: h}
 	r.lw.buf = appendLogLine(r.lw.buf[:0], e)
 	_, err := r.lw.w.Write(r.lw.buf)
 	if err == nil && r.autoFlush {

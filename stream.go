@@ -227,10 +227,12 @@ func (s *Stream) Synchronize() error { return s.view.Synchronize() }
 // event while the stream still exists), then destroys the stream (cuStreamDestroy; queued work
 // still completes). Closing twice returns nil. Afterwards the stream's views must not be used
 // for new work: StreamView's methods and the Allocate of PoolMemoryResource,
-// ArenaMemoryResource and FixedSizeMemoryResource return ErrClosed for them (resources that do not
-// order on streams, such as SystemMemoryResource, ignore the stream), and a pool treats a free on
-// them as a free on DefaultStream after synchronising the device. A pool moves the closed
-// stream's free blocks, its cached ones included, to DefaultStream's list.
+// ArenaMemoryResource, FixedSizeMemoryResource, CudaAsyncMemoryResource and
+// CudaAsyncViewMemoryResource return ErrClosed for them (resources that do not order on streams,
+// such as SystemMemoryResource and CudaMemoryResource, ignore the stream), and those resources
+// treat a free on them as a free on DefaultStream after synchronising the device, never passing
+// the destroyed handle to the driver. A pool moves the closed stream's free blocks, its cached
+// ones included, to DefaultStream's list.
 func (s *Stream) Close() error {
 	s.mu.Lock()
 	if s.closed {

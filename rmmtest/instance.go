@@ -25,6 +25,12 @@ type instance struct {
 	streams  []*rmm.Stream
 	views    []rmm.StreamView // [0] is DefaultStream, then streams
 
+	// events[i] orders a free on another stream after the work queued on views[i] (made on first
+	// use, under eventsMu); closedViews[i] is set once the suite closed the Stream behind views[i].
+	eventsMu    sync.Mutex
+	events      []*rmm.Event
+	closedViews []bool
+
 	invariants func() error // CheckInvariants, nil when the resource has none
 	stats      func() any   // Stats, nil when the resource has none
 	releaser   rmm.Releaser // nil when the resource is not one
@@ -42,6 +48,10 @@ type instance struct {
 	reserved, peak atomic.Int64
 	concurrent     bool
 }
+
+// orderFreeHook, when set (by the suite's own tests), is called with the two streams of every
+// free that orderFree ordered.
+var orderFreeHook func(from, to rmm.StreamView)
 
 // block is a live allocation of the model.
 type block struct {
@@ -123,6 +133,46 @@ func (in *instance) closeStreams() {
 		s.Close()
 	}
 	in.streams = nil
+	in.eventsMu.Lock()
+	for _, e := range in.events {
+		if e != nil {
+			e.Close()
+		}
+	}
+	in.events = nil
+	in.eventsMu.Unlock()
+}
+
+// addStream creates one more Stream on the resource's device and returns its index in views.
+// Not for use while goroutines use the instance.
+func (in *instance) addStream() (int, error) {
+	st, err := rmm.NewStream(rmm.DeviceOf(in.mr), &rmm.StreamOptions{NonBlocking: true})
+	if err != nil {
+		return 0, fmt.Errorf("rmm.NewStream: %w", err)
+	}
+	in.streams = append(in.streams, st)
+	in.views = append(in.views, st.View())
+	return len(in.views) - 1, nil
+}
+
+// closedView reports whether the suite closed the Stream behind views[i]; eventsMu is held.
+func (in *instance) closedView(i int) bool { return i < len(in.closedViews) && in.closedViews[i] }
+
+// closeStream closes the Stream behind views[i], which the suite keeps using as a view.
+func (in *instance) closeStream(i int) error {
+	for _, st := range in.streams {
+		if st.View() != in.views[i] {
+			continue
+		}
+		in.eventsMu.Lock()
+		for len(in.closedViews) <= i {
+			in.closedViews = append(in.closedViews, false)
+		}
+		in.closedViews[i] = true
+		in.eventsMu.Unlock()
+		return st.Close()
+	}
+	return fmt.Errorf("rmmtest: %s is not a Stream of the suite", streamName(i))
 }
 
 // usesUpstream reports whether the resource has taken memory from the upstream: from then on its
@@ -212,10 +262,16 @@ func overlaps(a, b *block) bool {
 }
 
 // free checks b's pattern, takes it out of the model and frees it on stream. On an error from
-// the resource b goes back into the model.
+// the resource b goes back into the model. A free on another stream than b's is first ordered
+// after b's stream (orderFree), as a correct caller does.
 func (in *instance) free(b *block, stream int) error {
 	if err := verifyPattern(b); err != nil {
 		return err
+	}
+	if stream != b.stream {
+		if err := in.orderFree(b.stream, stream); err != nil {
+			return err
+		}
 	}
 	in.forget(b)
 	if err := in.mr.Deallocate(b.ptr, b.size, in.views[stream]); err != nil {
@@ -226,6 +282,51 @@ func (in *instance) free(b *block, stream int) error {
 		return fmt.Errorf("Deallocate(%#x, %d, %s): %w", uintptr(b.ptr), b.size, streamName(stream), err)
 	}
 	in.reserved.Add(-int64(roundUp(b.size)))
+	return nil
+}
+
+// orderFree makes the work queued on views[to] from now on wait for the work queued so far on
+// views[from] (an event recorded on from, waited for by to), so that a free on to is ordered
+// after the allocation on from and its uses: the caller's duty under rmm.MemoryResource's
+// contract, which the driver's stream-ordered allocator does not do for it. Nothing is done when
+// Options.OrdersCrossStreamFrees is set. A Stream the suite closed cannot be recorded on: the
+// device is synchronised instead (also when to was closed).
+func (in *instance) orderFree(from, to int) error {
+	if in.cfg.ordersCrossStreamFrees || from == to {
+		return nil
+	}
+	in.eventsMu.Lock()
+	if len(in.events) < len(in.views) {
+		in.events = append(in.events, make([]*rmm.Event, len(in.views)-len(in.events))...)
+	}
+	e := in.events[from]
+	closed := in.closedView(from) || in.closedView(to)
+	if e == nil && !closed {
+		var err error
+		if e, err = rmm.NewEvent(rmm.DeviceOf(in.mr), nil); err != nil {
+			in.eventsMu.Unlock()
+			return fmt.Errorf("ordering a free on %s after %s: rmm.NewEvent: %w", streamName(to), streamName(from), err)
+		}
+		in.events[from] = e
+	}
+	in.eventsMu.Unlock()
+	if closed {
+		if err := rmm.DeviceOf(in.mr).Synchronize(); err != nil {
+			return fmt.Errorf("ordering a free on %s after %s, one of them closed: synchronising the device: %w", streamName(to), streamName(from), err)
+		}
+	} else {
+		// Goroutines may record the same event at once: every record is on from, and a later
+		// one covers at least what an earlier one did, so the wait below is never too early.
+		if err := e.Record(in.views[from]); err != nil {
+			return fmt.Errorf("ordering a free on %s after %s: Event.Record: %w", streamName(to), streamName(from), err)
+		}
+		if err := in.views[to].WaitEvent(e); err != nil {
+			return fmt.Errorf("ordering a free on %s after %s: WaitEvent: %w", streamName(to), streamName(from), err)
+		}
+	}
+	if orderFreeHook != nil {
+		orderFreeHook(in.views[from], in.views[to])
+	}
 	return nil
 }
 

@@ -48,6 +48,17 @@
 //     in parallel with it.
 //   - Equality: the resource compares equal to itself as an rmm.MemoryResource (its dynamic type
 //     must be comparable); two resources that compare equal must be interchangeable.
+//   - ClosedStream: the resource never uses the handle of a stream that was destroyed. FreeOnClosed:
+//     memory allocated on a Stream (and on DefaultStream) is freed on the Stream's view after the
+//     Stream was closed, and memory allocated on it on another Stream; each free returns nil. FreeThenReuse: memory freed on a Stream that
+//     is then closed is allocated and freed again on DefaultStream and on another Stream.
+//     AllocateOnClosed: Allocate on a closed Stream returns 0 and an error wrapping
+//     rmm.ErrClosed and changes nothing (or, when Options.IgnoresStreams is set, succeeds or
+//     fails so), and the resource keeps working. ForeignHandle: memory is allocated and freed on
+//     a view made with rmm.NewStreamView from a Stream's handle, the Stream is then closed (its
+//     handle destroyed), other streams allocate and free, and the resource is released and torn
+//     down; on a GPU a later use of the handle crashes or is reported by compute-sanitizer.
+//     Skipped when Options.Streams is negative.
 //
 // The StateMachine sub-test drives the resource with random command sequences (gopter's
 // commands API): allocations of random sizes (0, small, multiples of 256, up to
@@ -76,6 +87,12 @@
 //   - after Release, every block still held from the upstream holds part of a live allocation
 //     (so with nothing live, nothing is held), unless Options.ReleaseKeepsMemory is set;
 //   - with everything freed, accounting is back to zero.
+//
+// Wherever the suite frees memory on another stream than the one it was allocated on (the state
+// machine's frees on another stream and FreeAllOnMixedStreams, Concurrent's
+// AcrossGoroutines/OtherStream), it first records an rmm.Event on the allocating stream and makes
+// the freeing stream wait for it, as rmm.MemoryResource's contract asks of a caller, unless
+// Options.OrdersCrossStreamFrees is set.
 //
 // Every resource the suite builds is torn down by freeing what is still live, then calling
 // Release (rmm.Releaser) and then Close (a Close() error method), where they exist, on the
@@ -192,6 +209,23 @@ type Options struct {
 	// block held from the upstream holds part of a live allocation, and with nothing live the
 	// resource holds nothing from the upstream.
 	ReleaseKeepsMemory bool
+
+	// IgnoresStreams declares that the resource does not look at the stream it is given
+	// (rmm.SystemMemoryResource, rmm.CudaMemoryResource, ... and adaptors over them): Allocate on
+	// a view of a Stream that was closed may then succeed, as on any stream, or fail with
+	// rmm.ErrClosed. Default false: such an Allocate must return 0 and an error wrapping
+	// rmm.ErrClosed, and change nothing.
+	IgnoresStreams bool
+
+	// OrdersCrossStreamFrees declares that the resource itself orders a free on one stream after
+	// the allocation made on another (and after the work that allocation made the allocating
+	// stream wait for), so that the suite frees on another stream without ordering it first.
+	// Default false: before every free on another stream than the allocating one, the suite does
+	// what rmm.MemoryResource's contract asks of a caller: it records an rmm.Event on the
+	// allocating stream and makes the freeing stream wait for it (host no-ops without CUDA). The
+	// driver's stream-ordered allocator (cuMemFreeAsync) orders nothing itself: a free it is
+	// given unordered is a race (compute-sanitizer's free-before-alloc).
+	OrdersCrossStreamFrees bool
 }
 
 // config is Options resolved: defaults filled in, environment applied.
@@ -208,6 +242,9 @@ type config struct {
 	seed               int64
 	scale              int
 	releaseKeeps       bool
+	ignoresStreams     bool
+	// ordersCrossStreamFrees: the suite does not order frees on another stream (orderFree).
+	ordersCrossStreamFrees bool
 }
 
 func resolve(opts *Options) (*config, error) {
@@ -227,6 +264,9 @@ func resolve(opts *Options) (*config, error) {
 		seed:               o.Seed,
 		scale:              1,
 		releaseKeeps:       o.ReleaseKeepsMemory,
+		ignoresStreams:     o.IgnoresStreams,
+
+		ordersCrossStreamFrees: o.OrdersCrossStreamFrees,
 	}
 	if c.upstream == nil {
 		c.upstream = rmm.CurrentDeviceResource
@@ -341,6 +381,7 @@ func runSuite(t tester, build buildFunc, c *config) {
 	t.Run("Concurrent", s.testConcurrent)
 	t.Run("CurrentDeviceResource", s.testCurrentDeviceResource)
 	t.Run("Equality", s.testEquality)
+	t.Run("ClosedStream", s.testClosedStream)
 	t.Run("StateMachine", s.testStateMachine)
 }
 

@@ -17,15 +17,23 @@ import (
 func TestBumpResource(t *testing.T) {
 	rmmtest.Run(t, func(t *testing.T, upstream rmm.MemoryResource) rmm.MemoryResource {
 		return NewBumpResource(upstream, 256<<20)
-	}, &rmmtest.Options{DetectsInvalidFree: true, MaxAllocationSize: 256 << 10, Capacity: 256 << 20})
+	}, &rmmtest.Options{DetectsInvalidFree: true, IgnoresStreams: true, MaxAllocationSize: 256 << 10, Capacity: 256 << 20})
 }
 
 // Run with nil options: the defaults (the current device resource as upstream, no invalid frees,
-// no capacity) over a leaf resource.
+// no capacity, allocations on a closed Stream refused) over a pool, and over a leaf resource that
+// ignores streams.
 func TestRunDefaults(t *testing.T) {
+	rmmtest.Run(t, func(t *testing.T, up rmm.MemoryResource) rmm.MemoryResource {
+		mr, err := rmm.NewPoolMemoryResource(up, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return mr
+	}, nil)
 	rmmtest.Run(t, func(*testing.T, rmm.MemoryResource) rmm.MemoryResource {
 		return rmm.NewSystemMemoryResource()
-	}, nil)
+	}, &rmmtest.Options{IgnoresStreams: true})
 }
 
 // misaligning hands out its upstream's pointers plus 64 bytes for requests above 4 KiB.
@@ -90,7 +98,7 @@ func TestRunFails(t *testing.T) {
 func TestMayRunOutOfMemory(t *testing.T) {
 	const block = 8 << 20
 	build := func(up rmm.MemoryResource) (rmm.MemoryResource, error) { return NewBumpResource(up, block), nil }
-	opts := rmmtest.Options{DetectsInvalidFree: true, MaxAllocationSize: 4 << 20, Capacity: block, Sequences: 30}
+	opts := rmmtest.Options{DetectsInvalidFree: true, IgnoresStreams: true, MaxAllocationSize: 4 << 20, Capacity: block, Sequences: 30}
 	if err := rmmtest.Check(build, &opts); err == nil {
 		t.Fatal("a bump allocator that runs out early passed without MayRunOutOfMemory")
 	}

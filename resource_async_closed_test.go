@@ -1,0 +1,32 @@
+package rmm
+
+import (
+	"testing"
+
+	"github.com/stretchr/testify/require"
+)
+
+// Allocate on a view of a closed Stream returns ErrClosed before any driver call, so it runs
+// without CUDA over resources whose pool handle is a stand-in (any driver call would fail or
+// crash). The free on such a view is tested on the GPU (TestGPUFreeOnClosedStream).
+func TestAsyncResourcesRefuseClosedStream(t *testing.T) {
+	st, err := NewStream(0, &StreamOptions{NonBlocking: true})
+	require.NoError(t, err)
+	s := st.View()
+	require.NoError(t, st.Close())
+
+	async := &CudaAsyncMemoryResource{}
+	async.pool.Store(0x1000)
+	view := &CudaAsyncViewMemoryResource{pool: 0x1000}
+	for name, mr := range map[string]MemoryResource{"CudaAsyncMemoryResource": async, "CudaAsyncViewMemoryResource": view} {
+		p, err := mr.Allocate(2<<20, s)
+		require.ErrorIs(t, err, ErrClosed, name)
+		require.Zero(t, p, name)
+		require.ErrorContains(t, err, name+".Allocate on "+s.String()+", which was closed")
+		// Zero bytes touch nothing, on any stream.
+		p, err = mr.Allocate(0, s)
+		require.NoError(t, err, name)
+		require.Zero(t, p, name)
+		require.NoError(t, mr.Deallocate(0, 0, s), name)
+	}
+}
