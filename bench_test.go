@@ -283,7 +283,9 @@ var w3Goroutines = []int{1, 2, 4, 8, 16}
 // loop; each goroutine makes one untimed pair first (a pool's first allocation on a stream takes
 // the slow path) and all start together behind a barrier. ns/op is wall time per pair over all
 // goroutines; pairs/s is the aggregate rate. GOMAXPROCS is the test binary's (-cpu): g above it
-// oversubscribes.
+// oversubscribes. cpu-ns/pair is the CPU time the process used per pair (where it can be read):
+// it stays flat as g grows when the goroutines share nothing, and rises with contention (lines
+// moving between cores, spinning) even on a host whose other load hides it from the wall time.
 func BenchmarkW3(b *testing.B) {
 	const size = 64 << 10
 	for _, r := range benchResources(b) {
@@ -326,13 +328,18 @@ func BenchmarkW3(b *testing.B) {
 				}
 				ready.Wait()
 				b.ResetTimer()
+				cpu0, cpuOK := processCPUTime()
 				close(start)
 				done.Wait()
+				cpu1, _ := processCPUTime()
 				b.StopTimer()
 				for _, s := range streams {
 					s.Synchronize()
 				}
 				b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "pairs/s")
+				if cpuOK {
+					b.ReportMetric(float64((cpu1-cpu0).Nanoseconds())/float64(b.N), "cpu-ns/pair")
+				}
 			})
 		}
 	}
