@@ -11,7 +11,6 @@ import (
 	"fmt"
 	"path/filepath"
 	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 )
@@ -276,44 +275,73 @@ func BenchmarkW2(b *testing.B) {
 	}
 }
 
-// W3: 16 goroutines, each with its own non-blocking stream, run W1 at 64 KiB against one shared
-// resource; the pairs/s metric is the aggregate.
+// w3Goroutines are W3's goroutine counts.
+var w3Goroutines = []int{1, 2, 4, 8, 16}
+
+// W3: g goroutines (w3Goroutines), each on its own non-blocking stream, run W1 at 64 KiB against
+// one shared resource. b.N pairs are split among them in advance, so no counter is shared in the
+// loop; each goroutine makes one untimed pair first (a pool's first allocation on a stream takes
+// the slow path) and all start together behind a barrier. ns/op is wall time per pair over all
+// goroutines; pairs/s is the aggregate rate. GOMAXPROCS is the test binary's (-cpu): g above it
+// oversubscribes. cpu-ns/pair is the CPU time the process used per pair (where it can be read):
+// it stays flat as g grows when the goroutines share nothing, and rises with contention (lines
+// moving between cores, spinning) even on a host whose other load hides it from the wall time.
 func BenchmarkW3(b *testing.B) {
-	const workers = 16
+	const size = 64 << 10
 	for _, r := range benchResources(b) {
-		b.Run(r.name, func(b *testing.B) {
-			mr, closeMR := r.make(b)
-			defer closeMR()
-			streams := make([]StreamView, workers)
-			for i := range streams {
-				streams[i] = benchStream(b)
-			}
-			var next atomic.Int64
-			var wg sync.WaitGroup
-			b.ResetTimer()
-			start := time.Now()
-			for w := 0; w < workers; w++ {
-				wg.Add(1)
-				go func(s StreamView) {
-					defer wg.Done()
-					for next.Add(1) <= int64(b.N) {
-						p, err := mr.Allocate(64<<10, s)
-						if err != nil {
-							b.Error(err)
-							return
-						}
-						if err := mr.Deallocate(p, 64<<10, s); err != nil {
-							b.Error(err)
-							return
-						}
+		for _, g := range w3Goroutines {
+			b.Run(fmt.Sprintf("%s/g=%d", r.name, g), func(b *testing.B) {
+				mr, closeMR := r.make(b)
+				defer closeMR()
+				streams := make([]StreamView, g)
+				for i := range streams {
+					streams[i] = benchStream(b)
+				}
+				var ready, done sync.WaitGroup
+				start := make(chan struct{})
+				for w, s := range streams {
+					quota := b.N / g
+					if w < b.N%g {
+						quota++
 					}
-				}(streams[w])
-			}
-			wg.Wait()
-			el := time.Since(start)
-			b.StopTimer()
-			b.ReportMetric(float64(b.N)/el.Seconds(), "pairs/s")
-		})
+					ready.Add(1)
+					done.Add(1)
+					go func() {
+						defer done.Done()
+						if p, err := mr.Allocate(size, s); err == nil {
+							mr.Deallocate(p, size, s)
+						}
+						ready.Done()
+						<-start
+						for range quota {
+							p, err := mr.Allocate(size, s)
+							if err != nil {
+								b.Error(err)
+								return
+							}
+							if err := mr.Deallocate(p, size, s); err != nil {
+								b.Error(err)
+								return
+							}
+						}
+					}()
+				}
+				ready.Wait()
+				b.ResetTimer()
+				cpu0, cpuOK := processCPUTime()
+				close(start)
+				done.Wait()
+				cpu1, _ := processCPUTime()
+				b.StopTimer()
+				for _, s := range streams {
+					s.Synchronize()
+				}
+				b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "pairs/s")
+				if cpuOK {
+					b.ReportMetric(float64((cpu1-cpu0).Nanoseconds())/float64(b.N), "cpu-ns/pair")
+				}
+			})
+		}
 	}
 }
 

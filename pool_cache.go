@@ -46,9 +46,16 @@ const (
 )
 
 // poolCache is one stream's cache. Lock order: the pool's mutex, then a cache's.
+//
+// Laid out for the cache lines of a many-core host: cacheOf reads stream of every cache it passes
+// on every fast path, while the fields after it are written at every allocation and free on the
+// cache's own stream. The pads keep stream on a line that is never written after the cache is
+// made, and the written fields off the lines of the objects allocated next to the cache (caches
+// are made one after another, often by one goroutine).
 type poolCache struct {
+	stream StreamView // the stream whose frees the cache holds; never changes
+	_      [64]byte
 	mu     sync.Mutex
-	stream StreamView // the stream whose frees the cache holds
 	dead   bool
 	// busy is whether the cache holds blocks or has blocks handed out; written under mu only when
 	// it changes, read without mu by the fast paths to skip an idle cache.
@@ -57,7 +64,7 @@ type poolCache struct {
 	next   int // the slot replaced when all are in use
 	slots  [poolCacheSlots]*block
 	issued blockTable // blocks taken from the slots and not freed yet
-	_      [64]byte   // keep neighbouring caches' locks off this cache line
+	_      [64]byte
 }
 
 // poolCaches is the published set of caches; it is never changed once published (a change
@@ -98,6 +105,11 @@ func (p *PoolMemoryResource) cacheOf(s StreamView) *poolCache {
 
 // allocateCached takes a block of exactly n bytes (rounded) from s's cache, for a request of
 // nbytes; 0 when the cache has none.
+//
+// A cached block keeps the size last asked for it (req), which the free on the fast path leaves
+// alone: a loop that asks the same size again writes nothing to the block (blocks are small
+// objects that lie next to other streams' blocks, so a write to one would take the cache line
+// from the cores using its neighbours).
 func (p *PoolMemoryResource) allocateCached(n, nbytes int, s StreamView) DevicePtr {
 	c := p.cacheOf(s)
 	if c == nil || !c.busy.Load() {
@@ -113,7 +125,9 @@ func (p *PoolMemoryResource) allocateCached(n, nbytes int, s StreamView) DeviceP
 			c.n--
 			c.slots[i] = c.slots[c.n]
 			c.slots[c.n] = nil
-			b.req = nbytes
+			if b.req != nbytes {
+				b.req = nbytes
+			}
 			c.issued.put(b)
 			c.mu.Unlock()
 			return b.addr
@@ -143,8 +157,7 @@ func (p *PoolMemoryResource) deallocateCached(ptr DevicePtr, nbytes int, s Strea
 		return false, fmt.Errorf("%w: PoolMemoryResource.Deallocate(%#x, %d): the block was allocated with %d bytes", ErrInvalidFree, uintptr(ptr), nbytes, b.req)
 	}
 	c.issued.del(ptr)
-	b.req = 0
-	c.slots[c.n] = b
+	c.slots[c.n] = b // b.req stays: see allocateCached
 	c.n++
 	return true, nil
 }
@@ -363,10 +376,7 @@ func (p *PoolMemoryResource) checkCaches(all map[DevicePtr]*block) (int, error) 
 			held += b.size
 		}
 		for _, b := range c.slots[:c.n] {
-			if b.req != 0 {
-				err = fmt.Errorf("cached block %#x of stream %#x has a size asked", uintptr(b.addr), id)
-			}
-			add(b, "cached")
+			add(b, "cached") // its req is the size last asked, or 0: see allocateCached
 		}
 		c.issued.each(func(b *block) {
 			if n, _ := alignSize(b.req); err == nil && n != b.size {

@@ -24,8 +24,10 @@ const (
 	// when an allocation fails and ArenaOptions.DumpLogOnFailure is set (and DumpLogPath is not).
 	ArenaDumpLogFile = "rmm_arena_memory_dump.log"
 
-	arenaLiveShards     = 64 // a power of two
-	arenaLiveShardShift = 64 - 6
+	arenaLiveShards = 64 // a power of two
+	// arenaLiveRegionShift gives the size of the ranges of the arena that the shards of the live
+	// index take in turn: 1 MiB, the size of the superblocks that small requests take.
+	arenaLiveRegionShift = 20
 )
 
 // ArenaOptions configures NewArenaMemoryResource. nil means the defaults.
@@ -117,6 +119,9 @@ type ArenaMemoryResource struct {
 	base     DevicePtr
 	size     int
 	dumpPath string // "" when no dump is wanted
+	// The fields above are read on every allocation and free and never written after
+	// construction; the global arena's lock below is taken at every move of a superblock.
+	_ [64]byte
 
 	global   arenaSet
 	spareSBs []*arenaSuperblock // merged superblocks kept for reuse (under global.mu)
@@ -139,9 +144,14 @@ type ArenaMemoryResource struct {
 	recs      sync.Map   // stream id -> *arenaStream, for streams that freed into the global arena
 	// arenas and lazyRecs publish the stream arenas in streams and the records of our Streams
 	// in recs (at most arenaPublishMax of each) for the fast paths, which read them without a
-	// lock; streamsMu serialises their changes.
+	// lock; streamsMu serialises their changes. With closed, they are read on every allocation
+	// and free and written almost never: the pads keep them off the lines of the fields around
+	// them, which the slow paths write (defRec at frees into the global arena on DefaultStream).
+	_        [64]byte
 	arenas   atomic.Pointer[arenaByStream[*arenaSet]]
 	lazyRecs atomic.Pointer[arenaByStream[*arenaStream]]
+	closed   atomic.Bool
+	_        [64]byte
 	defRec   arenaStream
 	multiMu  sync.Mutex                      // serialises the operations that lock every arena
 	live     [arenaLiveShards]arenaLiveShard // live allocations of up to 1 MiB
@@ -150,7 +160,6 @@ type ArenaMemoryResource struct {
 	large   arenaLiveSet
 	defrags atomic.Int64
 
-	closed  atomic.Bool
 	closeMu sync.Mutex
 	held    bool // the upstream allocation is still held (under closeMu)
 
@@ -189,6 +198,16 @@ func (a *arenaSet) name() string {
 
 // arenaShard keeps each default-stream arena on its own cache lines.
 type arenaShard struct {
+	arenaSet
+	_ [64]byte
+}
+
+// arenaStreamSet keeps a stream's arena on its own cache lines. Stream arenas are small objects
+// made one after another (often by one goroutine), so without the pads the lock of one stream's
+// arena, written at every allocation and free on that stream, would share a line with the
+// fields of its neighbours' arenas that their own streams read.
+type arenaStreamSet struct {
+	_ [64]byte
 	arenaSet
 	_ [64]byte
 }
@@ -549,7 +568,7 @@ func (r *ArenaMemoryResource) streamArena(s StreamView) (*arenaSet, error) {
 	if v, ok := r.streams.Load(s.id); ok {
 		return v.(*arenaSet), nil
 	}
-	a := &arenaSet{kind: arenaStreamKind, stream: s.deviceView(r.dev)}
+	a := &(&arenaStreamSet{arenaSet: arenaSet{kind: arenaStreamKind, stream: s.deviceView(r.dev)}}).arenaSet
 	if _, hooked := r.recs.Load(s.id); s.lifetimeKnown() && !hooked && !addStreamCloseHook(s, r) {
 		return nil, errStreamClosed("ArenaMemoryResource.Allocate", s)
 	}
@@ -558,8 +577,15 @@ func (r *ArenaMemoryResource) streamArena(s StreamView) (*arenaSet, error) {
 	return a, nil
 }
 
+// liveShard returns the shard of the live index that holds the small block p: the shards take
+// the arena's 1 MiB ranges in turn, so the blocks of one superblock of a small request lie in
+// one shard (two when the superblock straddles a range), and a stream allocating and freeing in
+// its own superblocks shares its shard's lock and table with no other as long as the arena's
+// superblocks in use are fewer than the shards. (A shard chosen by a hash of the pointer mixed
+// every stream's blocks into every shard, so each pair on one stream wrote the lines that
+// other streams' pairs wrote too.)
 func (r *ArenaMemoryResource) liveShard(p DevicePtr) *arenaLiveShard {
-	return &r.live[arenaLiveHash(p)>>arenaLiveShardShift]
+	return &r.live[uint64(p-r.base)>>arenaLiveRegionShift&(arenaLiveShards-1)]
 }
 
 // addLive records a small live allocation; the caller holds the lock of sb's owner.

@@ -3,14 +3,13 @@ package rmm
 import "fmt"
 
 // The arena's index of live allocations: pointer → (superblock, size asked). Blocks up to 1 MiB
-// are sharded by a hash of the pointer, each shard under its own lock; blocks above 1 MiB are in
-// one table under the global arena's lock. Each is an open-addressing hash table with linear
-// probing. A lookup hashes the pointer once (the same hash picks the shard) and reads, as a rule,
-// one cache line; a deletion shifts the entries after it back instead of leaving tombstones, so
-// probes stay short however long the arena lives.
+// are sharded by the 1 MiB range of the arena they lie in (liveShard), each shard under its own
+// lock; blocks above 1 MiB are in one table under the global arena's lock. Each is an
+// open-addressing hash table with linear probing. A lookup hashes the pointer once and reads, as
+// a rule, one cache line; a deletion shifts the entries after it back instead of leaving
+// tombstones, so probes stay short however long the arena lives.
 
-// arenaLiveHash mixes a 256-aligned pointer (Fibonacci hashing): the top 6 bits choose the shard,
-// the bits below them the slot.
+// arenaLiveHash mixes a 256-aligned pointer (Fibonacci hashing): its top bits choose the slot.
 func arenaLiveHash(p DevicePtr) uint64 { return uint64(p>>8) * 0x9e3779b97f4a7c15 }
 
 // arenaLiveEntry is a slot of an arenaLiveTable; p == 0 marks it empty (no allocation is at 0).
@@ -31,11 +30,9 @@ type arenaLiveTable struct {
 	half bool
 }
 
-const arenaLiveShardBits = 64 - arenaLiveShardShift
-
 // home returns the slot p's probe starts at.
 func (t *arenaLiveTable) home(p DevicePtr) int {
-	return int(arenaLiveHash(p) << arenaLiveShardBits >> t.shift)
+	return int(arenaLiveHash(p) >> t.shift)
 }
 
 // find returns the slot holding p, or -1.

@@ -114,7 +114,12 @@ type PoolMemoryResource struct {
 	sizeAtomic atomic.Int64
 	peakSize   int // the most bytes held at once
 
+	// caches is read by every allocation and free on a stream's fast path; the fields around
+	// it are written under mu. The pads keep it on a line of its own, so that the slow path of
+	// one stream does not take that line from the cores running the fast paths of the others.
+	_      [64]byte
 	caches atomic.Pointer[poolCaches] // per-stream caches (pool_cache.go)
+	_      [56]byte
 }
 
 // NewPoolMemoryResource returns a pool over upstream (nil: the current device resource). Sizes
