@@ -12,12 +12,12 @@ import (
 	"github.com/stretchr/testify/require"
 )
 
-// arenaSyncFake stands in for the CUDA calls of an arena (its arenaDriver): it logs every call,
+// arenaSyncFake stands in for the CUDA calls of an arena (its cudaDriver): it logs every call,
 // naming streams and events, and either passes it on to the real driver (next) or answers as a
 // device would, following a model of stream order (see arenaSyncModel) that tests check reuse
 // against.
 type arenaSyncFake struct {
-	next *arenaDriver // nil: no device
+	next *cudaDriver // nil: no device
 
 	mu      sync.Mutex
 	log     []string
@@ -33,7 +33,7 @@ type arenaSyncFake struct {
 	onSync  func() // called within each cuCtxSynchronize
 }
 
-func newArenaSyncFake(next *arenaDriver) *arenaSyncFake {
+func newArenaSyncFake(next *cudaDriver) *arenaSyncFake {
 	return &arenaSyncFake{
 		next:    next,
 		names:   map[uintptr]string{cuStreamLegacy: "default"},
@@ -135,8 +135,8 @@ func (f *arenaSyncFake) add(format string, args ...any) {
 	}
 }
 
-func (f *arenaSyncFake) driver() *arenaDriver {
-	return &arenaDriver{
+func (f *arenaSyncFake) driver() *cudaDriver {
+	return &cudaDriver{
 		ctxSynchronize: func(ctx uintptr) error {
 			f.mu.Lock()
 			f.add("ctx-sync")
