@@ -75,9 +75,9 @@ type freeList struct {
 	// frees counts the blocks freed (or merged) into the list: Release compares it before and
 	// after the synchronisation it made unlocked, to know whether it covered every block.
 	frees uint64
-	count  int     // blocks
-	bytes  int     // free bytes
-	rng    uint32
+	count int // blocks
+	bytes int // free bytes
+	rng   uint32
 	// The sizes (rounded) of the stream's last allocations that its cache could not serve; a
 	// free of one of these sizes goes to the stream's cache (pool_cache.go).
 	recent     [poolCacheRecent]int

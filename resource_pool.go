@@ -98,7 +98,7 @@ type PoolMemoryResource struct {
 	dev      Device
 	ctx      uintptr // 0 without CUDA: no events are used
 	drv      *cudaDriver
-	maximum  int     // 0 = unbounded
+	maximum  int // 0 = unbounded
 
 	mu         sync.Mutex
 	size       int // bytes taken from upstream
