@@ -43,18 +43,35 @@ func (p *PoolMemoryResource) wake() {
 	}
 }
 
+// busyWaiter is a goroutine queued for the growth/release token.
+type busyWaiter struct{ granted bool }
+
 // acquireBusy takes the growth/release token, waiting while another goroutine holds it (pool
-// locked).
+// locked). The token goes to the waiters in the order they came: a goroutine that grows or
+// releases again and again (a loop of allocations that miss, or of Release calls) cannot keep
+// the others from growing.
 func (p *PoolMemoryResource) acquireBusy() {
-	for p.busy {
+	if !p.busy {
+		p.busy = true
+		return
+	}
+	w := &busyWaiter{}
+	p.busyQ = append(p.busyQ, w)
+	for !w.granted {
 		p.wait()
 	}
-	p.busy = true
 }
 
-// releaseBusy gives the token back (pool locked).
+// releaseBusy gives the token back (pool locked): to the first goroutine queued for it, if any.
 func (p *PoolMemoryResource) releaseBusy() {
-	p.busy = false
+	if len(p.busyQ) > 0 {
+		w := p.busyQ[0]
+		p.busyQ[0] = nil
+		p.busyQ = p.busyQ[1:]
+		w.granted = true // busy stays set: the token passes to w
+	} else {
+		p.busy = false
+	}
 	p.wake()
 }
 

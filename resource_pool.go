@@ -114,7 +114,8 @@ type PoolMemoryResource struct {
 	exp        *expandable
 
 	// The slow paths that unlock the mutex for driver calls (pool_unlock.go).
-	busy    bool      // a growth or release is in flight
+	busy    bool // a growth or release is in flight
+	busyQ   []*busyWaiter
 	pinned  int       // pins over all lists
 	merging int       // merges in flight whose blocks are in no list
 	cond    sync.Cond // on mu: progress of the above
@@ -350,33 +351,49 @@ func (p *PoolMemoryResource) Allocate(nbytes int, s StreamView) (DevicePtr, erro
 // another stream's list (pool locked; it may unlock and relock).
 func (p *PoolMemoryResource) allocateSlow(l *freeList, n int, s StreamView) (*block, takeWait, error) {
 	released := false
+	holding := false // the busy token: this goroutine may grow
+	done := func() {
+		if holding {
+			p.releaseBusy()
+		}
+	}
 	for {
 		p.pin(l)
 		b, w, err := p.findBlock(l, n, s)
 		if err != nil || b != nil {
 			p.unpin(l)
+			done()
 			return b, w, err
 		}
-		if p.busy || p.merging > 0 {
-			// A growth or release in flight (it may make the room this request needs), or a merge
-			// holding free blocks out of the lists: wait for it and search again, rather than grow
-			// past what is needed or fail while memory is on its way back.
+		if p.merging > 0 || (!holding && p.busy) {
+			// A merge holding free blocks out of the lists, or a growth or release in flight (it
+			// may make the room this request needs): wait for it and search again, rather than
+			// grow past what is needed or fail while memory is on its way back. Growths queue
+			// for the token in order; the next one searches again before it grows.
 			p.unpin(l)
-			p.wait()
+			if p.merging > 0 {
+				p.wait()
+			} else {
+				p.acquireBusy()
+				holding = true
+			}
 			if p.closed {
+				done()
 				return nil, takeWait{}, fmt.Errorf("%w: PoolMemoryResource.Allocate after Close", ErrClosed)
 			}
 			if l, err = p.listFor(s); err != nil {
+				done()
 				return nil, takeWait{}, err
 			}
 			continue
 		}
-		p.busy = true
+		if !holding {
+			p.busy, holding = true, true
+		}
 		b, err = p.growAny(n, s, l)
 		if err == nil && b == nil {
 			// The expandable pool grew, but the free block the new chunk was to extend was taken
 			// meanwhile: search again (and grow again if need be).
-			p.releaseBusy()
 			p.unpin(l)
 			continue
 		}
@@ -391,7 +408,6 @@ func (p *PoolMemoryResource) allocateSlow(l *freeList, n int, s StreamView) (*bl
 				// was given back still counts.
 				DebugLogger().Debug("rmm: PoolMemoryResource could not give back all free memory", "request", n, "err", rerr)
 			}
-			p.releaseBusy()
 			p.unpin(l)
 			if p.size < before {
 				// Every free block is now in the default stream's list, with the work behind it
@@ -399,10 +415,11 @@ func (p *PoolMemoryResource) allocateSlow(l *freeList, n int, s StreamView) (*bl
 				// grows once more if it must.
 				continue
 			}
+			done()
 			return nil, takeWait{}, err
 		}
-		p.releaseBusy()
 		p.unpin(l)
+		done()
 		if err != nil {
 			return nil, takeWait{}, err
 		}
