@@ -195,11 +195,20 @@ type poolSyncEnv struct {
 
 // newPoolSyncEnv wires p (just made, with no list yet) to a fake device.
 func newPoolSyncEnv(t *testing.T, p *PoolMemoryResource) *poolSyncEnv {
+	return newPoolSyncEnvOver(t, p, nil)
+}
+
+// newPoolSyncEnvOver wires p (just made, with no list yet) to the fake, which passes the calls on
+// to next (the device) when next is not nil.
+func newPoolSyncEnvOver(t *testing.T, p *PoolMemoryResource, next *cudaDriver) *poolSyncEnv {
 	t.Helper()
-	f := newArenaSyncFake(nil)
+	f := newArenaSyncFake(next)
 	m := newArenaSyncModel()
 	f.model = m
-	p.ctx, p.drv = 1, f.driver()
+	if next == nil {
+		p.ctx = 1
+	}
+	p.drv = f.driver()
 	e := &poolSyncEnv{t: t, p: p, f: f, m: m}
 	f.mu.Lock()
 	e.def = m.stream(cuStreamLegacy)
@@ -785,56 +794,7 @@ func TestPoolUnlockConcurrentStreamOrder(t *testing.T) {
 			}
 			fs, fi := e.foreign(0xf0, 9, "F")
 			ss, is = append(ss, fs), append(is, fi)
-			var wg sync.WaitGroup
-			for w := range len(ss) {
-				wg.Add(1)
-				go func() {
-					defer wg.Done()
-					r := rand.New(rand.NewPCG(uint64(w), 11))
-					type live struct {
-						p DevicePtr
-						n int
-					}
-					var mine []live
-					for range 200 {
-						switch k := r.IntN(10); {
-						case k < 4 && len(mine) > 0:
-							i := r.IntN(len(mine))
-							x := mine[i]
-							mine = append(mine[:i], mine[i+1:]...)
-							o := r.IntN(len(ss))
-							if err := e.free(x.p, x.n, ss[o], is[o]); err != nil {
-								t.Error(err)
-								return
-							}
-						case k == 4 && w == 0:
-							if err := p.Release(); err != nil {
-								t.Error(err)
-								return
-							}
-						default:
-							n := []int{256 << 10, 1 * mib, 2 * mib, 3*mib + 512, 8 * mib}[r.IntN(5)]
-							q, err := e.alloc(n, ss[w], is[w])
-							var oom *OutOfMemoryError
-							if errors.As(err, &oom) {
-								continue
-							}
-							if err != nil {
-								t.Error(err)
-								return
-							}
-							mine = append(mine, live{q, n})
-						}
-					}
-					for _, x := range mine {
-						if err := e.free(x.p, x.n, ss[w], is[w]); err != nil {
-							t.Error(err)
-						}
-					}
-				}()
-			}
-			wg.Wait()
-			e.done()
+			poolUnlockWalk(t, e, ss, is, 200)
 			require.NoError(t, p.Release())
 			if u != nil {
 				held, _, _, errs := u.figures()
@@ -846,4 +806,61 @@ func TestPoolUnlockConcurrentStreamOrder(t *testing.T) {
 			require.Equal(t, 0, p.PoolSize())
 		})
 	}
+}
+
+// poolUnlockWalk runs one goroutine per stream of ss (numbered is in the model): each allocates
+// on its stream, frees on random streams and (the first) calls Release, ops times; then it
+// checks the fake's errors and the pool's invariants.
+func poolUnlockWalk(t *testing.T, e *poolSyncEnv, ss []StreamView, is []int, ops int) {
+	p := e.p
+	var wg sync.WaitGroup
+	for w := range len(ss) {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			r := rand.New(rand.NewPCG(uint64(w), 11))
+			type live struct {
+				p DevicePtr
+				n int
+			}
+			var mine []live
+			for range ops {
+				switch k := r.IntN(10); {
+				case k < 4 && len(mine) > 0:
+					i := r.IntN(len(mine))
+					x := mine[i]
+					mine = append(mine[:i], mine[i+1:]...)
+					o := r.IntN(len(ss))
+					if err := e.free(x.p, x.n, ss[o], is[o]); err != nil {
+						t.Error(err)
+						return
+					}
+				case k == 4 && w == 0:
+					if err := p.Release(); err != nil {
+						t.Error(err)
+						return
+					}
+				default:
+					n := []int{256 << 10, 1 * mib, 2 * mib, 3*mib + 512, 8 * mib}[r.IntN(5)]
+					q, err := e.alloc(n, ss[w], is[w])
+					var oom *OutOfMemoryError
+					if errors.As(err, &oom) {
+						continue
+					}
+					if err != nil {
+						t.Error(err)
+						return
+					}
+					mine = append(mine, live{q, n})
+				}
+			}
+			for _, x := range mine {
+				if err := e.free(x.p, x.n, ss[w], is[w]); err != nil {
+					t.Error(err)
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	e.done()
 }
