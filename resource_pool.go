@@ -93,6 +93,17 @@ type PoolOptions struct {
 // Deallocate detects a pointer the pool never handed out, a double free and a size different from
 // the one allocated, and returns ErrInvalidFree without changing anything. Safe for concurrent use
 // (one mutex, plus one per stream cache; no CUDA call is made under them on the common path).
+//
+// The slow driver calls are made with the mutex unlocked: growth (the upstream's Allocate, or the
+// expandable pool's cuMemCreate, cuMemMap and cuMemSetAccess), the record and wait of a
+// cross-stream take or merge, and Release's and the trim's host synchronisation and frees
+// (cuMemFree, cuMemUnmap, cuMemRelease). Allocations and frees that fit in free memory go on
+// meanwhile; one growth or release runs at a time, and an allocation that needs to grow waits
+// for the one in flight, then searches again. Still made under the mutex, being short or rare:
+// the event record of each free on a stream made with NewStreamView, the first use of a stream
+// (cuEventCreate) and the end of its list (cuEventDestroy), a Stream's Close (one record and
+// wait), frees on a closed Stream or after Close (synchronisation), Close itself, and the
+// synchronisation of a cached block's stream when it has no list.
 type PoolMemoryResource struct {
 	upstream MemoryResource
 	dev      Device
