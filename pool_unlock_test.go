@@ -3,7 +3,8 @@ package rmm
 import (
 	"errors"
 	"fmt"
-	"math/rand/v2"
+	"math/rand"
+	randv2 "math/rand/v2"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -630,7 +631,7 @@ func TestPoolUnlockExpandableTrimRaces(t *testing.T) {
 		s, _, k := e.stream(uintptr(0xa0+i), fmt.Sprintf("S%d", i))
 		ss, is = append(ss, s), append(is, k)
 	}
-	r := rand.New(rand.NewPCG(7, 7))
+	r := randv2.New(randv2.NewPCG(7, 7))
 	var mu sync.Mutex
 	type live struct {
 		p DevicePtr
@@ -710,7 +711,7 @@ func TestPoolUnlockConcurrentGrowthRespectsMaximum(t *testing.T) {
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
-				r := rand.New(rand.NewPCG(uint64(w), 3))
+				r := randv2.New(randv2.NewPCG(uint64(w), 3))
 				var mine [][2]int
 				for range 60 {
 					if len(mine) > 2 || (len(mine) > 0 && r.IntN(2) == 0) {
@@ -818,7 +819,7 @@ func poolUnlockWalk(t *testing.T, e *poolSyncEnv, ss []StreamView, is []int, ops
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			r := rand.New(rand.NewPCG(uint64(w), 11))
+			r := randv2.New(randv2.NewPCG(uint64(w), 11))
 			type live struct {
 				p DevicePtr
 				n int
@@ -863,4 +864,44 @@ func poolUnlockWalk(t *testing.T, e *poolSyncEnv, ss []StreamView, is []int, ops
 	}
 	wg.Wait()
 	e.done()
+}
+
+// The pool's state machine (property_test.go) over a capped upstream, with the pool's CUDA calls
+// going to the fake device: every take, merge, Release and stream Close then unlocks the pool for
+// its records, waits and synchronisations, and the model's checks (free lists, live table, sizes,
+// out-of-memory figures, what the upstream holds) must hold as without a device.
+func TestPoolPropertyFakeDevice(t *testing.T) {
+	spec := poolSpec(conformanceSpec{
+		name: "pool over a capped upstream, with a fake device",
+		genConfig: func(r *rand.Rand) resourceConfig {
+			c := resourceConfig{Streams: 3 + r.Intn(2)}
+			c.UpstreamLimit = logUniform(r, 2*kiB, 1*miB)
+			if r.Intn(2) == 0 {
+				c.MaximumPoolSize = alignedUpTo(r, Alignment, 2*c.UpstreamLimit)
+			}
+			return c
+		},
+		newUpstream: func(cfg resourceConfig) MemoryResource { return newLimitedUpstream(cfg.UpstreamLimit) },
+		size: func(r *rand.Rand, cfg resourceConfig) int {
+			if r.Intn(4) == 0 {
+				return 1 + r.Intn(cfg.UpstreamLimit)
+			}
+			return smallSize(r) % (cfg.UpstreamLimit/2 + 1)
+		},
+		capacity: 1 << 60,
+	})
+	spec.newResource = func(up MemoryResource, cfg resourceConfig) (MemoryResource, error) {
+		mr, err := newPool(up, cfg) // no initial size: every list gets a (fake) event
+		if err != nil {
+			return nil, err
+		}
+		p := mr.(*PoolMemoryResource)
+		f := newArenaSyncFake(nil)
+		f.quiet = true
+		p.ctx, p.drv = 1, f.driver()
+		return p, nil
+	}
+	cov := runConformance(t, spec, 300, 120)
+	require.Positive(t, cov.oom.Load())
+	require.Positive(t, cov.crossFrees.Load())
 }
