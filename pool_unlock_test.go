@@ -905,3 +905,52 @@ func TestPoolPropertyFakeDevice(t *testing.T) {
 	require.Positive(t, cov.oom.Load())
 	require.Positive(t, cov.crossFrees.Load())
 }
+
+// A free on a closed Stream waits for the device (cuCtxSynchronize) unlocked: meanwhile other
+// streams are served, and the block being freed cannot be freed twice. (An allocation that would
+// need it, or growth, waits for the free to end.)
+func TestPoolUnlockFreeOnClosedStream(t *testing.T) {
+	p, _ := newSimPool(t, 1<<30, nil)
+	e := newPoolSyncEnv(t, p)
+	sa, stA, ia := e.stream(0xa, "A")
+	sb, _, ib := e.stream(0xb, "B")
+	x := e.mustAlloc(4*mib, sa, ia)
+	y := e.mustAlloc(4*mib, sb, ib)
+	y2 := e.mustAlloc(4*mib, sb, ib)
+	e.mustFree(y, 4*mib, sb, ib) // 2 × 4 MiB free in B's list
+	e.mustFree(y2, 4*mib, sb, ib)
+	require.NoError(t, stA.Close())
+	e.f.kill(0xa)
+
+	var during []DevicePtr
+	var duringErrs []error
+	var once atomic.Bool
+	e.f.mu.Lock()
+	e.f.onSync = func() {
+		if !once.CompareAndSwap(false, true) {
+			return
+		}
+		// Inside the free's cuCtxSynchronize: two 4 MiB requests on B, served from B's list,
+		// and a second free of x, which fails.
+		for range 2 {
+			q, err := e.alloc(4*mib, sb, ib)
+			during, duringErrs = append(during, q), append(duringErrs, err)
+		}
+		duringErrs = append(duringErrs, p.Deallocate(x, 4*mib, sb))
+	}
+	e.f.mu.Unlock()
+	ok, _ := within(func() { e.mustFree(x, 4*mib, sa, ia) }, 5*time.Second)
+	require.True(t, ok, "the free on a closed stream, or the allocations within its synchronisation, did not end")
+	require.True(t, once.Load())
+	require.NoError(t, duringErrs[0])
+	require.NoError(t, duringErrs[1])
+	require.ErrorIs(t, duringErrs[2], ErrInvalidFree, "a second free of the block in flight")
+	require.ElementsMatch(t, []DevicePtr{y, y2}, during)
+	st := p.Stats()
+	require.Equal(t, 8*mib, st.LiveBytes, "x is free")
+	require.Equal(t, 4*mib, st.PerStream[0].FreeBytes, "x is in the default stream's list")
+	for _, q := range during {
+		e.mustFree(q, 4*mib, sb, ib)
+	}
+	e.done()
+}

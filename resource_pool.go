@@ -102,8 +102,8 @@ type PoolOptions struct {
 // for the one in flight, then searches again. Still made under the mutex, being short or rare:
 // the event record of each free on a stream made with NewStreamView, the first use of a stream
 // (cuEventCreate) and the end of its list (cuEventDestroy), a Stream's Close (one record and
-// wait), frees on a closed Stream or after Close (synchronisation), Close itself, and the
-// synchronisation of a cached block's stream when it has no list.
+// wait), frees after Close (synchronisation), Close itself, and the synchronisation of a cached
+// block's stream when it has no list.
 type PoolMemoryResource struct {
 	upstream MemoryResource
 	dev      Device
@@ -751,11 +751,20 @@ func (p *PoolMemoryResource) Deallocate(ptr DevicePtr, nbytes int, s StreamView)
 	l, err := p.listFor(s)
 	if errors.Is(err, ErrClosed) {
 		// The stream is gone: nothing can be ordered after it any more, so wait for the device.
-		// (Under the lock: a free on a closed stream is rare, and the block must not be seen
-		// before the wait.)
+		// The wait is made unlocked, the block out of the live table (a second free of it fails)
+		// and in no list meanwhile; it counts as a merge in flight, so an allocation that would
+		// grow, and Close, wait for it.
 		if p.ctx != 0 {
-			if err := p.drv.ctxSynchronize(p.ctx); err != nil {
-				return fmt.Errorf("PoolMemoryResource.Deallocate on closed %v: %w", s, err)
+			p.live.del(ptr)
+			p.merging++
+			p.mu.Unlock()
+			serr := p.drv.ctxSynchronize(p.ctx)
+			p.mu.Lock()
+			p.merging--
+			p.wake()
+			p.live.put(b)
+			if serr != nil {
+				return fmt.Errorf("PoolMemoryResource.Deallocate on closed %v: %w", s, serr)
 			}
 		}
 		s = DefaultStream
