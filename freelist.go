@@ -65,9 +65,19 @@ type freeList struct {
 	lazy   bool    // the stream's lifetime is known: record the event only when another stream takes blocks
 	dirty  bool    // lazy list freed blocks since its event was last recorded
 	closed bool    // the stream was destroyed (its event was recorded just before)
-	count  int     // blocks
-	bytes  int     // free bytes
-	rng    uint32
+	// pins counts the goroutines that hold the list across an unlock of the pool's mutex (a
+	// take waiting on its event, a merge into it, a growth for it, Release's synchronisation):
+	// a pinned list is never dropped, so its event outlives every call naming it.
+	pins int
+	// recording counts the records of event in flight (made after an unlock): until they are
+	// done the event may still hold an older record, so a taker records it again itself.
+	recording int
+	// frees counts the blocks freed (or merged) into the list: Release compares it before and
+	// after the synchronisation it made unlocked, to know whether it covered every block.
+	frees uint64
+	count int // blocks
+	bytes int // free bytes
+	rng   uint32
 	// The sizes (rounded) of the stream's last allocations that its cache could not serve; a
 	// free of one of these sizes goes to the stream's cache (pool_cache.go).
 	recent     [poolCacheRecent]int

@@ -23,7 +23,7 @@ func arenaSyncGPU(t *testing.T, size int) (*ArenaMemoryResource, *arenaSyncFake,
 	arena, err := NewArenaMemoryResource(cuda, &ArenaOptions{ArenaSize: size})
 	require.NoError(t, err)
 	t.Cleanup(func() { require.NoError(t, arena.Close()) })
-	f := newArenaSyncFake(&arenaCUDA)
+	f := newArenaSyncFake(&cudaCalls)
 	arena.drv = f.driver()
 	return arena, f, cuda, ctx
 }

@@ -277,9 +277,11 @@ func (p *PoolMemoryResource) returnCached(c *poolCache, l *freeList, kill bool) 
 		var err error
 		if l, err = p.listFor(c.stream); err != nil {
 			DebugLogger().Warn("rmm: PoolMemoryResource: no free list for a stream's cached blocks; synchronising it", "stream", c.stream.String(), "err", err)
+			// (Under the lock: this path follows a failure to make a list, rarely if ever taken;
+			// the blocks must not be seen in the default stream's list before the wait.)
 			if p.ctx != 0 {
-				if serr := cuStreamSynchronize(p.ctx, c.stream.cu()); serr != nil {
-					cuCtxSynchronize(p.ctx)
+				if serr := p.drv.streamSynchronize(p.ctx, c.stream.cu()); serr != nil {
+					p.drv.ctxSynchronize(p.ctx)
 				}
 			}
 			if l, err = p.listFor(DefaultStream); err != nil {

@@ -114,8 +114,8 @@ type ArenaOptions struct {
 type ArenaMemoryResource struct {
 	upstream MemoryResource
 	dev      Device
-	ctx      uintptr      // 0 without CUDA: no synchronisation is needed
-	drv      *arenaDriver // the CUDA calls (&arenaCUDA; tests use fakes)
+	ctx      uintptr     // 0 without CUDA: no synchronisation is needed
+	drv      *cudaDriver // the CUDA calls (&cudaCalls; tests use fakes)
 	base     DevicePtr
 	size     int
 	dumpPath string // "" when no dump is wanted
@@ -284,7 +284,7 @@ func NewArenaMemoryResource(upstream MemoryResource, opts *ArenaOptions) (*Arena
 	r := &ArenaMemoryResource{
 		upstream: upstream,
 		dev:      DeviceOf(upstream),
-		drv:      &arenaCUDA,
+		drv:      &cudaCalls,
 		size:     size,
 		shards:   make([]arenaShard, nshards),
 	}

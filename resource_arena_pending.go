@@ -187,9 +187,9 @@ func (sb *arenaSuperblock) pending() *arenaPending {
 	return sb.pend
 }
 
-// arenaDriver is the CUDA an arena calls. Tests put a fake in its place to follow the calls
-// without a device.
-type arenaDriver struct {
+// cudaDriver is the CUDA that the arena and the pool call about streams and events. Tests put a
+// fake in its place to follow the calls without a device (arenaSyncFake).
+type cudaDriver struct {
 	ctxSynchronize    func(ctx uintptr) error
 	streamSynchronize func(ctx, s uintptr) error
 	streamQuery       func(ctx, s uintptr) (bool, error)
@@ -201,7 +201,7 @@ type arenaDriver struct {
 	eventDestroy      func(ctx, e uintptr) error
 }
 
-var arenaCUDA = arenaDriver{
+var cudaCalls = cudaDriver{
 	ctxSynchronize:    cuCtxSynchronize,
 	streamSynchronize: cuStreamSynchronize,
 	streamQuery:       cuStreamQuery,

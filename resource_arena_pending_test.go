@@ -12,12 +12,12 @@ import (
 	"github.com/stretchr/testify/require"
 )
 
-// arenaSyncFake stands in for the CUDA calls of an arena (its arenaDriver): it logs every call,
+// arenaSyncFake stands in for the CUDA calls of an arena (its cudaDriver): it logs every call,
 // naming streams and events, and either passes it on to the real driver (next) or answers as a
 // device would, following a model of stream order (see arenaSyncModel) that tests check reuse
 // against.
 type arenaSyncFake struct {
-	next *arenaDriver // nil: no device
+	next *cudaDriver // nil: no device
 
 	mu      sync.Mutex
 	log     []string
@@ -31,9 +31,23 @@ type arenaSyncFake struct {
 	errs    []string
 	model   *arenaSyncModel
 	onSync  func() // called within each cuCtxSynchronize
+	// onCall, when set, is called (f.mu not held) at the start of each stream wait, record and
+	// event synchronisation, with the call's name: "wait", "record-and-wait", "record",
+	// "event-sync". Tests block a call there, or act in the middle of one.
+	onCall func(op string)
 }
 
-func newArenaSyncFake(next *arenaDriver) *arenaSyncFake {
+// hook calls onCall.
+func (f *arenaSyncFake) hook(op string) {
+	f.mu.Lock()
+	h := f.onCall
+	f.mu.Unlock()
+	if h != nil {
+		h(op)
+	}
+}
+
+func newArenaSyncFake(next *cudaDriver) *arenaSyncFake {
 	return &arenaSyncFake{
 		next:    next,
 		names:   map[uintptr]string{cuStreamLegacy: "default"},
@@ -135,8 +149,8 @@ func (f *arenaSyncFake) add(format string, args ...any) {
 	}
 }
 
-func (f *arenaSyncFake) driver() *arenaDriver {
-	return &arenaDriver{
+func (f *arenaSyncFake) driver() *cudaDriver {
+	return &cudaDriver{
 		ctxSynchronize: func(ctx uintptr) error {
 			f.mu.Lock()
 			f.add("ctx-sync")
@@ -171,6 +185,7 @@ func (f *arenaSyncFake) driver() *arenaDriver {
 			return false, nil // busy: the caller synchronises
 		},
 		streamWaitEvent: func(ctx, s, e uintptr) error {
+			f.hook("wait")
 			f.mu.Lock()
 			f.add("wait %s on %s", f.s(s), f.e(e))
 			f.model.wait(s, e)
@@ -181,6 +196,7 @@ func (f *arenaSyncFake) driver() *arenaDriver {
 			return nil
 		},
 		recordAndWait: func(ctx, e, from, to uintptr) error {
+			f.hook("record-and-wait")
 			f.mu.Lock()
 			f.add("record %s on %s, wait %s", f.e(e), f.s(from), f.s(to))
 			f.model.record(e, from)
@@ -209,6 +225,7 @@ func (f *arenaSyncFake) driver() *arenaDriver {
 			return e, nil
 		},
 		eventRecord: func(ctx, e, s uintptr) error {
+			f.hook("record")
 			f.mu.Lock()
 			f.add("record %s on %s", f.e(e), f.s(s))
 			f.model.record(e, s)
@@ -219,6 +236,7 @@ func (f *arenaSyncFake) driver() *arenaDriver {
 			return nil
 		},
 		eventSynchronize: func(ctx, e uintptr) error {
+			f.hook("event-sync")
 			f.mu.Lock()
 			f.add("event-sync %s", f.e(e))
 			f.model.eventSync(e)
@@ -352,6 +370,32 @@ func (m *arenaSyncModel) allocated(t int, p DevicePtr, n int) error {
 		if err == nil && x.s != t && m.after[t][x.s] < x.k && m.done[x.s] < x.k {
 			err = fmt.Errorf("stream %d got [%#x, %#x) before the work of stream %d's free #%d over [%#x, %#x) (ordered after #%d, finished #%d)",
 				t, uintptr(p), uintptr(end), x.s, x.k, uintptr(x.p), uintptr(x.end), m.after[t][x.s], m.done[x.s])
+		}
+		if x.p < p {
+			keep = append(keep, arenaSyncFreed{x.p, p, x.s, x.k})
+		}
+		if x.end > end {
+			keep = append(keep, arenaSyncFreed{end, x.end, x.s, x.k})
+		}
+	}
+	m.freed = keep
+	return err
+}
+
+// returned checks that [p, p+n), given back to the upstream (or unmapped), holds no byte whose
+// free the host has not seen finish, and forgets the frees of those bytes.
+func (m *arenaSyncModel) returned(p DevicePtr, n int) error {
+	end := p + DevicePtr(n)
+	var err error
+	var keep []arenaSyncFreed
+	for _, x := range m.freed {
+		if x.end <= p || x.p >= end {
+			keep = append(keep, x)
+			continue
+		}
+		if err == nil && m.done[x.s] < x.k {
+			err = fmt.Errorf("[%#x, %#x) given back before the work of stream %d's free #%d over [%#x, %#x) finished (finished #%d)",
+				uintptr(p), uintptr(end), x.s, x.k, uintptr(x.p), uintptr(x.end), m.done[x.s])
 		}
 		if x.p < p {
 			keep = append(keep, arenaSyncFreed{x.p, p, x.s, x.k})

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"slices"
 	"sync"
 	"sync/atomic"
 )
@@ -92,11 +93,23 @@ type PoolOptions struct {
 // Deallocate detects a pointer the pool never handed out, a double free and a size different from
 // the one allocated, and returns ErrInvalidFree without changing anything. Safe for concurrent use
 // (one mutex, plus one per stream cache; no CUDA call is made under them on the common path).
+//
+// The slow driver calls are made with the mutex unlocked: growth (the upstream's Allocate, or the
+// expandable pool's cuMemCreate, cuMemMap and cuMemSetAccess), the record and wait of a
+// cross-stream take or merge, and Release's and the trim's host synchronisation and frees
+// (cuMemFree, cuMemUnmap, cuMemRelease). Allocations and frees that fit in free memory go on
+// meanwhile; one growth or release runs at a time, and an allocation that needs to grow waits
+// for the one in flight, then searches again. Still made under the mutex, being short or rare:
+// the event record of each free on a stream made with NewStreamView, the first use of a stream
+// (cuEventCreate) and the end of its list (cuEventDestroy), a Stream's Close (one record and
+// wait), frees after Close (synchronisation), Close itself, and the synchronisation of a cached
+// block's stream when it has no list.
 type PoolMemoryResource struct {
 	upstream MemoryResource
 	dev      Device
 	ctx      uintptr // 0 without CUDA: no events are used
-	maximum  int     // 0 = unbounded
+	drv      *cudaDriver
+	maximum  int // 0 = unbounded
 
 	mu         sync.Mutex
 	size       int // bytes taken from upstream
@@ -110,6 +123,14 @@ type PoolMemoryResource struct {
 	closed     bool
 	closedList *freeList // after Close: the one list left
 	exp        *expandable
+
+	// The slow paths that unlock the mutex for driver calls (pool_unlock.go).
+	busy    bool // a growth or release is in flight
+	busyQ   []*busyWaiter
+	pinned  int       // pins over all lists
+	merging int       // merges in flight whose blocks are in no list
+	cond    sync.Cond // on mu: progress of the above
+	waiters int
 
 	sizeAtomic atomic.Int64
 	peakSize   int // the most bytes held at once
@@ -154,6 +175,7 @@ func NewPoolMemoryResource(upstream MemoryResource, opts *PoolOptions) (*PoolMem
 	}
 	p := &PoolMemoryResource{
 		upstream:  upstream,
+		drv:       &cudaCalls,
 		dev:       DeviceOf(upstream),
 		maximum:   o.MaximumPoolSize,
 		upstreams: map[DevicePtr]int{},
@@ -208,6 +230,7 @@ func newExpandablePool(upstream MemoryResource, vm vmm, o PoolOptions) (*PoolMem
 	}
 	p := &PoolMemoryResource{
 		upstream:  upstream,
+		drv:       &cudaCalls,
 		dev:       dev,
 		maximum:   reserved,
 		upstreams: map[DevicePtr]int{},
@@ -229,12 +252,18 @@ func newExpandablePool(upstream MemoryResource, vm vmm, o PoolOptions) (*PoolMem
 		l, err := p.listFor(DefaultStream)
 		if err == nil {
 			var b *block
+			p.busy = true
 			if b, err = p.growExpandable(o.InitialPoolSize, l, true); err == nil {
-				p.freeInto(l, b)
+				if b == nil {
+					err = errors.New("internal error: the initial chunk is smaller than the initial size")
+				} else {
+					p.freeInto(l, b)
+				}
 			}
+			p.busy = false
 		}
 		if err != nil {
-			p.releaseChunks(p.lists[0], -1)
+			p.releaseChunks(p.lists[0], -1, true)
 			p.freeReservation()
 			return nil, fmt.Errorf("NewPoolMemoryResource: mapping the initial %d bytes: %w", o.InitialPoolSize, err)
 		}
@@ -281,123 +310,221 @@ func (p *PoolMemoryResource) Allocate(nbytes int, s StreamView) (DevicePtr, erro
 		}
 	}
 	p.mu.Lock()
-	defer p.mu.Unlock()
 	if !ok {
 		oom := p.oomErr(math.MaxInt, "the size overflows when rounded to 256 bytes", nil, false).(*OutOfMemoryError)
+		p.mu.Unlock()
 		oom.Requested, oom.TooLarge, oom.Fragmented = nbytes, true, false
 		return 0, oom
 	}
 	if p.closed {
+		p.mu.Unlock()
 		return 0, fmt.Errorf("%w: PoolMemoryResource.Allocate after Close", ErrClosed)
 	}
 	l, err := p.listFor(s)
 	if err != nil {
+		p.mu.Unlock()
 		return 0, err
 	}
 	p.flushCache(l, s)
 	l.noteAllocation(n)
-	b, home, err := p.findBlock(l, n, s)
+	b, w, err := p.allocateSlow(l, n, s)
 	if err != nil {
+		p.mu.Unlock()
+		var oom *OutOfMemoryError
+		if errors.As(err, &oom) {
+			oom.Requested = nbytes // the figures were computed for the rounded size
+		}
 		return 0, err
 	}
-	if b == nil {
+	b.free, b.req = false, nbytes
+	p.live.put(b)
+	p.liveBytes += n
+	ptr := b.addr
+	if w.o == nil {
+		p.mu.Unlock()
+		return ptr, nil
+	}
+	// Taken from another stream's list: the block is allocated (no one else can see it) and
+	// reaches the caller only once s waits for the freeing stream.
+	p.mu.Unlock()
+	werr := p.doWait(w, s)
+	p.mu.Lock()
+	if werr != nil {
+		p.live.del(ptr)
+		p.liveBytes -= n
+		p.freeInto(w.o, b) // w.o is pinned until endWait: it still exists
+	}
+	p.endWait(w, werr)
+	p.mu.Unlock()
+	if werr != nil {
+		return 0, werr
+	}
+	return ptr, nil
+}
+
+// allocateSlow finds or grows a free block of n bytes for s, whose list is l, and returns it cut
+// to n bytes and out of every list, with the wait to make once unlocked when it was taken from
+// another stream's list (pool locked; it may unlock and relock).
+func (p *PoolMemoryResource) allocateSlow(l *freeList, n int, s StreamView) (*block, takeWait, error) {
+	released := false
+	holding := false // the busy token: this goroutine may grow
+	done := func() {
+		if holding {
+			p.releaseBusy()
+		}
+	}
+	for {
+		p.pin(l)
+		b, w, err := p.findBlock(l, n, s)
+		if err != nil || b != nil {
+			p.unpin(l)
+			done()
+			return b, w, err
+		}
+		if p.merging > 0 || (!holding && p.busy) {
+			// A merge holding free blocks out of the lists, or a growth or release in flight (it
+			// may make the room this request needs): wait for it and search again, rather than
+			// grow past what is needed or fail while memory is on its way back. Growths queue
+			// for the token in order; the next one searches again before it grows.
+			p.unpin(l)
+			if p.merging > 0 {
+				p.wait()
+			} else {
+				p.acquireBusy()
+				holding = true
+			}
+			if p.closed {
+				done()
+				return nil, takeWait{}, fmt.Errorf("%w: PoolMemoryResource.Allocate after Close", ErrClosed)
+			}
+			if l, err = p.listFor(s); err != nil {
+				done()
+				return nil, takeWait{}, err
+			}
+			continue
+		}
+		if !holding {
+			p.busy, holding = true, true
+		}
 		b, err = p.growAny(n, s, l)
-		if p.releaseMayHelp(n, err) {
+		if err == nil && b == nil {
+			// The expandable pool grew, but the free block the new chunk was to extend was taken
+			// meanwhile: search again (and grow again if need be).
+			p.unpin(l)
+			continue
+		}
+		if err != nil && !released && p.releaseMayHelp(n, err) {
 			// Give back what is wholly free (other sizes may fit the upstream better) and try
 			// again: a capped pool reaches its cap, a full device gets room.
+			released = true
 			DebugLogger().Debug("rmm: PoolMemoryResource releasing free memory before failing", "request", n, "pool_size", p.size)
 			before := p.size
-			def, rerr := p.releaseWhole()
-			if rerr != nil {
+			if _, rerr := p.releaseWhole(false); rerr != nil {
 				// A chunk that could not be given back stays in the pool, whole and free; what
 				// was given back still counts.
 				DebugLogger().Debug("rmm: PoolMemoryResource could not give back all free memory", "request", n, "err", rerr)
 			}
-			if def != nil && p.size < before {
-				var lerr error
-				if l, lerr = p.listFor(s); lerr != nil {
-					return 0, lerr
-				}
-				if l != def {
-					// Every free block is now in the default stream's list, with the work behind
-					// it waited for: move them to s's, so that growth extends them.
-					p.mergeInto(l, def)
-					p.dropList(def)
-				}
-				if b = l.bestFit(n); b != nil {
-					l.remove(b)
-					err = nil
-				} else {
-					b, err = p.growAny(n, s, l)
-				}
+			p.unpin(l)
+			if p.size < before {
+				// Every free block is now in the default stream's list, with the work behind it
+				// waited for: the search merges it into s's list (so that growth extends it), and
+				// grows once more if it must.
+				continue
 			}
+			done()
+			return nil, takeWait{}, err
 		}
+		p.unpin(l)
+		done()
 		if err != nil {
-			var oom *OutOfMemoryError
-			if errors.As(err, &oom) {
-				oom.Requested = nbytes // the figures were computed for the rounded size
-			}
-			return 0, err
+			return nil, takeWait{}, err
 		}
-		home = l
+		p.split(b, n, l)
+		return b, takeWait{}, nil
 	}
-	p.split(b, n, home)
-	b.free, b.req = false, nbytes
-	p.live.put(b)
-	p.liveBytes += n
-	return b.addr, nil
 }
 
-// findBlock takes a free block of at least n bytes for stream s out of its list — own list l
-// first, then other lists, then merging other lists into l — and returns it with the list its
-// remainder belongs to; nil when none is free.
-func (p *PoolMemoryResource) findBlock(l *freeList, n int, s StreamView) (*block, *freeList, error) {
+// findBlock takes a free block of at least n bytes for stream s out of the lists — own list l
+// first, then other lists, then merging other lists into l — and returns it cut to n bytes, its
+// remainder left in the list it came from; nil when none is free. A block from another stream's
+// list comes with the wait the caller must make once unlocked (s waits for that stream's event).
+// Pool locked, l pinned; a merge unlocks and relocks.
+func (p *PoolMemoryResource) findBlock(l *freeList, n int, s StreamView) (*block, takeWait, error) {
 	if b := l.bestFit(n); b != nil {
 		l.remove(b)
-		return b, l, nil
+		p.split(b, n, l)
+		return b, takeWait{}, nil
 	}
 	// Blocks in the other streams' caches are free memory: put them where this search (and the
 	// merging after it) sees them.
 	p.flushCaches()
-	// A block that fits on its own in another stream's list: wait for that stream, take it. The
-	// remainder after the split stays in that list.
+	// A block that fits on its own in another stream's list: take it (the remainder after the
+	// split stays in that list); s waits for that stream once the caller has unlocked.
 	for _, o := range p.lists {
 		if o == l {
 			continue
 		}
 		if b := o.bestFit(n); b != nil {
-			if err := p.waitFor(o, s); err != nil {
-				return nil, nil, err
-			}
 			o.remove(b)
-			return b, o, nil
+			p.split(b, n, o)
+			return b, p.beginWait(o), nil
 		}
 	}
-	// Merge whole lists into ours, so that neighbours from different streams coalesce.
-	for i := 0; i < len(p.lists); {
-		o := p.lists[i]
-		if o == l || o.count == 0 {
-			i++
-			continue
+	// Merge whole lists into ours, so that neighbours from different streams coalesce. Each
+	// list's blocks leave it under the lock, s waits for its stream unlocked, and they enter l
+	// only then: whoever takes them from l (after l's own event) is ordered after that wait.
+	for budget := 2*len(p.lists) + 2; budget > 0; budget-- {
+		var o *freeList
+		for _, x := range p.lists {
+			if x != l && x.count > 0 {
+				o = x
+				break
+			}
 		}
-		if err := p.waitFor(o, s); err != nil {
-			return nil, nil, err
+		if o == nil {
+			break
 		}
-		p.mergeInto(l, o)
+		blocks := p.takeAll(o)
+		w := p.beginWait(o)
+		var err error
+		if w.o != nil {
+			lazy, ev := l.lazy, l.event
+			p.merging++
+			p.mu.Unlock()
+			err = p.doWait(w, s)
+			if err == nil && !lazy && ev != 0 {
+				// A stream we hold only a view of records at every free: l's event must cover
+				// what s now waits for before the blocks can be seen in l (l is pinned: ev lives).
+				err = p.drv.eventRecord(p.ctx, ev, s.cu())
+			}
+			p.mu.Lock()
+			p.merging--
+			p.wake()
+		}
+		if err != nil {
+			for _, b := range blocks {
+				p.freeInto(o, b)
+			}
+			p.endWait(w, err)
+			return nil, takeWait{}, err
+		}
+		for _, b := range blocks {
+			p.freeInto(l, b)
+		}
+		p.endWait(w, nil)
 		if l.lazy {
 			l.dirty = true // l's event must now also cover what s waited for
-		} else if p.ctx != 0 {
-			if err := cuEventRecord(p.ctx, l.event, s.cu()); err != nil {
-				return nil, nil, err
-			}
 		}
-		p.dropList(o)
+		if o.count == 0 && o.pins == 0 && p.byStream[o.stream.id] == o {
+			p.dropList(o)
+		}
 		if b := l.bestFit(n); b != nil {
 			l.remove(b)
-			return b, l, nil
+			p.split(b, n, l)
+			return b, takeWait{}, nil
 		}
 	}
-	return nil, nil, nil
+	return nil, takeWait{}, nil
 }
 
 // growAny grows the pool for an n-byte request on s, whose list is l.
@@ -499,30 +626,26 @@ func (p *PoolMemoryResource) backOff(try, n int) int {
 	return max(n, try/2)
 }
 
-// grow takes a new block from the upstream for an n-byte request on s (whose list is l) and
-// returns it, free and out of every list.
+// grow takes a new block from the upstream for an n-byte request on s (whose list is l, pinned)
+// and returns it, free and out of every list. Pool locked with the busy token held; the upstream
+// is called unlocked (nothing else grows or releases meanwhile, so the size it was sized for
+// stays).
 func (p *PoolMemoryResource) grow(n int, s StreamView, l *freeList) (*block, error) {
 	try := p.growSize(n)
 	if try == 0 {
 		DebugLogger().Debug("rmm: PoolMemoryResource cannot grow", "request", n, "pool_size", p.size, "maximum", p.maximum)
 		return nil, p.oomErr(n, maxDetail(n, n, p.maximum-p.size, p.maximum), nil, false)
 	}
+	first, size, lazy, ev := try, p.size, l.lazy, l.event
+	p.mu.Unlock()
+	var ptr DevicePtr
 	var lastErr error
+	ok := false
 	for try >= n {
-		ptr, err := p.upstream.Allocate(try, s)
-		if err == nil {
-			// The block is ordered on s (a stream-ordered upstream such as cuMemAllocAsync): the
-			// list's event must cover that before another stream takes the remainder.
-			if l.lazy {
-				l.dirty = true
-			} else if p.ctx != 0 && l.event != 0 {
-				if err := cuEventRecord(p.ctx, l.event, s.cu()); err != nil {
-					p.upstream.Deallocate(ptr, try, s)
-					return nil, fmt.Errorf("PoolMemoryResource: recording the event on %v: %w", s, err)
-				}
-			}
-			p.addUpstreamBlock(ptr, try)
-			return p.newBlock(ptr, try), nil
+		var err error
+		if ptr, err = p.upstream.Allocate(try, s); err == nil {
+			ok = true
+			break
 		}
 		lastErr = err
 		if try == n {
@@ -530,9 +653,29 @@ func (p *PoolMemoryResource) grow(n int, s StreamView, l *freeList) (*block, err
 		}
 		try = p.backOff(try, n)
 	}
-	DebugLogger().Debug("rmm: PoolMemoryResource failed to grow", "request", n, "pool_size", p.size, "maximum", p.maximum, "err", lastErr)
+	if ok && !lazy && p.ctx != 0 && ev != 0 {
+		// The block is ordered on s (a stream-ordered upstream such as cuMemAllocAsync): the
+		// event of a list we hold only a view of must cover that before another stream can see
+		// the remainder (l is pinned: the event lives; its other records are on s too).
+		if err := p.drv.eventRecord(p.ctx, ev, s.cu()); err != nil {
+			p.upstream.Deallocate(ptr, try, s)
+			p.mu.Lock()
+			return nil, fmt.Errorf("PoolMemoryResource: recording the event on %v: %w", s, err)
+		}
+	}
+	if !ok {
+		DebugLogger().Debug("rmm: PoolMemoryResource failed to grow", "request", n, "pool_size", size, "maximum", p.maximum, "err", lastErr)
+	}
+	p.mu.Lock()
+	if ok {
+		if lazy {
+			l.dirty = true // a lazy list's event must cover the allocation on s
+		}
+		p.addUpstreamBlock(ptr, try)
+		return p.newBlock(ptr, try), nil
+	}
 	detail := fmt.Sprintf("the upstream refused %d bytes", n)
-	if first := p.growSize(n); first != n {
+	if first != n {
 		detail = fmt.Sprintf("the upstream refused every size from %d down to %d bytes", first, n)
 	}
 	return nil, p.oomErr(n, detail, lastErr, true)
@@ -613,9 +756,20 @@ func (p *PoolMemoryResource) Deallocate(ptr DevicePtr, nbytes int, s StreamView)
 	l, err := p.listFor(s)
 	if errors.Is(err, ErrClosed) {
 		// The stream is gone: nothing can be ordered after it any more, so wait for the device.
+		// The wait is made unlocked, the block out of the live table (a second free of it fails)
+		// and in no list meanwhile; it counts as a merge in flight, so an allocation that would
+		// grow, and Close, wait for it.
 		if p.ctx != 0 {
-			if err := cuCtxSynchronize(p.ctx); err != nil {
-				return fmt.Errorf("PoolMemoryResource.Deallocate on closed %v: %w", s, err)
+			p.live.del(ptr)
+			p.merging++
+			p.mu.Unlock()
+			serr := p.drv.ctxSynchronize(p.ctx)
+			p.mu.Lock()
+			p.merging--
+			p.wake()
+			p.live.put(b)
+			if serr != nil {
+				return fmt.Errorf("PoolMemoryResource.Deallocate on closed %v: %w", s, serr)
 			}
 		}
 		s = DefaultStream
@@ -625,8 +779,11 @@ func (p *PoolMemoryResource) Deallocate(ptr DevicePtr, nbytes int, s StreamView)
 		return err
 	}
 	if !l.lazy && p.ctx != 0 {
-		// A stream we hold only a view of: record now, while it surely exists.
-		if err := cuEventRecord(p.ctx, l.event, s.cu()); err != nil {
+		// A stream we hold only a view of: record now, while it surely exists. The record stays
+		// under the lock: once the block is in l a taker may wait on l's event, which must hold
+		// this record by then (moving it out would need the block kept out of l until the record
+		// is made, a second lock round trip on every such free).
+		if err := p.drv.eventRecord(p.ctx, l.event, s.cu()); err != nil {
 			return fmt.Errorf("PoolMemoryResource.Deallocate: recording the event on %v: %w", s, err)
 		}
 	} else {
@@ -648,6 +805,7 @@ func (p *PoolMemoryResource) Deallocate(ptr DevicePtr, nbytes int, s StreamView)
 // l (neighbours are never in another upstream allocation). It returns the resulting block.
 func (p *PoolMemoryResource) freeInto(l *freeList, b *block) *block {
 	b.free, b.req = true, 0
+	l.frees++
 	if pr := b.prev; pr != nil && pr.free && pr.list == l {
 		l.remove(pr)
 		p.recycle(p.absorbNext(pr))
@@ -709,7 +867,7 @@ func (p *PoolMemoryResource) listFor(s StreamView) (*freeList, error) {
 		p.hooked[s.id] = true
 	}
 	if p.ctx != 0 {
-		e, err := cuEventCreate(p.ctx, cuEventDisableTiming)
+		e, err := p.drv.eventCreate(p.ctx, cuEventDisableTiming)
 		if err != nil {
 			return nil, fmt.Errorf("PoolMemoryResource: creating the event for %v: %w", s, err)
 		}
@@ -720,7 +878,7 @@ func (p *PoolMemoryResource) listFor(s StreamView) (*freeList, error) {
 	return l, nil
 }
 
-// dropList forgets an empty list (after a merge) and destroys its event.
+// dropList forgets an empty list (after a merge) and destroys its event. o must not be pinned.
 func (p *PoolMemoryResource) dropList(o *freeList) {
 	delete(p.byStream, o.stream.id)
 	for i, x := range p.lists {
@@ -730,21 +888,9 @@ func (p *PoolMemoryResource) dropList(o *freeList) {
 		}
 	}
 	if o.event != 0 {
-		cuEventDestroy(p.ctx, o.event)
+		p.drv.eventDestroy(p.ctx, o.event)
 		o.event = 0
 	}
-}
-
-// waitFor orders stream s after everything stream o's list was freed behind.
-func (p *PoolMemoryResource) waitFor(o *freeList, s StreamView) error {
-	if p.ctx == 0 || o.event == 0 {
-		return nil
-	}
-	if o.dirty && !o.closed {
-		o.dirty = false
-		return cuRecordAndWait(p.ctx, o.event, o.stream.cu(), s.cu())
-	}
-	return cuStreamWaitEvent(p.ctx, s.cu(), o.event)
 }
 
 // streamClosing is called by Stream.Close before the stream is destroyed. The stream's free
@@ -757,9 +903,17 @@ func (p *PoolMemoryResource) streamClosing(s StreamView) {
 	p.dropCaches()
 	delete(p.hooked, s.id)
 	l := p.byStream[s.id]
+	for l != nil && l.pins > 0 {
+		// A take, merge or growth in flight names the list's event or records on the stream:
+		// the stream must outlive it.
+		p.wait()
+		l = p.byStream[s.id]
+	}
 	if l == nil {
 		return
 	}
+	// The record and wait below stay under the lock: they run once per closing stream, and a
+	// free into l made while unlocked would escape them.
 	if p.closed {
 		l.closed = true
 		return
@@ -771,14 +925,14 @@ func (p *PoolMemoryResource) streamClosing(s StreamView) {
 	def, err := p.listFor(DefaultStream)
 	if err == nil && p.ctx != 0 && l.event != 0 {
 		if l.dirty {
-			err = cuRecordAndWait(p.ctx, l.event, s.cu(), cuStreamLegacy)
+			err = p.drv.recordAndWait(p.ctx, l.event, l.stream.cu(), cuStreamLegacy)
 		} else {
-			err = cuStreamWaitEvent(p.ctx, cuStreamLegacy, l.event)
+			err = p.drv.streamWaitEvent(p.ctx, cuStreamLegacy, l.event)
 		}
 		if err != nil {
 			// Cannot order on the device: wait for the stream on the host instead.
 			DebugLogger().Warn("rmm: PoolMemoryResource: ordering a closing stream's frees failed; synchronising it", "stream", s.String(), "err", err)
-			err = cuStreamSynchronize(p.ctx, s.cu())
+			err = p.drv.streamSynchronize(p.ctx, l.stream.cu())
 		}
 	}
 	if def == nil || err != nil {
@@ -791,26 +945,74 @@ func (p *PoolMemoryResource) streamClosing(s StreamView) {
 	p.dropList(l)
 }
 
-// syncAll waits (on the host) for the work behind every list's frees.
-func (p *PoolMemoryResource) syncAll() error {
+// poolSyncTries bounds the unlocked synchronisations of Release: when every try saw frees made
+// meanwhile, the last one keeps the lock.
+const poolSyncTries = 3
+
+// syncAll waits (on the host) for the work behind every list's frees (pool locked, busy token
+// held). Without hold the records and synchronisations are made unlocked; frees made meanwhile
+// are not covered by them, so it tries again (the last try locked) until no list changed.
+func (p *PoolMemoryResource) syncAll(hold bool) error {
 	if p.ctx == 0 {
 		return nil
 	}
-	for _, l := range p.lists {
-		if l.event == 0 {
-			continue
-		}
-		if l.dirty && !l.closed {
-			if err := cuEventRecord(p.ctx, l.event, l.stream.cu()); err != nil {
-				return err
+	type snap struct {
+		l      *freeList
+		record bool
+		frees  uint64
+	}
+	for try := 0; ; try++ {
+		locked := hold || try == poolSyncTries-1
+		var snaps []snap
+		for _, l := range p.lists {
+			if l.event == 0 {
+				continue
 			}
-			l.dirty = false
+			x := snap{l: l, frees: l.frees, record: (l.dirty || l.recording > 0) && !l.closed}
+			if x.record {
+				l.dirty = false
+				l.recording++
+			}
+			p.pin(l)
+			snaps = append(snaps, x)
 		}
-		if err := cuEventSynchronize(p.ctx, l.event); err != nil {
+		p.unlockUnless(locked)
+		var err error
+		for _, x := range snaps {
+			if x.record {
+				if err = p.drv.eventRecord(p.ctx, x.l.event, x.l.stream.cu()); err != nil {
+					break
+				}
+			}
+			if err = p.drv.eventSynchronize(p.ctx, x.l.event); err != nil {
+				break
+			}
+		}
+		p.relockUnless(locked)
+		for _, x := range snaps {
+			if x.record {
+				x.l.recording--
+				if err != nil && x.l.lazy {
+					x.l.dirty = true
+				}
+			}
+			p.unpin(x.l)
+		}
+		if err != nil || locked {
 			return err
 		}
+		changed := false
+		for _, l := range p.lists {
+			i := slices.IndexFunc(snaps, func(x snap) bool { return x.l == l })
+			if (i < 0 && l.count > 0) || (i >= 0 && snaps[i].frees != l.frees) {
+				changed = true
+				break
+			}
+		}
+		if !changed {
+			return nil
+		}
 	}
-	return nil
 }
 
 // Release returns to the upstream every upstream block that is wholly free; an expandable pool
@@ -818,22 +1020,29 @@ func (p *PoolMemoryResource) syncAll() error {
 // growth maps memory there again). It first waits (on the host) for the work behind every free —
 // an unmap does not wait for the device, and memory still in use would kill the context — then
 // merges all free lists into the default stream's, so that a block freed in pieces on several
-// streams counts as wholly free.
+// streams counts as wholly free. The waits and the frees (unmaps) are made with the pool
+// unlocked: other goroutines allocate and free meanwhile (an allocation that needs to grow waits
+// for the Release to end), and memory freed during the Release stays in the pool.
 func (p *PoolMemoryResource) Release() error {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if p.closed {
 		return nil
 	}
-	_, err := p.releaseWhole()
+	p.acquireBusy()
+	defer p.releaseBusy()
+	if p.closed {
+		return nil
+	}
+	_, err := p.releaseWhole(false)
 	return err
 }
 
 // mergeAllSynced waits for the work behind every free and merges every list into the default
-// stream's, which it returns.
-func (p *PoolMemoryResource) mergeAllSynced() (*freeList, error) {
+// stream's, which it returns (pool locked, busy token held; see syncAll for hold).
+func (p *PoolMemoryResource) mergeAllSynced(hold bool) (*freeList, error) {
 	p.flushCaches()
-	if err := p.syncAll(); err != nil {
+	if err := p.syncAll(hold); err != nil {
 		return nil, fmt.Errorf("PoolMemoryResource: waiting for the streams: %w", err)
 	}
 	def, err := p.listFor(DefaultStream)
@@ -843,34 +1052,60 @@ func (p *PoolMemoryResource) mergeAllSynced() (*freeList, error) {
 	for _, o := range append([]*freeList(nil), p.lists...) {
 		if o != def {
 			p.mergeInto(def, o)
-			p.dropList(o)
+			if o.pins == 0 {
+				p.dropList(o)
+			}
 		}
 	}
 	return def, nil
 }
 
 // releaseWhole synchronises, merges every list into the default stream's list and returns the
-// wholly free upstream blocks (expandable: chunks); it returns that list.
-func (p *PoolMemoryResource) releaseWhole() (*freeList, error) {
-	def, err := p.mergeAllSynced()
+// wholly free upstream blocks (expandable: chunks); it returns that list. Pool locked, busy token
+// held; without hold the upstream's frees are made unlocked, the blocks out of every list
+// meanwhile (still counted in the pool's size: nothing grows until the token is released).
+func (p *PoolMemoryResource) releaseWhole(hold bool) (*freeList, error) {
+	def, err := p.mergeAllSynced(hold)
 	if err != nil {
 		return nil, err
 	}
 	if p.exp != nil {
-		return def, p.releaseChunks(def, -1)
+		return def, p.releaseChunks(def, -1, hold)
 	}
-	var firstErr error
 	var whole []*block
 	def.each(func(b *block) {
 		if b.prev == nil && b.next == nil { // no neighbour: the whole upstream allocation
 			whole = append(whole, b)
 		}
 	})
-	for _, b := range whole {
-		if err := p.returnUpstream(b); err != nil && firstErr == nil {
-			firstErr = err
-		}
+	if len(whole) == 0 {
+		return def, nil
 	}
+	for _, b := range whole {
+		def.remove(b)
+	}
+	p.pin(def)
+	p.unlockUnless(hold)
+	errs := make([]error, len(whole))
+	for i, b := range whole {
+		errs[i] = p.upstream.Deallocate(b.addr, b.size, DefaultStream)
+	}
+	p.relockUnless(hold)
+	p.unpin(def)
+	var firstErr error
+	for i, b := range whole {
+		if errs[i] != nil {
+			if firstErr == nil {
+				firstErr = fmt.Errorf("PoolMemoryResource: returning %d bytes at %#x to %s: %w", b.size, uintptr(b.addr), resourceName(p.upstream), errs[i])
+			}
+			p.freeInto(def, b) // stays in the pool, whole and free (its work was waited for)
+			continue
+		}
+		delete(p.upstreams, b.addr)
+		p.size -= b.size
+		p.recycle(b)
+	}
+	p.sizeAtomic.Store(int64(p.size))
 	return def, firstErr
 }
 
@@ -898,14 +1133,25 @@ func (p *PoolMemoryResource) Close() error {
 	if p.closed {
 		return nil
 	}
+	// Close keeps the lock through its synchronisation and frees: it ends the pool, and
+	// everything after it must see the pool closed. It waits for growths, releases and takes in
+	// flight first.
+	p.acquireBusy()
+	defer p.releaseBusy()
+	for p.pinned > 0 || p.merging > 0 {
+		p.wait()
+	}
+	if p.closed {
+		return nil
+	}
 	p.dropCaches() // blocks handed out by caches outlive Close in the live table
-	def, err := p.releaseWhole()
+	def, err := p.releaseWhole(true)
 	if def == nil {
 		return fmt.Errorf("PoolMemoryResource.Close: %w", err)
 	}
 	for _, l := range p.lists {
 		if l.event != 0 {
-			cuEventDestroy(p.ctx, l.event)
+			p.drv.eventDestroy(p.ctx, l.event)
 			l.event = 0
 		}
 		l.lazy, l.dirty = false, false
@@ -934,11 +1180,11 @@ func (p *PoolMemoryResource) deallocateAfterClose(b *block, s StreamView) error 
 	switch {
 	case p.ctx == 0:
 	case s.closed():
-		if err := cuCtxSynchronize(p.ctx); err != nil {
+		if err := p.drv.ctxSynchronize(p.ctx); err != nil {
 			return fmt.Errorf("PoolMemoryResource.Deallocate after Close, on closed %v: %w", s, err)
 		}
 	default:
-		if err := cuStreamSynchronize(p.ctx, s.cu()); err != nil {
+		if err := p.drv.streamSynchronize(p.ctx, s.cu()); err != nil {
 			return fmt.Errorf("PoolMemoryResource.Deallocate after Close: synchronising %v: %w", s, err)
 		}
 	}
@@ -946,7 +1192,7 @@ func (p *PoolMemoryResource) deallocateAfterClose(b *block, s StreamView) error 
 	p.liveBytes -= b.size
 	b = p.freeInto(p.closedList, b)
 	if p.exp != nil {
-		if err := p.releaseChunks(p.closedList, -1); err != nil {
+		if err := p.releaseChunks(p.closedList, -1, true); err != nil {
 			return err
 		}
 		return p.freeReservation()

@@ -86,11 +86,13 @@ func (p *PoolMemoryResource) Stats() PoolStats {
 // counts that match) and its blocks are free and name it; the live map holds exactly the allocated blocks, each 256-aligned and
 // rounded; each upstream allocation is one chain of blocks linked to their address neighbours,
 // covering it exactly, and together they hold every block; free bytes plus live bytes equal
-// PoolSize; and no two neighbours are free in the same list (coalescing is complete). It takes
-// O(n log n) time and is meant for tests.
+// PoolSize; and no two neighbours are free in the same list (coalescing is complete). It first
+// waits for growths, releases and cross-stream takes in flight to end. It takes O(n log n) time
+// and is meant for tests.
 func (p *PoolMemoryResource) CheckInvariants() error {
 	p.mu.Lock()
 	defer p.mu.Unlock()
+	p.quiesce() // blocks in flight between lists are in none
 	all := map[DevicePtr]*block{}
 	freeBytes := 0
 	for _, l := range p.lists {

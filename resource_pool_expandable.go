@@ -121,6 +121,13 @@ func (e *expandable) chunkSize(need, size int) int {
 // growExpandable maps new memory so that a free block of at least n bytes exists in list l (all
 // other lists were merged into l before), and returns that block out of every list. With exact it
 // maps only what n needs (the initial size), else a chunk of the growth policy's size.
+//
+// Pool locked, busy token held (nothing else maps, unmaps or changes the holes and the end of the
+// chain), l pinned. The chunk is created and mapped unlocked, then linked in: the free
+// neighbours it was sized to extend may have been taken (or freed into another list) meanwhile,
+// so the new memory is freed into l, coalescing with whatever is free there now, and when the
+// result is still smaller than n it stays there and growExpandable returns nil, nil: the caller
+// searches again.
 func (p *PoolMemoryResource) growExpandable(n int, l *freeList, exact bool) (*block, error) {
 	e := p.exp
 	if n > p.maximum {
@@ -181,15 +188,19 @@ func (p *PoolMemoryResource) growExpandable(n int, l *freeList, exact bool) (*bl
 	if exact {
 		k = kNeed
 	}
-	nb, err := p.mapChunk(e.top, k)
+	at, size := e.top, p.size
+	p.mu.Unlock()
+	h, err := p.mapChunkUnlocked(at, k, size)
 	for err != nil && errors.Is(err, ErrOutOfMemory) && k > kNeed {
 		// Not enough memory for the whole step: halve it, down to what the request needs.
 		k = max(kNeed, (k/2+e.gran-1)/e.gran*e.gran)
-		nb, err = p.mapChunk(e.top, k)
+		h, err = p.mapChunkUnlocked(at, k, size)
 	}
+	p.mu.Lock()
 	if err != nil {
 		return nil, p.growErr(n, k, err)
 	}
+	nb := p.addChunk(at, k, h)
 	nb.prev = e.tail
 	if e.tail != nil {
 		e.tail.next = nb
@@ -201,18 +212,32 @@ func (p *PoolMemoryResource) growExpandable(n int, l *freeList, exact bool) (*bl
 	return p.takeGrown(nb, n, l)
 }
 
-// mapChunk creates k bytes of physical memory, maps them at addr and grants access; it returns
-// a new unlinked block over them (not free yet). On failure nothing is left mapped or created.
+// mapChunk creates k bytes of physical memory, maps them at addr and grants access, unlocking the
+// pool around those calls (busy token held); it returns a new unlinked block over them (not free
+// yet). On failure nothing is left mapped or created.
 func (p *PoolMemoryResource) mapChunk(addr DevicePtr, k int) (*block, error) {
+	size := p.size
+	p.mu.Unlock()
+	h, err := p.mapChunkUnlocked(addr, k, size)
+	p.mu.Lock()
+	if err != nil {
+		return nil, err
+	}
+	return p.addChunk(addr, k, h), nil
+}
+
+// mapChunkUnlocked makes the driver calls of mapChunk (pool unlocked; size is the pool's size,
+// for messages) and returns the chunk's handle.
+func (p *PoolMemoryResource) mapChunkUnlocked(addr DevicePtr, k, size int) (vmmHandle, error) {
 	e := p.exp
 	h, err := e.vm.create(k)
 	if err != nil {
-		DebugLogger().Debug("rmm: PoolMemoryResource (expandable) failed to create a chunk", "bytes", k, "pool_size", p.size, "err", err)
-		return nil, err
+		DebugLogger().Debug("rmm: PoolMemoryResource (expandable) failed to create a chunk", "bytes", k, "pool_size", size, "err", err)
+		return 0, err
 	}
 	if err := e.vm.mapAt(addr, k, h); err != nil {
 		e.vm.release(h)
-		return nil, fmt.Errorf("PoolMemoryResource (expandable): mapping %d bytes at %#x: %w", k, uintptr(addr), err)
+		return 0, fmt.Errorf("PoolMemoryResource (expandable): mapping %d bytes at %#x: %w", k, uintptr(addr), err)
 	}
 	if err := e.vm.setAccess(addr, k); err != nil {
 		if uerr := e.vm.unmap(addr, k); uerr != nil {
@@ -223,8 +248,15 @@ func (p *PoolMemoryResource) mapChunk(addr DevicePtr, k int) (*block, error) {
 		} else {
 			e.vm.release(h)
 		}
-		return nil, fmt.Errorf("PoolMemoryResource (expandable): granting access to %d bytes at %#x: %w", k, uintptr(addr), err)
+		return 0, fmt.Errorf("PoolMemoryResource (expandable): granting access to %d bytes at %#x: %w", k, uintptr(addr), err)
 	}
+	return h, nil
+}
+
+// addChunk records the chunk h of k bytes just mapped at addr (pool locked) and returns a new
+// unlinked block over it (not free yet).
+func (p *PoolMemoryResource) addChunk(addr DevicePtr, k int, h vmmHandle) *block {
+	e := p.exp
 	i := sort.Search(len(e.chunks), func(i int) bool { return e.chunks[i].addr > addr })
 	e.chunks = slices.Insert(e.chunks, i, vmChunk{addr: addr, size: k, h: h})
 	p.size += k
@@ -232,7 +264,7 @@ func (p *PoolMemoryResource) mapChunk(addr DevicePtr, k int) (*block, error) {
 	p.peakSize = max(p.peakSize, p.size)
 	b := p.newBlock(addr, k)
 	b.free = false
-	return b, nil
+	return b
 }
 
 // growErr is the error of a failed growth by k bytes for an n-byte request.
@@ -284,11 +316,12 @@ func (p *PoolMemoryResource) relink(old, nb *block) {
 }
 
 // takeGrown frees the fresh block nb into l (coalescing with free neighbours) and takes the
-// resulting block, which holds at least n bytes, out of l.
+// resulting block out of l when it holds at least n bytes; else (the neighbours it was sized to
+// extend were taken while the pool was unlocked) it leaves it there and returns nil.
 func (p *PoolMemoryResource) takeGrown(nb *block, n int, l *freeList) (*block, error) {
 	b := p.freeInto(l, nb)
 	if b.size < n {
-		return nil, fmt.Errorf("rmm: PoolMemoryResource (expandable): internal error: grew to a block of %d bytes for a request of %d", b.size, n)
+		return nil, nil
 	}
 	l.remove(b)
 	return b, nil
@@ -298,29 +331,49 @@ func (p *PoolMemoryResource) takeGrown(nb *block, n int, l *freeList) (*block, e
 // list def, into which every other list was merged after the streams' work behind the frees was
 // waited for. With limit ≥ 0 it stops once at most limit bytes are free, giving back the chunks at
 // the highest addresses first. Each chunk given back becomes a hole in the chain (or, at the end,
-// shortens it).
-func (p *PoolMemoryResource) releaseChunks(def *freeList, limit int) error {
+// shortens it). Pool locked, busy token held (or the pool closed); without hold the unmaps are
+// made unlocked, the free blocks holding the chunks out of every list meanwhile (still counted in
+// the pool's size).
+func (p *PoolMemoryResource) releaseChunks(def *freeList, limit int, hold bool) error {
 	e := p.exp
 	type cand struct {
-		i int
+		c vmChunk
 		b *block // the free block holding the chunk
 	}
 	var cands []cand
 	def.each(func(b *block) {
 		for i := e.firstChunkIn(b); i < len(e.chunks) && e.chunks[i].end() <= b.end(); i++ {
-			cands = append(cands, cand{i, b})
+			cands = append(cands, cand{e.chunks[i], b})
 		}
 	})
 	// Highest address first: carving a chunk out of a free block leaves the block's lower part
 	// (with its lower chunks) in the same block.
-	sort.Slice(cands, func(x, y int) bool { return cands[x].i > cands[y].i })
-	var firstErr error
-	released := map[int]bool{}
-	for _, c := range cands {
-		if limit >= 0 && p.size-p.liveBytes <= limit {
+	sort.Slice(cands, func(x, y int) bool { return cands[x].c.addr > cands[y].c.addr })
+	free := p.size - p.liveBytes
+	for i, c := range cands {
+		if limit >= 0 && free <= limit {
+			cands = cands[:i]
 			break
 		}
-		ch := e.chunks[c.i]
+		free -= c.c.size
+	}
+	if len(cands) == 0 {
+		return nil
+	}
+	// The blocks holding the chunks, highest first, out of def while the pool is unlocked.
+	var blocks []*block
+	for _, c := range cands {
+		if len(blocks) == 0 || blocks[len(blocks)-1] != c.b {
+			blocks = append(blocks, c.b)
+			def.remove(c.b)
+		}
+	}
+	p.pin(def)
+	p.unlockUnless(hold)
+	var firstErr error
+	unmapped := make([]bool, len(cands))
+	for i, c := range cands {
+		ch := c.c
 		if err := e.vm.unmap(ch.addr, ch.size); err != nil {
 			if firstErr == nil {
 				firstErr = fmt.Errorf("PoolMemoryResource (expandable): unmapping %d bytes at %#x: %w", ch.size, uintptr(ch.addr), err)
@@ -330,14 +383,29 @@ func (p *PoolMemoryResource) releaseChunks(def *freeList, limit int) error {
 		if err := e.vm.release(ch.h); err != nil && firstErr == nil {
 			firstErr = fmt.Errorf("PoolMemoryResource (expandable): releasing the chunk at %#x: %w", uintptr(ch.addr), err)
 		}
-		released[c.i] = true
-		p.size -= ch.size
-		p.carveHole(def, c.b, ch.addr, ch.size)
+		unmapped[i] = true
+	}
+	p.relockUnless(hold)
+	p.unpin(def)
+	// Back into def, coalescing with what was freed meanwhile, and the chunks given back carved
+	// out as holes: block by block from the highest, each block's chunks from the highest.
+	released := map[DevicePtr]bool{}
+	i := 0
+	for _, b := range blocks {
+		nb := p.freeInto(def, b)
+		for ; i < len(cands) && cands[i].b == b; i++ {
+			if unmapped[i] {
+				ch := cands[i].c
+				released[ch.addr] = true
+				p.size -= ch.size
+				p.carveHole(def, nb, ch.addr, ch.size)
+			}
+		}
 	}
 	if len(released) > 0 {
 		kept := e.chunks[:0]
-		for i, c := range e.chunks {
-			if !released[i] {
+		for _, c := range e.chunks {
+			if !released[c.addr] {
 				kept = append(kept, c)
 			}
 		}
@@ -414,9 +482,18 @@ func (p *PoolMemoryResource) trimIfOver(b *block) error {
 	if e.trimAt == 0 || free <= e.threshold || (free <= e.trimAt && !p.holdsChunk(b)) {
 		return nil
 	}
-	def, err := p.mergeAllSynced()
+	if p.busy {
+		// A growth (which needs the memory) or a release (which gives it back) is in flight:
+		// the free after it that is still past the level trims.
+		return nil
+	}
+	p.busy = true
+	defer p.releaseBusy()
+	def, err := p.mergeAllSynced(false)
 	if err == nil {
-		err = p.releaseChunks(def, e.threshold)
+		p.pin(def)
+		err = p.releaseChunks(def, e.threshold, false)
+		p.unpin(def)
 	}
 	e.resetTrim(p.size - p.liveBytes)
 	if err != nil {
