@@ -1083,8 +1083,12 @@ func (r *ArenaMemoryResource) defragment() error {
 // name it as pending ignore it from then on, so nothing refers to the dead handle.
 func (r *ArenaMemoryResource) streamClosing(s StreamView) {
 	// streamsMu orders this after a streamArena or streamRec that registered the hook but has
-	// not stored the arena or record yet.
+	// not stored the arena or record yet. It is held until the superblocks are in the global
+	// arena: lockArenas (Stats, CheckInvariants, Release) finds the arenas under it, and would
+	// otherwise miss the superblocks of an arena already dropped from r.streams and not yet
+	// emptied.
 	r.streamsMu.Lock()
+	defer r.streamsMu.Unlock()
 	v, ok := r.streams.LoadAndDelete(s.id)
 	xv, xok := r.recs.LoadAndDelete(s.id)
 	if ok {
@@ -1095,7 +1099,6 @@ func (r *ArenaMemoryResource) streamClosing(s StreamView) {
 		// them after its drop below.
 		r.lazyRecs.Store(r.lazyRecs.Load().without(s.id))
 	}
-	r.streamsMu.Unlock()
 	var a *arenaSet
 	if ok {
 		a = v.(*arenaSet)

@@ -141,12 +141,13 @@ func NewPrefetchResourceAdaptor(upstream MemoryResource) (*PrefetchResourceAdapt
 // unchanged; a driver error of the prefetch, or of the question whether the memory is managed, is
 // returned after the memory was given back to the upstream. A view of a closed Stream returns an
 // error wrapping ErrClosed without calling the upstream (its handle is gone: nothing may be queued
-// on it). A negative size returns an error wrapping ErrInvalidArgument.
+// on it), except for a size of 0, which returns (0, nil) on any stream as MemoryResource says.
+// A negative size returns an error wrapping ErrInvalidArgument.
 func (r *PrefetchResourceAdaptor) Allocate(nbytes int, s StreamView) (DevicePtr, error) {
 	if nbytes < 0 {
 		return 0, invalidSize("PrefetchResourceAdaptor", "Allocate", nbytes)
 	}
-	if s.closed() {
+	if nbytes > 0 && s.closed() {
 		// Checked whatever the mode, so that the answer does not depend on the machine.
 		return 0, errStreamClosed("PrefetchResourceAdaptor.Allocate", s)
 	}

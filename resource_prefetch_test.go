@@ -288,3 +288,21 @@ func TestPrefetchClosedStream(t *testing.T) {
 	_, err = r.Allocate(4096, v)
 	require.True(t, errors.Is(err, ErrClosed), "%v", err)
 }
+
+// Allocate(0) returns (0, nil) on a closed Stream too, as on any stream (MemoryResource's
+// contract), in every mode.
+func TestPrefetchZeroBytesOnClosedStream(t *testing.T) {
+	st, err := NewStream(CurrentDevice(), nil)
+	require.NoError(t, err)
+	v := st.View()
+	require.NoError(t, st.Close())
+	for _, mode := range []prefetchMode{prefetchNever, prefetchAlways, prefetchIfManaged} {
+		d := &pfDriver{}
+		r := pfAdaptor(newAdpScriptUpstream(), mode, d)
+		p, err := r.Allocate(0, v)
+		require.NoError(t, err, "mode %v", mode)
+		require.Zero(t, p, "mode %v", mode)
+		require.Empty(t, d.prefetches)
+		require.Empty(t, d.queries)
+	}
+}

@@ -52,9 +52,10 @@
 //     memory allocated on a Stream (and on DefaultStream) is freed on the Stream's view after the
 //     Stream was closed, and memory allocated on it on another Stream; each free returns nil. FreeThenReuse: memory freed on a Stream that
 //     is then closed is allocated and freed again on DefaultStream and on another Stream.
-//     AllocateOnClosed: Allocate on a closed Stream returns 0 and an error wrapping
-//     rmm.ErrClosed and changes nothing (or, when Options.IgnoresStreams is set, succeeds or
-//     fails so), and the resource keeps working. ForeignHandle: memory is allocated and freed on
+//     AllocateOnClosed: Allocate(0) on a closed Stream returns (0, nil) and changes nothing;
+//     Allocate of more on it returns 0 and an error wrapping rmm.ErrClosed and changes nothing
+//     (or, when Options.IgnoresStreams is set, succeeds or fails so), and the resource keeps
+//     working. ForeignHandle: memory is allocated and freed on
 //     a view made with rmm.NewStreamView from a Stream's handle, the Stream is then closed (its
 //     handle destroyed), other streams allocate and free, and the resource is released and torn
 //     down; on a GPU a later use of the handle crashes or is reported by compute-sanitizer.
