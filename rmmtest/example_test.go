@@ -55,6 +55,11 @@ func (r *BumpResource) Allocate(nbytes int, s rmm.StreamView) (rmm.DevicePtr, er
 }
 
 // Deallocate frees p; the block goes back to the upstream, ordered on s, when nothing is live.
+// That free is ordered after s only: pieces used and freed on other streams may still have work
+// queued there. Over an upstream that ignores streams (the default: CudaMemoryResource or
+// SystemMemoryResource) that does not matter; over a stream-ordered one (a pool, the driver's
+// async allocator) the resource is the caller of rmm.MemoryResource's contract and must first
+// make s wait for those streams (an rmm.Event recorded on each at its free, StreamView.WaitEvent).
 func (r *BumpResource) Deallocate(p rmm.DevicePtr, nbytes int, s rmm.StreamView) error {
 	if p == 0 {
 		return nil
