@@ -4,10 +4,14 @@
 // stream-ordered memory resources, and stack adaptors on them:
 //
 //   - Resources: CudaMemoryResource (cuMemAlloc), ManagedMemoryResource (cuMemAllocManaged),
-//     CudaAsyncMemoryResource (the driver's stream-ordered pools), SystemMemoryResource (host
-//     memory), SimulatedMemoryResource (addresses without memory, for replaying and testing), and
-//     PoolMemoryResource, a coalescing best-fit sub-allocator whose allocations cost nanoseconds
-//     instead of the driver's tens of microseconds.
+//     CudaAsyncMemoryResource (the driver's stream-ordered pools) and CudaAsyncViewMemoryResource
+//     (a view of an existing one), SystemMemoryResource (host memory), PinnedMemoryResource
+//     (page-locked host memory), SamHeadroomMemoryResource, CallbackMemoryResource (your
+//     functions), SimulatedMemoryResource (addresses without memory, for replaying and testing).
+//   - Sub-allocators, whose allocations cost nanoseconds instead of the driver's tens of
+//     microseconds: PoolMemoryResource (coalescing best fit; expandable with
+//     PoolOptions.Expandable), ArenaMemoryResource (per-stream arenas of superblocks),
+//     FixedSizeMemoryResource and BinningMemoryResource.
 //   - Adaptors: LoggingResourceAdaptor writes RMM's CSV event log, which ReadLog reads back and
 //     Replay (and the rmm-replay command) replays against any resource.
 //     StatisticsResourceAdaptor counts current, peak and total bytes on a stack of levels

@@ -48,6 +48,10 @@ const Alignment = 256
 // Optional behaviour is discovered by type assertion, as io.WriterTo is: Releaser (give unused
 // memory back), Upstreamer (adaptors and sub-allocators), Accessible (where the memory can be
 // touched), DeviceResource (the device the resource belongs to).
+//
+// A resource written in another package is held to this contract by the conformance suite of
+// package github.com/gormm/rmm/rmmtest (rmmtest.Run in a test, rmmtest.Check elsewhere); the
+// Event example shows a caller ordering a free on another stream.
 type MemoryResource interface {
 	Allocate(nbytes int, s StreamView) (DevicePtr, error)
 	Deallocate(p DevicePtr, nbytes int, s StreamView) error

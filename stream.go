@@ -113,7 +113,9 @@ func (s StreamView) Synchronize() error {
 	return cuStreamSynchronize(ctx, s.cu())
 }
 
-// Query reports whether all work queued on s is done (cuStreamQuery).
+// Query reports whether all work queued on s is done (cuStreamQuery). Without CUDA it reports
+// true. A view of a closed Stream returns false and ErrClosed, without calling the driver (a
+// resource of another package can tell such a view this way).
 func (s StreamView) Query() (bool, error) {
 	if s.closed() {
 		return false, errStreamClosed("Query", s)
@@ -129,7 +131,7 @@ func (s StreamView) Query() (bool, error) {
 }
 
 // WaitEvent makes all work queued on s after this call wait until e has completed
-// (cuStreamWaitEvent); the host does not block.
+// (cuStreamWaitEvent); the host does not block. A view of a closed Stream returns ErrClosed.
 func (s StreamView) WaitEvent(e *Event) error {
 	if s.closed() {
 		return errStreamClosed("WaitEvent", s)

@@ -55,6 +55,11 @@ func (r *BumpResource) Allocate(nbytes int, s rmm.StreamView) (rmm.DevicePtr, er
 }
 
 // Deallocate frees p; the block goes back to the upstream, ordered on s, when nothing is live.
+// That free is ordered after s only: pieces used and freed on other streams may still have work
+// queued there. Over an upstream that ignores streams (the default: CudaMemoryResource or
+// SystemMemoryResource) that does not matter; over a stream-ordered one (a pool, the driver's
+// async allocator) the resource is the caller of rmm.MemoryResource's contract and must first
+// make s wait for those streams (an rmm.Event recorded on each at its free, StreamView.WaitEvent).
 func (r *BumpResource) Deallocate(p rmm.DevicePtr, nbytes int, s rmm.StreamView) error {
 	if p == 0 {
 		return nil
@@ -85,16 +90,18 @@ func (r *BumpResource) Access() rmm.Access { return rmm.AccessOf(r.upstream) }
 //	func TestBumpResource(t *testing.T) {
 //		rmmtest.Run(t, func(t *testing.T, upstream rmm.MemoryResource) rmm.MemoryResource {
 //			return NewBumpResource(upstream, 256<<20)
-//		}, &rmmtest.Options{DetectsInvalidFree: true, IgnoresStreams: true, MaxAllocationSize: 256 << 10, Capacity: 256 << 20})
+//		}, &rmmtest.Options{DetectsInvalidFree: true, IgnoresStreams: true, MaxAllocationSize: 256 << 10, Capacity: 256 << 20, MayRunOutOfMemory: true})
 //	}
 //
 // Check runs the same checks without a testing.T. The bump allocator never reuses memory while
-// anything is live, so it declares a capacity: allocations may then run out of memory. It does not
-// look at streams (it hands out memory on a closed Stream too), so it declares IgnoresStreams.
+// anything is live, so it declares a capacity and MayRunOutOfMemory: it can run out with far less
+// than its capacity live (without MayRunOutOfMemory a smaller Size, such as 4 MiB, fails the
+// checklist's MixedAllocFree). It does not look at streams (it hands out memory on a closed Stream
+// too), so it declares IgnoresStreams.
 func ExampleCheck() {
 	err := rmmtest.Check(func(upstream rmm.MemoryResource) (rmm.MemoryResource, error) {
 		return NewBumpResource(upstream, 256<<20), nil
-	}, &rmmtest.Options{DetectsInvalidFree: true, IgnoresStreams: true, MaxAllocationSize: 256 << 10, Capacity: 256 << 20})
+	}, &rmmtest.Options{DetectsInvalidFree: true, IgnoresStreams: true, MaxAllocationSize: 256 << 10, Capacity: 256 << 20, MayRunOutOfMemory: true})
 	if err != nil {
 		fmt.Println(err)
 	}

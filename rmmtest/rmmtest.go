@@ -163,7 +163,11 @@ type Options struct {
 	// inside a live allocation and one the resource holds free), for a double free, and for a
 	// size other than the one allocated (even one that rounds to the same 256 bytes). Default
 	// false: no invalid frees are attempted (a resource over the CUDA driver passes them to the
-	// driver, which may not detect them).
+	// driver, which may not detect them). An adaptor that forwards every free to the upstream it
+	// was given does not detect them, even when that upstream would: the suite's recording
+	// upstream reports a free of memory it did not hand out as a failure ("upstream misused").
+	// Declare it for such an adaptor only when newResource builds the detecting resource under
+	// it (e.g. a pool over the upstream).
 	DetectsInvalidFree bool
 
 	// MaxAllocationSize is the largest size, in bytes, the suite asks for in its random
@@ -215,7 +219,11 @@ type Options struct {
 	// (rmm.SystemMemoryResource, rmm.CudaMemoryResource, ... and adaptors over them): Allocate on
 	// a view of a Stream that was closed may then succeed, as on any stream, or fail with
 	// rmm.ErrClosed. Default false: such an Allocate must return 0 and an error wrapping
-	// rmm.ErrClosed, and change nothing.
+	// rmm.ErrClosed, and change nothing. An adaptor that hands the stream on inherits this from
+	// what is under it: declare it when the upstream ignores streams (the default upstream,
+	// rmm.CurrentDeviceResource(), does unless the program set a pool or another stream-ordered
+	// resource there). A resource that keeps per-stream state can tell a view of a closed
+	// Stream by StreamView.Query's error wrapping rmm.ErrClosed.
 	IgnoresStreams bool
 
 	// OrdersCrossStreamFrees declares that the resource itself orders a free on one stream after
