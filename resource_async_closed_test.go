@@ -1,6 +1,7 @@
 package rmm
 
 import (
+	"errors"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -28,5 +29,27 @@ func TestAsyncResourcesRefuseClosedStream(t *testing.T) {
 		require.NoError(t, err, name)
 		require.Zero(t, p, name)
 		require.NoError(t, mr.Deallocate(0, 0, s), name)
+	}
+}
+
+// Event.Record on a closed Stream's view returns ErrClosed, as WaitEvent does: its handle may
+// already name another stream.
+func TestEventRecordClosedStream(t *testing.T) {
+	s, err := NewStream(0, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	v := s.View()
+	e, err := NewEvent(0, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer e.Close()
+	if err := e.Record(v); err != nil {
+		t.Fatalf("Record on a live Stream: %v", err)
+	}
+	s.Close()
+	if err := e.Record(v); !errors.Is(err, ErrClosed) {
+		t.Fatalf("Record on a closed Stream = %v, want ErrClosed", err)
 	}
 }

@@ -74,10 +74,12 @@ func (r *LimitingResourceAdaptor) Allocate(nbytes int, s StreamView) (DevicePtr,
 	c := int64(charge)
 	for {
 		cur := r.allocated.Load()
-		// The counter never exceeds the limit, so limit − cur cannot overflow, and comparing the
-		// charge with it (rather than cur + c with the limit) cannot wrap for a huge charge. The
+		// Comparing the charge with limit − cur (rather than cur + c with the limit) cannot wrap
+		// for a huge charge. The counter never exceeds the limit, but it can go below zero when a
+		// caller frees with a larger size than it allocated and the upstream accepts that (as
+		// the tracking and aligned adaptors do); cur > limit − c then still cannot overflow. The
 		// charge is only added when it fits: a refused one is never visible to others.
-		if c > r.limit-cur {
+		if c > r.limit || cur > r.limit-c {
 			return 0, r.limitError(nbytes, charge, false, cur)
 		}
 		if r.allocated.CompareAndSwap(cur, cur+c) {

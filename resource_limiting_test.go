@@ -457,3 +457,34 @@ func TestLimitingOutOfMemoryError(t *testing.T) {
 	require.Zero(t, r2.AllocatedBytes())
 	adpFree(t, r, p, 700_000)
 }
+
+// A free with a larger size than allocated, which an upstream that does not check sizes accepts,
+// takes the count below zero; the limit check must still not overflow, so that under a limit of
+// MaxInt a later allocation is not refused.
+func TestLimitingNegativeCountDoesNotOverflow(t *testing.T) {
+	up, err := NewTrackingResourceAdaptor(NewSystemMemoryResource(), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	lim, err := NewLimitingResourceAdaptor(up, math.MaxInt, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p, err := lim.Allocate(1, DefaultStream)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := lim.Deallocate(p, 1<<20, DefaultStream); err != nil {
+		t.Fatal(err)
+	}
+	if got := lim.AllocatedBytes(); got >= 0 {
+		t.Fatalf("AllocatedBytes = %d after a free larger than the allocation, want below zero (the test relies on it)", got)
+	}
+	q, err := lim.Allocate(1, DefaultStream)
+	if err != nil {
+		t.Fatalf("Allocate(1) under a limit of MaxInt with the count below zero: %v", err)
+	}
+	if err := lim.Deallocate(q, 1, DefaultStream); err != nil {
+		t.Fatal(err)
+	}
+}

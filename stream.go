@@ -371,10 +371,17 @@ func (e *Event) usable(op string) error {
 	return nil
 }
 
-// Record captures the work queued on s so far (cuEventRecord).
+// Record captures the work queued on s so far (cuEventRecord). A view of a closed Stream returns
+// ErrClosed (its handle may already name another stream).
 func (e *Event) Record(s StreamView) error {
-	if err := e.usable("Record"); err != nil || e.host {
+	if err := e.usable("Record"); err != nil {
 		return err
+	}
+	if s.closed() {
+		return errStreamClosed("Event.Record", s)
+	}
+	if e.host {
+		return nil
 	}
 	return cuEventRecord(e.ctx, e.h, s.cu())
 }
