@@ -42,7 +42,9 @@ const Alignment = 256
 //     Deallocate on it as a free on DefaultStream after waiting for the device
 //     (cuCtxSynchronize); resources that ignore the stream (SystemMemoryResource,
 //     CudaMemoryResource, ManagedMemoryResource, PinnedMemoryResource) accept it as any other.
-//     Adaptors hand the view on as it is.
+//     Adaptors hand the view on as it is, except PrefetchResourceAdaptor, which would prefetch on
+//     it and so refuses a non-zero Allocate with ErrClosed. StreamView.Closed tells such a view
+//     without a driver call.
 //   - Both are safe for concurrent use by many goroutines.
 //
 // Optional behaviour is discovered by type assertion, as io.WriterTo is: Releaser (give unused

@@ -53,3 +53,24 @@ func TestEventRecordClosedStream(t *testing.T) {
 		t.Fatalf("Record on a closed Stream = %v, want ErrClosed", err)
 	}
 }
+
+// StreamView.Closed tells a view of a closed Stream, and only that.
+func TestStreamViewClosed(t *testing.T) {
+	s, err := NewStream(0, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	v := s.View()
+	if v.Closed() || DefaultStream.Closed() {
+		t.Fatalf("Closed() before Close: stream %v, default %v; want false", v.Closed(), DefaultStream.Closed())
+	}
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if !v.Closed() {
+		t.Fatal("Closed() = false after Stream.Close")
+	}
+	if DefaultStream.Closed() {
+		t.Fatal("DefaultStream.Closed() = true")
+	}
+}

@@ -84,6 +84,12 @@ func (s StreamView) String() string {
 	}
 }
 
+// Closed reports whether s is a view of a Stream that has been closed (Stream.Close). It makes no
+// driver call (one map lookup), so a MemoryResource can ask it on every call before it hands s's
+// handle to the driver; DefaultStream and views made with NewStreamView report false (the
+// package cannot know when a foreign stream is destroyed).
+func (s StreamView) Closed() bool { return s.closed() }
+
 // closed reports whether s is a view of one of our Streams that has been closed.
 func (s StreamView) closed() bool {
 	if s.id&ownedStreamBit == 0 {
@@ -228,9 +234,9 @@ func (s *Stream) Synchronize() error { return s.view.Synchronize() }
 // Close tells every resource holding free memory ordered on the stream (so that it records an
 // event while the stream still exists), then destroys the stream (cuStreamDestroy; queued work
 // still completes). Closing twice returns nil. Afterwards the stream's views must not be used
-// for new work: StreamView's methods and the Allocate of PoolMemoryResource,
-// ArenaMemoryResource, FixedSizeMemoryResource, CudaAsyncMemoryResource and
-// CudaAsyncViewMemoryResource return ErrClosed for them (resources that do not order on streams,
+// for new work: StreamView's Synchronize, Query and WaitEvent, Event.Record and the Allocate of
+// PoolMemoryResource, ArenaMemoryResource, FixedSizeMemoryResource, CudaAsyncMemoryResource,
+// CudaAsyncViewMemoryResource and PrefetchResourceAdaptor return ErrClosed for them (resources that do not order on streams,
 // such as SystemMemoryResource and CudaMemoryResource, ignore the stream), and those resources
 // treat a free on them as a free on DefaultStream after synchronising the device, never passing
 // the destroyed handle to the driver. A pool moves the closed stream's free blocks, its cached

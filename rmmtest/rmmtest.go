@@ -222,8 +222,8 @@ type Options struct {
 	// rmm.ErrClosed, and change nothing. An adaptor that hands the stream on inherits this from
 	// what is under it: declare it when the upstream ignores streams (the default upstream,
 	// rmm.CurrentDeviceResource(), does unless the program set a pool or another stream-ordered
-	// resource there). A resource that keeps per-stream state can tell a view of a closed
-	// Stream by StreamView.Query's error wrapping rmm.ErrClosed.
+	// resource there). A resource can tell a view of a closed Stream with StreamView.Closed,
+	// which makes no driver call.
 	IgnoresStreams bool
 
 	// OrdersCrossStreamFrees declares that the resource itself orders a free on one stream after
