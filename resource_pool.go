@@ -294,8 +294,9 @@ func (p *PoolMemoryResource) MaximumPoolSize() int { return p.maximum }
 // pool's live allocations are then as they were, though other streams' free lists may have been
 // merged into s's (a rearrangement of free blocks that the search made before growing), and a
 // capped pool may have given wholly free upstream blocks (expandable: chunks) back before trying
-// to grow once more, as Release does. A Stream that was closed
-// returns ErrClosed.
+// to grow once more, as Release does (an expandable pool also after mapping a chunk for the
+// request that other goroutines' allocations left too small: the chunk goes back while wholly
+// free). A Stream that was closed returns ErrClosed.
 func (p *PoolMemoryResource) Allocate(nbytes int, s StreamView) (DevicePtr, error) {
 	if nbytes <= 0 {
 		if nbytes < 0 {
@@ -367,6 +368,7 @@ func (p *PoolMemoryResource) Allocate(nbytes int, s StreamView) (DevicePtr, erro
 // another stream's list (pool locked; it may unlock and relock).
 func (p *PoolMemoryResource) allocateSlow(l *freeList, n int, s StreamView) (*block, takeWait, error) {
 	released := false
+	grew := false    // an expandable growth mapped memory that others' takes left too small
 	holding := false // the busy token: this goroutine may grow
 	done := func() {
 		if holding {
@@ -410,12 +412,16 @@ func (p *PoolMemoryResource) allocateSlow(l *freeList, n int, s StreamView) (*bl
 		if err == nil && b == nil {
 			// The expandable pool grew, but the free block the new chunk was to extend was taken
 			// meanwhile: search again (and grow again if need be).
+			grew = true
 			p.unpin(l)
 			continue
 		}
-		if err != nil && !released && p.releaseMayHelp(n, err) {
+		if err != nil && !released && (grew || p.releaseMayHelp(n, err)) {
 			// Give back what is wholly free (other sizes may fit the upstream better) and try
-			// again: a capped pool reaches its cap, a full device gets room.
+			// again: a capped pool reaches its cap, a full device gets room. After a growth for
+			// this request that others' takes left too small, also when nothing else could
+			// help: the chunk it mapped is free, and a failed request must not leave the pool
+			// larger than it found it.
 			released = true
 			DebugLogger().Debug("rmm: PoolMemoryResource releasing free memory before failing", "request", n, "pool_size", p.size)
 			before := p.size
