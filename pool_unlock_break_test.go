@@ -1,6 +1,7 @@
 package rmm
 
 import (
+	"errors"
 	"testing"
 	"time"
 
@@ -44,4 +45,30 @@ func TestPoolUnlockExpandableFailedGrowthKeepsNothing(t *testing.T) {
 	e.done()
 	require.Empty(t, vm.errs)
 	require.Equal(t, 0, p.PoolSize())
+}
+
+// A Stream closes while the default stream has no free list and one cannot be made (its
+// cuEventCreate fails): the closing stream's blocks stay in its list, and whoever takes them
+// later must still be ordered after their frees.
+func TestPoolUnlockStreamCloseWithoutDefaultList(t *testing.T) {
+	p, _ := newSimPool(t, 1<<30, nil)
+	e := newPoolSyncEnv(t, p)
+	sa, stA, ia := e.stream(0xa, "A")
+	sb, _, ib := e.stream(0xb, "B")
+	x := e.mustAlloc(4*mib, sa, ia)
+	e.mustFree(x, 4*mib, sa, ia) // A's list: dirty, its event never recorded
+	require.Nil(t, p.byStream[DefaultStream.id], "the default stream has no list yet")
+
+	create := p.drv.eventCreate
+	p.drv.eventCreate = func(ctx uintptr, flags uint) (uintptr, error) {
+		return 0, errors.New("fake cuEventCreate failure")
+	}
+	require.NoError(t, stA.Close())
+	e.f.kill(0xa)
+	p.drv.eventCreate = create
+
+	y, err := e.alloc(4*mib, sb, ib)
+	require.NoError(t, err, "B got A's block unordered after A's frees")
+	e.mustFree(y, 4*mib, sb, ib)
+	e.done()
 }

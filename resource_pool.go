@@ -928,11 +928,19 @@ func (p *PoolMemoryResource) streamClosing(s StreamView) {
 		p.dropList(l)
 		return
 	}
-	def, err := p.listFor(DefaultStream)
-	if err == nil && p.ctx != 0 && l.event != 0 {
-		if l.dirty {
+	def, _ := p.listFor(DefaultStream)
+	var err error
+	if p.ctx != 0 && l.event != 0 {
+		switch {
+		case def == nil && l.dirty:
+			// No default list to move the blocks to: they stay in l, and whoever takes them
+			// later waits on l's event (l is closed: never recorded again), which must cover
+			// them now.
+			err = p.drv.eventRecord(p.ctx, l.event, l.stream.cu())
+		case def == nil:
+		case l.dirty:
 			err = p.drv.recordAndWait(p.ctx, l.event, l.stream.cu(), cuStreamLegacy)
-		} else {
+		default:
 			err = p.drv.streamWaitEvent(p.ctx, cuStreamLegacy, l.event)
 		}
 		if err != nil {
