@@ -72,3 +72,30 @@ func TestPoolUnlockStreamCloseWithoutDefaultList(t *testing.T) {
 	e.mustFree(y, 4*mib, sb, ib)
 	e.done()
 }
+
+// The trim after a free (ReleaseThreshold) fails to wait for the streams: the free itself has
+// been done, so Deallocate reports no error (a caller that retried an erring free would get
+// ErrInvalidFree), and the memory stays mapped until a later trim or Release.
+func TestPoolUnlockTrimFailureIsNotAFailedFree(t *testing.T) {
+	vm := newGatedVMM(0)
+	p := newExpTestPool(t, vm, PoolOptions{MaximumPoolSize: 1 << 30, ReleaseThreshold: 1})
+	e := newPoolSyncEnv(t, p)
+	vm.check = e.checkReturned
+	sa, _, ia := e.stream(0xa, "A")
+	x := e.mustAlloc(40*mib, sa, ia)
+	mapped := p.PoolSize()
+
+	sync := p.drv.eventSynchronize
+	p.drv.eventSynchronize = func(ctx, ev uintptr) error { return errors.New("fake cuEventSynchronize failure") }
+	require.NoError(t, e.free(x, 40*mib, sa, ia), "the block was freed")
+	p.drv.eventSynchronize = sync
+	require.ErrorIs(t, p.Deallocate(x, 40*mib, sa), ErrInvalidFree, "freed twice")
+	st := p.Stats()
+	require.Zero(t, st.LiveBytes)
+	require.Equal(t, mapped, st.PoolSize, "the trim gave nothing back")
+
+	require.NoError(t, p.Release())
+	e.done()
+	require.Empty(t, vm.errs)
+	require.Zero(t, p.PoolSize())
+}

@@ -38,7 +38,8 @@ type PoolOptions struct {
 	// mapped: once a Deallocate leaves more than ReleaseThreshold plus one minimum chunk (32 MiB)
 	// free, the pool waits (on the host) for the work behind the frees and gives back whole free
 	// chunks, highest addresses first, until at most ReleaseThreshold bytes are free or no whole
-	// chunk is free. Default 0: memory stays mapped until Release or Close. A value of 1 gives
+	// chunk is free. A trim that fails (the wait or an unmap) leaves the memory mapped for a later
+	// trim or Release, and is written to the debug log: the free itself succeeds. Default 0: memory stays mapped until Release or Close. A value of 1 gives
 	// back every whole free chunk at each trim.
 	ReleaseThreshold int
 }
@@ -802,7 +803,7 @@ func (p *PoolMemoryResource) Deallocate(ptr DevicePtr, nbytes int, s StreamView)
 	p.liveBytes -= b.size
 	b = p.freeInto(l, b)
 	if p.exp != nil && p.exp.trimAt > 0 {
-		return p.trimIfOver(b)
+		p.trimIfOver(b)
 	}
 	return nil
 }
