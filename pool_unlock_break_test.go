@@ -99,3 +99,35 @@ func TestPoolUnlockTrimFailureIsNotAFailedFree(t *testing.T) {
 	require.Empty(t, vm.errs)
 	require.Zero(t, p.PoolSize())
 }
+
+// A Stream closes when its frees can be ordered neither on the device (the record of its event
+// fails) nor by synchronising it: the pool waits for the device instead, so whoever takes its
+// blocks later is ordered after their frees.
+func TestPoolUnlockStreamCloseSyncFails(t *testing.T) {
+	p, _ := newSimPool(t, 1<<30, nil)
+	e := newPoolSyncEnv(t, p)
+	sa, stA, ia := e.stream(0xa, "A")
+	sb, _, ib := e.stream(0xb, "B")
+	d := e.mustAlloc(4*mib, DefaultStream, e.def)
+	e.mustFree(d, 4*mib, DefaultStream, e.def) // the default stream has a list
+	x := e.mustAlloc(4*mib, sa, ia)
+	e.mustFree(x, 4*mib, sa, ia) // A's list: dirty
+
+	rw, ss := p.drv.recordAndWait, p.drv.streamSynchronize
+	p.drv.recordAndWait = func(ctx, ev, from, to uintptr) error { return errors.New("fake record failure") }
+	p.drv.streamSynchronize = func(ctx, s uintptr) error { return errors.New("fake synchronize failure") }
+	require.NoError(t, stA.Close())
+	e.f.kill(0xa)
+	p.drv.recordAndWait, p.drv.streamSynchronize = rw, ss
+
+	var got []DevicePtr
+	for range 2 {
+		y, err := e.alloc(4*mib, sb, ib)
+		require.NoError(t, err, "B got A's block unordered after A's free")
+		got = append(got, y)
+	}
+	for _, y := range got {
+		e.mustFree(y, 4*mib, sb, ib)
+	}
+	e.done()
+}

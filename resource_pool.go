@@ -945,13 +945,19 @@ func (p *PoolMemoryResource) streamClosing(s StreamView) {
 			err = p.drv.streamWaitEvent(p.ctx, cuStreamLegacy, l.event)
 		}
 		if err != nil {
-			// Cannot order on the device: wait for the stream on the host instead.
+			// Cannot order on the device: wait for the stream on the host instead, or failing
+			// that for the whole device (the event may not hold the frees: the record may be what
+			// failed).
 			DebugLogger().Warn("rmm: PoolMemoryResource: ordering a closing stream's frees failed; synchronising it", "stream", s.String(), "err", err)
-			err = p.drv.streamSynchronize(p.ctx, l.stream.cu())
+			if err = p.drv.streamSynchronize(p.ctx, l.stream.cu()); err != nil {
+				err = p.drv.ctxSynchronize(p.ctx)
+			}
 		}
 	}
 	if def == nil || err != nil {
-		// Keep the blocks where they are, reachable only through an event wait by other streams.
+		// Keep the blocks where they are, reachable only through an event wait by other streams
+		// (when even the device could not be waited for, the context is broken: nothing orders
+		// them then).
 		l.dirty, l.closed, l.lazy = false, true, false
 		return
 	}
