@@ -97,7 +97,7 @@ func chaosFree(e *poolSyncEnv, ptr DevicePtr, n int, s StreamView, i int) error 
 // upstream never holds more than the maximum, and once the failures stop and everything is
 // freed, Release (or the frees after Close) gives every byte back. (The stream synchronisations
 // never fail here: a Stream that closes when neither its event can be recorded nor the stream
-// synchronised keeps blocks whose frees nothing orders.)
+// nor the device synchronised, a broken context, keeps blocks whose frees nothing orders.)
 func TestPoolUnlockChaos(t *testing.T) {
 	for _, c := range []struct {
 		name                       string
