@@ -38,7 +38,8 @@ type PoolOptions struct {
 	// mapped: once a Deallocate leaves more than ReleaseThreshold plus one minimum chunk (32 MiB)
 	// free, the pool waits (on the host) for the work behind the frees and gives back whole free
 	// chunks, highest addresses first, until at most ReleaseThreshold bytes are free or no whole
-	// chunk is free. Default 0: memory stays mapped until Release or Close. A value of 1 gives
+	// chunk is free. A trim that fails (the wait or an unmap) leaves the memory mapped for a later
+	// trim or Release, and is written to the debug log: the free itself succeeds. Default 0: memory stays mapped until Release or Close. A value of 1 gives
 	// back every whole free chunk at each trim.
 	ReleaseThreshold int
 }
@@ -294,8 +295,9 @@ func (p *PoolMemoryResource) MaximumPoolSize() int { return p.maximum }
 // pool's live allocations are then as they were, though other streams' free lists may have been
 // merged into s's (a rearrangement of free blocks that the search made before growing), and a
 // capped pool may have given wholly free upstream blocks (expandable: chunks) back before trying
-// to grow once more, as Release does. A Stream that was closed
-// returns ErrClosed.
+// to grow once more, as Release does (an expandable pool also after mapping a chunk for the
+// request that other goroutines' allocations left too small: the chunk goes back while wholly
+// free). A Stream that was closed returns ErrClosed.
 func (p *PoolMemoryResource) Allocate(nbytes int, s StreamView) (DevicePtr, error) {
 	if nbytes <= 0 {
 		if nbytes < 0 {
@@ -367,6 +369,7 @@ func (p *PoolMemoryResource) Allocate(nbytes int, s StreamView) (DevicePtr, erro
 // another stream's list (pool locked; it may unlock and relock).
 func (p *PoolMemoryResource) allocateSlow(l *freeList, n int, s StreamView) (*block, takeWait, error) {
 	released := false
+	grew := false    // an expandable growth mapped memory that others' takes left too small
 	holding := false // the busy token: this goroutine may grow
 	done := func() {
 		if holding {
@@ -410,12 +413,16 @@ func (p *PoolMemoryResource) allocateSlow(l *freeList, n int, s StreamView) (*bl
 		if err == nil && b == nil {
 			// The expandable pool grew, but the free block the new chunk was to extend was taken
 			// meanwhile: search again (and grow again if need be).
+			grew = true
 			p.unpin(l)
 			continue
 		}
-		if err != nil && !released && p.releaseMayHelp(n, err) {
+		if err != nil && !released && (grew || p.releaseMayHelp(n, err)) {
 			// Give back what is wholly free (other sizes may fit the upstream better) and try
-			// again: a capped pool reaches its cap, a full device gets room.
+			// again: a capped pool reaches its cap, a full device gets room. After a growth for
+			// this request that others' takes left too small, also when nothing else could
+			// help: the chunk it mapped is free, and a failed request must not leave the pool
+			// larger than it found it.
 			released = true
 			DebugLogger().Debug("rmm: PoolMemoryResource releasing free memory before failing", "request", n, "pool_size", p.size)
 			before := p.size
@@ -796,7 +803,7 @@ func (p *PoolMemoryResource) Deallocate(ptr DevicePtr, nbytes int, s StreamView)
 	p.liveBytes -= b.size
 	b = p.freeInto(l, b)
 	if p.exp != nil && p.exp.trimAt > 0 {
-		return p.trimIfOver(b)
+		p.trimIfOver(b)
 	}
 	return nil
 }
@@ -922,21 +929,35 @@ func (p *PoolMemoryResource) streamClosing(s StreamView) {
 		p.dropList(l)
 		return
 	}
-	def, err := p.listFor(DefaultStream)
-	if err == nil && p.ctx != 0 && l.event != 0 {
-		if l.dirty {
+	def, _ := p.listFor(DefaultStream)
+	var err error
+	if p.ctx != 0 && l.event != 0 {
+		switch {
+		case def == nil && l.dirty:
+			// No default list to move the blocks to: they stay in l, and whoever takes them
+			// later waits on l's event (l is closed: never recorded again), which must cover
+			// them now.
+			err = p.drv.eventRecord(p.ctx, l.event, l.stream.cu())
+		case def == nil:
+		case l.dirty:
 			err = p.drv.recordAndWait(p.ctx, l.event, l.stream.cu(), cuStreamLegacy)
-		} else {
+		default:
 			err = p.drv.streamWaitEvent(p.ctx, cuStreamLegacy, l.event)
 		}
 		if err != nil {
-			// Cannot order on the device: wait for the stream on the host instead.
+			// Cannot order on the device: wait for the stream on the host instead, or failing
+			// that for the whole device (the event may not hold the frees: the record may be what
+			// failed).
 			DebugLogger().Warn("rmm: PoolMemoryResource: ordering a closing stream's frees failed; synchronising it", "stream", s.String(), "err", err)
-			err = p.drv.streamSynchronize(p.ctx, l.stream.cu())
+			if err = p.drv.streamSynchronize(p.ctx, l.stream.cu()); err != nil {
+				err = p.drv.ctxSynchronize(p.ctx)
+			}
 		}
 	}
 	if def == nil || err != nil {
-		// Keep the blocks where they are, reachable only through an event wait by other streams.
+		// Keep the blocks where they are, reachable only through an event wait by other streams
+		// (when even the device could not be waited for, the context is broken: nothing orders
+		// them then).
 		l.dirty, l.closed, l.lazy = false, true, false
 		return
 	}

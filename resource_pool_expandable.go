@@ -475,17 +475,18 @@ func (p *PoolMemoryResource) trimTailHole() {
 // back whole free chunks until at most ReleaseThreshold bytes are free. (The trim level rises
 // after a trim that left memory mapped, so that a pool whose free memory lies in chunks that
 // also hold live blocks does not synchronise at every free; a free that makes a chunk wholly
-// free trims all the same.)
-func (p *PoolMemoryResource) trimIfOver(b *block) error {
+// free trims all the same.) A trim that fails is written to the debug log and leaves the memory
+// mapped: the free that called it is done, and must not report an error.
+func (p *PoolMemoryResource) trimIfOver(b *block) {
 	e := p.exp
 	free := p.size - p.liveBytes
 	if e.trimAt == 0 || free <= e.threshold || (free <= e.trimAt && !p.holdsChunk(b)) {
-		return nil
+		return
 	}
 	if p.busy {
 		// A growth (which needs the memory) or a release (which gives it back) is in flight:
 		// the free after it that is still past the level trims.
-		return nil
+		return
 	}
 	p.busy = true
 	defer p.releaseBusy()
@@ -497,9 +498,10 @@ func (p *PoolMemoryResource) trimIfOver(b *block) error {
 	}
 	e.resetTrim(p.size - p.liveBytes)
 	if err != nil {
-		return fmt.Errorf("PoolMemoryResource: trimming to the release threshold: %w", err)
+		// The block is free already (a caller told of an error would free it again, and get
+		// ErrInvalidFree); what could not be given back stays mapped, for a later trim or Release.
+		DebugLogger().Warn("rmm: PoolMemoryResource (expandable): trimming to the release threshold failed", "err", err)
 	}
-	return nil
 }
 
 // holdsChunk reports whether the block b covers a whole mapped chunk.
