@@ -448,16 +448,7 @@ func TestPoolUnlockTakeRacesTakeAndStreamClose(t *testing.T) {
 	e.mustFree(x, 4*mib, sa, ia)
 	e.mustFree(y, 4*mib, sa, ia)
 
-	g := newGate()
-	g.shut(t)
-	var once atomic.Bool
-	e.f.mu.Lock()
-	e.f.onCall = func(op string) {
-		if op == "record-and-wait" && once.CompareAndSwap(false, true) {
-			g.pass(op)
-		}
-	}
-	e.f.mu.Unlock()
+	g := e.holdFirst(t, "record-and-wait")
 	var bp DevicePtr
 	var bErr error
 	bDone := make(chan struct{})
@@ -502,16 +493,7 @@ func TestPoolUnlockMergeHidesBlocksUntilWaited(t *testing.T) {
 	e.mustFree(p1, 4*mib, sa, ia)
 	e.mustFree(p2, 2*mib, sb, ib)
 
-	g := newGate()
-	g.shut(t)
-	var once atomic.Bool
-	e.f.mu.Lock()
-	e.f.onCall = func(op string) {
-		if op == "record-and-wait" && once.CompareAndSwap(false, true) {
-			g.pass(op)
-		}
-	}
-	e.f.mu.Unlock()
+	g := e.holdFirst(t, "record-and-wait")
 	var sp DevicePtr
 	var sErr error
 	sDone := make(chan struct{})
@@ -953,4 +935,20 @@ func TestPoolUnlockFreeOnClosedStream(t *testing.T) {
 		e.mustFree(q, 4*mib, sb, ib)
 	}
 	e.done()
+}
+
+// holdFirst shuts a gate that the first driver call named op passes (and waits at until the gate
+// is opened); later calls go through.
+func (e *poolSyncEnv) holdFirst(t *testing.T, op string) *gate {
+	g := newGate()
+	g.shut(t)
+	var once atomic.Bool
+	e.f.mu.Lock()
+	e.f.onCall = func(name string) {
+		if name == op && once.CompareAndSwap(false, true) {
+			g.pass(name)
+		}
+	}
+	e.f.mu.Unlock()
+	return g
 }
