@@ -1,6 +1,7 @@
 package rmm
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"math"
@@ -1109,38 +1110,48 @@ func (p *PoolMemoryResource) releaseWhole(hold bool) (*freeList, error) {
 	p.unlockUnless(hold)
 	errs := make([]error, len(whole))
 	for i, b := range whole {
-		errs[i] = p.upstream.Deallocate(b.addr, b.size, DefaultStream)
+		errs[i] = p.freeUpstream(b)
 	}
 	p.relockUnless(hold)
 	p.unpin(def)
 	var firstErr error
 	for i, b := range whole {
 		if errs[i] != nil {
-			if firstErr == nil {
-				firstErr = fmt.Errorf("PoolMemoryResource: returning %d bytes at %#x to %s: %w", b.size, uintptr(b.addr), resourceName(p.upstream), errs[i])
-			}
+			firstErr = cmp.Or(firstErr, errs[i])
 			p.freeInto(def, b) // stays in the pool, whole and free (its work was waited for)
 			continue
 		}
-		delete(p.upstreams, b.addr)
-		p.size -= b.size
-		p.recycle(b)
+		p.forgetUpstream(b)
 	}
-	p.sizeAtomic.Store(int64(p.size))
 	return def, firstErr
 }
 
 // returnUpstream gives the wholly free upstream block b back to the upstream.
 func (p *PoolMemoryResource) returnUpstream(b *block) error {
+	if err := p.freeUpstream(b); err != nil {
+		return err
+	}
+	b.list.remove(b)
+	p.forgetUpstream(b)
+	return nil
+}
+
+// freeUpstream hands the wholly free upstream block b back to the upstream (the pool's figures
+// unchanged: forgetUpstream does that once it succeeded).
+func (p *PoolMemoryResource) freeUpstream(b *block) error {
 	if err := p.upstream.Deallocate(b.addr, b.size, DefaultStream); err != nil {
 		return fmt.Errorf("PoolMemoryResource: returning %d bytes at %#x to %s: %w", b.size, uintptr(b.addr), resourceName(p.upstream), err)
 	}
-	b.list.remove(b)
+	return nil
+}
+
+// forgetUpstream takes b, given back to the upstream and out of every list, off the pool's
+// figures.
+func (p *PoolMemoryResource) forgetUpstream(b *block) {
 	delete(p.upstreams, b.addr)
 	p.size -= b.size
 	p.sizeAtomic.Store(int64(p.size))
 	p.recycle(b)
-	return nil
 }
 
 // Close waits for the work behind every free, returns every wholly free upstream block to the
