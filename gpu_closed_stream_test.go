@@ -188,3 +188,33 @@ func TestGPULoggingClosedStream(t *testing.T) {
 	require.Zero(t, events[2].Stream, "an allocation on the closed Stream")
 	require.Zero(t, pool.Stats().LiveAllocations)
 }
+
+// Stream.Close returns only once the work queued on the stream is done: an event recorded after
+// that work reports it complete as soon as Close returns. (Without the wait, cuStreamDestroy
+// returns at once and the 4 GiB memsets below, some milliseconds of work, are still running.)
+func TestGPUStreamCloseWaitsForQueuedWork(t *testing.T) {
+	requireGPU(t)
+	cuda, err := NewCudaMemoryResource(0)
+	require.NoError(t, err)
+	const n = 4 << 30
+	p, err := cuda.Allocate(n, DefaultStream)
+	require.NoError(t, err)
+	defer cuda.Deallocate(p, n, DefaultStream)
+	ctx, err := Device(0).ctx()
+	require.NoError(t, err)
+	for round := 0; round < 3; round++ {
+		s, err := NewStream(0, &StreamOptions{NonBlocking: true})
+		require.NoError(t, err)
+		for i := 0; i < 8; i++ {
+			require.NoError(t, cuMemsetAsync(ctx, p, uint32(i), n, 1, s.View().cu()))
+		}
+		e, err := NewEvent(0, nil)
+		require.NoError(t, err)
+		require.NoError(t, e.Record(s.View()))
+		require.NoError(t, s.Close())
+		done, err := e.Query()
+		require.NoError(t, err)
+		require.True(t, done, "round %d: the work queued on the Stream is still running after Close returned", round)
+		require.NoError(t, e.Close())
+	}
+}

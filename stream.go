@@ -232,8 +232,9 @@ func (s *Stream) Device() Device { return s.view.Device() }
 func (s *Stream) Synchronize() error { return s.view.Synchronize() }
 
 // Close tells every resource holding free memory ordered on the stream (so that it records an
-// event while the stream still exists), then destroys the stream (cuStreamDestroy; queued work
-// still completes). Closing twice returns nil. Afterwards the stream's views must not be used
+// event while the stream still exists), waits for the work queued on the stream
+// (cuStreamSynchronize), then destroys it (cuStreamDestroy). It returns the first error of the
+// two calls; the stream is destroyed and closed either way. Closing twice returns nil. Afterwards the stream's views must not be used
 // for new work: StreamView's Synchronize, Query and WaitEvent, Event.Record and the Allocate of
 // PoolMemoryResource, ArenaMemoryResource, FixedSizeMemoryResource, CudaAsyncMemoryResource,
 // CudaAsyncViewMemoryResource and PrefetchResourceAdaptor return ErrClosed for them (resources that do not order on streams,
@@ -255,10 +256,21 @@ func (s *Stream) Close() error {
 		h.streamClosing(s.view)
 	}
 	streamRegistry.Delete(s.view.id)
-	if s.view.h != 0 {
-		return cuStreamDestroy(s.ctx, s.view.h)
+	if s.view.h == 0 {
+		return nil
 	}
-	return nil
+	// Waiting here, rather than letting cuStreamDestroy return at once with work pending, means
+	// that everything ordered on the stream (stream-ordered allocations from the driver's pools
+	// included) is complete, in the host's order, before anything is freed on another stream.
+	// Without it compute-sanitizer (--track-stream-ordered-races) reports the later free of a
+	// block that cuMemAllocAsync gave out on the destroyed stream as freed before its
+	// allocation, even after cuCtxSynchronize: it cannot see the allocation complete on a stream
+	// that no longer exists.
+	serr := cuStreamSynchronize(s.ctx, s.view.h)
+	if derr := cuStreamDestroy(s.ctx, s.view.h); serr == nil {
+		return derr
+	}
+	return fmt.Errorf("Stream.Close: waiting for the stream's work: %w", serr)
 }
 
 // addStreamCloseHook asks to be told before the Stream behind v is destroyed. It returns false
