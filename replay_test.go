@@ -410,6 +410,30 @@ var traceTable = []traceFacts{
 		streams: map[uintptr]int{0x7f9730003840: 56808, 0x7f972cd265b0: 53348}, threads: 2,
 		csvSHA256: "6464fb2bab5d496a136c5140ce6f4412c1e88bc893260005b2f0be53a17b2d66",
 	},
+	{
+		file: "vit_b16_train_ckpt_b128_bf16.csv.gz", events: 100636, allocates: 50320, frees: 50316, failure: 0,
+		neverFreed: 4, neverFreedMiB: "66.0", peakLive: 3068767896, distinctSizes: 43,
+		streams: map[uintptr]int{0: 100636}, threads: 1,
+		csvSHA256: "abe6ef4424f78c39143c343ba86f30c4ca6312aa6d18fad1e727d4e44b6e1611",
+	},
+	{
+		file: "gpt2m_lora_varlen_bf16.csv.gz", events: 113131, allocates: 56567, frees: 56564, failure: 0,
+		neverFreed: 3, neverFreedMiB: "65.0", peakLive: 22386776456, distinctSizes: 103,
+		streams: map[uintptr]int{0: 113131}, threads: 1,
+		csvSHA256: "c8a28e5c46fd7b8b295b3f3883f1a3218f15a557a3a8e69b086060e24fcdd0d8",
+	},
+	{
+		file: "gpt2_generate_varbatch_fp16.csv.gz", events: 216300, allocates: 108151, frees: 108149, failure: 0,
+		neverFreed: 2, neverFreedMiB: "33.0", peakLive: 1072926488, distinctSizes: 920,
+		streams: map[uintptr]int{0: 216300}, threads: 1,
+		csvSHA256: "7c66a61aebc5ea5a1f3c36ade5da2213ebbdb0b7036116e61c6d1bd9d68f8051",
+	},
+	{
+		file: "torch_3streams_resnet18_encoder_fp16.csv.gz", events: 110244, allocates: 55124, frees: 55120, failure: 0,
+		neverFreed: 4, neverFreedMiB: "66.0", peakLive: 381724160, distinctSizes: 168,
+		streams: map[uintptr]int{0: 392, 0xb2229d0: 2760, 0xac9c3f0: 58514, 0xb0b9190: 48578}, threads: 1,
+		csvSHA256: "9463ad72f73596c1957af90cb4c01a9051c0adb3fb28f45963ec343695d12620",
+	},
 }
 
 // TestReadTraces reads every committed trace and checks it against the figures published with it;
