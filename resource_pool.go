@@ -58,7 +58,10 @@ type PoolOptions struct {
 // neighbours from different streams coalesce, retrying after each; (4) else grows the pool by
 // taking a new block from the upstream (growth policy as librmm: without a maximum, at least
 // double the pool; with one, half the remaining headroom; a failing upstream is retried with
-// halved sizes down to the request). Blocks from different upstream allocations never coalesce.
+// halved sizes down to the request); (5) else, when the upstream refused even the request or the
+// maximum stopped the pool, gives every wholly free upstream block back (as Release does, after
+// waiting for the streams' work behind the frees) and tries (4) once more before it fails. Blocks
+// from different upstream allocations never coalesce.
 //
 // Per-stream caches: the default stream and each of our own Streams have a small cache (up to 16
 // blocks) under a lock of their own, so that goroutines allocating and freeing on their own
@@ -294,9 +297,10 @@ func (p *PoolMemoryResource) MaximumPoolSize() int { return p.maximum }
 // where the memory comes from. Out of memory (the pool cannot grow, or the upstream refuses every
 // size tried) wraps ErrOutOfMemory and says the requested size, the pool size and the maximum; the
 // pool's live allocations are then as they were, though other streams' free lists may have been
-// merged into s's (a rearrangement of free blocks that the search made before growing), and a
-// capped pool may have given wholly free upstream blocks (expandable: chunks) back before trying
-// to grow once more, as Release does (an expandable pool also after mapping a chunk for the
+// merged into s's (a rearrangement of free blocks that the search made before growing), and the
+// pool may have given wholly free upstream blocks (expandable: chunks) back before trying to grow
+// once more, as Release does — when the upstream (or the device) refused, capped or not, or when
+// the maximum stopped a capped pool (an expandable pool also after mapping a chunk for the
 // request that other goroutines' allocations left too small: the chunk goes back while wholly
 // free). A Stream that was closed returns ErrClosed.
 func (p *PoolMemoryResource) Allocate(nbytes int, s StreamView) (DevicePtr, error) {
@@ -544,20 +548,26 @@ func (p *PoolMemoryResource) growAny(n int, s StreamView, l *freeList) (*block, 
 }
 
 // releaseMayHelp reports whether, after growing for an n-byte request failed with err, giving
-// wholly free memory back could let a second growth succeed: the pool is capped (an uncapped
-// pool keeps librmm's behaviour), holds free memory, the request fits under the maximum, and
-// either the upstream (or the device) refused, or the
-// maximum stopped a plain pool (whose free upstream blocks count against it), or an expandable
-// pool has holes: growth fills a hole only together with the free blocks right next to it, and
-// the free chunks given back between two holes (or between a hole and the end) merge them into
-// one. An expandable pool without holes stopped by its maximum gains nothing: a chunk given back
-// leaves a hole exactly where its free memory already was.
+// wholly free memory back could let a second growth succeed: the pool holds free memory, the
+// request fits under the maximum (if any), and either the upstream (or the device) refused —
+// capped or not: the upstream may then have room for one block where it had none beside the free
+// ones —, or the maximum stopped a plain pool (whose free upstream blocks count against it), or
+// an expandable pool has holes: growth fills a hole only together with the free blocks right next
+// to it, and the free chunks given back between two holes (or between a hole and the end) merge
+// them into one. An expandable pool without holes stopped by its maximum gains nothing: a chunk
+// given back leaves a hole exactly where its free memory already was.
 func (p *PoolMemoryResource) releaseMayHelp(n int, err error) bool {
 	var oom *OutOfMemoryError
-	if !errors.As(err, &oom) || p.size == p.liveBytes || p.maximum == 0 || n > p.maximum {
+	if !errors.As(err, &oom) || p.size == p.liveBytes || (p.maximum > 0 && n > p.maximum) {
 		return false
 	}
-	return p.exp == nil || oom.Cause != nil || len(p.exp.holes) > 0
+	if oom.Cause != nil {
+		return true
+	}
+	if p.maximum == 0 {
+		return false // nothing stopped it but the upstream, which did not refuse (overflow)
+	}
+	return p.exp == nil || len(p.exp.holes) > 0
 }
 
 // split keeps the first n bytes of the free block b (out of every list) and puts the rest, as a

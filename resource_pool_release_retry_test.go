@@ -63,8 +63,8 @@ func (u *poolRetryUpstream) holds(p DevicePtr, n int) bool {
 }
 
 // A plain pool, capped or not, over an upstream that may refuse: the pool never returns a block
-// still in use, the upstream holds exactly the pool's size, an uncapped pool gives nothing back
-// except at Release, and a capped pool over an upstream without limit fails only when neither a
+// still in use, the upstream holds exactly the pool's size, an uncapped pool over an upstream that
+// never refuses gives nothing back except at Release, and a capped pool over an upstream without limit fails only when neither a
 // free block nor the headroom (after giving back its wholly free blocks) holds the request.
 func TestPoolReleaseRetryRandomized(t *testing.T) {
 	base := time.Now().UnixNano()
@@ -130,7 +130,7 @@ func TestPoolReleaseRetryRandomized(t *testing.T) {
 						if o.MaximumPoolSize > 0 && up.limit == 0 {
 							require.Greater(t, rn, o.MaximumPoolSize-st.PoolSize, "the headroom held %d bytes: %v", n, err)
 						}
-						if o.MaximumPoolSize == 0 {
+						if o.MaximumPoolSize == 0 && up.limit == 0 {
 							require.Equal(t, freesBefore, up.frees, "an uncapped pool gave memory back at a failed Allocate")
 						}
 						break
@@ -234,4 +234,49 @@ func TestPoolReleaseRetryPartialRelease(t *testing.T) {
 	c, err := p.Allocate(32*mib, DefaultStream)
 	require.NoError(t, err)
 	require.NoError(t, p.Deallocate(c, 32*mib, DefaultStream))
+}
+
+// An uncapped plain pool whose upstream refuses gives its wholly free upstream blocks back and
+// tries once more before it fails: over an address-only upstream of 8 GiB, 2.5 GiB (A) and
+// 2.5 GiB (B), B freed, then 5 GiB twice.
+func TestPoolUncappedReleasesBeforeFailing(t *testing.T) {
+	const gib = 1 << 30
+	sim, err := NewSimulatedMemoryResource(8 * gib)
+	require.NoError(t, err)
+	up := &poolRetryUpstream{inner: sim, live: map[DevicePtr]int{}}
+	p, err := NewPoolMemoryResource(up, &PoolOptions{})
+	require.NoError(t, err)
+	defer p.Close()
+
+	a, err := p.Allocate(5*gib/2, DefaultStream)
+	require.NoError(t, err)
+	b, err := p.Allocate(5*gib/2, DefaultStream)
+	require.NoError(t, err)
+	require.NoError(t, p.Deallocate(b, 5*gib/2, DefaultStream))
+	sizeBefore := p.PoolSize()
+	require.Equal(t, 5*gib, sizeBefore, "A and B each took an upstream block of their size")
+
+	for i := range 2 {
+		c, err := p.Allocate(5*gib, DefaultStream)
+		require.NoError(t, err, "5 GiB, try %d", i+1)
+		require.True(t, up.holds(c, 5*gib), "try %d: the block lies in one upstream block", i+1)
+		require.NoError(t, p.CheckInvariants())
+		require.Equal(t, up.bytes, p.PoolSize(), "the upstream holds the pool's size")
+		require.LessOrEqual(t, p.PoolSize(), 8*gib)
+		require.NoError(t, p.Deallocate(c, 5*gib, DefaultStream))
+	}
+	require.Equal(t, 1, up.frees, "B's block was given back once; the 5 GiB block stays in the pool")
+	require.True(t, up.holds(a, 5*gib/2))
+	require.NoError(t, p.Deallocate(a, 5*gib/2, DefaultStream))
+
+	// With A live and nothing free, a request the upstream cannot hold still fails, and the pool
+	// keeps what it had.
+	a, err = p.Allocate(5*gib/2, DefaultStream)
+	require.NoError(t, err)
+	size := p.PoolSize()
+	_, err = p.Allocate(6*gib, DefaultStream)
+	require.ErrorIs(t, err, ErrOutOfMemory)
+	require.NoError(t, p.CheckInvariants())
+	require.LessOrEqual(t, p.PoolSize(), size)
+	require.NoError(t, p.Deallocate(a, 5*gib/2, DefaultStream))
 }

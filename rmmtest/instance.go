@@ -407,9 +407,9 @@ func unchanged(before, after observation) error {
 }
 
 // unchangedAccounting checks a failed allocation: the live figures are the same, and the upstream
-// holds the same blocks — or, when PoolStats shows the pool shrank, a subset of them: a resource
-// may rearrange its free blocks while it searches, and may give wholly free blocks back to its
-// upstream before it gives up.
+// holds the same blocks — or, when PoolStats shows the pool shrank (or, without PoolStats, the
+// upstream holds fewer blocks), a subset of them: a resource may rearrange its free blocks while
+// it searches, and may give wholly free blocks back to its upstream before it gives up.
 func unchangedAccounting(before, after observation) error {
 	shrank := false
 	if b, ok := before.stats.(rmm.PoolStats); ok {
@@ -420,6 +420,10 @@ func unchangedAccounting(before, after observation) error {
 			return fmt.Errorf("Stats changed: %+v -> %+v", b, a)
 		}
 		shrank = a.PoolSize < b.PoolSize
+	} else {
+		// An adaptor over a pool: the pool's figures are not in sight, but what the upstream
+		// holds is. Fewer blocks, none of them new, is the pool under it giving back.
+		shrank = len(after.held) < len(before.held)
 	}
 	if !shrank {
 		return unchangedUpstream(before, after)

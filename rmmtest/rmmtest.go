@@ -84,7 +84,8 @@
 //   - a failed call changes nothing: after an invalid free nothing observable changes (the value
 //     of any Stats() method, what the upstream holds, the patterns); after an out-of-memory error
 //     PoolStats' live figures are the same and the upstream holds the same blocks, or (when
-//     PoolSize shrank: a pool may give wholly free blocks back before it gives up) some of them;
+//     PoolSize shrank, or without PoolStats the upstream holds fewer blocks: a pool, or a pool
+//     under an adaptor, may give wholly free blocks back before it gives up) some of them;
 //   - after Release, every block still held from the upstream holds part of a live allocation
 //     (so with nothing live, nothing is held), unless Options.ReleaseKeepsMemory is set;
 //   - with everything freed, accounting is back to zero.
