@@ -20,6 +20,11 @@
 //	-device N         CUDA device (default 0)
 //	-passes N         replay N times on the same resource (a pool keeps what it grew in earlier
 //	                  passes); report each wall time and the median (default 1)
+//	-floor PAGE       also report the page floor: the most bytes of PAGE-sized pages (e.g. 2MiB,
+//	                  the granularity of the driver's virtual memory on current GPUs) that held
+//	                  part of a live allocation at once, at the addresses the resource gave out —
+//	                  what a pool that could map and unmap every page on its own would hold at
+//	                  least with the same placement (it slows the replay: time it without)
 //	-v                print every allocation that fails during the replay
 //
 // Sizes take units: 1073741824, 1GiB, 1.5GB (SI units are powers of 1000, "i" units of 1024).
@@ -33,6 +38,7 @@ import (
 	"os"
 	"sort"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -119,6 +125,8 @@ func run(args []string, stdout, stderr io.Writer) error {
 	device := fs.Int("device", 0, "CUDA device")
 	passes := fs.Int("passes", 1, "replay this many times on the same resource (a pool keeps what it grew); report the median")
 	verbose := fs.Bool("v", false, "print every allocation that fails during the replay")
+	var floor sizeFlag
+	fs.Var(&floor, "floor", "also report the page floor for pages of this size (e.g. 2MiB): the most bytes of pages holding part of a live allocation at once (slows the replay)")
 	fs.Usage = func() {
 		fmt.Fprintln(stderr, "usage: rmm-replay [flags] TRACE.csv[.gz]")
 		fs.PrintDefaults()
@@ -147,6 +155,9 @@ func run(args []string, stdout, stderr io.Writer) error {
 	}
 	if simulate.set && *mrName != "pool" {
 		return fmt.Errorf("%w: -simulate works with -mr pool only (got -mr %s)", errUsage, *mrName)
+	}
+	if floor.set && floor.n <= 0 {
+		return fmt.Errorf("%w: -floor %d: the page size must be positive", errUsage, floor.n)
 	}
 	path := fs.Arg(0)
 	events, err := rmm.ReadLogFile(path)
@@ -246,9 +257,15 @@ func run(args []string, stdout, stderr io.Writer) error {
 			fmt.Fprintf(stderr, "line %d: allocate %d bytes: %v\n", e.Line, e.Size, err)
 		}
 	}
+	target := mr
+	var pages *floorResource
+	if floor.set {
+		pages = &floorResource{MemoryResource: mr, page: floor.n, refs: map[uintptr]int32{}}
+		target = pages
+	}
 	var results []rmm.ReplayResult
 	for i := 0; i < *passes; i++ {
-		r, err := rmm.Replay(events, mr, opts)
+		r, err := rmm.Replay(events, target, opts)
 		if err != nil {
 			return err
 		}
@@ -305,6 +322,10 @@ func run(args []string, stdout, stderr io.Writer) error {
 	if reserved > 0 {
 		fmt.Fprintf(w, "peak upstream    %d bytes (%s), %.3f x peak live\n", reserved, rmm.FormatBytes(reserved), float64(reserved)/float64(max(r.PeakLiveBytes, 1)))
 	}
+	if pages != nil {
+		f := int64(pages.peak) * int64(pages.page)
+		fmt.Fprintf(w, "page floor       %d bytes (%s), %.3f x peak live: the most %s pages holding live bytes at once\n", f, rmm.FormatBytes(f), float64(f)/float64(max(r.PeakLiveBytes, 1)), humanize.IBytes(uint64(pages.page)))
+	}
 	if p, ok := mr.(*rmm.PoolMemoryResource); ok {
 		st := p.Stats()
 		fmt.Fprintf(w, "pool at end      size %d bytes in %d upstream blocks, %d free blocks, largest %d bytes\n", st.PoolSize, st.UpstreamBlocks, st.FreeBlocks, st.LargestFreeBlock)
@@ -315,6 +336,58 @@ func run(args []string, stdout, stderr io.Writer) error {
 	}
 	return nil
 }
+
+// floorResource counts, for the allocations that pass through it, the pages of page bytes that
+// hold part of at least one live allocation, now and at most.
+type floorResource struct {
+	rmm.MemoryResource
+	page int
+
+	mu         sync.Mutex
+	refs       map[uintptr]int32 // page index -> live allocations touching it
+	live, peak int               // pages
+}
+
+func (r *floorResource) pagesOf(p rmm.DevicePtr, n int) (first, last uintptr) {
+	return uintptr(p) / uintptr(r.page), (uintptr(p) + uintptr(n) - 1) / uintptr(r.page)
+}
+
+func (r *floorResource) Allocate(n int, s rmm.StreamView) (rmm.DevicePtr, error) {
+	p, err := r.MemoryResource.Allocate(n, s)
+	if err != nil || n == 0 {
+		return p, err
+	}
+	first, last := r.pagesOf(p, n)
+	r.mu.Lock()
+	for i := first; i <= last; i++ {
+		r.refs[i]++
+		if r.refs[i] == 1 {
+			r.live++
+		}
+	}
+	r.peak = max(r.peak, r.live)
+	r.mu.Unlock()
+	return p, nil
+}
+
+func (r *floorResource) Deallocate(p rmm.DevicePtr, n int, s rmm.StreamView) error {
+	if err := r.MemoryResource.Deallocate(p, n, s); err != nil || n == 0 || p == 0 {
+		return err
+	}
+	first, last := r.pagesOf(p, n)
+	r.mu.Lock()
+	for i := first; i <= last; i++ {
+		if r.refs[i]--; r.refs[i] == 0 {
+			delete(r.refs, i)
+			r.live--
+		}
+	}
+	r.mu.Unlock()
+	return nil
+}
+
+func (r *floorResource) Upstream() rmm.MemoryResource { return r.MemoryResource }
+func (r *floorResource) Access() rmm.Access           { return rmm.AccessOf(r.MemoryResource) }
 
 // medianOf returns the median of d (sorting d): the middle value, or the mean of the two middle
 // values for an even count.

@@ -5,6 +5,7 @@ import (
 	"flag"
 	"path/filepath"
 	"regexp"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -88,4 +89,63 @@ func TestMedianOf(t *testing.T) {
 	require.Equal(t, 2150*time.Microsecond, medianOf([]time.Duration{2200 * time.Microsecond, 2100 * time.Microsecond}))
 	require.Equal(t, 3*ms, medianOf([]time.Duration{9 * ms, 1 * ms, 3 * ms}))
 	require.Equal(t, 5*ms, medianOf([]time.Duration{9 * ms, 1 * ms, 4 * ms, 6 * ms}))
+}
+
+// fixedAddrs hands out the addresses it is given, in order.
+type fixedAddrs struct {
+	rmm.MemoryResource
+	next []rmm.DevicePtr
+}
+
+func (f *fixedAddrs) Allocate(n int, s rmm.StreamView) (rmm.DevicePtr, error) {
+	p := f.next[0]
+	f.next = f.next[1:]
+	return p, nil
+}
+
+func (f *fixedAddrs) Deallocate(p rmm.DevicePtr, n int, s rmm.StreamView) error { return nil }
+
+func TestFloorResourceCountsPagesHoldingLiveBytes(t *testing.T) {
+	const mib = 1 << 20
+	up := &fixedAddrs{MemoryResource: rmm.NewSystemMemoryResource(), next: []rmm.DevicePtr{mib, 0x280000, 4 * mib, 16 * mib}}
+	r := &floorResource{MemoryResource: up, page: mib, refs: map[uintptr]int32{}}
+	s := rmm.DefaultStream
+	step := func(live, peak int) {
+		t.Helper()
+		require.Equal(t, live, r.live, "pages live")
+		require.Equal(t, peak, r.peak, "peak pages")
+	}
+	a, _ := r.Allocate(3*mib/2, s) // pages 1, 2
+	step(2, 2)
+	b, _ := r.Allocate(mib/4, s) // page 2, shared with a
+	step(2, 2)
+	c, _ := r.Allocate(mib, s) // page 4 exactly
+	step(3, 3)
+	require.NoError(t, r.Deallocate(a, 3*mib/2, s)) // page 2 still holds b
+	step(2, 3)
+	require.NoError(t, r.Deallocate(b, mib/4, s))
+	step(1, 3)
+	d, _ := r.Allocate(3*mib, s) // pages 16-18
+	step(4, 4)
+	require.NoError(t, r.Deallocate(c, mib, s))
+	require.NoError(t, r.Deallocate(d, 3*mib, s))
+	step(0, 4)
+	require.Empty(t, r.refs)
+}
+
+func TestReplayFloor(t *testing.T) {
+	var out, errOut bytes.Buffer
+	require.NoError(t, run([]string{"-simulate", "16GiB", "-expandable", "-floor", "2MiB", cupy}, &out, &errOut), errOut.String())
+	m := regexp.MustCompile(`page floor       (\d+) bytes \(.*\), ([0-9.]+) x peak live: the most 2.0 MiB pages holding live bytes at once\n`).FindStringSubmatch(out.String())
+	require.NotNil(t, m, out.String())
+	floor, _ := strconv.Atoi(m[1])
+	require.Zero(t, floor%(2<<20))
+	require.GreaterOrEqual(t, floor, 618135910, "at least the peak live bytes")
+	up := regexp.MustCompile(`peak upstream    (\d+) bytes`).FindStringSubmatch(out.String())
+	require.NotNil(t, up)
+	mapped, _ := strconv.Atoi(up[1])
+	require.LessOrEqual(t, floor, mapped, "at most what the pool mapped")
+
+	err := run([]string{"-floor", "0", cupy}, &out, &errOut)
+	require.ErrorIs(t, err, errUsage)
 }
