@@ -434,6 +434,18 @@ var traceTable = []traceFacts{
 		streams: map[uintptr]int{0: 392, 0xb2229d0: 2760, 0xac9c3f0: 58514, 0xb0b9190: 48578}, threads: 1,
 		csvSHA256: "9463ad72f73596c1957af90cb4c01a9051c0adb3fb28f45963ec343695d12620",
 	},
+	{
+		file: "unet_diffusion_multiscale_bf16.csv.gz", events: 101057, allocates: 50530, frees: 50527, failure: 0,
+		neverFreed: 3, neverFreedMiB: "65.0", peakLive: 5483610971, distinctSizes: 284,
+		streams: map[uintptr]int{0: 101057}, threads: 1,
+		csvSHA256: "524dffd23c1d0e55876f5d9a50e98bc131baec6280b6b3971336bd7147362ea9",
+	},
+	{
+		file: "moe_top2_train_bf16.csv.gz", events: 102781, allocates: 51392, frees: 51389, failure: 0,
+		neverFreed: 3, neverFreedMiB: "65.0", peakLive: 6918709928, distinctSizes: 2668,
+		streams: map[uintptr]int{0: 102781}, threads: 1,
+		csvSHA256: "104439b556fe669d89270ef1011feda8e9bf41ef82c21d9d3ba18fea9a35b9d7",
+	},
 }
 
 // TestReadTraces reads every committed trace and checks it against the figures published with it;
