@@ -3,6 +3,7 @@ package rmm
 import (
 	"errors"
 	"fmt"
+	"math"
 	"slices"
 	"sort"
 )
@@ -140,13 +141,27 @@ func (p *PoolMemoryResource) growExpandable(n int, l *freeList, exact bool) (*bl
 		}
 		return 0
 	}
-	// A hole first: map only what the request needs next to a free neighbour.
-	var holes []*block
-	for h := range e.holes {
-		holes = append(holes, h)
+	// What growing at the end of the chain would map: what the request needs beyond the free
+	// block there, or a growth step (exact: only the need), within the room left.
+	need := n - free(e.tail)
+	kNeed, _ := alignUpChecked(need, e.gran)
+	tailK := e.chunkSize(need, p.size)
+	room := min(int(e.base+DevicePtr(e.reserved)-e.top), p.maximum-p.size)
+	if tailK > room {
+		tailK = room / e.gran * e.gran
 	}
-	sort.Slice(holes, func(i, j int) bool { return holes[i].addr < holes[j].addr })
-	for _, h := range holes {
+	if exact {
+		tailK = min(tailK, kNeed)
+	}
+	if tailK < kNeed {
+		tailK = math.MaxInt // no room at the end
+	}
+	// A hole, when filling it next to its free neighbours maps no more than that: only what the
+	// request needs there, in the hole that needs the least.
+	var best *block
+	var bestAt DevicePtr
+	bestK := 0
+	for h := range e.holes {
 		left, right := free(h.prev), free(h.next)
 		if left+h.size+right < n {
 			continue
@@ -163,31 +178,26 @@ func (p *PoolMemoryResource) growExpandable(n int, l *freeList, exact bool) (*bl
 			k = min(k, h.size)
 			at = h.end() - DevicePtr(k)
 		}
-		if p.maximum > 0 && p.size+k > p.maximum {
+		if k > tailK || (p.maximum > 0 && p.size+k > p.maximum) {
 			continue
 		}
-		nb, err := p.mapChunk(at, k)
-		if err != nil {
-			return nil, p.growErr(n, k, err)
+		if best == nil || k < bestK || (k == bestK && h.addr < best.addr) {
+			best, bestAt, bestK = h, at, k
 		}
-		p.fillHole(h, nb)
+	}
+	if best != nil {
+		nb, err := p.mapChunk(bestAt, bestK)
+		if err != nil {
+			return nil, p.growErr(n, bestK, err)
+		}
+		p.fillHole(best, nb)
 		return p.takeGrown(nb, n, l)
 	}
 	// Else at the end of the chain, extending a free tail.
-	left := free(e.tail)
-	need := n - left
-	k := e.chunkSize(need, p.size)
-	room := min(int(e.base+DevicePtr(e.reserved)-e.top), p.maximum-p.size)
-	if k > room {
-		k = room / e.gran * e.gran
-	}
-	if kNeed, _ := alignUpChecked(need, e.gran); k < kNeed {
+	if tailK == math.MaxInt {
 		return nil, p.oomErr(n, maxDetail(n, kNeed, p.maximum-p.size, p.maximum), nil, false)
 	}
-	kNeed, _ := alignUpChecked(need, e.gran)
-	if exact {
-		k = kNeed
-	}
+	k := tailK
 	at, size := e.top, p.size
 	p.mu.Unlock()
 	h, err := p.mapChunkUnlocked(at, k, size)

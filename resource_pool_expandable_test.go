@@ -369,7 +369,11 @@ func expCaseReleaseKeepsOnlyLiveChunks(t *testing.T, vm vmm, g int) {
 		_, mappings, _, _ := sv.stats()
 		require.Equal(t, st.UpstreamBlocks, mappings)
 	}
-	// Growth fills the holes before mapping past the end.
+	// Growth fills a hole rather than map past the end, when that maps no more: with the free
+	// rest of small's chunk at the end taken, the end would map 40 MiB too.
+	fill, err := p.Allocate(p.Stats().LargestFreeBlock, DefaultStream)
+	require.NoError(t, err)
+	require.Equal(t, small+1024, fill)
 	top := p.exp.top
 	again, err := p.Allocate(40*miB, DefaultStream)
 	require.NoError(t, err)
@@ -381,11 +385,62 @@ func expCaseReleaseKeepsOnlyLiveChunks(t *testing.T, vm vmm, g int) {
 	}
 	require.NoError(t, p.Deallocate(small, 1000, DefaultStream))
 	require.NoError(t, p.Deallocate(again, 40*miB, DefaultStream))
+	require.NoError(t, p.Deallocate(fill, int(top-fill), DefaultStream))
 	require.NoError(t, p.Release())
 	require.Zero(t, p.PoolSize())
 	require.Zero(t, p.Stats().Holes)
 	require.Equal(t, p.exp.base, p.exp.top)
 	require.NoError(t, p.CheckInvariants())
+	expClosedClean(t, p, vm)
+}
+
+// A hole is filled only when that maps no more than growing at the end of the chain: a request a
+// little larger than the free block at the end extends it, rather than taking a whole new chunk
+// in a hole with no free neighbour.
+func expCaseHoleOnlyWhenCheaper(t *testing.T, vm vmm, g int) {
+	p := newExpTestPool(t, vm, PoolOptions{MaximumPoolSize: 1 << 30})
+	var ptrs []DevicePtr
+	for range 5 { // one 40 MiB chunk each
+		ptr, err := p.Allocate(40*miB, DefaultStream)
+		require.NoError(t, err)
+		ptrs = append(ptrs, ptr)
+	}
+	require.NoError(t, p.Deallocate(ptrs[1], 40*miB, DefaultStream))
+	require.NoError(t, p.Deallocate(ptrs[2], 40*miB, DefaultStream))
+	require.NoError(t, p.Release()) // an 80 MiB hole between 0 and 3
+	require.NoError(t, p.Deallocate(ptrs[4], 40*miB, DefaultStream))
+	st := p.Stats()
+	require.Equal(t, 1, st.Holes)
+	require.Equal(t, 80*miB, st.HoleBytes)
+	size := st.PoolSize
+
+	// 44 MiB: the hole would map 44 MiB; the end maps one minimum chunk (32 MiB) after the
+	// free 40 MiB there.
+	q, err := p.Allocate(44*miB, DefaultStream)
+	require.NoError(t, err)
+	require.Equal(t, ptrs[4], q, "the free block at the end grew")
+	require.Equal(t, size+expandableMinChunk, p.PoolSize())
+	require.Equal(t, 80*miB, p.Stats().HoleBytes, "the hole is untouched")
+	require.NoError(t, p.CheckInvariants())
+
+	// 80 MiB: the end has 28 MiB free and maps the 52 MiB missing; the hole would map 80.
+	size = p.PoolSize()
+	r, err := p.Allocate(80*miB, DefaultStream)
+	require.NoError(t, err)
+	require.Equal(t, q+44*miB, r)
+	require.Equal(t, size+52*miB, p.PoolSize())
+	// 40 MiB with nothing free at the end: the hole maps no more than the end would (40 MiB).
+	u, err := p.Allocate(40*miB, DefaultStream)
+	require.NoError(t, err)
+	require.Equal(t, ptrs[1], u, "mapped into the hole")
+	require.Equal(t, 40*miB, p.Stats().HoleBytes)
+	require.NoError(t, p.CheckInvariants())
+	for _, x := range []struct {
+		p DevicePtr
+		n int
+	}{{ptrs[0], 40 * miB}, {ptrs[3], 40 * miB}, {q, 44 * miB}, {r, 80 * miB}, {u, 40 * miB}} {
+		require.NoError(t, p.Deallocate(x.p, x.n, DefaultStream))
+	}
 	expClosedClean(t, p, vm)
 }
 
@@ -442,6 +497,9 @@ func TestExpandablePoolCoalescesAcrossGrowthSteps(t *testing.T) {
 }
 func TestExpandablePoolReleaseKeepsOnlyLiveChunks(t *testing.T) {
 	runExpCases(t, expFakeVMMs(), expCaseReleaseKeepsOnlyLiveChunks)
+}
+func TestExpandablePoolFillsAHoleOnlyWhenCheaper(t *testing.T) {
+	runExpCases(t, expFakeVMMs(), expCaseHoleOnlyWhenCheaper)
 }
 func TestExpandablePoolOutOfMemoryFigures(t *testing.T) {
 	runExpCases(t, expFakeVMMs(), expCaseOutOfMemoryFigures)
