@@ -58,9 +58,10 @@ type PoolOptions struct {
 // neighbours from different streams coalesce, retrying after each; (4) else grows the pool by
 // taking a new block from the upstream (growth policy as librmm: without a maximum, at least
 // double the pool; with one, half the remaining headroom; a failing upstream is retried with
-// halved sizes down to the request); (5) else, when the upstream refused even the request or the
-// maximum stopped the pool, gives every wholly free upstream block back (as Release does, after
-// waiting for the streams' work behind the frees) and tries (4) once more before it fails. Blocks
+// halved sizes down to the request); (5) else, when the upstream refused even the request for
+// want of memory or the maximum stopped the pool, gives every wholly free upstream block back (as
+// Release does, after waiting on the host for the streams' work behind the frees) and tries (4)
+// once more before it fails. Blocks
 // from different upstream allocations never coalesce.
 //
 // Per-stream caches: the default stream and each of our own Streams have a small cache (up to 16
@@ -296,13 +297,17 @@ func (p *PoolMemoryResource) MaximumPoolSize() int { return p.maximum }
 // Allocate returns nbytes (rounded up to 256) ordered on s. See the type's documentation for
 // where the memory comes from. Out of memory (the pool cannot grow, or the upstream refuses every
 // size tried) wraps ErrOutOfMemory and says the requested size, the pool size and the maximum; the
-// pool's live allocations are then as they were, though other streams' free lists may have been
-// merged into s's (a rearrangement of free blocks that the search made before growing), and the
-// pool may have given wholly free upstream blocks (expandable: chunks) back before trying to grow
-// once more, as Release does — when the upstream (or the device) refused, capped or not, or when
-// the maximum stopped a capped pool (an expandable pool also after mapping a chunk for the
-// request that other goroutines' allocations left too small: the chunk goes back while wholly
-// free). A Stream that was closed returns ErrClosed.
+// pool's live allocations are then as they were, though its free blocks may have moved between
+// lists: other streams' lists merged into s's (a rearrangement the search made before growing),
+// or, when the pool gave memory back before failing, every list merged into DefaultStream's. It
+// gives back (as Release does: it waits on the host for every stream's work behind the frees,
+// then returns each wholly free upstream block — expandable: chunk — and grows once more) when
+// the upstream (or the device) refused for want of memory, capped or not, whatever the request —
+// so a request too large for the device empties the pool of free memory, initial block included,
+// as PyTorch's caching allocator does —, or when the maximum stopped a capped plain pool (an
+// expandable pool also after mapping a chunk for the request that other goroutines' allocations
+// left too small: the chunk goes back while wholly free). A Stream that was closed returns
+// ErrClosed.
 func (p *PoolMemoryResource) Allocate(nbytes int, s StreamView) (DevicePtr, error) {
 	if nbytes <= 0 {
 		if nbytes < 0 {
@@ -548,21 +553,30 @@ func (p *PoolMemoryResource) growAny(n int, s StreamView, l *freeList) (*block, 
 }
 
 // releaseMayHelp reports whether, after growing for an n-byte request failed with err, giving
-// wholly free memory back could let a second growth succeed: the pool holds free memory, the
-// request fits under the maximum (if any), and either the upstream (or the device) refused —
-// capped or not: the upstream may then have room for one block where it had none beside the free
-// ones —, or the maximum stopped a plain pool (whose free upstream blocks count against it), or
-// an expandable pool has holes: growth fills a hole only together with the free blocks right next
-// to it, and the free chunks given back between two holes (or between a hole and the end) merge
-// them into one. An expandable pool without holes stopped by its maximum gains nothing: a chunk
-// given back leaves a hole exactly where its free memory already was.
+// wholly free memory back could let a second growth succeed: the pool holds free memory (blocks in
+// the streams' caches included), the request fits under the maximum (if any), and either the
+// upstream (or the device) refused for want of memory — capped or not: the upstream may then have
+// room for one block where it had none beside the free ones; another failure is not helped by
+// giving back —, or the maximum stopped a plain pool (whose free upstream blocks count against
+// it), or an expandable pool has holes: growth fills a hole only together with the free blocks
+// right next to it, and the free chunks given back between two holes (or between a hole and the
+// end) merge them into one. An expandable pool without holes stopped by its maximum gains
+// nothing: a chunk given back leaves a hole exactly where its free memory already was.
 func (p *PoolMemoryResource) releaseMayHelp(n int, err error) bool {
 	var oom *OutOfMemoryError
-	if !errors.As(err, &oom) || p.size == p.liveBytes || (p.maximum > 0 && n > p.maximum) {
+	if !errors.As(err, &oom) || (p.maximum > 0 && n > p.maximum) {
+		return false
+	}
+	free := p.size - p.liveBytes
+	for _, c := range p.cachedByStream() { // blocks in the streams' caches count as live here
+		free += c.bytes
+	}
+	if free == 0 {
 		return false
 	}
 	if oom.Cause != nil {
-		return true
+		// The upstream refused: only when for want of memory, which giving back may make.
+		return errors.Is(oom.Cause, ErrOutOfMemory)
 	}
 	if p.maximum == 0 {
 		return false // nothing stopped it but the upstream, which did not refuse (overflow)

@@ -18,16 +18,25 @@ type poolRetryUpstream struct {
 	mu    sync.Mutex
 	inner *SimulatedMemoryResource
 	limit int // 0: none
-	live  map[DevicePtr]int
-	bytes int
-	frees int
+	// onRefuse, when set, runs (unlocked, once) the next time the limit refuses an allocation
+	onRefuse func()
+	live     map[DevicePtr]int
+	bytes    int
+	frees    int
 }
 
 func (u *poolRetryUpstream) Allocate(n int, s StreamView) (DevicePtr, error) {
 	u.mu.Lock()
 	defer u.mu.Unlock()
 	if u.limit > 0 && u.bytes+n > u.limit {
-		return 0, fmt.Errorf("%w: poolRetryUpstream: %d + %d > %d", ErrOutOfMemory, u.bytes, n, u.limit)
+		err := fmt.Errorf("%w: poolRetryUpstream: %d + %d > %d", ErrOutOfMemory, u.bytes, n, u.limit)
+		if f := u.onRefuse; f != nil {
+			u.onRefuse = nil
+			u.mu.Unlock()
+			f()
+			u.mu.Lock()
+		}
+		return 0, err
 	}
 	p, err := u.inner.Allocate(n, s)
 	if err != nil {
@@ -279,4 +288,35 @@ func TestPoolUncappedReleasesBeforeFailing(t *testing.T) {
 	require.NoError(t, p.CheckInvariants())
 	require.LessOrEqual(t, p.PoolSize(), size)
 	require.NoError(t, p.Deallocate(a, 5*gib/2, DefaultStream))
+}
+
+// A block freed into a stream's cache while the pool grows unlocked (the upstream refusing)
+// counts as free memory that giving back may turn into room: the pool gives it back and
+// succeeds.
+func TestPoolReleasesCachedBlockBeforeFailing(t *testing.T) {
+	sim, err := NewSimulatedMemoryResource(1 << 40)
+	require.NoError(t, err)
+	up := &poolRetryUpstream{inner: sim, live: map[DevicePtr]int{}, limit: 2 * miB}
+	p, err := NewPoolMemoryResource(up, &PoolOptions{})
+	require.NoError(t, err)
+	defer p.Close()
+	s1, err := NewStream(CurrentDevice(), &StreamOptions{NonBlocking: true})
+	require.NoError(t, err)
+	defer s1.Close()
+
+	// 1 MiB on DefaultStream, freed and asked for again, so that its next free is cached.
+	a, err := p.Allocate(miB, DefaultStream)
+	require.NoError(t, err)
+	require.NoError(t, p.Deallocate(a, miB, DefaultStream))
+	a, err = p.Allocate(miB, DefaultStream)
+	require.NoError(t, err)
+	// 1.5 MiB on s1: the pool holds 1 MiB (live) and the upstream refuses 1.5 MiB more; meanwhile
+	// the 1 MiB block is freed into DefaultStream's cache.
+	up.onRefuse = func() { require.NoError(t, p.Deallocate(a, miB, DefaultStream)) }
+	b, err := p.Allocate(3*miB/2, s1.View())
+	require.NoError(t, err, "the cached block was given back and the upstream had room")
+	require.Equal(t, 1, up.frees)
+	require.True(t, up.holds(b, 3*miB/2))
+	require.NoError(t, p.CheckInvariants())
+	require.NoError(t, p.Deallocate(b, 3*miB/2, s1.View()))
 }

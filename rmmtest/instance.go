@@ -383,6 +383,7 @@ type observation struct {
 	invariants error
 	held       []span
 	misuse     error
+	live       []span // the suite's live allocations
 }
 
 func (in *instance) observe() observation {
@@ -394,6 +395,11 @@ func (in *instance) observe() observation {
 		o.invariants = in.invariants()
 	}
 	o.held, o.misuse = in.up.blocks()
+	in.mu.Lock()
+	for _, b := range in.live {
+		o.live = append(o.live, span{b.ptr, b.size})
+	}
+	in.mu.Unlock()
 	return o
 }
 
@@ -408,8 +414,9 @@ func unchanged(before, after observation) error {
 
 // unchangedAccounting checks a failed allocation: the live figures are the same, and the upstream
 // holds the same blocks — or, when PoolStats shows the pool shrank (or, without PoolStats, the
-// upstream holds fewer blocks), a subset of them: a resource may rearrange its free blocks while
-// it searches, and may give wholly free blocks back to its upstream before it gives up.
+// upstream holds fewer blocks), a subset of them, none of those it gave back holding part of a
+// live allocation: a resource may rearrange its free blocks while it searches, and may give
+// wholly free blocks back to its upstream before it gives up.
 func unchangedAccounting(before, after observation) error {
 	shrank := false
 	if b, ok := before.stats.(rmm.PoolStats); ok {
@@ -421,8 +428,9 @@ func unchangedAccounting(before, after observation) error {
 		}
 		shrank = a.PoolSize < b.PoolSize
 	} else {
-		// An adaptor over a pool: the pool's figures are not in sight, but what the upstream
-		// holds is. Fewer blocks, none of them new, is the pool under it giving back.
+		// An adaptor over a pool (or any resource without PoolStats): its figures are not in
+		// sight, but what the upstream holds is. Fewer blocks, none of them new and none of
+		// those given back under a live allocation, is a give-back of free memory.
 		shrank = len(after.held) < len(before.held)
 	}
 	if !shrank {
@@ -431,6 +439,16 @@ func unchangedAccounting(before, after observation) error {
 	for _, h := range after.held {
 		if !slices.Contains(before.held, h) {
 			return fmt.Errorf("a failed allocation took a new upstream block %v (held before: %s)", h, heldString(before.held))
+		}
+	}
+	for _, h := range before.held {
+		if slices.Contains(after.held, h) {
+			continue
+		}
+		for _, l := range before.live {
+			if l.addr < h.end() && h.addr < l.end() {
+				return fmt.Errorf("a failed allocation gave the upstream block %v back while the live allocation %v lies in it", h, l)
+			}
 		}
 	}
 	if after.invariants != nil && before.invariants == nil {

@@ -21,10 +21,12 @@
 //	-passes N         replay N times on the same resource (a pool keeps what it grew in earlier
 //	                  passes); report each wall time and the median (default 1)
 //	-floor PAGE       also report the page floor: the most bytes of PAGE-sized pages (e.g. 2MiB,
-//	                  the granularity of the driver's virtual memory on current GPUs) that held
-//	                  part of a live allocation at once, at the addresses the resource gave out —
-//	                  what a pool that could map and unmap every page on its own would hold at
-//	                  least with the same placement (it slows the replay: time it without)
+//	                  the granularity of the driver's virtual memory on current GPUs; at least
+//	                  4KiB) that held part of a live allocation at once, at the addresses the
+//	                  resource gave out, over all passes — what a pool that could map and unmap
+//	                  every page on its own would hold at least with the same placement. It
+//	                  counts every page an allocation touches, so it slows the replay (more for
+//	                  smaller pages): time it without
 //	-v                print every allocation that fails during the replay
 //
 // Sizes take units: 1073741824, 1GiB, 1.5GB (SI units are powers of 1000, "i" units of 1024).
@@ -126,7 +128,7 @@ func run(args []string, stdout, stderr io.Writer) error {
 	passes := fs.Int("passes", 1, "replay this many times on the same resource (a pool keeps what it grew); report the median")
 	verbose := fs.Bool("v", false, "print every allocation that fails during the replay")
 	var floor sizeFlag
-	fs.Var(&floor, "floor", "also report the page floor for pages of this size (e.g. 2MiB): the most bytes of pages holding part of a live allocation at once (slows the replay)")
+	fs.Var(&floor, "floor", "also report the page floor for pages of this size (e.g. 2MiB; at least 4KiB): the most bytes of pages holding part of a live allocation at once, over all passes (slows the replay)")
 	fs.Usage = func() {
 		fmt.Fprintln(stderr, "usage: rmm-replay [flags] TRACE.csv[.gz]")
 		fs.PrintDefaults()
@@ -156,8 +158,8 @@ func run(args []string, stdout, stderr io.Writer) error {
 	if simulate.set && *mrName != "pool" {
 		return fmt.Errorf("%w: -simulate works with -mr pool only (got -mr %s)", errUsage, *mrName)
 	}
-	if floor.set && floor.n <= 0 {
-		return fmt.Errorf("%w: -floor %d: the page size must be positive", errUsage, floor.n)
+	if floor.set && floor.n < minFloorPage {
+		return fmt.Errorf("%w: -floor %d: the page size must be at least %d bytes (4KiB)", errUsage, floor.n, minFloorPage)
 	}
 	path := fs.Arg(0)
 	events, err := rmm.ReadLogFile(path)
@@ -337,6 +339,11 @@ func run(args []string, stdout, stderr io.Writer) error {
 	return nil
 }
 
+// minFloorPage is the smallest page -floor takes: it keeps one counter per page an allocation
+// touches, so that smaller pages cost time and memory out of proportion (a 4 KiB page already
+// takes seconds on a trace of 100 000 events).
+const minFloorPage = 4 << 10
+
 // floorResource counts, for the allocations that pass through it, the pages of page bytes that
 // hold part of at least one live allocation, now and at most.
 type floorResource struct {
@@ -354,7 +361,7 @@ func (r *floorResource) pagesOf(p rmm.DevicePtr, n int) (first, last uintptr) {
 
 func (r *floorResource) Allocate(n int, s rmm.StreamView) (rmm.DevicePtr, error) {
 	p, err := r.MemoryResource.Allocate(n, s)
-	if err != nil || n == 0 {
+	if err != nil || n == 0 || p == 0 {
 		return p, err
 	}
 	first, last := r.pagesOf(p, n)

@@ -107,7 +107,7 @@ func (f *fixedAddrs) Deallocate(p rmm.DevicePtr, n int, s rmm.StreamView) error 
 
 func TestFloorResourceCountsPagesHoldingLiveBytes(t *testing.T) {
 	const mib = 1 << 20
-	up := &fixedAddrs{MemoryResource: rmm.NewSystemMemoryResource(), next: []rmm.DevicePtr{mib, 0x280000, 4 * mib, 16 * mib}}
+	up := &fixedAddrs{MemoryResource: rmm.NewSystemMemoryResource(), next: []rmm.DevicePtr{mib, 0x280000, 4 * mib, 16 * mib, 0}}
 	r := &floorResource{MemoryResource: up, page: mib, refs: map[uintptr]int32{}}
 	s := rmm.DefaultStream
 	step := func(live, peak int) {
@@ -126,6 +126,11 @@ func TestFloorResourceCountsPagesHoldingLiveBytes(t *testing.T) {
 	require.NoError(t, r.Deallocate(b, mib/4, s))
 	step(1, 3)
 	d, _ := r.Allocate(3*mib, s) // pages 16-18
+	step(4, 4)
+	z, _ := r.Allocate(mib, s) // a null pointer holds no page
+	require.Zero(t, z)
+	step(4, 4)
+	require.NoError(t, r.Deallocate(z, mib, s))
 	step(4, 4)
 	require.NoError(t, r.Deallocate(c, mib, s))
 	require.NoError(t, r.Deallocate(d, 3*mib, s))
@@ -146,6 +151,8 @@ func TestReplayFloor(t *testing.T) {
 	mapped, _ := strconv.Atoi(up[1])
 	require.LessOrEqual(t, floor, mapped, "at most what the pool mapped")
 
-	err := run([]string{"-floor", "0", cupy}, &out, &errOut)
-	require.ErrorIs(t, err, errUsage)
+	for _, bad := range []string{"0", "-1", "4095", "abc"} {
+		err := run([]string{"-floor", bad, cupy}, &out, &errOut)
+		require.ErrorIs(t, err, errUsage, "-floor %s", bad)
+	}
 }
