@@ -567,11 +567,7 @@ func (p *PoolMemoryResource) releaseMayHelp(n int, err error) bool {
 	if !errors.As(err, &oom) || (p.maximum > 0 && n > p.maximum) {
 		return false
 	}
-	free := p.size - p.liveBytes
-	for _, c := range p.cachedByStream() { // blocks in the streams' caches count as live here
-		free += c.bytes
-	}
-	if free == 0 {
+	if free, _ := p.freeFigures(); free == 0 {
 		return false
 	}
 	if oom.Cause != nil {
@@ -717,11 +713,7 @@ func (p *PoolMemoryResource) grow(n int, s StreamView, l *freeList) (*block, err
 // for in Requested); refused: the upstream (or
 // the device) refused memory, so there is no headroom whatever the maximum says.
 func (p *PoolMemoryResource) oomErr(n int, detail string, cause error, refused bool) error {
-	free, largest := p.size-p.liveBytes, p.largestFree()
-	for _, c := range p.cachedByStream() { // as Stats counts them
-		free += c.bytes
-		largest = max(largest, c.largest)
-	}
+	free, largest := p.freeFigures()
 	e := OutOfMemoryError{
 		Resource:         "PoolMemoryResource",
 		Requested:        n,
@@ -739,6 +731,17 @@ func (p *PoolMemoryResource) oomErr(n int, detail string, cause error, refused b
 		e.Headroom = p.maximum - p.size
 	}
 	return newOutOfMemory(e, n)
+}
+
+// freeFigures returns the free bytes and the largest free block, blocks in the streams' caches
+// included (as Stats counts them; liveBytes counts cached blocks as live). Pool locked.
+func (p *PoolMemoryResource) freeFigures() (free, largest int) {
+	free, largest = p.size-p.liveBytes, p.largestFree()
+	for _, c := range p.cachedByStream() {
+		free += c.bytes
+		largest = max(largest, c.largest)
+	}
+	return free, largest
 }
 
 // largestFree is the largest free block over all lists. O(s log n).
