@@ -30,6 +30,9 @@ type block struct {
 	list        *freeList // free and indexed: its list; nil otherwise
 	prev, next  *block    // address neighbours within the upstream allocation
 	req         int       // allocated: the size asked
+	// deps: free, listed: other lists whose events a taker must also wait on (memory freed on
+	// their streams coalesced into this block; pool_deps.go). Nil almost always.
+	deps []*freeList
 }
 
 func (b *block) end() DevicePtr { return b.addr + DevicePtr(b.size) }
@@ -75,9 +78,13 @@ type freeList struct {
 	// frees counts the blocks freed (or merged) into the list: Release compares it before and
 	// after the synchronisation it made unlocked, to know whether it covered every block.
 	frees uint64
-	count int // blocks
-	bytes int // free bytes
-	rng   uint32
+	// depRefs counts the blocks whose deps name this list: it is dropped while a listed block
+	// does only once its stream's work behind the frees was waited for (pool_deps.go).
+	depRefs int
+	dropped bool // the pool forgot the list (dropList)
+	count   int  // blocks
+	bytes   int  // free bytes
+	rng     uint32
 	// The sizes (rounded) of the stream's last allocations that its cache could not serve; a
 	// free of one of these sizes goes to the stream's cache (pool_cache.go).
 	recent     [poolCacheRecent]int

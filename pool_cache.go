@@ -1,6 +1,7 @@
 package rmm
 
 import (
+	"errors"
 	"fmt"
 	"slices"
 	"sync"
@@ -279,7 +280,9 @@ func (p *PoolMemoryResource) returnCached(c *poolCache, l *freeList, kill bool) 
 			DebugLogger().Warn("rmm: PoolMemoryResource: no free list for a stream's cached blocks; synchronising it", "stream", c.stream.String(), "err", err)
 			// (Under the lock: this path follows a failure to make a list, rarely if ever taken;
 			// the blocks must not be seen in the default stream's list before the wait.)
-			if p.ctx != 0 {
+			// A Stream that was closed waited for its work then, and its handle is gone: no
+			// call may name it.
+			if p.ctx != 0 && !errors.Is(err, ErrClosed) {
 				if serr := p.drv.streamSynchronize(p.ctx, c.stream.cu()); serr != nil {
 					p.drv.ctxSynchronize(p.ctx)
 				}

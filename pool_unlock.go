@@ -104,6 +104,7 @@ func (p *PoolMemoryResource) quiesce() {
 type takeWait struct {
 	o      *freeList
 	record bool
+	frees  uint64 // o.frees at beginWait: the wait covers every free into o counted there
 }
 
 // beginWait decides, under the lock, what a stream taking blocks from o must wait for, and pins o
@@ -112,7 +113,7 @@ func (p *PoolMemoryResource) beginWait(o *freeList) takeWait {
 	if p.ctx == 0 || o.event == 0 {
 		return takeWait{}
 	}
-	w := takeWait{o: o, record: (o.dirty || o.recording > 0) && !o.closed}
+	w := takeWait{o: o, record: (o.dirty || o.recording > 0) && !o.closed, frees: o.frees}
 	if w.record {
 		o.dirty = false
 		o.recording++

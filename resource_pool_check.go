@@ -94,6 +94,7 @@ func (p *PoolMemoryResource) CheckInvariants() error {
 	defer p.mu.Unlock()
 	p.quiesce() // blocks in flight between lists are in none
 	all := map[DevicePtr]*block{}
+	deps := map[*freeList]int{}
 	freeBytes := 0
 	for _, l := range p.lists {
 		if p.byStream[l.stream.id] != l {
@@ -108,6 +109,12 @@ func (p *PoolMemoryResource) CheckInvariants() error {
 			if all[t.addr] != nil {
 				return fmt.Errorf("block %#x is indexed twice", uintptr(t.addr))
 			}
+			for _, o := range t.deps {
+				if o == l || p.byStream[o.stream.id] != o {
+					return fmt.Errorf("free block %#x of %v names its own list or a list the pool dropped (%v) among its deps", uintptr(t.addr), l.stream, o.stream)
+				}
+				deps[o]++
+			}
 			all[t.addr] = t
 			return nil
 		})
@@ -115,6 +122,11 @@ func (p *PoolMemoryResource) CheckInvariants() error {
 			return err
 		}
 		freeBytes += bytes
+	}
+	for _, l := range p.lists {
+		if l.depRefs != deps[l] {
+			return fmt.Errorf("list of %v counts %d blocks naming it among their deps, %d do", l.stream, l.depRefs, deps[l])
+		}
 	}
 	liveBytes, counted := 0, 0
 	var liveErr error
@@ -190,8 +202,8 @@ func (p *PoolMemoryResource) CheckInvariants() error {
 				if nx.prev != b || nx.addr != b.end() {
 					return fmt.Errorf("blocks %#x and %#x are badly linked", uintptr(b.addr), uintptr(nx.addr))
 				}
-				if b.free && nx.free && b.list == nx.list {
-					return fmt.Errorf("free blocks %#x and %#x of one list are adjacent but not coalesced", uintptr(b.addr), uintptr(nx.addr))
+				if adjacentUncoalesced(b, nx) {
+					return fmt.Errorf("free blocks %#x and %#x are adjacent but not coalesced", uintptr(b.addr), uintptr(nx.addr))
 				}
 			}
 		}
@@ -254,8 +266,8 @@ func (p *PoolMemoryResource) checkExpandable(all map[DevicePtr]*block) error {
 				mappedRanges = append(mappedRanges, [2]DevicePtr{b.addr, b.end()})
 			}
 		}
-		if last != nil && last.free && b.free && last.list == b.list {
-			return fmt.Errorf("free blocks %#x and %#x of one list are adjacent but not coalesced", uintptr(last.addr), uintptr(b.addr))
+		if last != nil && adjacentUncoalesced(last, b) {
+			return fmt.Errorf("free blocks %#x and %#x are adjacent but not coalesced", uintptr(last.addr), uintptr(b.addr))
 		}
 		at = b.end()
 		last = b

@@ -46,7 +46,8 @@ type expandable struct {
 
 // The chunk size: a growth maps what the request needs beyond the free block it extends, but at
 // least a sixteenth of the pool and at least 32 MiB, at most 1 GiB unless the request needs more,
-// rounded up to the granularity; one chunk (one physical allocation) per growth.
+// rounded up to the granularity; one chunk (one physical allocation) per growth. (A fragmented
+// pool, whose free bytes hold the request, maps only what it needs: see growAny.)
 //
 // Why: on an H200, creating, mapping and granting access to a chunk costs 71 µs at 2 MiB, 92 µs
 // at 64 MiB and 152 µs at 1 GiB — per mapping, not per byte, and about what cuMemAlloc costs for
@@ -61,6 +62,9 @@ const (
 	expandableGrowthDivisor = 16
 	expandableMinChunk      = 32 << 20
 	expandableMaxChunk      = 1 << 30
+	// expandableFragmentedMin is the least a growth maps when the pool's free bytes already hold
+	// the request (see growAny).
+	expandableFragmentedMin = 8 << 20
 )
 
 // newExpandable reserves the range for an expandable pool of at most maximum bytes (0: the
@@ -120,8 +124,10 @@ func (e *expandable) chunkSize(need, size int) int {
 }
 
 // growExpandable maps new memory so that a free block of at least n bytes exists in list l (all
-// other lists were merged into l before), and returns that block out of every list. With exact it
-// maps only what n needs (the initial size), else a chunk of the growth policy's size.
+// other lists were merged into l before), and returns that block out of every list. With exact > 0
+// it maps only what n needs, at least exact bytes (1 for the initial size,
+// expandableFragmentedMin for a pool whose free bytes hold n), else a chunk of the growth
+// policy's size.
 //
 // Pool locked, busy token held (nothing else maps, unmaps or changes the holes and the end of the
 // chain), l pinned. The chunk is created and mapped unlocked, then linked in: the free
@@ -129,7 +135,7 @@ func (e *expandable) chunkSize(need, size int) int {
 // so the new memory is freed into l, coalescing with whatever is free there now, and when the
 // result is still smaller than n it stays there and growExpandable returns nil, nil: the caller
 // searches again.
-func (p *PoolMemoryResource) growExpandable(n int, l *freeList, exact bool) (*block, error) {
+func (p *PoolMemoryResource) growExpandable(n int, l *freeList, exact int) (*block, error) {
 	e := p.exp
 	if n > p.maximum {
 		// Also keeps the sizes below from overflowing when rounded up to the granularity.
@@ -150,8 +156,9 @@ func (p *PoolMemoryResource) growExpandable(n int, l *freeList, exact bool) (*bl
 	if tailK > room {
 		tailK = room / e.gran * e.gran
 	}
-	if exact {
-		tailK = min(tailK, kNeed)
+	if exact > 0 {
+		k, _ := alignUpChecked(max(need, exact), e.gran)
+		tailK = min(tailK, k)
 	}
 	if tailK < kNeed {
 		tailK = math.MaxInt // no room at the end
@@ -436,6 +443,7 @@ func (p *PoolMemoryResource) carveHole(def *freeList, b *block, addr DevicePtr, 
 		r := p.newBlock(end, int(b.end()-end))
 		b.size -= r.size
 		p.linkAfter(b, r)
+		p.copyDeps(r, b) // b may have coalesced with memory freed on other streams since the wait
 		def.insert(r)
 	}
 	h := b
@@ -444,6 +452,8 @@ func (p *PoolMemoryResource) carveHole(def *freeList, b *block, addr DevicePtr, 
 		b.size = int(addr - b.addr)
 		p.linkAfter(b, h)
 		def.insert(b)
+	} else {
+		p.clearDeps(h) // a hole is no free memory
 	}
 	h.free, h.req = false, holeReq
 	e.holes[h] = struct{}{}
