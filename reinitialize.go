@@ -13,8 +13,14 @@ import (
 // ReinitializeOptions configures Reinitialize, as the arguments of Python's rmm.reinitialize.
 // nil means the defaults: every listed device gets its plain initial resource.
 type ReinitializeOptions struct {
-	// PoolAllocator puts a PoolMemoryResource over each device's base resource. Default false.
+	// PoolAllocator puts a PoolMemoryResource over each device's base resource: an expandable
+	// pool (PoolOptions.Expandable) over device memory where the device supports the driver's
+	// virtual memory management, else (managed memory, host memory without CUDA, a device
+	// without it, or PlainPool) librmm's pool. Default false.
 	PoolAllocator bool
+	// PlainPool makes PoolAllocator's pool librmm's (growth by allocations from the base
+	// resource, pool sizes as librmm's) even where an expandable pool could be had. Default false.
+	PlainPool bool
 	// ManagedMemory makes the base resource a ManagedMemoryResource instead of a
 	// CudaMemoryResource. Default false. Without CUDA the base resource is host memory
 	// (a SystemMemoryResource) either way.
@@ -95,7 +101,8 @@ func RegisterReinitializeHook(f func()) (unregister func()) {
 //     valid and may be freed as usual, but should not be used with the new setup in mind.
 //  4. For each device a resource is built: the base is a CudaMemoryResource (the device's
 //     initial resource), a ManagedMemoryResource with ManagedMemory, or host memory without CUDA;
-//     with PoolAllocator a PoolMemoryResource over it; with Logging a LoggingResourceAdaptor
+//     with PoolAllocator a PoolMemoryResource over it (expandable over device memory where the
+//     device supports virtual memory management, unless PlainPool); with Logging a LoggingResourceAdaptor
 //     (file per device, see LogFileName) on top. It is installed with SetPerDeviceResource.
 //
 // If building fails for some device (out of memory for the pool, a log file that cannot be
@@ -164,6 +171,8 @@ func reinitCheck(o *ReinitializeOptions) ([]Device, map[Device]string, error) {
 		return nil, nil, bad("negative pool size (InitialPoolSize %d, MaximumPoolSize %d)", o.InitialPoolSize, o.MaximumPoolSize)
 	case !o.PoolAllocator && (o.InitialPoolSize != 0 || o.MaximumPoolSize != 0):
 		return nil, nil, bad("InitialPoolSize %d and MaximumPoolSize %d are only used with PoolAllocator", o.InitialPoolSize, o.MaximumPoolSize)
+	case !o.PoolAllocator && o.PlainPool:
+		return nil, nil, bad("PlainPool is only used with PoolAllocator")
 	case o.InitialPoolSize%Alignment != 0:
 		return nil, nil, bad("InitialPoolSize %d is not a multiple of %d bytes", o.InitialPoolSize, Alignment)
 	case o.MaximumPoolSize%Alignment != 0:
@@ -262,7 +271,15 @@ func reinitBuild(d Device, o *ReinitializeOptions, logName string) (mr MemoryRes
 				return nil, made, fmt.Errorf("the default initial pool size: %w", err)
 			}
 		}
-		pool, err := NewPoolMemoryResource(mr, &PoolOptions{InitialPoolSize: initial, MaximumPoolSize: o.MaximumPoolSize})
+		po := &PoolOptions{InitialPoolSize: initial, MaximumPoolSize: o.MaximumPoolSize}
+		// The expandable pool where it can be had: over the ten bundled traces it took 1.00–1.29
+		// × peak live (one pass and three) where the plain pool took 1.15–2.56, at or below
+		// cudaMallocAsync and PyTorch's expandable segments on nine of them, at the same speed
+		// per allocation (BENCHMARKS.md, eighth run).
+		_, overDevice := mr.(*CudaMemoryResource)
+		expandable := cuda && overDevice && !o.PlainPool && vmmSupported(d)
+		po.Expandable = expandable
+		pool, err := NewPoolMemoryResource(mr, po)
 		if err != nil {
 			return nil, made, err
 		}
@@ -500,4 +517,11 @@ func DisableLogging() error {
 		}
 	}
 	return errors.Join(errs...)
+}
+
+// vmmSupported reports whether device d supports the driver's virtual memory management (asked of
+// the driver once per call; no failing call is made).
+func vmmSupported(d Device) bool {
+	_, err := newDeviceVMM(d)
+	return err == nil
 }

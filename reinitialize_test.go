@@ -69,6 +69,7 @@ func TestReinitializeOptionsValidation(t *testing.T) {
 	before := CurrentDeviceResource()
 	for name, o := range map[string]ReinitializeOptions{
 		"negative initial":       {PoolAllocator: true, InitialPoolSize: -256},
+		"plain without pool":     {PlainPool: true},
 		"negative maximum":       {PoolAllocator: true, MaximumPoolSize: -256},
 		"initial not aligned":    {PoolAllocator: true, InitialPoolSize: 1000},
 		"maximum not aligned":    {PoolAllocator: true, MaximumPoolSize: 1<<20 + 1, InitialPoolSize: 256},
@@ -130,8 +131,10 @@ func TestReinitializePool(t *testing.T) {
 	require.Equal(t, 8<<20, pool.MaximumPoolSize())
 	if CUDAAvailable() == nil {
 		_, ok = pool.Upstream().(*CudaMemoryResource)
+		require.Equal(t, vmmSupported(cur), pool.Expandable(), "expandable where the device has virtual memory management")
 	} else {
 		_, ok = pool.Upstream().(*SystemMemoryResource)
+		require.False(t, pool.Expandable(), "host memory: the plain pool")
 	}
 	require.True(t, ok, "upstream %T", pool.Upstream())
 	require.Empty(t, LogFileNames())
@@ -356,4 +359,16 @@ func TestReinitializeUnderStatisticsFails(t *testing.T) {
 	p, err = CurrentDeviceResource().Allocate(1000, DefaultStream)
 	require.NoError(t, err)
 	require.NoError(t, CurrentDeviceResource().Deallocate(p, 1000, DefaultStream))
+}
+
+// PlainPool keeps librmm's pool where an expandable one could be had.
+func TestReinitializePlainPool(t *testing.T) {
+	reinitIsolate(t)
+	require.NoError(t, Reinitialize(&ReinitializeOptions{PoolAllocator: true, PlainPool: true, InitialPoolSize: 2 << 20}))
+	pool, ok := CurrentDeviceResource().(*PoolMemoryResource)
+	require.True(t, ok, "got %T", CurrentDeviceResource())
+	require.False(t, pool.Expandable())
+	require.Equal(t, 2<<20, pool.PoolSize())
+	require.Equal(t, 1, pool.Stats().UpstreamBlocks, "one block from the base resource")
+	require.NoError(t, Reinitialize(nil))
 }

@@ -300,6 +300,10 @@ func (p *PoolMemoryResource) PoolSize() int { return int(p.sizeAtomic.Load()) }
 // the size of its reserved range).
 func (p *PoolMemoryResource) MaximumPoolSize() int { return p.maximum }
 
+// Expandable reports whether the pool maps its own memory into one reserved address range
+// (PoolOptions.Expandable), as Reinitialize's pool does where the device allows it.
+func (p *PoolMemoryResource) Expandable() bool { return p.exp != nil }
+
 // Allocate returns nbytes (rounded up to 256) ordered on s. See the type's documentation for
 // where the memory comes from. Out of memory (the pool cannot grow, or the upstream refuses every
 // size tried) wraps ErrOutOfMemory and says the requested size, the pool size and the maximum; the

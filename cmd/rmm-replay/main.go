@@ -4,9 +4,10 @@
 //
 //	rmm-replay [flags] TRACE.csv[.gz]
 //
-// By default the resource is a PoolMemoryResource over the GPU (CudaMemoryResource on device 0),
-// or over host memory (SystemMemoryResource) where there is no CUDA device; the first line of
-// output names it. -simulate SIZE replaces the upstream with an address-only resource of SIZE
+// By default the resource is an expandable PoolMemoryResource over the GPU (device 0), or over
+// host memory (SystemMemoryResource) where there is no CUDA device — librmm's pool
+// (-expandable=false) where the GPU lacks virtual memory management; the first line of output
+// names it. -simulate SIZE replaces the upstream with an address-only resource of SIZE
 // bytes, so that a trace recorded on a large GPU replays anywhere.
 //
 // Flags:
@@ -16,7 +17,8 @@
 //	-maximum SIZE     pool maximum size (default none)
 //	-simulate SIZE    replay the pool over an address-only upstream of SIZE bytes
 //	-expandable       with -mr pool: an expandable pool (PoolOptions.Expandable), whose peak
-//	                  mapped size is reported as its peak upstream
+//	                  mapped size is reported as its peak upstream (default true: false gives
+//	                  librmm's pool, whose peak upstream is the most it held from the upstream)
 //	-device N         CUDA device (default 0)
 //	-passes N         replay N times on the same resource (a pool keeps what it grew in earlier
 //	                  passes); report each wall time and the median (default 1)
@@ -123,7 +125,7 @@ func run(args []string, stdout, stderr io.Writer) error {
 	fs.Var(&initial, "initial", "pool initial size, or the async pool's priming size (default 0)")
 	fs.Var(&maximum, "maximum", "pool maximum size (default none)")
 	fs.Var(&simulate, "simulate", "replay the pool over an address-only upstream of this many bytes")
-	expandable := fs.Bool("expandable", false, "with -mr pool: an expandable pool (one virtual range grown by mapped chunks)")
+	expandable := fs.Bool("expandable", true, "with -mr pool: an expandable pool (one virtual range grown by mapped chunks); false: librmm's pool")
 	device := fs.Int("device", 0, "CUDA device")
 	passes := fs.Int("passes", 1, "replay this many times on the same resource (a pool keeps what it grew); report the median")
 	verbose := fs.Bool("v", false, "print every allocation that fails during the replay")
@@ -152,8 +154,13 @@ func run(args []string, stdout, stderr io.Writer) error {
 	if initial.set && *mrName != "pool" && *mrName != "async" {
 		return fmt.Errorf("%w: -initial works with -mr pool or async only (got -mr %s)", errUsage, *mrName)
 	}
-	if *expandable && *mrName != "pool" {
+	expSet := false
+	fs.Visit(func(f *flag.Flag) { expSet = expSet || f.Name == "expandable" })
+	if expSet && *expandable && *mrName != "pool" {
 		return fmt.Errorf("%w: -expandable works with -mr pool only (got -mr %s)", errUsage, *mrName)
+	}
+	if *mrName != "pool" {
+		*expandable = false
 	}
 	if simulate.set && *mrName != "pool" {
 		return fmt.Errorf("%w: -simulate works with -mr pool only (got -mr %s)", errUsage, *mrName)
@@ -213,8 +220,15 @@ func run(args []string, stdout, stderr io.Writer) error {
 		if *expandable {
 			// The pool maps its own memory: its peak size is what it reserved.
 			pool, err = rmm.NewPoolMemoryResource(up, opts)
-			desc = strings.Replace(desc, "PoolMemoryResource over", "expandable PoolMemoryResource over", 1)
-		} else {
+			if err != nil && !expSet && errors.Is(err, rmm.ErrNotSupported) {
+				// The default, on a GPU without virtual memory management: librmm's pool.
+				*expandable = false
+				opts.Expandable = false
+			} else {
+				desc = strings.Replace(desc, "PoolMemoryResource over", "expandable PoolMemoryResource over", 1)
+			}
+		}
+		if !*expandable {
 			upstream = &peakResource{MemoryResource: up}
 			pool, err = rmm.NewPoolMemoryResource(upstream, opts)
 		}

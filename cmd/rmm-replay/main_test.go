@@ -18,7 +18,7 @@ var cupy = filepath.Join("..", "..", "testdata", "traces", "cupy_fft_linalg_2thr
 
 func TestReplaySimulated(t *testing.T) {
 	var out, errOut bytes.Buffer
-	require.NoError(t, run([]string{"-simulate", "16GiB", "-passes", "2", cupy}, &out, &errOut), errOut.String())
+	require.NoError(t, run([]string{"-simulate", "16GiB", "-expandable=false", "-passes", "2", cupy}, &out, &errOut), errOut.String())
 	s := out.String()
 	lines := strings.Split(s, "\n")
 	require.Equal(t, "rmm-replay: PoolMemoryResource over SimulatedMemoryResource (17179869184 bytes, address-only)", lines[0])
@@ -32,14 +32,35 @@ func TestReplaySimulated(t *testing.T) {
 	require.Regexp(t, regexp.MustCompile(`passes           2, wall times \S+ \S+\n`), s)
 }
 
+// The default pool is the expandable one (on a GPU with virtual memory management, or over host
+// memory); its figure on the CuPy trace is the same over the GPU, host memory and addresses only.
+func TestReplayDefaultExpandable(t *testing.T) {
+	var out, errOut bytes.Buffer
+	require.NoError(t, run([]string{"-simulate", "16GiB", "-passes", "3", cupy}, &out, &errOut), errOut.String())
+	s := out.String()
+	require.True(t, strings.HasPrefix(s, "rmm-replay: expandable PoolMemoryResource over SimulatedMemoryResource (17179869184 bytes, address-only)\n"), s)
+	require.Contains(t, s, "peak upstream    771751936 bytes (736.000000 MiB), 1.249 x peak live\n")
+}
+
+// -expandable applies to -mr pool only: given with another resource it is an error, left out it
+// is not.
+func TestReplayExpandableOnlyWithPool(t *testing.T) {
+	var out, errOut bytes.Buffer
+	err := run([]string{"-mr", "system", "-expandable", cupy}, &out, &errOut)
+	require.ErrorContains(t, err, "-expandable works with -mr pool only")
+	out.Reset()
+	require.NoError(t, run([]string{"-mr", "system", cupy}, &out, &errOut))
+	require.True(t, strings.HasPrefix(out.String(), "rmm-replay: SystemMemoryResource"), out.String())
+}
+
 func TestReplayDefaultResource(t *testing.T) {
 	var out, errOut bytes.Buffer
 	require.NoError(t, run([]string{cupy}, &out, &errOut))
 	first := strings.SplitN(out.String(), "\n", 2)[0]
 	if rmm.CUDAAvailable() == nil {
-		require.True(t, strings.HasPrefix(first, "rmm-replay: PoolMemoryResource over CudaMemoryResource on device 0 ("), first)
+		require.Regexp(t, `^rmm-replay: (expandable )?PoolMemoryResource over CudaMemoryResource on device 0 \(`, first)
 	} else {
-		require.True(t, strings.HasPrefix(first, "rmm-replay: PoolMemoryResource over SystemMemoryResource (host memory; no CUDA device: "), first)
+		require.True(t, strings.HasPrefix(first, "rmm-replay: expandable PoolMemoryResource over SystemMemoryResource (host memory; no CUDA device: "), first)
 	}
 	require.Contains(t, out.String(), "failures         0\n")
 }
