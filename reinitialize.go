@@ -25,7 +25,8 @@ type ReinitializeOptions struct {
 	// CudaMemoryResource. Default false. Without CUDA the base resource is host memory
 	// (a SystemMemoryResource) either way.
 	ManagedMemory bool
-	// InitialPoolSize is the pool's initial size in bytes, a multiple of 256; only with
+	// InitialPoolSize is the pool's initial size in bytes, a multiple of 256 (an expandable pool
+	// rounds it up to the device's granularity, 2 MiB on current GPUs); only with
 	// PoolAllocator. Default 0: half of the device's free memory (rounded down to 256 bytes, and
 	// at most MaximumPoolSize when that is set), as Python's default. Without CUDA the host's
 	// available memory stands for the device's free memory.
