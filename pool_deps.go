@@ -85,19 +85,30 @@ func (p *PoolMemoryResource) copyDeps(dst, src *block) {
 // retargetDeps makes every listed block that names o name to instead (o was merged into to, whose
 // stream waited for o's event; to's later records cover o's frees). It returns whether o is still
 // named (by a block out of every list, in flight): o must not be dropped then.
+//
+// A renamed block counts as a free into to (to.frees): a wait on to that began before (whose
+// record may not cover o's frees) must not be taken, by coveredDeps, to cover the new names.
 func (p *PoolMemoryResource) retargetDeps(o, to *freeList) bool {
 	if o.depRefs == 0 {
 		return false
 	}
+	renamed := false
 	for _, l := range p.lists {
 		l.each(func(b *block) {
 			if slices.Contains(b.deps, o) {
 				p.dropDep(b, o)
 				if l != to {
 					p.addDep(b, to)
+					renamed = true
 				}
 			}
 		})
+	}
+	if renamed {
+		to.frees++
+		if to.lazy {
+			to.dirty = true
+		}
 	}
 	return o.depRefs > 0
 }
