@@ -187,9 +187,26 @@ func (p *PoolMemoryResource) coveredDeps(l *freeList, w takeWait) {
 // together to coalesce (bytes).
 const poolCrossCoalesceMin = 1 << 20
 
-// adjacentUncoalesced reports whether the free, listed neighbours a and b (a before b) should have
-// coalesced: one list, or two lists and enough bytes (CheckInvariants).
+// joins reports whether nb, a neighbour of a block of size bytes going into list l, coalesces
+// with it: nb is free and listed, in l, or in another list and the two hold enough bytes.
+func joins(nb *block, l *freeList, size int) bool {
+	return nb != nil && nb.free && nb.list != nil &&
+		(nb.list == l || nb.size+size >= poolCrossCoalesceMin)
+}
+
+// unlist takes nb, about to coalesce with a block going into l, out of its list, and returns that
+// list when it is not l (the merged block must name it among its deps), else nil.
+func unlist(nb *block, l *freeList) *freeList {
+	o := nb.list
+	o.remove(nb)
+	if o == l {
+		return nil
+	}
+	return o
+}
+
+// adjacentUncoalesced reports whether the neighbours a and b (a before b) should have coalesced
+// (CheckInvariants): both free and listed, and b joins a block of a's size going into a's list.
 func adjacentUncoalesced(a, b *block) bool {
-	return a.free && b.free && a.list != nil && b.list != nil &&
-		(a.list == b.list || a.size+b.size >= poolCrossCoalesceMin)
+	return a.free && a.list != nil && joins(b, a.list, a.size)
 }

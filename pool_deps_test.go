@@ -59,14 +59,8 @@ func TestPoolCoalescesAcrossStreams(t *testing.T) {
 // A stream closing while a block in another list names its list: the default stream waits for it
 // and the block names the default stream's list instead; a take on B then waits for that.
 func TestPoolCoalesceDepOnClosedStream(t *testing.T) {
-	p, _ := newSimPool(t, 1<<30, &PoolOptions{MaximumPoolSize: 8 * mib})
-	e := newPoolSyncEnv(t, p)
-	sa, stA, ia := e.stream(0xa, "A")
-	sb, _, ib := e.stream(0xb, "B")
-	x := e.mustAlloc(2*mib, sa, ia)
-	y := e.mustAlloc(2*mib, sa, ia)
-	e.mustFree(x, 2*mib, sa, ia)
-	e.mustFree(y, 2*mib, sb, ib)
+	c := newCoalescedAcross(t)
+	p, e, sa, stA, sb, ib := c.p, c.e, c.sa, c.stA, c.sb, c.ib
 	require.NoError(t, p.CheckInvariants())
 	e.f.take()
 	require.NoError(t, stA.Close())
@@ -88,15 +82,9 @@ func TestPoolCoalesceDepOnClosedStream(t *testing.T) {
 // the remainder, back in the list it came from, still names the other list (its owner has not
 // waited for it).
 func TestPoolCoalesceCrossTakeKeepsRemainderDeps(t *testing.T) {
-	p, _ := newSimPool(t, 1<<30, &PoolOptions{MaximumPoolSize: 8 * mib})
-	e := newPoolSyncEnv(t, p)
-	sa, _, ia := e.stream(0xa, "A")
-	sb, _, ib := e.stream(0xb, "B")
+	c := newCoalescedAcross(t)
+	p, e, sa, sb, ib, x := c.p, c.e, c.sa, c.sb, c.ib, c.x
 	sc, _, ic := e.stream(0xc, "C")
-	x := e.mustAlloc(2*mib, sa, ia)
-	y := e.mustAlloc(2*mib, sa, ia)
-	e.mustFree(x, 2*mib, sa, ia)
-	e.mustFree(y, 2*mib, sb, ib)
 	la := p.byStream[sa.id]
 	e.f.take()
 	q := e.mustAlloc(mib, sc, ic)
@@ -109,4 +97,28 @@ func TestPoolCoalesceCrossTakeKeepsRemainderDeps(t *testing.T) {
 	e.mustFree(q, mib, sc, ic)
 	e.mustFree(r, 3*mib, sb, ib)
 	e.done()
+}
+
+// coalescedAcross is a pool capped at 8 MiB on the fake device where x and y (2 MiB each,
+// neighbours) were allocated on stream A, x freed on A and y on B: one 4 MiB block in B's list
+// that names A's.
+type coalescedAcross struct {
+	p      *PoolMemoryResource
+	e      *poolSyncEnv
+	sa, sb StreamView
+	stA    *Stream
+	ib     int
+	x      DevicePtr
+}
+
+func newCoalescedAcross(t *testing.T) coalescedAcross {
+	p, _ := newSimPool(t, 1<<30, &PoolOptions{MaximumPoolSize: 8 * mib})
+	e := newPoolSyncEnv(t, p)
+	sa, stA, ia := e.stream(0xa, "A")
+	sb, _, ib := e.stream(0xb, "B")
+	x := e.mustAlloc(2*mib, sa, ia)
+	y := e.mustAlloc(2*mib, sa, ia)
+	e.mustFree(x, 2*mib, sa, ia)
+	e.mustFree(y, 2*mib, sb, ib)
+	return coalescedAcross{p: p, e: e, sa: sa, sb: sb, stA: stA, ib: ib, x: x}
 }

@@ -914,26 +914,14 @@ func (p *PoolMemoryResource) freeInto(l *freeList, b *block) *block {
 	// b alone may coalesce with what b has become.
 	for merged := true; merged; {
 		merged = false
-		if pr := b.prev; pr != nil && pr.free && pr.list != nil &&
-			(pr.list == l || pr.size+b.size >= poolCrossCoalesceMin) {
-			if o := pr.list; o != l {
-				o.remove(pr)
-				p.addDep(pr, o)
-			} else {
-				l.remove(pr)
-			}
+		if pr := b.prev; joins(pr, l, b.size) {
+			p.addDep(pr, unlist(pr, l))
 			p.mergeDeps(pr, b)
 			p.recycle(p.absorbNext(pr))
 			b, merged = pr, true
 		}
-		if nx := b.next; nx != nil && nx.free && nx.list != nil &&
-			(nx.list == l || nx.size+b.size >= poolCrossCoalesceMin) {
-			if o := nx.list; o != l {
-				o.remove(nx)
-				p.addDep(b, o)
-			} else {
-				l.remove(nx)
-			}
+		if nx := b.next; joins(nx, l, b.size) {
+			p.addDep(b, unlist(nx, l))
 			p.mergeDeps(b, nx)
 			p.recycle(p.absorbNext(b))
 			merged = true
