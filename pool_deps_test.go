@@ -65,7 +65,7 @@ func TestPoolCoalesceDepOnClosedStream(t *testing.T) {
 	e.f.take()
 	require.NoError(t, stA.Close())
 	require.Equal(t, []string{"create e3", "record e1 on A, wait default", "destroy e1"}, e.f.take())
-	e.f.kill(0xa)
+	e.f.kill(sa.h)
 	require.Nil(t, p.byStream[sa.id], "A's list is dropped")
 	def := p.byStream[DefaultStream.id]
 	require.NotNil(t, def)

@@ -96,10 +96,8 @@ func TestDepCoalesceCloseRetargetThenCoveredDeps(t *testing.T) {
 	// Let A's Close synchronise A (modelled) and end.
 	close(h.release)
 	require.NoError(t, <-closed)
-	e.f.mu.Lock()
-	e.m.streamSync(0xa)
-	e.f.mu.Unlock()
-	e.f.kill(0xa)
+	e.streamSynced(sa.h) // the Stream's own handle where there is CUDA
+	e.f.kill(sa.h)
 
 	require.NoError(t, qerr, "stream-ordering violation")
 	require.Equal(t, x, q)
@@ -173,11 +171,13 @@ func depSeqWalkF(t *testing.T, e *poolSyncEnv, seed uint64, ops int, withRelease
 		nextH++
 		if r.IntN(4) == 0 {
 			v, i := e.foreign(nextH, uint64(nextH), fmt.Sprintf("F%x", nextH))
-			ss = append(ss, &depWalkStream{v: v, i: i, h: nextH})
+			ss = append(ss, &depWalkStream{v: v, i: i, h: v.h})
 			return
 		}
+		// With CUDA the Stream keeps its own handle (nextH only names it without CUDA): the
+		// model and the fake know it by the view's.
 		v, st, i := e.stream(nextH, fmt.Sprintf("S%x", nextH))
-		ss = append(ss, &depWalkStream{v: v, st: st, i: i, h: nextH})
+		ss = append(ss, &depWalkStream{v: v, st: st, i: i, h: v.h})
 	}
 	for range 4 {
 		newStream()
@@ -221,9 +221,7 @@ func depSeqWalkF(t *testing.T, e *poolSyncEnv, seed uint64, ops int, withRelease
 				if err := s.st.Close(); faults == nil {
 					require.NoError(t, err)
 				}
-				e.f.mu.Lock()
-				e.m.streamSync(s.h) // Close waits for the stream (after the hooks)
-				e.f.mu.Unlock()
+				e.streamSynced(s.h) // Close waits for the stream (after the hooks)
 				e.f.kill(s.h)
 				s.closed = true
 				newStream()
@@ -350,10 +348,15 @@ type depSyncHook struct {
 	h uintptr
 }
 
-func (x depSyncHook) streamClosing(StreamView) {
-	x.e.f.mu.Lock()
-	x.e.m.streamSync(x.h)
-	x.e.f.mu.Unlock()
+func (x depSyncHook) streamClosing(StreamView) { x.e.streamSynced(x.h) }
+
+// streamSynced tells the model that the host has waited for the stream with handle h. The
+// deferred unlock keeps a failing model (an unknown handle panics) from leaving the fake's lock
+// held, which would hang the test's clean-up instead of reporting the failure.
+func (e *poolSyncEnv) streamSynced(h uintptr) {
+	e.f.mu.Lock()
+	defer e.f.mu.Unlock()
+	e.m.streamSync(h)
 }
 
 // depConcWalk: goroutines each with their own Streams (made and closed as they go), the default
@@ -432,9 +435,9 @@ func depConcWalk(t *testing.T, e *poolSyncEnv, workers, rounds, ops int, seed ui
 						mine = append(mine, live{q, n})
 					}
 				}
-				require.True(t, addStreamCloseHook(st.View(), depSyncHook{e, h}))
+				require.True(t, addStreamCloseHook(st.View(), depSyncHook{e, s.h}))
 				st.Close()
-				e.f.kill(h)
+				e.f.kill(s.h)
 			}
 			leftMu.Lock()
 			left = append(left, mine...)
@@ -535,14 +538,14 @@ func TestDepCoalesceCloseWhileMergeHoldsNamedBlock(t *testing.T) {
 	e.f.take()
 	closed := make(chan error, 1)
 	go func() {
-		require.True(t, addStreamCloseHook(stA.View(), depSyncHook{e, 0xa}))
+		require.True(t, addStreamCloseHook(stA.View(), depSyncHook{e, sa.h}))
 		closed <- stA.Close()
 	}()
 	require.NoError(t, <-closed)
 	calls := e.f.take()
 	t.Log(calls)
 	require.Contains(t, calls, "sync A")
-	e.f.kill(0xa)
+	e.f.kill(sa.h)
 	g.open()
 	<-qdone
 	t.Log(qerr)

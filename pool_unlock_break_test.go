@@ -64,7 +64,7 @@ func TestPoolUnlockStreamCloseWithoutDefaultList(t *testing.T) {
 		return 0, errors.New("fake cuEventCreate failure")
 	}
 	require.NoError(t, stA.Close())
-	e.f.kill(0xa)
+	e.f.kill(sa.h)
 	p.drv.eventCreate = create
 
 	y, err := e.alloc(4*mib, sb, ib)
@@ -117,7 +117,7 @@ func TestPoolUnlockStreamCloseSyncFails(t *testing.T) {
 	p.drv.recordAndWait = func(ctx, ev, from, to uintptr) error { return errors.New("fake record failure") }
 	p.drv.streamSynchronize = func(ctx, s uintptr) error { return errors.New("fake synchronize failure") }
 	require.NoError(t, stA.Close())
-	e.f.kill(0xa)
+	e.f.kill(sa.h)
 	p.drv.recordAndWait, p.drv.streamSynchronize = rw, ss
 
 	var got []DevicePtr

@@ -469,7 +469,7 @@ func TestPoolUnlockTakeRacesTakeAndStreamClose(t *testing.T) {
 	g.open()
 	<-bDone
 	<-closeDone
-	e.f.kill(0xa)
+	e.f.kill(sa.h)
 	require.NoError(t, bErr, "B's take is not ordered after A's frees")
 	require.NotEqual(t, bp, cp)
 	e.mustFree(bp, 4*mib, sb, ib)
@@ -902,7 +902,7 @@ func TestPoolUnlockFreeOnClosedStream(t *testing.T) {
 	e.mustFree(y, 4*mib, sb, ib) // 2 × 4 MiB free in B's list
 	e.mustFree(y2, 4*mib, sb, ib)
 	require.NoError(t, stA.Close())
-	e.f.kill(0xa)
+	e.f.kill(sa.h)
 
 	var during []DevicePtr
 	var duringErrs []error

@@ -77,11 +77,16 @@ func arenaSyncStream(t *testing.T, f *arenaSyncFake, h uintptr, name string) (St
 	t.Cleanup(func() { st.Close() })
 	v := st.View()
 	if v.h == 0 {
-		v.h = h
+		// Not h itself: with CUDA the Stream keeps its own handle, so a test that names the
+		// stream by h rather than by the view's handle must fail here too, not only on a GPU.
+		v.h = h | arenaSyncHandleBit
 	} // with CUDA, the real handle: Stream.Close tells the arena about that one
 	f.name(v.h, name)
 	return v, st
 }
+
+// arenaSyncHandleBit marks the handles arenaSyncStream gives its Streams' views without CUDA.
+const arenaSyncHandleBit = 1 << 44
 
 // arenaSyncForeign returns a view of a foreign stream (as NewStreamView makes) with handle h.
 func arenaSyncForeign(f *arenaSyncFake, h uintptr, id uint64, name string) StreamView {
@@ -614,7 +619,7 @@ func TestArenaSyncStreamClose(t *testing.T) {
 	f.take()
 	require.NoError(t, sta.Close())
 	require.Equal(t, []string{"sync " + f.nameOf(sta.View().cu()), "destroy e1"}, f.take())
-	f.kill(0xa)
+	f.kill(sa.h)
 	y = arenaAlloc(t, a, n, sc)
 	require.Equal(t, x, y)
 	require.Equal(t, []string{"wait C on e2"}, f.take(), "A is ignored: its work finished; B freed nothing since A waited for it")
