@@ -446,6 +446,24 @@ var traceTable = []traceFacts{
 		streams: map[uintptr]int{0: 102781}, threads: 1,
 		csvSHA256: "104439b556fe669d89270ef1011feda8e9bf41ef82c21d9d3ba18fea9a35b9d7",
 	},
+	{
+		file: "fasterrcnn_r50fpn_train_varsize_bf16.csv.gz", events: 102243, allocates: 51123, frees: 51120, failure: 0,
+		neverFreed: 3, neverFreedMiB: "65.0", peakLive: 5173386177, distinctSizes: 3548,
+		streams: map[uintptr]int{0: 102243}, threads: 1,
+		csvSHA256: "52b8dff96a7976bf74a29fd027feec35e999ae4c80b1a9b4b82dd7635687e0e8",
+	},
+	{
+		file: "lstm_ctc_varlen_fp32.csv.gz", events: 100082, allocates: 50042, frees: 50040, failure: 0,
+		neverFreed: 2, neverFreedMiB: "64.0", peakLive: 9705602296, distinctSizes: 4003,
+		streams: map[uintptr]int{0: 100082}, threads: 1,
+		csvSHA256: "a7702da86a44f8a01aea1395e2f4b150ba8cff7b29a4982ac2f60394b18069a3",
+	},
+	{
+		file: "cupy_ndimage_sparse_1stream.csv.gz", events: 110118, allocates: 55059, frees: 55059, failure: 0,
+		neverFreed: 0, neverFreedMiB: "0.0", peakLive: 2711677746, distinctSizes: 4987,
+		streams: map[uintptr]int{0x16426be0: 110118}, threads: 1,
+		csvSHA256: "4ef57145955b1649819a8cebf81644ad22c9ed9cdf06fea6bf09a3d21a09709e",
+	},
 }
 
 // TestReadTraces reads every committed trace and checks it against the figures published with it;
