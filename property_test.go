@@ -68,6 +68,7 @@ type resourceConfig struct {
 	InitialPoolSize int
 	MaximumPoolSize int // 0: none
 	UpstreamLimit   int // bytes the upstream grants in all (0: its own capacity)
+	CarvePage       int // expandable pools: PoolOptions.carvePage (0: no carving)
 }
 
 // conformanceSpec describes a MemoryResource to the state machine: how to build one for a

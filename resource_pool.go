@@ -43,6 +43,11 @@ type PoolOptions struct {
 	// trim or Release, and is written to the debug log: the free itself succeeds. Default 0: memory stays mapped until Release or Close. A value of 1 gives
 	// back every whole free chunk at each trim.
 	ReleaseThreshold int
+
+	// carvePage (expandable pools, not yet exported): when > 0, growths map their memory as
+	// handles of at least carvePage bytes that can be unmapped one by one, and a growth first moves
+	// the handles lying wholly in free fragments to where it maps (see carve).
+	carvePage int
 }
 
 // PoolMemoryResource is a coalescing best-fit sub-allocator over an upstream resource, with
@@ -236,7 +241,7 @@ func newExpandablePool(upstream MemoryResource, vm vmm, o PoolOptions) (*PoolMem
 	if upstream == nil {
 		upstream = CurrentDeviceResource()
 	}
-	e, reserved, err := newExpandable(vm, dev, o.MaximumPoolSize, o.ReleaseThreshold)
+	e, maximum, err := newExpandable(vm, dev, o.MaximumPoolSize, o.ReleaseThreshold, o.carvePage)
 	if err != nil {
 		return nil, err
 	}
@@ -244,7 +249,7 @@ func newExpandablePool(upstream MemoryResource, vm vmm, o PoolOptions) (*PoolMem
 		upstream:  upstream,
 		drv:       &cudaCalls,
 		dev:       dev,
-		maximum:   reserved,
+		maximum:   maximum,
 		upstreams: map[DevicePtr]int{},
 		byStream:  map[uint64]*freeList{},
 		hooked:    map[uint64]bool{},
@@ -605,6 +610,10 @@ func (p *PoolMemoryResource) growAny(n int, s StreamView, l *freeList) (*block, 
 		exact := 0
 		if p.size-p.liveBytes >= n {
 			exact = expandableFragmentedMin
+		}
+		if p.exp.page > 0 {
+			p.carve(n, l)
+			defer p.dropSpares()
 		}
 		return p.growExpandable(n, l, exact)
 	}

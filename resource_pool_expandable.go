@@ -40,6 +40,12 @@ type expandable struct {
 	chunks   []vmChunk // mapped, by address
 	holes    map[*block]struct{}
 
+	// Carving (page > 0): growths map handles of at least page bytes (see pieceSize), and a
+	// growth first unmaps the handles lying wholly in free fragments into spare (see carve), to
+	// map them before it creates any. spare is empty but during a growth (busy token held).
+	page  int
+	spare []vmChunk // unmapped handles (addr unused)
+
 	threshold int // ReleaseThreshold; 0: never trim by itself
 	trimAt    int // free mapped bytes above which Deallocate trims
 }
@@ -68,8 +74,10 @@ const (
 )
 
 // newExpandable reserves the range for an expandable pool of at most maximum bytes (0: the
-// device's total memory) over vm.
-func newExpandable(vm vmm, dev Device, maximum, threshold int) (*expandable, int, error) {
+// device's total memory) over vm, and returns it with the maximum rounded up to the granularity.
+// With page > 0 (carving) it reserves twice the maximum: the holes carving leaves take address
+// space that the pool maps again elsewhere.
+func newExpandable(vm vmm, dev Device, maximum, threshold, page int) (*expandable, int, error) {
 	gran := vm.granularity()
 	source := "the device"
 	switch v := vm.(type) {
@@ -88,18 +96,40 @@ func newExpandable(vm vmm, dev Device, maximum, threshold int) (*expandable, int
 		}
 		maximum = total
 	}
-	reserved, ok := alignUpChecked(maximum, gran)
+	limit, ok := alignUpChecked(maximum, gran)
 	if !ok {
 		return nil, 0, fmt.Errorf("%w: NewPoolMemoryResource: MaximumPoolSize %d overflows when rounded up to the granularity %d", ErrInvalidArgument, maximum, gran)
+	}
+	reserved := limit
+	if page > 0 && limit <= math.MaxInt/2 {
+		reserved = 2 * limit
 	}
 	base, err := vm.reserve(reserved)
 	if err != nil {
 		return nil, 0, fmt.Errorf("NewPoolMemoryResource: reserving %d bytes of address space for the expandable pool: %w", reserved, err)
 	}
-	e := &expandable{vm: vm, source: source, gran: gran, base: base, reserved: reserved, top: base, holes: map[*block]struct{}{}, threshold: threshold}
+	if page > 0 {
+		page, _ = alignUpChecked(page, gran)
+	}
+	e := &expandable{vm: vm, source: source, gran: gran, base: base, reserved: reserved, top: base, holes: map[*block]struct{}{}, threshold: threshold, page: page}
 	e.resetTrim(0)
-	return e, reserved, nil
+	return e, limit, nil
 }
+
+// pieceSize is the size of the handles a growth of k bytes maps when carving: at least the page,
+// a sixteenth of the growth up to 128 MiB (so that a large growth is not hundreds of driver
+// calls), and k itself without carving.
+func (e *expandable) pieceSize(k int) int {
+	if e.page == 0 {
+		return k
+	}
+	return max(e.page, min(carveMaxPiece, k/carvePiecesPerGrowth/e.gran*e.gran))
+}
+
+const (
+	carveMaxPiece        = 128 << 20
+	carvePiecesPerGrowth = 16
+)
 
 func alignUpChecked(n, a int) (int, bool) {
 	r := (n + a - 1) / a * a
@@ -229,53 +259,99 @@ func (p *PoolMemoryResource) growExpandable(n int, l *freeList, exact int) (*blo
 	return p.takeGrown(nb, n, l)
 }
 
-// mapChunk creates k bytes of physical memory, maps them at addr and grants access, unlocking the
-// pool around those calls (busy token held); it returns a new unlinked block over them (not free
-// yet). On failure nothing is left mapped or created.
+// mapChunk maps k bytes of physical memory at addr (spare handles first, then new ones) and
+// grants access, unlocking the pool around those calls (busy token held); it returns a new
+// unlinked block over them (not free yet). On failure nothing new is left mapped or created.
 func (p *PoolMemoryResource) mapChunk(addr DevicePtr, k int) (*block, error) {
 	size := p.size
 	p.mu.Unlock()
-	h, err := p.mapChunkUnlocked(addr, k, size)
+	cs, err := p.mapChunkUnlocked(addr, k, size)
 	p.mu.Lock()
 	if err != nil {
 		return nil, err
 	}
-	return p.addChunk(addr, k, h), nil
+	return p.addChunk(addr, k, cs), nil
 }
 
-// mapChunkUnlocked makes the driver calls of mapChunk (pool unlocked; size is the pool's size,
-// for messages) and returns the chunk's handle.
-func (p *PoolMemoryResource) mapChunkUnlocked(addr DevicePtr, k, size int) (vmmHandle, error) {
+// mapChunkUnlocked makes the driver calls of mapChunk (pool unlocked, busy token held; size is
+// the pool's size, for messages) and returns the chunks mapped, by address: one handle of k bytes
+// without carving; with carving, the spare handles that fit, then new handles of pieceSize(k).
+// On failure the spare handles it took are unmapped back into spare and the new ones released.
+func (p *PoolMemoryResource) mapChunkUnlocked(addr DevicePtr, k, size int) ([]vmChunk, error) {
 	e := p.exp
-	h, err := e.vm.create(k)
-	if err != nil {
-		DebugLogger().Debug("rmm: PoolMemoryResource (expandable) failed to create a chunk", "bytes", k, "pool_size", size, "err", err)
-		return 0, err
+	piece := e.pieceSize(k)
+	var cs []vmChunk
+	var fresh []bool
+	undo := func() {
+		for i, c := range cs {
+			if err := e.vm.unmap(c.addr, c.size); err != nil {
+				// Cannot be taken down: the handle stays mapped and is lost to the pool (the
+				// same as a chunk whose access could not be granted; see below).
+				DebugLogger().Warn("rmm: PoolMemoryResource (expandable): a chunk mapped for a failed growth could not be unmapped; its memory stays mapped",
+					"address", fmt.Sprintf("%#x", uintptr(c.addr)), "bytes", c.size, "err", err)
+				continue
+			}
+			if fresh[i] {
+				e.vm.release(c.h)
+			} else {
+				e.spare = append(e.spare, vmChunk{size: c.size, h: c.h})
+			}
+		}
 	}
-	if err := e.vm.mapAt(addr, k, h); err != nil {
-		e.vm.release(h)
-		return 0, fmt.Errorf("PoolMemoryResource (expandable): mapping %d bytes at %#x: %w", k, uintptr(addr), err)
+	at := addr
+	for left := k; left > 0; {
+		c, isNew := vmChunk{}, false
+		if i := bestSpare(e.spare, left); i >= 0 {
+			c = e.spare[i]
+			e.spare = slices.Delete(e.spare, i, i+1)
+		} else {
+			m := min(left, piece)
+			h, err := e.vm.create(m)
+			if err != nil {
+				DebugLogger().Debug("rmm: PoolMemoryResource (expandable) failed to create a chunk", "bytes", m, "pool_size", size, "err", err)
+				undo()
+				return nil, err
+			}
+			c, isNew = vmChunk{size: m, h: h}, true
+		}
+		c.addr = at
+		if err := e.vm.mapAt(at, c.size, c.h); err != nil {
+			if isNew {
+				e.vm.release(c.h)
+			} else {
+				e.spare = append(e.spare, c)
+			}
+			undo()
+			return nil, fmt.Errorf("PoolMemoryResource (expandable): mapping %d bytes at %#x: %w", c.size, uintptr(at), err)
+		}
+		cs, fresh = append(cs, c), append(fresh, isNew)
+		at += DevicePtr(c.size)
+		left -= c.size
 	}
 	if err := e.vm.setAccess(addr, k); err != nil {
-		if uerr := e.vm.unmap(addr, k); uerr != nil {
-			// The chunk cannot be taken down: keep its handle (releasing a mapped handle would
-			// leave memory charged with no way back) and say so; growth at this address will fail.
-			DebugLogger().Warn("rmm: PoolMemoryResource (expandable): a chunk that could not be given access could not be unmapped either; its memory stays mapped",
-				"address", fmt.Sprintf("%#x", uintptr(addr)), "bytes", k, "err", uerr)
-		} else {
-			e.vm.release(h)
-		}
-		return 0, fmt.Errorf("PoolMemoryResource (expandable): granting access to %d bytes at %#x: %w", k, uintptr(addr), err)
+		undo()
+		return nil, fmt.Errorf("PoolMemoryResource (expandable): granting access to %d bytes at %#x: %w", k, uintptr(addr), err)
 	}
-	return h, nil
+	return cs, nil
 }
 
-// addChunk records the chunk h of k bytes just mapped at addr (pool locked) and returns a new
-// unlinked block over it (not free yet).
-func (p *PoolMemoryResource) addChunk(addr DevicePtr, k int, h vmmHandle) *block {
+// bestSpare returns the index of the largest spare handle of at most n bytes, -1 if none.
+func bestSpare(spare []vmChunk, n int) int {
+	best := -1
+	for i, c := range spare {
+		if c.size <= n && (best < 0 || c.size > spare[best].size) {
+			best = i
+		}
+	}
+	return best
+}
+
+// addChunk records the chunks cs just mapped over [addr, addr+k) (pool locked) and returns a new
+// unlinked block over them (not free yet).
+func (p *PoolMemoryResource) addChunk(addr DevicePtr, k int, cs []vmChunk) *block {
 	e := p.exp
 	i := sort.Search(len(e.chunks), func(i int) bool { return e.chunks[i].addr > addr })
-	e.chunks = slices.Insert(e.chunks, i, vmChunk{addr: addr, size: k, h: h})
+	e.chunks = slices.Insert(e.chunks, i, cs...)
 	p.size += k
 	p.sizeAtomic.Store(int64(p.size))
 	p.peakSize = max(p.peakSize, p.size)
@@ -353,18 +429,9 @@ func (p *PoolMemoryResource) takeGrown(nb *block, n int, l *freeList) (*block, e
 // the pool's size).
 func (p *PoolMemoryResource) releaseChunks(def *freeList, limit int, hold bool) error {
 	e := p.exp
-	type cand struct {
-		c vmChunk
-		b *block // the free block holding the chunk
-	}
-	var cands []cand
-	def.each(func(b *block) {
-		for i := e.firstChunkIn(b); i < len(e.chunks) && e.chunks[i].end() <= b.end(); i++ {
-			cands = append(cands, cand{e.chunks[i], b})
-		}
-	})
-	// Highest address first: carving a chunk out of a free block leaves the block's lower part
-	// (with its lower chunks) in the same block.
+	var cands []chunkCand
+	def.each(func(b *block) { cands = e.chunksIn(b, cands) })
+	// Highest address first (see unmapChunks).
 	sort.Slice(cands, func(x, y int) bool { return cands[x].c.addr > cands[y].c.addr })
 	free := p.size - p.liveBytes
 	for i, c := range cands {
@@ -374,6 +441,124 @@ func (p *PoolMemoryResource) releaseChunks(def *freeList, limit int, hold bool) 
 		}
 		free -= c.c.size
 	}
+	return p.unmapChunks(def, cands, hold, false)
+}
+
+// carve, before a growth for an n-byte request in list l (into which every other list was
+// merged), unmaps the chunks that lie wholly in free blocks of l other than the free block at the
+// end of the chain (which the growth extends) — up to what the request needs beyond that block,
+// from the smallest free blocks up — turns their ranges into holes and keeps their handles spare,
+// for the growth to map before it creates any. Free memory scattered in fragments too small for
+// the request thus moves to where the request is placed, instead of new memory being taken.
+//
+// An unmap does not wait for the device, so carve first waits (on the host) for the work behind
+// every free, as Release does; that wait is why it carves only when a growth is due, which the
+// pool avoids by placement, and not at every free. A failed wait or unmap leaves the memory where
+// it was (written to the debug log): the growth then creates what it lacks.
+//
+// Why, and why not yet the default: replaying the thirteen bundled traces over an address-only
+// device with 8 MiB pages (TestCarveTraces, -rmm.carvetraces 8388608), peak mapped / peak live
+// at one pass / three fell on the LSTM trace from 1.115 to 1.021, on the one-stream CuPy trace
+// from 1.545 to 1.041 / 1.063, on the UNet from 1.166 / 1.168 to 1.041 / 1.052, on ViT from
+// 1.069 / 1.085 to 1.060, on the two-stream CuPy trace from 1.249 to 1.130 / 1.150; but the
+// MoE transformer rose from 1.037 to 1.058 and the three-stream pipeline from 1.291 to 1.335 at
+// three passes, every growth maps 8-128 MiB pieces (GPT-2 LoRA: 990 handles created in a first
+// pass instead of 84), and the UNet, whose placement changes every step, moves ~5 800 pages a
+// pass (and creates ~1 600, for carved pages its growths did not map). bench/experiments/carve
+// has the policies tried.
+//
+// Pool locked, busy token held, l pinned; unlocks and relocks.
+func (p *PoolMemoryResource) carve(n int, l *freeList) {
+	choose := func() []chunkCand {
+		e := p.exp
+		need := n
+		if t := e.tail; t != nil && t.free && t.list == l {
+			need -= t.size
+		}
+		if need <= 0 {
+			return nil
+		}
+		var cands []chunkCand
+		l.each(func(b *block) {
+			if b != e.tail {
+				cands = e.chunksIn(b, cands)
+			}
+		})
+		// The smallest free blocks first: they are the fragments least likely to serve a request.
+		sort.Slice(cands, func(x, y int) bool {
+			if cands[x].b.size != cands[y].b.size {
+				return cands[x].b.size < cands[y].b.size
+			}
+			return cands[x].c.addr > cands[y].c.addr
+		})
+		// Only chunks the growth will map in full: a larger one would leave a hole and be given
+		// back unused.
+		budget, _ := alignUpChecked(need, e.gran)
+		got, take := 0, cands[:0]
+		for _, c := range cands {
+			if got+c.c.size <= budget {
+				take = append(take, c)
+				got += c.c.size
+			}
+		}
+		sort.Slice(take, func(x, y int) bool { return take[x].c.addr > take[y].c.addr })
+		return take
+	}
+	if len(choose()) == 0 {
+		return
+	}
+	if err := p.syncAll(false); err != nil {
+		DebugLogger().Debug("rmm: PoolMemoryResource (expandable): waiting for the streams before carving failed; growing without", "request", n, "err", err)
+		return
+	}
+	p.clearAllDeps() // every stream's work behind the frees is done
+	// The lists may have changed while the pool was unlocked: choose again.
+	if err := p.unmapChunks(l, choose(), false, true); err != nil {
+		DebugLogger().Debug("rmm: PoolMemoryResource (expandable): carving free memory failed in part", "request", n, "err", err)
+	}
+}
+
+// dropSpares releases the spare handles a growth did not map (pool locked, busy token held;
+// unlocks and relocks around the driver calls).
+func (p *PoolMemoryResource) dropSpares() {
+	e := p.exp
+	if len(e.spare) == 0 {
+		return
+	}
+	spare := e.spare
+	e.spare = nil
+	p.mu.Unlock()
+	for _, c := range spare {
+		if err := e.vm.release(c.h); err != nil {
+			DebugLogger().Warn("rmm: PoolMemoryResource (expandable): releasing an unmapped chunk failed", "bytes", c.size, "err", err)
+		}
+	}
+	p.mu.Lock()
+}
+
+// chunkCand is a chunk lying wholly in the free block b.
+type chunkCand struct {
+	c vmChunk
+	b *block
+}
+
+// chunksIn appends to cs the chunks lying wholly in the free block b.
+func (e *expandable) chunksIn(b *block, cs []chunkCand) []chunkCand {
+	for i := e.firstChunkIn(b); i < len(e.chunks) && e.chunks[i].end() <= b.end(); i++ {
+		cs = append(cs, chunkCand{e.chunks[i], b})
+	}
+	return cs
+}
+
+// unmapChunks unmaps the chunks cands (each wholly in a free block of def; sorted by address,
+// highest first: carving a chunk out of a free block leaves the block's lower part, with its
+// lower chunks, in the same block) and turns their ranges into holes; keep puts their handles
+// into the spare handles, else they are released. The work behind the frees must be known done.
+// Pool locked, busy token held (or the pool closed); without hold the unmaps are made unlocked,
+// the free blocks holding the chunks out of every list meanwhile (still counted in the pool's
+// size). A chunk that cannot be unmapped stays, free, where it was.
+func (p *PoolMemoryResource) unmapChunks(def *freeList, cands []chunkCand, hold, keep bool) error {
+	e := p.exp
 	if len(cands) == 0 {
 		return nil
 	}
@@ -397,14 +582,17 @@ func (p *PoolMemoryResource) releaseChunks(def *freeList, limit int, hold bool) 
 			}
 			continue
 		}
+		unmapped[i] = true
+		if keep {
+			continue
+		}
 		if err := e.vm.release(ch.h); err != nil && firstErr == nil {
 			firstErr = fmt.Errorf("PoolMemoryResource (expandable): releasing the chunk at %#x: %w", uintptr(ch.addr), err)
 		}
-		unmapped[i] = true
 	}
 	p.relockUnless(hold)
 	p.unpin(def)
-	// Back into def, coalescing with what was freed meanwhile, and the chunks given back carved
+	// Back into def, coalescing with what was freed meanwhile, and the chunks unmapped carved
 	// out as holes: block by block from the highest, each block's chunks from the highest.
 	released := map[DevicePtr]bool{}
 	i := 0
@@ -416,6 +604,9 @@ func (p *PoolMemoryResource) releaseChunks(def *freeList, limit int, hold bool) 
 				released[ch.addr] = true
 				p.size -= ch.size
 				p.carveHole(def, nb, ch.addr, ch.size)
+				if keep {
+					e.spare = append(e.spare, vmChunk{size: ch.size, h: ch.h})
+				}
 			}
 		}
 	}

@@ -5,6 +5,7 @@ import (
 	"math/rand"
 	"sort"
 	"sync"
+	"sync/atomic"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -29,7 +30,12 @@ type recordingVMM struct {
 	rec  *recordingUpstream
 	mu   sync.Mutex
 	maps map[DevicePtr]int
+	seen map[vmmHandle]DevicePtr // every handle mapped, at its last address
 }
+
+// recordingVMMRemaps counts, over every recordingVMM, the handles mapped again at another address
+// (carving moved them), so that a test can tell the carving paths ran.
+var recordingVMMRemaps atomic.Int64
 
 func (v *recordingVMM) mapAt(a DevicePtr, n int, h vmmHandle) error {
 	if err := v.vmm.mapAt(a, n, h); err != nil {
@@ -37,6 +43,13 @@ func (v *recordingVMM) mapAt(a DevicePtr, n int, h vmmHandle) error {
 	}
 	v.mu.Lock()
 	defer v.mu.Unlock()
+	if v.seen == nil {
+		v.seen = map[vmmHandle]DevicePtr{}
+	}
+	if at, ok := v.seen[h]; ok && at != a {
+		recordingVMMRemaps.Add(1)
+	}
+	v.seen[h] = a
 	v.maps[a] = n
 	v.sync()
 	return nil
@@ -96,7 +109,7 @@ func expandableSpec(name string, newVMM func(limit int) vmm, capacity int, genCo
 	s.mergedUpstream = true
 	s.newResource = func(up MemoryResource, cfg resourceConfig) (MemoryResource, error) {
 		vm := &recordingVMM{vmm: newVMM(cfg.UpstreamLimit), rec: up.(*recordingUpstream), maps: map[DevicePtr]int{}}
-		return newExpandablePool(up, vm, PoolOptions{Expandable: true, InitialPoolSize: cfg.InitialPoolSize, MaximumPoolSize: cfg.MaximumPoolSize})
+		return newExpandablePool(up, vm, PoolOptions{Expandable: true, InitialPoolSize: cfg.InitialPoolSize, MaximumPoolSize: cfg.MaximumPoolSize, carvePage: cfg.CarvePage})
 	}
 	return s
 }
@@ -114,6 +127,9 @@ func TestExpandablePoolProperty(t *testing.T) {
 			if r.Intn(3) == 0 {
 				c.MaximumPoolSize = max(c.InitialPoolSize, gran) + gran*r.Intn(2048)
 			}
+			if r.Intn(2) == 0 {
+				c.CarvePage = gran * (1 + r.Intn(4)) // growths in pieces; fragments carved
+			}
 			return c
 		},
 		func(r *rand.Rand, _ resourceConfig) int {
@@ -126,10 +142,12 @@ func TestExpandablePoolProperty(t *testing.T) {
 			return smallSize(r)
 		})
 	spec.mayRunOut = true
+	remaps := recordingVMMRemaps.Load()
 	cov := runConformance(t, spec, 300, 120)
 	require.Positive(t, cov.allocs.Load())
 	require.Positive(t, cov.crossFrees.Load())
 	require.Positive(t, cov.oom.Load())
+	require.Greater(t, recordingVMMRemaps.Load(), remaps, "no growth carved free memory")
 }
 
 // Over real host memory mapped with a 4 KiB granularity: the model writes a pattern into every
@@ -153,6 +171,9 @@ func TestExpandablePoolPropertyHostMemory(t *testing.T) {
 			if r.Intn(3) == 0 {
 				c.UpstreamLimit = c.InitialPoolSize + gran*(1+r.Intn(1024))
 			}
+			if r.Intn(2) == 0 {
+				c.CarvePage = gran * (1 + r.Intn(4)) // growths in pieces; fragments carved
+			}
 			return c
 		},
 		func(r *rand.Rand, _ resourceConfig) int {
@@ -166,9 +187,11 @@ func TestExpandablePoolPropertyHostMemory(t *testing.T) {
 		})
 	spec.hostMemory = true
 	spec.mayRunOut = true
+	remaps := recordingVMMRemaps.Load()
 	cov := runConformance(t, spec, 200, 100)
 	require.Positive(t, cov.allocs.Load())
 	require.Positive(t, cov.crossFrees.Load())
+	require.Greater(t, recordingVMMRemaps.Load(), remaps, "no growth carved free memory")
 }
 
 // With a physical limit below the range: the device refuses chunks.

@@ -1,0 +1,53 @@
+package rmm
+
+import (
+	"flag"
+	"fmt"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+)
+
+var carveTraces = flag.Int("rmm.carvetraces", 0, "with a page size in bytes: replay every trace in testdata/traces on an address-only expandable pool that carves with that page size, and on one that does not, at one pass and three, and log the footprints and driver calls (a measurement, not a check; skipped without it)")
+
+// TestCarveTraces is the measurement behind carve's figures:
+//
+//	go test -run TestCarveTraces -rmm.carvetraces 8388608 -v
+func TestCarveTraces(t *testing.T) {
+	if *carveTraces == 0 {
+		t.Skip("a measurement: give -rmm.carvetraces PAGE")
+	}
+	files, err := filepath.Glob(filepath.Join("testdata", "traces", "*.csv.gz"))
+	require.NoError(t, err)
+	for _, f := range files {
+		events, err := ReadLogFile(f)
+		require.NoError(t, err)
+		line := strings.TrimSuffix(filepath.Base(f), ".csv.gz")
+		for _, page := range []int{0, *carveTraces} {
+			for _, passes := range []int{1, 3} {
+				vm := newCountingVMM(newSimVMM(hostVMMGranularity, 0))
+				p := newExpTestPool(t, vm, PoolOptions{MaximumPoolSize: 1 << 40, carvePage: page})
+				peakLive := 0
+				var c1, c2 vmmCounts
+				for i := range passes {
+					r, err := Replay(events, p, nil)
+					require.NoError(t, err)
+					require.Zero(t, r.Failures)
+					peakLive = max(peakLive, int(r.PeakLiveBytes))
+					c1, c2 = c2, vm.counts()
+					if i == 0 {
+						c1 = vmmCounts{}
+					}
+				}
+				require.NoError(t, p.CheckInvariants())
+				last := vmmCounts{creates: c2.creates - c1.creates, maps: c2.maps - c1.maps, unmaps: c2.unmaps - c1.unmaps}
+				line += fmt.Sprintf(" | page %d p%d %.3f (last pass: %d creates, %d maps, %d unmaps)", page>>20, passes,
+					float64(p.Stats().PeakPoolSize)/float64(peakLive), last.creates, last.maps, last.unmaps)
+				require.NoError(t, p.Close())
+			}
+		}
+		t.Log(line)
+	}
+}
