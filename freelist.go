@@ -27,6 +27,7 @@ type block struct {
 	parent      *block // in the treap; nil at its root and outside it
 	prio        uint32
 	free        bool
+	hole        bool      // an expandable pool's range whose memory was given back (not free)
 	list        *freeList // free and indexed: its list; nil otherwise
 	prev, next  *block    // address neighbours within the upstream allocation
 	req         int       // allocated: the size asked

@@ -426,6 +426,10 @@ func (p *PoolMemoryResource) allocateSlow(l *freeList, n int, s StreamView) (*bl
 	holding := false // the busy token: this goroutine may grow
 	done := func() {
 		if holding {
+			// Spare handles a carving growth left unmapped go before the token does (nothing
+			// else may map meanwhile); the pool unlocks for that, so every block must be in its
+			// place by now (the grown block split, its remainder in l).
+			p.dropSpares()
 			p.releaseBusy()
 		}
 	}
@@ -462,6 +466,7 @@ func (p *PoolMemoryResource) allocateSlow(l *freeList, n int, s StreamView) (*bl
 		if !holding {
 			p.busy, holding = true, true
 		}
+		sizeBefore := p.size
 		b, err = p.growAny(n, s, l)
 		if err == nil && b == nil {
 			// The expandable pool grew, but the free block the new chunk was to extend was taken
@@ -478,7 +483,10 @@ func (p *PoolMemoryResource) allocateSlow(l *freeList, n int, s StreamView) (*bl
 			// larger than it found it.
 			released = true
 			DebugLogger().Debug("rmm: PoolMemoryResource releasing free memory before failing", "request", n, "pool_size", p.size)
-			before := p.size
+			// Measured before the growth: carving may have unmapped free memory for it (the
+			// handles then released as spares), which counts as given back.
+			p.dropSpares()
+			before := sizeBefore
 			if _, rerr := p.releaseWhole(false); rerr != nil {
 				// A chunk that could not be given back stays in the pool, whole and free; what
 				// was given back still counts.
@@ -494,12 +502,14 @@ func (p *PoolMemoryResource) allocateSlow(l *freeList, n int, s StreamView) (*bl
 			done()
 			return nil, takeWait{}, l, err
 		}
+		if err == nil {
+			p.split(b, n, l)
+		}
 		p.unpin(l)
 		done()
 		if err != nil {
 			return nil, takeWait{}, l, err
 		}
-		p.split(b, n, l)
 		return b, takeWait{}, l, nil
 	}
 }
@@ -612,8 +622,9 @@ func (p *PoolMemoryResource) growAny(n int, s StreamView, l *freeList) (*block, 
 			exact = expandableFragmentedMin
 		}
 		if p.exp.page > 0 {
+			// The spare handles it leaves are mapped by the growth or released by the caller
+			// once the grown block is split (allocateSlow's done).
 			p.carve(n, l)
-			defer p.dropSpares()
 		}
 		return p.growExpandable(n, l, exact)
 	}

@@ -15,9 +15,6 @@ import (
 // came from. Every block of the pool is in that one chain — allocated, free, or a hole: a range
 // whose chunk was given back, which is never free and never coalesces with a free block.
 
-// holeReq marks a hole block (free == false, not live).
-const holeReq = -1
-
 // vmChunk is one mapped physical allocation of an expandable pool.
 type vmChunk struct {
 	addr DevicePtr
@@ -177,6 +174,11 @@ func (p *PoolMemoryResource) growExpandable(n int, l *freeList, exact int) (*blo
 		}
 		return 0
 	}
+	if b := l.bestFit(n); b != nil {
+		// Frees while the pool was unlocked (carving waits for the streams) made room: nothing
+		// to map; the caller searches again.
+		return nil, nil
+	}
 	// What growing at the end of the chain would map: what the request needs beyond the free
 	// block there, or a growth step (exact: only the need), within the room left.
 	need := n - free(e.tail)
@@ -307,6 +309,13 @@ func (p *PoolMemoryResource) mapChunkUnlocked(addr DevicePtr, k, size int) ([]vm
 		} else {
 			m := min(left, piece)
 			h, err := e.vm.create(m)
+			if err != nil && errors.Is(err, ErrOutOfMemory) && len(e.spare) > 0 {
+				// The spare handles left are all larger than what is left to map here (a hole
+				// smaller than the pages carved for it) and hold memory the device lacks now:
+				// release them and try once more.
+				p.releaseSpares()
+				h, err = e.vm.create(m)
+			}
 			if err != nil {
 				DebugLogger().Debug("rmm: PoolMemoryResource (expandable) failed to create a chunk", "bytes", m, "pool_size", size, "err", err)
 				undo()
@@ -522,18 +531,23 @@ func (p *PoolMemoryResource) carve(n int, l *freeList) {
 // unlocks and relocks around the driver calls).
 func (p *PoolMemoryResource) dropSpares() {
 	e := p.exp
-	if len(e.spare) == 0 {
+	if e == nil || len(e.spare) == 0 {
 		return
 	}
-	spare := e.spare
-	e.spare = nil
 	p.mu.Unlock()
-	for _, c := range spare {
+	p.releaseSpares()
+	p.mu.Lock()
+}
+
+// releaseSpares releases the spare handles (pool unlocked, busy token held).
+func (p *PoolMemoryResource) releaseSpares() {
+	e := p.exp
+	for _, c := range e.spare {
 		if err := e.vm.release(c.h); err != nil {
 			DebugLogger().Warn("rmm: PoolMemoryResource (expandable): releasing an unmapped chunk failed", "bytes", c.size, "err", err)
 		}
 	}
-	p.mu.Lock()
+	e.spare = nil
 }
 
 // chunkCand is a chunk lying wholly in the free block b.
@@ -646,7 +660,7 @@ func (p *PoolMemoryResource) carveHole(def *freeList, b *block, addr DevicePtr, 
 	} else {
 		p.clearDeps(h) // a hole is no free memory
 	}
-	h.free, h.req = false, holeReq
+	h.free, h.hole = false, true
 	e.holes[h] = struct{}{}
 	// Merge with holes on either side.
 	if nx := h.next; nx != nil && isHole(nx) {
@@ -660,7 +674,10 @@ func (p *PoolMemoryResource) carveHole(def *freeList, b *block, addr DevicePtr, 
 }
 
 // isHole reports whether b is a range whose chunk was given back.
-func isHole(b *block) bool { return !b.free && b.req == holeReq }
+//
+// A flag of its own, not a mark in req: a cache writes req of the blocks it holds under its own
+// lock, and the chain walks that look for holes hold only the pool's.
+func isHole(b *block) bool { return b.hole }
 
 // trimTailHole drops a hole at the end of the chain, so the chain ends at mapped memory and the
 // next growth maps there.

@@ -1,0 +1,229 @@
+package rmm
+
+import (
+	"sync"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+)
+
+// Regression tests for carving's unlocked windows: the spare handles released while a grown block
+// was out of every list, a create refused while a spare handle held the memory, and frees made
+// while carve waited for the streams.
+
+// hookVMM wraps a vmm with optional hooks run before each call (pool unlocked then).
+type hookVMM struct {
+	vmm
+	mu        sync.Mutex
+	onCreate  func(n int) error
+	onMap     func(a DevicePtr, n int) error
+	onAccess  func(a DevicePtr, n int) error
+	onUnmap   func(a DevicePtr, n int) error
+	onRelease func(h vmmHandle) error
+}
+
+func (v *hookVMM) get() (func(int) error, func(DevicePtr, int) error, func(DevicePtr, int) error, func(DevicePtr, int) error, func(vmmHandle) error) {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	return v.onCreate, v.onMap, v.onAccess, v.onUnmap, v.onRelease
+}
+
+func (v *hookVMM) create(n int) (vmmHandle, error) {
+	if f, _, _, _, _ := v.get(); f != nil {
+		if err := f(n); err != nil {
+			return 0, err
+		}
+	}
+	return v.vmm.create(n)
+}
+func (v *hookVMM) mapAt(a DevicePtr, n int, h vmmHandle) error {
+	if _, f, _, _, _ := v.get(); f != nil {
+		if err := f(a, n); err != nil {
+			return err
+		}
+	}
+	return v.vmm.mapAt(a, n, h)
+}
+func (v *hookVMM) setAccess(a DevicePtr, n int) error {
+	if _, _, f, _, _ := v.get(); f != nil {
+		if err := f(a, n); err != nil {
+			return err
+		}
+	}
+	return v.vmm.setAccess(a, n)
+}
+func (v *hookVMM) unmap(a DevicePtr, n int) error {
+	if _, _, _, f, _ := v.get(); f != nil {
+		if err := f(a, n); err != nil {
+			return err
+		}
+	}
+	return v.vmm.unmap(a, n)
+}
+func (v *hookVMM) release(h vmmHandle) error {
+	if _, _, _, _, f := v.get(); f != nil {
+		if err := f(h); err != nil {
+			return err
+		}
+	}
+	return v.vmm.release(h)
+}
+
+// A growth into a hole that leaves spare handles unmapped releases them with the pool unlocked
+// (dropSpares) while the grown block is out of every list; a free of the block after it meanwhile
+// is not coalesced with the remainder split off after growAny returns.
+func TestPoolCarveSparesDroppedAfterSplit(t *testing.T) {
+	vm := &hookVMM{vmm: newSimVMM(hostVMMGranularity, 0)}
+	p := newExpTestPool(t, vm, PoolOptions{MaximumPoolSize: 1 << 30, carvePage: 2 * mib})
+	defer p.Close()
+	var b [16]DevicePtr
+	for i := range b {
+		q, err := p.Allocate(2*mib, DefaultStream)
+		require.NoError(t, err)
+		b[i] = q
+	}
+	require.Equal(t, 32*mib, p.PoolSize())
+	// A hole at B2.
+	require.NoError(t, p.Deallocate(b[2], 2*mib, DefaultStream))
+	require.NoError(t, p.Release())
+	require.Equal(t, 1, p.Stats().Holes)
+	// Free B1 (left of the hole) and fragments B5, B7, B9.
+	for _, i := range []int{1, 5, 7, 9} {
+		require.NoError(t, p.Deallocate(b[i], 2*mib, DefaultStream))
+	}
+	require.NoError(t, p.CheckInvariants())
+	var once sync.Once
+	vm.onRelease = func(vmmHandle) error {
+		once.Do(func() {
+			// Pool unlocked in dropSpares: free B3, right after the grown block.
+			require.NoError(t, p.Deallocate(b[3], 2*mib, DefaultStream))
+		})
+		return nil
+	}
+	q, err := p.Allocate(4*mib-256, DefaultStream)
+	require.NoError(t, err)
+	require.Equal(t, b[1], q)
+	require.NoError(t, p.CheckInvariants())
+}
+
+// At the device's limit: carving moves a 4 MiB page to spare, the growth goes into a hole that
+// needs only 2 MiB, and creating that fails while the spare still holds the memory. The pool must
+// release the spare and create again, not fail (the request fits once the spare is gone).
+func TestPoolCarveReleasesSparesBeforeFailing(t *testing.T) {
+	sim := newSimVMM(hostVMMGranularity, 0)
+	p := newExpTestPool(t, sim, PoolOptions{MaximumPoolSize: 64 * mib, carvePage: 2 * mib})
+	defer p.Close()
+	big, err := p.Allocate(64*mib, DefaultStream) // one growth: sixteen 4 MiB pages
+	require.NoError(t, err)
+	require.NoError(t, p.Deallocate(big, 64*mib, DefaultStream))
+	alloc := func(n int) DevicePtr {
+		q, err := p.Allocate(n, DefaultStream)
+		require.NoError(t, err)
+		return q
+	}
+	a0 := alloc(5 * mib) // [0,5)
+	l := alloc(3 * mib)  // [5,8)
+	h := alloc(4 * mib)  // [8,12): page 2
+	_ = alloc(8 * mib)   // [12,20)
+	f := alloc(4 * mib)  // [20,24): page 5
+	_ = alloc(40 * mib)  // [24,64)
+	require.Equal(t, a0+DevicePtr(8*mib), h)
+	require.NoError(t, p.Deallocate(h, 4*mib, DefaultStream))
+	require.NoError(t, p.Release()) // page 2 becomes a hole
+	require.Equal(t, 60*mib, p.PoolSize())
+	require.NoError(t, p.Deallocate(l, 3*mib, DefaultStream))
+	require.NoError(t, p.Deallocate(f, 4*mib, DefaultStream))
+	require.NoError(t, p.CheckInvariants())
+	// The device now has no more room than what the pool holds.
+	sim.mu.Lock()
+	sim.limit = 60 * mib
+	sim.mu.Unlock()
+
+	q, err := p.Allocate(5*mib, DefaultStream)
+	require.NoError(t, err, "the spare handle larger than the hole is released and the memory created anew")
+	require.NotZero(t, q)
+	require.NoError(t, p.CheckInvariants())
+	// Now nothing is free and the device is full: a second request fails and changes nothing.
+	size := p.PoolSize()
+	_, err = p.Allocate(5*mib, DefaultStream)
+	require.ErrorIs(t, err, ErrOutOfMemory)
+	require.Equal(t, size, p.PoolSize())
+	require.NoError(t, p.CheckInvariants())
+}
+
+// carve waits for the streams with the pool unlocked; frees made meanwhile can make the free
+// tail hold the whole request. growExpandable then computes need <= 0 and, with the pool at its
+// maximum (room 0), "grows" by 0 bytes: setAccess(addr, 0).
+func carveTailGrowsDuringSync(t *testing.T, vm vmm) (DevicePtr, error, *PoolMemoryResource) {
+	p := newExpTestPool(t, vm, PoolOptions{MaximumPoolSize: 32 * mib, carvePage: 2 * mib})
+	t.Cleanup(func() { p.Close() })
+	e := newPoolSyncEnv(t, p)
+	var b [16]DevicePtr
+	for i := range b {
+		b[i] = e.mustAlloc(2*mib, DefaultStream, e.def)
+	}
+	require.Equal(t, 32*mib, p.PoolSize())
+	e.mustFree(b[1], 2*mib, DefaultStream, e.def)
+	e.mustFree(b[3], 2*mib, DefaultStream, e.def)
+	require.NoError(t, p.CheckInvariants())
+	var once sync.Once
+	e.f.mu.Lock()
+	e.f.onCall = func(op string) {
+		if op == "event-sync" {
+			// Pool unlocked in carve's syncAll: another goroutine frees the last two blocks.
+			once.Do(func() {
+				e.mustFree(b[14], 2*mib, DefaultStream, e.def)
+				e.mustFree(b[15], 2*mib, DefaultStream, e.def)
+			})
+		}
+	}
+	e.f.mu.Unlock()
+	q, err := p.Allocate(4*mib, DefaultStream)
+	return q, err, p
+}
+
+func TestPoolCarveFreesDuringWaitSim(t *testing.T) {
+	q, err, p := carveTailGrowsDuringSync(t, newSimVMM(hostVMMGranularity, 0))
+	require.NoError(t, err)
+	require.NotZero(t, q)
+	require.NoError(t, p.CheckInvariants())
+}
+
+func TestPoolCarveFreesDuringWaitHost(t *testing.T) {
+	hv, err := newHostVMM(hostVMMGranularity, 0)
+	require.NoError(t, err)
+	q, err, p := carveTailGrowsDuringSync(t, hv)
+	require.NoError(t, err, "the free tail holds the request")
+	require.NotZero(t, q)
+	require.NoError(t, p.CheckInvariants())
+}
+
+// Same race as carveTailGrowsDuringSync, with room under the maximum: the pool maps memory for
+// a request its free tail already holds.
+func TestPoolCarveFreesDuringWaitNoGrowth(t *testing.T) {
+	p := newExpTestPool(t, newSimVMM(hostVMMGranularity, 0), PoolOptions{MaximumPoolSize: 64 * mib, carvePage: 2 * mib})
+	defer p.Close()
+	e := newPoolSyncEnv(t, p)
+	var b [16]DevicePtr
+	for i := range b {
+		b[i] = e.mustAlloc(2*mib, DefaultStream, e.def)
+	}
+	e.mustFree(b[1], 2*mib, DefaultStream, e.def)
+	e.mustFree(b[3], 2*mib, DefaultStream, e.def)
+	var once sync.Once
+	e.f.mu.Lock()
+	e.f.onCall = func(op string) {
+		if op == "event-sync" {
+			once.Do(func() {
+				e.mustFree(b[14], 2*mib, DefaultStream, e.def)
+				e.mustFree(b[15], 2*mib, DefaultStream, e.def)
+			})
+		}
+	}
+	e.f.mu.Unlock()
+	q, err := p.Allocate(4*mib, DefaultStream)
+	require.NoError(t, err)
+	require.Equal(t, b[14], q)
+	require.NoError(t, p.CheckInvariants())
+	require.Equal(t, 32*mib, p.PoolSize(), "the free tail held the request: no growth needed")
+}
