@@ -1,6 +1,7 @@
 package rmm
 
 import (
+	"slices"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -125,5 +126,84 @@ func TestGPUExpandablePoolReleaseThreshold(t *testing.T) {
 	require.LessOrEqual(t, st.FreeBytes, 64<<20+expandableMinChunk)
 	require.NoError(t, p.CheckInvariants())
 	ctx, _ := Device(0).ctx()
+	require.NoError(t, cuCtxSynchronize(ctx))
+}
+
+// Carving over the device's virtual memory while kernels still run over the fragments: sixteen
+// 8 MiB blocks in one growth, the odd ones freed on stream a behind long kernels that write and
+// read them, then a 64 MiB request on stream b. The pool must wait for a before it unmaps the odd
+// blocks' pages (an early unmap is an illegal address that kills the context) and map those
+// same handles at the end for the request: no new memory, seven handles remapped. What the
+// kernels wrote, the even blocks' patterns and the new block's fill through the remapped pages
+// all read back intact; then the same again the other way round.
+func TestGPUExpandablePoolCarvesWhileKernelRuns(t *testing.T) {
+	requireGPU(t)
+	dv, err := newDeviceVMM(0)
+	require.NoError(t, err)
+	if dv.granularity() > 2*mib {
+		t.Skipf("granularity %d", dv.granularity())
+	}
+	vm := newCountingVMM(dv)
+	p := newExpTestPool(t, vm, PoolOptions{MaximumPoolSize: 1 << 30, carvePage: 2 * mib})
+	defer p.Close()
+	a, err := NewStream(0, &StreamOptions{NonBlocking: true})
+	require.NoError(t, err)
+	defer a.Close()
+	b, err := NewStream(0, &StreamOptions{NonBlocking: true})
+	require.NoError(t, err)
+	defer b.Close()
+	ctx, _ := Device(0).ctx()
+	cuda, _ := NewCudaMemoryResource(0)
+	const piece = 8 * mib
+	results, err := cuda.Allocate(8*piece, DefaultStream)
+	require.NoError(t, err)
+	defer cuda.Deallocate(results, 8*piece, DefaultStream)
+
+	big, err := p.Allocate(16*piece, a.View()) // one growth: sixteen handles of 8 MiB
+	require.NoError(t, err)
+	require.NoError(t, p.Deallocate(big, 16*piece, a.View()))
+	require.Equal(t, 16, vm.counts().creates)
+	var blk [16]DevicePtr
+	for i := range blk {
+		blk[i], err = p.Allocate(piece, a.View())
+		require.NoError(t, err)
+		require.Equal(t, big+DevicePtr(i*piece), blk[i])
+		require.NoError(t, deviceFill(0, blk[i], piece, []byte{byte(0x10 + i)}, a.View()))
+	}
+	for round, freed := range [][]int{{1, 3, 5, 7, 9, 11, 13, 15}, {0, 2, 4, 6, 8, 10, 12, 14}} {
+		before := vm.counts()
+		for k, i := range freed {
+			gpuBusyThenCopy(t, ctx, blk[i], piece, results+DevicePtr(k*piece), a.View())
+			require.NoError(t, p.Deallocate(blk[i], piece, a.View()))
+		}
+		y, err := p.Allocate(8*piece, b.View())
+		require.NoError(t, err)
+		require.NoError(t, deviceFill(0, y, 8*piece, []byte{0xee + byte(round)}, b.View()))
+		after := vm.counts()
+		require.Equal(t, before.creates, after.creates, "round %d: no new memory", round)
+		require.GreaterOrEqual(t, after.remaps-before.remaps, 7, "round %d: the fragments' handles moved", round)
+		require.Equal(t, 16*piece, p.PoolSize(), "round %d", round)
+		require.NoError(t, b.Synchronize())
+		require.NoError(t, a.Synchronize())
+		checkAll(t, ctx, results, 8*piece, 0x07)
+		checkAll(t, ctx, y, 8*piece, 0xee+byte(round))
+		for i := range blk {
+			if !slices.Contains(freed, i) {
+				checkAll(t, ctx, blk[i], piece, byte(0x10+i))
+			}
+		}
+		require.NoError(t, p.CheckInvariants())
+		// For the second round: y's memory comes back as eight blocks, one for each odd block
+		// freed in the first.
+		require.NoError(t, p.Deallocate(y, 8*piece, b.View()))
+		if round == 0 {
+			for _, i := range freed {
+				blk[i], err = p.Allocate(piece, b.View())
+				require.NoError(t, err)
+				require.NoError(t, deviceFill(0, blk[i], piece, []byte{byte(0x10 + i)}, b.View()))
+			}
+			require.NoError(t, b.Synchronize())
+		}
+	}
 	require.NoError(t, cuCtxSynchronize(ctx))
 }

@@ -4,20 +4,39 @@ import (
 	"flag"
 	"fmt"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 )
+
+var carveDevice = flag.Bool("rmm.carvedevice", false, "with -rmm.carvetraces: replay over the device's virtual memory (GPU 0) instead of an address-only one, and log the median wall time per event of the passes")
 
 var carveTraces = flag.Int("rmm.carvetraces", 0, "with a page size in bytes: replay every trace in testdata/traces on an address-only expandable pool that carves with that page size, and on one that does not, at one pass and three, and log the footprints and driver calls (a measurement, not a check; skipped without it)")
 
 // TestCarveTraces is the measurement behind carve's figures:
 //
 //	go test -run TestCarveTraces -rmm.carvetraces 8388608 -v
+//
+// and on a GPU, with -rmm.carvedevice, over the device's memory.
 func TestCarveTraces(t *testing.T) {
 	if *carveTraces == 0 {
 		t.Skip("a measurement: give -rmm.carvetraces PAGE")
+	}
+	maximum := 1 << 40
+	newVMM := func() vmm { return newSimVMM(hostVMMGranularity, 0) }
+	if *carveDevice {
+		requireGPU(t)
+		free, _, err := Device(0).MemoryInfo()
+		require.NoError(t, err)
+		maximum = free / 16 * 15 / hostVMMGranularity * hostVMMGranularity
+		newVMM = func() vmm {
+			vm, err := newDeviceVMM(0)
+			require.NoError(t, err)
+			return vm
+		}
 	}
 	files, err := filepath.Glob(filepath.Join("testdata", "traces", "*.csv.gz"))
 	require.NoError(t, err)
@@ -27,12 +46,15 @@ func TestCarveTraces(t *testing.T) {
 		line := strings.TrimSuffix(filepath.Base(f), ".csv.gz")
 		for _, page := range []int{0, *carveTraces} {
 			for _, passes := range []int{1, 3} {
-				vm := newCountingVMM(newSimVMM(hostVMMGranularity, 0))
-				p := newExpTestPool(t, vm, PoolOptions{MaximumPoolSize: 1 << 40, carvePage: page})
+				vm := newCountingVMM(newVMM())
+				p := newExpTestPool(t, vm, PoolOptions{MaximumPoolSize: maximum, carvePage: page})
 				peakLive := 0
 				var c1, c2 vmmCounts
+				var walls []time.Duration
 				for i := range passes {
+					start := time.Now()
 					r, err := Replay(events, p, nil)
+					walls = append(walls, time.Since(start))
 					require.NoError(t, err)
 					require.Zero(t, r.Failures)
 					peakLive = max(peakLive, int(r.PeakLiveBytes))
@@ -43,8 +65,10 @@ func TestCarveTraces(t *testing.T) {
 				}
 				require.NoError(t, p.CheckInvariants())
 				last := vmmCounts{creates: c2.creates - c1.creates, maps: c2.maps - c1.maps, unmaps: c2.unmaps - c1.unmaps}
-				line += fmt.Sprintf(" | page %d p%d %.3f (last pass: %d creates, %d maps, %d unmaps)", page>>20, passes,
-					float64(p.Stats().PeakPoolSize)/float64(peakLive), last.creates, last.maps, last.unmaps)
+				slices.Sort(walls)
+				line += fmt.Sprintf(" | page %d p%d %.3f (last pass: %d creates, %d maps, %d unmaps; median %d ns/event)", page>>20, passes,
+					float64(p.Stats().PeakPoolSize)/float64(peakLive), last.creates, last.maps, last.unmaps,
+					walls[len(walls)/2].Nanoseconds()/int64(len(events)))
 				require.NoError(t, p.Close())
 			}
 		}
