@@ -98,9 +98,13 @@ func (v *countingVMM) release(h vmmHandle) error {
 // frees every other one of the first eight: 8 MiB free, in 2 MiB fragments with live blocks
 // between them, so that an 8 MiB request fits nowhere.
 func fragmentedCarvePool(t *testing.T, page int) (*PoolMemoryResource, *countingVMM, []DevicePtr) {
+	return fragmentedCarvePoolWith(t, PoolOptions{MaximumPoolSize: 1 << 30, carvePage: page})
+}
+
+func fragmentedCarvePoolWith(t *testing.T, o PoolOptions) (*PoolMemoryResource, *countingVMM, []DevicePtr) {
 	t.Helper()
 	vm := newCountingVMM(newSimVMM(hostVMMGranularity, 0))
-	p := newExpTestPool(t, vm, PoolOptions{MaximumPoolSize: 1 << 30, carvePage: page})
+	p := newExpTestPool(t, vm, o)
 	t.Cleanup(func() { p.Close() })
 	var ptrs []DevicePtr
 	for range 16 {
@@ -194,4 +198,75 @@ func TestPoolCarveTakesWhatTheRequestLacks(t *testing.T) {
 	for _, i := range []int{1, 3, 5, 7} {
 		require.Equal(t, i == 5 || i == 7, !mapped(ptrs[i], 2*mib), fmt.Sprintf("fragment %d", i))
 	}
+}
+
+// Carving stops once it has moved more than carveChurn × the pool since the pool's last new peak
+// size: the next growth maps new memory though free pages lie in fragments, and that growth, a
+// new peak, lets the one after it carve again. Without the bound the same growth carves.
+func TestPoolCarveChurnBound(t *testing.T) {
+	for _, churn := range []float64{0.2, -1} {
+		t.Run(fmt.Sprint(churn), func(t *testing.T) {
+			p, vm, ptrs := fragmentedCarvePoolWith(t, PoolOptions{MaximumPoolSize: 1 << 30, carvePage: 2 * mib, carveChurn: churn})
+			alloc := func(n int) {
+				t.Helper()
+				_, err := p.Allocate(n, DefaultStream)
+				require.NoError(t, err)
+				require.NoError(t, p.CheckInvariants())
+			}
+			// An 8 MiB request moves the four 2 MiB fragments: 8 MiB moved, a quarter of the
+			// 32 MiB pool.
+			alloc(8 * mib)
+			c := vm.counts()
+			require.Equal(t, 4, c.unmaps)
+			require.Equal(t, 16, c.creates)
+			require.Equal(t, 32*mib, p.PoolSize())
+			free3 := func(from int) {
+				for _, i := range []int{from, from + 2, from + 4} {
+					require.NoError(t, p.Deallocate(ptrs[i], 2*mib, DefaultStream))
+				}
+			}
+			free3(9) // three new fragments, 6 MiB
+			// A 6 MiB request: a growth of at least 8 MiB (expandableFragmentedMin).
+			alloc(6 * mib)
+			d := vm.counts()
+			if churn < 0 {
+				require.Equal(t, 3, d.unmaps-c.unmaps, "no bound: three more pages moved")
+				require.Equal(t, 1, d.creates-c.creates, "and 2 MiB created")
+				require.Equal(t, 34*mib, p.PoolSize())
+				return
+			}
+			require.Equal(t, c.unmaps, d.unmaps, "8 MiB moved > 0.2 x 32 MiB: no carving")
+			require.Equal(t, 4, d.creates-c.creates, "an 8 MiB growth of new memory instead")
+			require.Equal(t, 40*mib, p.PoolSize())
+			// That growth was a new peak: the next one carves two of the fragments (the 4 MiB
+			// it lacks beyond the 2 MiB free at the end) and creates what the 8 MiB minimum
+			// asks beyond them.
+			alloc(6 * mib)
+			e := vm.counts()
+			require.Equal(t, 2, e.unmaps-d.unmaps)
+			require.Equal(t, 2, e.creates-d.creates)
+			require.Equal(t, 44*mib, p.PoolSize())
+		})
+	}
+}
+
+// A pool that carving or Release left smaller than the most bytes once live at the same time
+// grows with new memory rather than carve: staying under that figure raises no peak.
+func TestPoolCarveNotBelowPeakLive(t *testing.T) {
+	p, vm, ptrs := fragmentedCarvePool(t, 2*mib)
+	// Give back the free pages (four holes) and free four more blocks: 16 MiB live of a 24 MiB
+	// pool, 32 MiB once live.
+	require.NoError(t, p.Release())
+	require.Equal(t, 24*mib, p.PoolSize())
+	for i := 9; i < 16; i += 2 {
+		require.NoError(t, p.Deallocate(ptrs[i], 2*mib, DefaultStream))
+	}
+	before := vm.counts()
+	_, err := p.Allocate(6*mib, DefaultStream)
+	require.NoError(t, err)
+	require.NoError(t, p.CheckInvariants())
+	after := vm.counts()
+	require.Equal(t, before.unmaps, after.unmaps, "nothing moved")
+	require.Greater(t, after.creates, before.creates, "new memory")
+	require.LessOrEqual(t, p.PoolSize(), 32*mib)
 }

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -14,16 +15,26 @@ import (
 
 var carveDevice = flag.Bool("rmm.carvedevice", false, "with -rmm.carvetraces: replay over the device's virtual memory (GPU 0) instead of an address-only one, and log the median wall time per event of the passes")
 
-var carveTraces = flag.Int("rmm.carvetraces", 0, "with a page size in bytes: replay every trace in testdata/traces on an address-only expandable pool that carves with that page size, and on one that does not, at one pass and three, and log the footprints and driver calls (a measurement, not a check; skipped without it)")
+var carveChurns = flag.String("rmm.carvechurns", "", "with -rmm.carvetraces: comma-separated PoolOptions.carveChurn values to replay with besides the default (-1: no limit)")
+
+var carveTraces = flag.Int("rmm.carvetraces", 0, "with a page size in bytes: replay every trace in testdata/traces on an address-only expandable pool that carves with that page size, and on one that does not, at one pass and three (see -rmm.carvepasses), and log the footprints and driver calls (a measurement, not a check; skipped without it)")
+
+var carvePassesFlag = flag.String("rmm.carvepasses", "1,3", "with -rmm.carvetraces: the pass counts to replay")
 
 // TestCarveTraces is the measurement behind carve's figures:
 //
-//	go test -run TestCarveTraces -rmm.carvetraces 8388608 -v
+//	go test -run TestCarveTraces -rmm.carvetraces 8388608 [-rmm.carvechurns -1,1] [-rmm.carvepasses 1,3,10] -v
 //
 // and on a GPU, with -rmm.carvedevice, over the device's memory.
 func TestCarveTraces(t *testing.T) {
 	if *carveTraces == 0 {
 		t.Skip("a measurement: give -rmm.carvetraces PAGE")
+	}
+	var carvePasses []int
+	for _, x := range strings.Split(*carvePassesFlag, ",") {
+		v, err := strconv.Atoi(x)
+		require.NoError(t, err)
+		carvePasses = append(carvePasses, v)
 	}
 	maximum := 1 << 40
 	newVMM := func() vmm { return newSimVMM(hostVMMGranularity, 0) }
@@ -44,10 +55,23 @@ func TestCarveTraces(t *testing.T) {
 		events, err := ReadLogFile(f)
 		require.NoError(t, err)
 		line := strings.TrimSuffix(filepath.Base(f), ".csv.gz")
-		for _, page := range []int{0, *carveTraces} {
-			for _, passes := range []int{1, 3} {
+		type cfg struct {
+			page  int
+			churn float64
+		}
+		cfgs := []cfg{{0, 0}, {*carveTraces, 0}}
+		if *carveChurns != "" {
+			for _, x := range strings.Split(*carveChurns, ",") {
+				v, err := strconv.ParseFloat(x, 64)
+				require.NoError(t, err)
+				cfgs = append(cfgs, cfg{*carveTraces, v})
+			}
+		}
+		for _, c := range cfgs {
+			page := c.page
+			for _, passes := range carvePasses {
 				vm := newCountingVMM(newVMM())
-				p := newExpTestPool(t, vm, PoolOptions{MaximumPoolSize: maximum, carvePage: page})
+				p := newExpTestPool(t, vm, PoolOptions{MaximumPoolSize: maximum, carvePage: page, carveChurn: c.churn})
 				peakLive := 0
 				var c1, c2 vmmCounts
 				var walls []time.Duration
@@ -66,7 +90,7 @@ func TestCarveTraces(t *testing.T) {
 				require.NoError(t, p.CheckInvariants())
 				last := vmmCounts{creates: c2.creates - c1.creates, maps: c2.maps - c1.maps, unmaps: c2.unmaps - c1.unmaps}
 				slices.Sort(walls)
-				line += fmt.Sprintf(" | page %d p%d %.3f (last pass: %d creates, %d maps, %d unmaps; median %d ns/event)", page>>20, passes,
+				line += fmt.Sprintf(" | page %d churn %g p%d %.3f (last pass: %d creates, %d maps, %d unmaps; median %d ns/event)", page>>20, c.churn, passes,
 					float64(p.Stats().PeakPoolSize)/float64(peakLive), last.creates, last.maps, last.unmaps,
 					walls[len(walls)/2].Nanoseconds()/int64(len(events)))
 				require.NoError(t, p.Close())
