@@ -464,6 +464,24 @@ var traceTable = []traceFacts{
 		streams: map[uintptr]int{0x16426be0: 110118}, threads: 1,
 		csvSHA256: "4ef57145955b1649819a8cebf81644ad22c9ed9cdf06fea6bf09a3d21a09709e",
 	},
+	{
+		file: "t5_seq2seq_dynpad_bf16.csv.gz", events: 112084, allocates: 56043, frees: 56041, failure: 0,
+		neverFreed: 2, neverFreedMiB: "64.0", peakLive: 39892013988, distinctSizes: 688,
+		streams: map[uintptr]int{0: 112084}, threads: 1,
+		csvSHA256: "deb2ea7d6a3c631c13a12ed199ca93a6742589e699d38c7e3fdd424e46f9ece8",
+	},
+	{
+		file: "gnn_mpnn_varsize_fp32.csv.gz", events: 100377, allocates: 50190, frees: 50187, failure: 0,
+		neverFreed: 3, neverFreedMiB: "65.0", peakLive: 25604129332, distinctSizes: 2805,
+		streams: map[uintptr]int{0: 100377}, threads: 1,
+		csvSHA256: "ee1f9bb1859576f207e9a0412fd30a1735420c209d8e88f7fcd96f745f13a440",
+	},
+	{
+		file: "vae_decode_varres_fp16.csv.gz", events: 100010, allocates: 50005, frees: 50005, failure: 0,
+		neverFreed: 0, neverFreedMiB: "0.0", peakLive: 7866829721, distinctSizes: 479,
+		streams: map[uintptr]int{0: 100010}, threads: 1,
+		csvSHA256: "e1c5f6833f25ff2d59ee0e333e1ff08fac31427561483f303694bb6a656a0a6c",
+	},
 }
 
 // TestReadTraces reads every committed trace and checks it against the figures published with it;
