@@ -54,8 +54,10 @@
 // # The debug log
 //
 // What is not an error of the call at hand — a container reclaimed without Close (a leak), a pool
-// closed with live allocations — is reported through log/slog to DebugLogger: standard error at
-// level warn by default. RMM_DEBUG_LOG_FILE names a file instead ("stderr" or "-" for standard
-// error), RMM_DEBUG_LOG_LEVEL sets the level (debug, info, warn, error, off); SetDebugLogger
-// replaces the logger.
+// closed with live allocations, a pool's growth (at debug) — is reported through log/slog to
+// DebugLogger: standard error at level warn by default. RMM_DEBUG_LOG_FILE names a file instead
+// ("stderr" or "-" for standard error), RMM_DEBUG_LOG_LEVEL sets the level (trace, debug, info,
+// warn, error, critical, off; LevelTrace and LevelCritical are slog levels of their own);
+// SetDebugLogLevel and SetDebugLogFlushLevel change the level and the flush level at run time,
+// FlushDebugLog writes out what a file's buffer holds, and SetDebugLogger replaces the logger.
 package rmm

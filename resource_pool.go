@@ -796,6 +796,8 @@ func (p *PoolMemoryResource) grow(n int, s StreamView, l *freeList) (*block, err
 	}
 	if !ok {
 		DebugLogger().Debug("rmm: PoolMemoryResource failed to grow", "request", n, "pool_size", size, "maximum", p.maximum, "err", lastErr)
+	} else {
+		DebugLogger().Debug("rmm: PoolMemoryResource grew", "request", n, "bytes", try, "pool_size", size+try, "maximum", p.maximum)
 	}
 	p.mu.Lock()
 	if ok {

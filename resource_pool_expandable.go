@@ -379,6 +379,7 @@ func (p *PoolMemoryResource) addChunk(addr DevicePtr, k int, cs []vmChunk) *bloc
 	}
 	b := p.newBlock(addr, k)
 	b.free = false
+	DebugLogger().Debug("rmm: PoolMemoryResource (expandable) grew", "bytes", k, "handles", len(cs), "address", fmt.Sprintf("%#x", uintptr(addr)), "pool_size", p.size, "maximum", p.maximum)
 	return b
 }
 
