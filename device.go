@@ -271,16 +271,41 @@ var (
 	perDevice   = map[Device]MemoryResource{}
 	initialOnce sync.Once
 	initialHost MemoryResource
+	initialMu   sync.Mutex
+	initialCuda = map[Device]*CudaMemoryResource{}
 )
 
 // initialResource is the resource a device has before anything is set: a CudaMemoryResource for
-// the device, or, without CUDA, one process-wide SystemMemoryResource.
+// the device, or, without CUDA, one process-wide SystemMemoryResource. The same value at every
+// call, so that IsInitialized can tell it from a resource that was set.
 func initialResource(d Device) MemoryResource {
 	if CUDAAvailable() != nil {
 		initialOnce.Do(func() { initialHost = NewSystemMemoryResource() })
 		return initialHost
 	}
-	return &CudaMemoryResource{dev: d}
+	initialMu.Lock()
+	defer initialMu.Unlock()
+	mr, ok := initialCuda[d]
+	if !ok {
+		mr = &CudaMemoryResource{dev: d}
+		initialCuda[d] = mr
+	}
+	return mr
+}
+
+// IsInitialized reports whether some device has a resource other than its initial one (a
+// CudaMemoryResource; a SystemMemoryResource without CUDA): one installed by Reinitialize, or set
+// with SetPerDeviceResource or SetCurrentDeviceResource and not restored since. As RMM's
+// is_initialized, it tells a program whether something set up the memory resources before it.
+func IsInitialized() bool {
+	resMu.RLock()
+	defer resMu.RUnlock()
+	for d, mr := range perDevice {
+		if mr != initialResource(d) {
+			return true
+		}
+	}
+	return false
 }
 
 // PerDeviceResource returns the resource set for device d, or its initial resource (a

@@ -88,3 +88,19 @@ func ExamplePoolMemoryResource_outOfMemory() {
 	// 2097152 0 1048576 false
 	// <nil> <nil>
 }
+
+// Sizes written as RMM's Python API takes them.
+func ExampleParseBytes() {
+	for _, s := range []string{"4GiB", "512MiB", "1.5GB", "1073741824"} {
+		n, err := rmm.ParseBytes(s)
+		fmt.Println(s, n, err)
+	}
+	_, err := rmm.ParseBytes("lots")
+	fmt.Println(errors.Is(err, rmm.ErrInvalidArgument))
+	// Output:
+	// 4GiB 4294967296 <nil>
+	// 512MiB 536870912 <nil>
+	// 1.5GB 1500000000 <nil>
+	// 1073741824 1073741824 <nil>
+	// true
+}

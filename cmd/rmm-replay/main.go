@@ -59,14 +59,11 @@ type sizeFlag struct {
 func (f *sizeFlag) String() string { return fmt.Sprint(f.n) }
 
 func (f *sizeFlag) Set(s string) error {
-	v, err := humanize.ParseBytes(s)
+	v, err := rmm.ParseBytes(s)
 	if err != nil {
-		return fmt.Errorf("not a size: %q (examples: 1073741824, 1GiB, 512MB)", s)
+		return err
 	}
-	if v > uint64(^uint(0)>>1) {
-		return fmt.Errorf("size %q is too large", s)
-	}
-	f.n, f.set = int(v), true
+	f.n, f.set = v, true
 	return nil
 }
 
