@@ -407,8 +407,8 @@ func loggingIn(mr MemoryResource) (lg *LoggingResourceAdaptor, top bool) {
 func LogFileNames() map[Device]string {
 	out := map[Device]string{}
 	for d, mr := range perDeviceSnapshot() {
-		if lg, _ := loggingIn(mr); lg != nil && lg.file != nil {
-			out[d] = lg.file.Name()
+		if lg, _ := loggingIn(mr); lg != nil && lg.FileName() != "" {
+			out[d] = lg.FileName()
 		}
 	}
 	return out

@@ -151,6 +151,25 @@ func (r *BinningMemoryResource) BinSizes() []int {
 	return out
 }
 
+// Bin is one bin of a BinningMemoryResource: the requests of more than the next smaller bin's
+// size and at most Size bytes go to Resource.
+type Bin struct {
+	Size     int // bytes, a multiple of 256
+	Resource MemoryResource
+}
+
+// Bins returns the bins, smallest first, with the resource serving each (RMM's bin_mrs; a bin
+// AddBin made itself is a *FixedSizeMemoryResource, owned and closed by r). Larger requests go to
+// Upstream.
+func (r *BinningMemoryResource) Bins() []Bin {
+	bins := *r.bins.Load()
+	out := make([]Bin, len(bins))
+	for i, b := range bins {
+		out[i] = Bin{Size: b.size, Resource: b.mr}
+	}
+	return out
+}
+
 // resourceFor returns the resource serving nbytes: the smallest bin of at least nbytes, else
 // the upstream.
 func (r *BinningMemoryResource) resourceFor(nbytes int) MemoryResource {

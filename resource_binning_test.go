@@ -195,6 +195,14 @@ func TestBinningAddBin(t *testing.T) {
 	require.NoError(t, b.AddBin(300, d))
 	require.NoError(t, b.AddBin(1<<20, nil))
 	require.Equal(t, []int{512, 1024, 1 << 20}, b.BinSizes())
+	bins := b.Bins()
+	require.Len(t, bins, 3)
+	require.Equal(t, Bin{Size: 512, Resource: d}, bins[0])
+	require.Equal(t, Bin{Size: 1024, Resource: c}, bins[1])
+	require.Equal(t, 1<<20, bins[2].Size)
+	fixed, ok := bins[2].Resource.(*FixedSizeMemoryResource)
+	require.True(t, ok, "a bin AddBin made itself: %T", bins[2].Resource)
+	require.Equal(t, 1<<20, fixed.BlockSize())
 	require.NoError(t, b.CheckInvariants())
 
 	// A bin whose first chunk the upstream refuses is not added.

@@ -57,17 +57,84 @@ type PinnedMemoryResource struct {
 	access Access
 }
 
-// pinnedBlock is one live allocation: where the underlying block starts and what was asked.
-type pinnedBlock struct {
+// hostBlock is one live allocation of a hostTable: where the underlying block starts and what was
+// asked.
+type hostBlock struct {
 	base      uintptr
 	nbytes    int
 	alignment int
 }
 
-var (
-	pinnedMu   sync.Mutex
-	pinnedLive = map[uintptr]pinnedBlock{}
-)
+// hostTable records the blocks a kind of host resource handed out. Alignments above 256 bytes are
+// met by allocating nbytes + alignment bytes and returning the first aligned address inside; the
+// offset is kept here, beside the memory (nothing is written before the returned block). The
+// same table detects a pointer never handed out, a double free and a size or alignment other
+// than the one allocated.
+type hostTable struct {
+	name string // the resource type, for messages
+	mu   sync.Mutex
+	live map[uintptr]hostBlock
+}
+
+// allocate takes nbytes > 0 aligned to alignment (a power of two) with alloc (total bytes, 256-byte
+// aligned) and records the block.
+func (t *hostTable) allocate(nbytes, alignment int, alloc func(total int) (uintptr, error)) (uintptr, error) {
+	total := nbytes
+	if alignment > Alignment {
+		if nbytes > int(^uint(0)>>1)-alignment {
+			return 0, outOfMemory(t.name, nbytes, fmt.Errorf("%d bytes plus alignment %d overflow", nbytes, alignment))
+		}
+		total += alignment
+	}
+	base, err := alloc(total)
+	if err != nil {
+		return 0, err
+	}
+	p := (base + uintptr(alignment) - 1) &^ (uintptr(alignment) - 1)
+	t.mu.Lock()
+	t.live[p] = hostBlock{base: base, nbytes: nbytes, alignment: alignment}
+	t.mu.Unlock()
+	return p, nil
+}
+
+// deallocate checks p against the table, forgets it and frees its block with free; anything not
+// handed out as asked returns ErrInvalidFree and frees nothing.
+func (t *hostTable) deallocate(op string, p uintptr, nbytes, alignment int, free func(base uintptr) error) error {
+	t.mu.Lock()
+	b, ok := t.live[p]
+	if ok && b.nbytes == nbytes && b.alignment == alignment {
+		delete(t.live, p)
+	}
+	t.mu.Unlock()
+	switch {
+	case !ok:
+		return fmt.Errorf("%w: %s.%s(%#x, %d): the pointer was not allocated by a %s or was already freed", ErrInvalidFree, t.name, op, p, nbytes, t.name)
+	case b.nbytes != nbytes:
+		return fmt.Errorf("%w: %s.%s(%#x, %d): the block was allocated with %d bytes", ErrInvalidFree, t.name, op, p, nbytes, b.nbytes)
+	case b.alignment != alignment:
+		return fmt.Errorf("%w: %s.%s(%#x, %d): the block was allocated with alignment %d, freed with %d", ErrInvalidFree, t.name, op, p, nbytes, b.alignment, alignment)
+	}
+	return free(b.base)
+}
+
+func (t *hostTable) count() int {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return len(t.live)
+}
+
+// hostAllocateChecked is AllocateHost's argument checking for resource name.
+func hostAllocateChecked(name string, nbytes, alignment int) error {
+	if nbytes < 0 {
+		return invalidSize(name, "AllocateHost", nbytes)
+	}
+	if !IsPowerOfTwo(alignment) {
+		return fmt.Errorf("%w: %s.AllocateHost: alignment %d is not a power of two", ErrInvalidArgument, name, alignment)
+	}
+	return nil
+}
+
+var pinnedTable = hostTable{name: "PinnedMemoryResource", live: map[uintptr]hostBlock{}}
 
 // NewPinnedMemoryResource returns a pinned host memory resource that makes its driver calls in
 // device dev's primary context (the memory itself is portable: every device can use it). Without
@@ -104,14 +171,8 @@ func defaultPinnedResource() (*PinnedMemoryResource, error) {
 // Errors: a negative size or an alignment that is not a power of two wraps ErrInvalidArgument;
 // memory the driver cannot pin wraps ErrOutOfMemory (with the *CUDAError).
 func (r *PinnedMemoryResource) AllocateHost(nbytes, alignment int) (unsafe.Pointer, error) {
-	if nbytes < 0 {
-		return nil, invalidSize("PinnedMemoryResource", "AllocateHost", nbytes)
-	}
-	if !IsPowerOfTwo(alignment) {
-		return nil, fmt.Errorf("%w: PinnedMemoryResource.AllocateHost: alignment %d is not a power of two", ErrInvalidArgument, alignment)
-	}
-	if nbytes == 0 {
-		return nil, nil
+	if err := hostAllocateChecked("PinnedMemoryResource", nbytes, alignment); err != nil || nbytes == 0 {
+		return nil, err
 	}
 	p, err := r.allocate("AllocateHost", nbytes, alignment)
 	return addrToPointer(p), err
@@ -157,59 +218,36 @@ func (r *PinnedMemoryResource) Deallocate(p DevicePtr, nbytes int, s StreamView)
 
 // allocate takes nbytes > 0 aligned to alignment (a power of two) and records the block.
 func (r *PinnedMemoryResource) allocate(op string, nbytes, alignment int) (uintptr, error) {
-	total := nbytes
-	if alignment > Alignment {
-		if nbytes > int(^uint(0)>>1)-alignment {
-			return 0, outOfMemory("PinnedMemoryResource", nbytes, fmt.Errorf("%d bytes plus alignment %d overflow", nbytes, alignment))
+	return pinnedTable.allocate(nbytes, alignment, func(total int) (uintptr, error) {
+		if r.ctx == 0 {
+			base, ok := hostMalloc(total)
+			if !ok {
+				return 0, outOfMemory("PinnedMemoryResource (host memory: no CUDA)", nbytes, nil)
+			}
+			return base, nil
 		}
-		total += alignment
-	}
-	var base uintptr
-	if r.ctx != 0 {
-		var err error
-		base, err = cuMemHostAlloc(r.ctx, total, memHostAllocPortable|memHostAllocDeviceMap)
+		base, err := cuMemHostAlloc(r.ctx, total, memHostAllocPortable|memHostAllocDeviceMap)
 		if err != nil {
 			if isOOM(err) {
 				return 0, outOfMemory("PinnedMemoryResource", nbytes, err)
 			}
 			return 0, fmt.Errorf("PinnedMemoryResource.%s: allocating %d bytes: %w", op, nbytes, err)
 		}
-	} else {
-		var ok bool
-		if base, ok = hostMalloc(total); !ok {
-			return 0, outOfMemory("PinnedMemoryResource (host memory: no CUDA)", nbytes, nil)
-		}
-	}
-	p := (base + uintptr(alignment) - 1) &^ (uintptr(alignment) - 1)
-	pinnedMu.Lock()
-	pinnedLive[p] = pinnedBlock{base: base, nbytes: nbytes, alignment: alignment}
-	pinnedMu.Unlock()
-	return p, nil
+		return base, nil
+	})
 }
 
 func (r *PinnedMemoryResource) deallocate(op string, p uintptr, nbytes, alignment int) error {
-	pinnedMu.Lock()
-	b, ok := pinnedLive[p]
-	if ok && b.nbytes == nbytes && b.alignment == alignment {
-		delete(pinnedLive, p)
-	}
-	pinnedMu.Unlock()
-	switch {
-	case !ok:
-		return fmt.Errorf("%w: PinnedMemoryResource.%s(%#x, %d): the pointer was not allocated by a PinnedMemoryResource or was already freed", ErrInvalidFree, op, p, nbytes)
-	case b.nbytes != nbytes:
-		return fmt.Errorf("%w: PinnedMemoryResource.%s(%#x, %d): the block was allocated with %d bytes", ErrInvalidFree, op, p, nbytes, b.nbytes)
-	case b.alignment != alignment:
-		return fmt.Errorf("%w: PinnedMemoryResource.%s(%#x, %d): the block was allocated with alignment %d, freed with %d", ErrInvalidFree, op, p, nbytes, b.alignment, alignment)
-	}
-	if r.ctx == 0 {
-		hostFree(b.base)
+	return pinnedTable.deallocate(op, p, nbytes, alignment, func(base uintptr) error {
+		if r.ctx == 0 {
+			hostFree(base)
+			return nil
+		}
+		if err := cuMemFreeHost(r.ctx, base); err != nil {
+			return fmt.Errorf("PinnedMemoryResource.%s(%#x, %d): %w", op, p, nbytes, err)
+		}
 		return nil
-	}
-	if err := cuMemFreeHost(r.ctx, b.base); err != nil {
-		return fmt.Errorf("PinnedMemoryResource.%s(%#x, %d): %w", op, p, nbytes, err)
-	}
-	return nil
+	})
 }
 
 // Device returns the device in whose context the driver calls are made.
@@ -226,10 +264,58 @@ func (r *PinnedMemoryResource) Equal(other MemoryResource) bool {
 }
 
 // pinnedLiveCount returns the number of live pinned allocations (for tests).
-func pinnedLiveCount() int {
-	pinnedMu.Lock()
-	defer pinnedMu.Unlock()
-	return len(pinnedLive)
+func pinnedLiveCount() int { return pinnedTable.count() }
+
+// PageableMemoryResource is host memory from the C heap (posix_memalign; anonymous mappings when
+// built without cgo), neither pinned nor registered with the driver: librmm's
+// new_delete_resource, a HostMemoryResource for host memory that is not copied to or from the
+// device asynchronously (copies from pageable memory are staged by the driver and return only
+// once the source has been read). It takes any power-of-two alignment (see the hostTable
+// comment: alignments above 256 bytes cost an allocation of nbytes + alignment); a pointer
+// never handed out by a PageableMemoryResource, a double free, or another size or alignment
+// returns ErrInvalidFree and frees nothing. All PageableMemoryResources share one table: memory
+// from one may be freed by another. Safe for concurrent use.
+type PageableMemoryResource struct{}
+
+var pageableTable = hostTable{name: "PageableMemoryResource", live: map[uintptr]hostBlock{}}
+
+// NewPageableMemoryResource returns a pageable host memory resource.
+func NewPageableMemoryResource() *PageableMemoryResource { return &PageableMemoryResource{} }
+
+// AllocateHost returns nbytes of pageable host memory aligned to alignment bytes (a power of
+// two); (nil, nil) for 0 bytes. A negative size or an alignment that is not a power of two wraps
+// ErrInvalidArgument; memory the C heap refuses wraps ErrOutOfMemory.
+func (r *PageableMemoryResource) AllocateHost(nbytes, alignment int) (unsafe.Pointer, error) {
+	if err := hostAllocateChecked("PageableMemoryResource", nbytes, alignment); err != nil || nbytes == 0 {
+		return nil, err
+	}
+	p, err := pageableTable.allocate(nbytes, alignment, func(total int) (uintptr, error) {
+		base, ok := hostMalloc(total)
+		if !ok {
+			return 0, outOfMemory("PageableMemoryResource", nbytes, nil)
+		}
+		return base, nil
+	})
+	return addrToPointer(p), err
+}
+
+// DeallocateHost frees p, which AllocateHost(nbytes, alignment) returned; nil is a no-op.
+// Anything else returns ErrInvalidFree and frees nothing.
+func (r *PageableMemoryResource) DeallocateHost(p unsafe.Pointer, nbytes, alignment int) error {
+	if p == nil {
+		return nil
+	}
+	return pageableTable.deallocate("DeallocateHost", uintptr(p), nbytes, alignment, func(base uintptr) error {
+		hostFree(base)
+		return nil
+	})
+}
+
+// Equal reports whether other is a PageableMemoryResource: memory from any of them may be freed
+// by any other.
+func (r *PageableMemoryResource) Equal(other HostMemoryResource) bool {
+	o, ok := other.(*PageableMemoryResource)
+	return ok && o != nil
 }
 
 // waitStreamBeforeFree waits for the work queued on s (on dev when s is the default stream)

@@ -232,3 +232,78 @@ func TestGPUPinnedMemoryResource(t *testing.T) {
 	require.Equal(t, float32(3.5), got[12345])
 	require.NoError(t, v.Close())
 }
+
+func TestPageableMemoryResource(t *testing.T) {
+	mr := NewPageableMemoryResource()
+	var _ HostMemoryResource = mr
+	require.True(t, mr.Equal(NewPageableMemoryResource()))
+	require.False(t, mr.Equal(hostPinned(t)))
+	before := pageableTable.count()
+	for _, align := range []int{1, 8, 256, 4096, 1 << 21} {
+		for _, n := range []int{1, 255, 1000, 70000} {
+			p, err := mr.AllocateHost(n, align)
+			require.NoError(t, err, "n=%d align=%d", n, align)
+			require.Zero(t, uintptr(p)%uintptr(align), "n=%d align=%d: %p", n, align, p)
+			b := unsafe.Slice((*byte)(p), n)
+			for i := range b {
+				b[i] = byte(i * 7)
+			}
+			require.Equal(t, byte((n-1)*7), b[n-1])
+			require.Equal(t, before+1, pageableTable.count())
+			require.NoError(t, NewPageableMemoryResource().DeallocateHost(p, n, align), "any of them frees it")
+			require.Equal(t, before, pageableTable.count())
+		}
+	}
+	p, err := mr.AllocateHost(0, 64)
+	require.NoError(t, err)
+	require.Nil(t, p)
+	require.NoError(t, mr.DeallocateHost(nil, 0, 64))
+	for _, align := range []int{0, -8, 3, 257} {
+		_, err := mr.AllocateHost(64, align)
+		require.ErrorIs(t, err, ErrInvalidArgument, "alignment %d", align)
+	}
+	_, err = mr.AllocateHost(-1, 8)
+	require.ErrorIs(t, err, ErrInvalidArgument)
+
+	// Bad frees change nothing: a wrong size or alignment, a double free, a pinned pointer, a
+	// pointer into the block.
+	p, err = mr.AllocateHost(4096, 512)
+	require.NoError(t, err)
+	require.ErrorIs(t, mr.DeallocateHost(p, 4095, 512), ErrInvalidFree)
+	require.ErrorIs(t, mr.DeallocateHost(p, 4096, 256), ErrInvalidFree)
+	require.ErrorIs(t, mr.DeallocateHost(unsafe.Add(p, 256), 4096, 512), ErrInvalidFree)
+	q, err := hostPinned(t).AllocateHost(4096, 512)
+	require.NoError(t, err)
+	err = mr.DeallocateHost(q, 4096, 512)
+	require.ErrorIs(t, err, ErrInvalidFree)
+	require.Contains(t, err.Error(), "PageableMemoryResource")
+	require.ErrorIs(t, hostPinned(t).DeallocateHost(p, 4096, 512), ErrInvalidFree, "nor the other way")
+	require.NoError(t, hostPinned(t).DeallocateHost(q, 4096, 512))
+	require.NoError(t, mr.DeallocateHost(p, 4096, 512))
+	require.ErrorIs(t, mr.DeallocateHost(p, 4096, 512), ErrInvalidFree, "twice")
+	require.Equal(t, before, pageableTable.count())
+}
+
+// Concurrent allocations and frees keep the table exact.
+func TestPageableMemoryResourceConcurrent(t *testing.T) {
+	mr := NewPageableMemoryResource()
+	before := pageableTable.count()
+	var wg sync.WaitGroup
+	for g := range 8 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := range 200 {
+				n, align := 64+i*g, 1<<(i%13)
+				p, err := mr.AllocateHost(n, align)
+				if !assert.NoError(t, err) {
+					return
+				}
+				*(*byte)(p) = byte(g)
+				assert.NoError(t, mr.DeallocateHost(p, n, align))
+			}
+		}()
+	}
+	wg.Wait()
+	require.Equal(t, before, pageableTable.count())
+}

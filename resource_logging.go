@@ -180,6 +180,15 @@ func (r *LoggingResourceAdaptor) Close() error {
 	return nil
 }
 
+// FileName returns the name of the file the adaptor writes (RMM's get_file_name): the path given
+// to NewLoggingResourceAdaptorFile (or RMM_LOG_FILE's), "" for an adaptor over a writer.
+func (r *LoggingResourceAdaptor) FileName() string {
+	if r.file == nil {
+		return ""
+	}
+	return r.file.Name()
+}
+
 // Header returns the log's header line, LogHeader, without a newline.
 func (r *LoggingResourceAdaptor) Header() string { return LogHeader }
 

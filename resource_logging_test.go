@@ -244,6 +244,7 @@ func TestLoggingResourceAdaptorFile(t *testing.T) {
 	up := &logTestUpstream{MemoryResource: NewSystemMemoryResource()}
 	mr, err := NewLoggingResourceAdaptorFile(up, path, nil)
 	require.NoError(t, err)
+	require.Equal(t, path, mr.FileName())
 	p, err := mr.Allocate(300, DefaultStream)
 	require.NoError(t, err)
 	require.NoError(t, mr.Close())
@@ -265,6 +266,7 @@ func TestLoggingResourceAdaptorFileFromEnvironment(t *testing.T) {
 	t.Setenv("RMM_LOG_FILE", path)
 	mr, err := NewLoggingResourceAdaptorFile(NewSystemMemoryResource(), "", &LoggingOptions{AutoFlush: true})
 	require.NoError(t, err)
+	require.Equal(t, path, mr.FileName(), "the name RMM_LOG_FILE gave")
 	_, err = mr.Allocate(0, DefaultStream)
 	require.NoError(t, err)
 	b, err := os.ReadFile(path)
@@ -287,6 +289,11 @@ func TestLoggingResourceAdaptorMissingLogFile(t *testing.T) {
 
 	_, err = NewLoggingResourceAdaptor(NewSystemMemoryResource(), nil, nil)
 	require.ErrorIs(t, err, ErrInvalidArgument)
+
+	var buf strings.Builder
+	mr, err := NewLoggingResourceAdaptor(NewSystemMemoryResource(), &buf, nil)
+	require.NoError(t, err)
+	require.Empty(t, mr.FileName(), "an adaptor over a writer has no file")
 }
 
 func TestLoggingResourceAdaptorForwardsAccessAndDevice(t *testing.T) {
