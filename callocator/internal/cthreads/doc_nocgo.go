@@ -1,0 +1,4 @@
+//go:build !cgo
+
+// Package cthreads needs cgo; built without it, it is empty.
+package cthreads

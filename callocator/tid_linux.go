@@ -1,0 +1,5 @@
+package callocator
+
+import "syscall"
+
+func threadID() int { return syscall.Gettid() }

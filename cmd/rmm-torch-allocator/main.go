@@ -1,0 +1,121 @@
+//go:build cgo
+
+// Command rmm-torch-allocator is a shared library that makes a Go memory resource PyTorch's CUDA
+// allocator, through torch.cuda.memory.CUDAPluggableAllocator: every tensor PyTorch allocates on
+// a device then comes from that device's resource (rmm.PerDeviceResource; an expandable pool
+// after rmm_torch_reinitialize), the pool any Go code in the process shares. Build it with
+//
+//	go build -buildmode=c-shared -o librmm_torch.so ./cmd/rmm-torch-allocator
+//
+// and see README.md beside this file for its use from Python. Its C functions:
+//
+//	void *rmm_torch_alloc(size_t size, int device, cudaStream_t stream);
+//	void  rmm_torch_free(void *ptr, size_t size, int device, cudaStream_t stream);
+//	const char *rmm_torch_last_error(void);
+//	int   rmm_torch_reinitialize(int pool, size_t initial_pool_size, size_t maximum_pool_size, int statistics);
+//	int   rmm_torch_statistics(int device, long long out[6]);
+//	int   rmm_torch_pool_stats(int device, long long out[4]);
+//
+// alloc and free are PyTorch's signatures (package callocator says what they do on failure:
+// NULL, and a message for rmm_torch_last_error on the same thread). reinitialize sets up device
+// 0 as rmm.Reinitialize does (pool != 0: a pool of the given sizes, 0 meaning the defaults) and,
+// with statistics != 0, counts its allocations; it returns 0, or -1 with the message. statistics
+// writes the current, peak and total bytes and counts (rmm.Statistics: CurrentBytes,
+// CurrentCount, PeakBytes, PeakCount, TotalBytes, TotalCount) of the device's statistics
+// adaptor; pool_stats the pool size, peak pool size, live bytes and live allocations of the
+// PoolMemoryResource under the device's resource; both return 0, or -1 when there is none.
+package main
+
+/*
+#include <stddef.h>
+*/
+import "C"
+
+import (
+	"errors"
+	"fmt"
+	"unsafe"
+
+	rmm "github.com/gormm/rmm"
+	"github.com/gormm/rmm/callocator"
+)
+
+//export rmm_torch_alloc
+func rmm_torch_alloc(size C.size_t, device C.int, stream unsafe.Pointer) unsafe.Pointer {
+	return callocator.Allocate(nil, uintptr(size), int(device), uintptr(stream))
+}
+
+//export rmm_torch_free
+func rmm_torch_free(ptr unsafe.Pointer, size C.size_t, device C.int, stream unsafe.Pointer) {
+	callocator.Deallocate(nil, ptr, uintptr(size), int(device), uintptr(stream))
+}
+
+//export rmm_torch_last_error
+func rmm_torch_last_error() *C.char { return (*C.char)(callocator.LastError()) }
+
+//export rmm_torch_reinitialize
+func rmm_torch_reinitialize(pool C.int, initial, maximum C.size_t, statistics C.int) C.int {
+	o := &rmm.ReinitializeOptions{PoolAllocator: pool != 0}
+	if pool != 0 {
+		o.InitialPoolSize, o.MaximumPoolSize = int(initial), int(maximum)
+	}
+	if err := rmm.Reinitialize(o); err != nil {
+		callocator.SetError(err)
+		return -1
+	}
+	if statistics != 0 {
+		mr, err := rmm.PerDeviceResource(0)
+		if err == nil {
+			var st *rmm.StatisticsResourceAdaptor
+			if st, err = rmm.NewStatisticsResourceAdaptor(mr); err == nil {
+				_, err = rmm.SetPerDeviceResource(0, st)
+			}
+		}
+		if err != nil {
+			callocator.SetError(err)
+			return -1
+		}
+	}
+	return 0
+}
+
+//export rmm_torch_statistics
+func rmm_torch_statistics(device C.int, out *C.longlong) C.int {
+	mr, err := rmm.PerDeviceResource(rmm.Device(device))
+	st, ok := mr.(*rmm.StatisticsResourceAdaptor)
+	if err != nil || !ok {
+		callocator.SetError(errors.Join(err, fmt.Errorf("%w: rmm_torch_statistics: device %d's resource counts nothing (a %T)", rmm.ErrNotSupported, int(device), mr)))
+		return -1
+	}
+	s := st.Stats()
+	fill(out, s.CurrentBytes, s.CurrentCount, s.PeakBytes, s.PeakCount, s.TotalBytes, s.TotalCount)
+	return 0
+}
+
+//export rmm_torch_pool_stats
+func rmm_torch_pool_stats(device C.int, out *C.longlong) C.int {
+	mr, err := rmm.PerDeviceResource(rmm.Device(device))
+	for err == nil {
+		if p, ok := mr.(*rmm.PoolMemoryResource); ok {
+			s := p.Stats()
+			fill(out, int64(s.PoolSize), int64(s.PeakPoolSize), int64(s.LiveBytes), int64(s.LiveAllocations))
+			return 0
+		}
+		u, ok := mr.(rmm.Upstreamer)
+		if !ok {
+			break
+		}
+		mr = u.Upstream()
+	}
+	callocator.SetError(errors.Join(err, fmt.Errorf("%w: rmm_torch_pool_stats: no pool under device %d's resource", rmm.ErrNotSupported, int(device))))
+	return -1
+}
+
+func fill(out *C.longlong, v ...int64) {
+	dst := unsafe.Slice(out, len(v))
+	for i, x := range v {
+		dst[i] = C.longlong(x)
+	}
+}
+
+func main() {}
