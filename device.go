@@ -242,7 +242,12 @@ func (d Device) Synchronize() error {
 	return cuCtxSynchronize(ctx)
 }
 
-func (d Device) String() string { return fmt.Sprintf("device %d", int(d)) }
+func (d Device) String() string {
+	if d == CPU {
+		return "CPU"
+	}
+	return fmt.Sprintf("device %d", int(d))
+}
 
 // AvailableDeviceMemory returns the free and total bytes of the current device, as
 // rmm::available_device_memory. Without CUDA these are the host's (see Device.MemoryInfo).

@@ -228,3 +228,51 @@ func TestGPUPrefetchClosedStream(t *testing.T) {
 	require.ErrorIs(t, err, ErrClosed)
 	require.Zero(t, stats.Stats().TotalCount, "the upstream was not called")
 }
+
+// The containers' Prefetch and the package function move managed memory to the device and back to
+// the host, on the stream given, and make no driver call for device memory.
+func TestGPUPrefetchContainers(t *testing.T) {
+	cma, _ := gpuPrefetchSetup(t)
+	if !cma || !cuMemPrefetchBound() {
+		t.Skip("the device cannot prefetch")
+	}
+	calls := countPrefetches(t)
+	managed, err := NewManagedMemoryResource(0)
+	require.NoError(t, err)
+	s, err := NewStream(0, &StreamOptions{NonBlocking: true})
+	require.NoError(t, err)
+	defer s.Close()
+	const n = 4 << 20
+	b, err := NewDeviceBuffer(n, s.View(), managed)
+	require.NoError(t, err)
+	defer b.Close()
+	require.NoError(t, b.Prefetch(0, s.View()))
+	require.NoError(t, s.Synchronize())
+	require.Equal(t, 0, gpuLastPrefetch(t, b.Data(), n))
+	require.NoError(t, b.Prefetch(CPU, s.View()))
+	require.NoError(t, s.Synchronize())
+	require.Equal(t, -1, gpuLastPrefetch(t, b.Data(), n), "the host")
+	require.Equal(t, int64(2), calls.Load())
+
+	u, err := NewUvector[int64](n/8, s.View(), managed)
+	require.NoError(t, err)
+	defer u.Close()
+	require.NoError(t, u.Span().Prefetch(0, s.View()), "a span asks the driver, then prefetches")
+	require.NoError(t, Prefetch(u.Data(), u.SizeBytes(), CPU, s.View()))
+	require.NoError(t, u.Prefetch(0, s.View()))
+	require.NoError(t, s.Synchronize())
+	require.Equal(t, 0, gpuLastPrefetch(t, u.Data(), n))
+	require.Equal(t, int64(5), calls.Load())
+
+	cuda, err := NewCudaMemoryResource(0)
+	require.NoError(t, err)
+	d, err := NewDeviceBuffer(n, s.View(), cuda)
+	require.NoError(t, err)
+	defer d.Close()
+	require.NoError(t, d.Prefetch(0, s.View()))
+	require.NoError(t, Prefetch(d.Data(), n, CPU, s.View()), "asked: not managed")
+	ds, err := NewDeviceSpan[byte](d.Data(), n, 0, DeviceAccessible)
+	require.NoError(t, err)
+	require.NoError(t, ds.Prefetch(0, s.View()))
+	require.Equal(t, int64(5), calls.Load(), "device memory: no prefetch")
+}
