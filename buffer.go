@@ -466,6 +466,25 @@ func NewDeviceBufferFromDevice(src DevicePtr, size int, s StreamView, mr MemoryR
 	return b, nil
 }
 
+// AdoptDeviceBuffer makes a DeviceBuffer own size bytes at p that were allocated elsewhere from mr
+// on stream s (mr.Allocate(size, s) returned p, or an equivalent allocation mr can free): the
+// buffer's Len and Cap are size, its resource mr, its stream s, and Close, Resize, Reserve and
+// ShrinkToFit free p through mr.Deallocate(p, size, s) as for a buffer the package allocated.
+// Nothing is allocated or copied. The caller must no longer free p itself. A nil mr, a negative
+// size, or a zero p with size > 0 returns ErrInvalidArgument; (0, 0) is an empty buffer.
+func AdoptDeviceBuffer(p DevicePtr, size int, s StreamView, mr MemoryResource) (*DeviceBuffer, error) {
+	switch {
+	case mr == nil:
+		return nil, fmt.Errorf("%w: AdoptDeviceBuffer(%#x, %d): no resource to free the memory with", ErrInvalidArgument, uintptr(p), size)
+	case size < 0:
+		return nil, fmt.Errorf("%w: AdoptDeviceBuffer: negative size %d", ErrInvalidArgument, size)
+	case p == 0 && size > 0:
+		return nil, fmt.Errorf("%w: AdoptDeviceBuffer: null pointer with size %d", ErrInvalidArgument, size)
+	}
+	st := &memState{ptr: p, size: size, capacity: size, stream: s, mr: mr, dev: DeviceOf(mr), access: AccessOf(mr), kind: "DeviceBuffer"}
+	return newDeviceBuffer(st), nil
+}
+
 // Copy returns a deep copy of b's Len() bytes in a new buffer whose capacity equals that size,
 // allocated from mr (nil: the current device resource, not b's resource) on s, copied on s
 // (asynchronously between device memories). The new buffer's stream is s.
