@@ -22,14 +22,15 @@ func requireGPU(t testing.TB) {
 type testResource struct {
 	up MemoryResource
 
-	mu        sync.Mutex
-	live      map[DevicePtr]int
-	allocs    int
-	frees     int
-	lastFreeS StreamView
-	failNext  int  // fail this many following allocations
-	failAll   bool // fail every allocation
-	freed     chan DevicePtr
+	mu         sync.Mutex
+	live       map[DevicePtr]int
+	allocs     int
+	frees      int
+	lastFreeS  StreamView
+	lastAllocS StreamView
+	failNext   int  // fail this many following allocations
+	failAll    bool // fail every allocation
+	freed      chan DevicePtr
 }
 
 func newTestResource() *testResource {
@@ -53,6 +54,7 @@ func (r *testResource) Allocate(n int, s StreamView) (DevicePtr, error) {
 		r.live[p] = n
 		r.allocs++
 	}
+	r.lastAllocS = s
 	return p, nil
 }
 
