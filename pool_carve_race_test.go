@@ -152,10 +152,13 @@ func TestPoolCarveReleasesSparesBeforeFailing(t *testing.T) {
 }
 
 // carve waits for the streams with the pool unlocked; frees made meanwhile can make the free
-// tail hold the whole request. growExpandable then computes need <= 0 and, with the pool at its
-// maximum (room 0), "grows" by 0 bytes: setAccess(addr, 0).
-func carveTailGrowsDuringSync(t *testing.T, vm vmm) (DevicePtr, error, *PoolMemoryResource) {
-	p := newExpTestPool(t, vm, PoolOptions{MaximumPoolSize: 32 * mib, carvePage: 2 * mib})
+// tail hold the whole request. growExpandable must then map nothing: at the maximum (room 0) it
+// "grew" by 0 bytes (setAccess(addr, 0)), below it mapped memory the request did not need.
+// carveTailGrowsDuringSync fills a pool of the given maximum with sixteen 2 MiB blocks, frees
+// two fragments, and asks for 4 MiB while the last two blocks are freed during carve's wait; it
+// returns the request's result and the last two blocks' addresses.
+func carveTailGrowsDuringSync(t *testing.T, vm vmm, maximum int) (*PoolMemoryResource, DevicePtr, error, DevicePtr) {
+	p := newExpTestPool(t, vm, PoolOptions{MaximumPoolSize: maximum, carvePage: 2 * mib})
 	t.Cleanup(func() { p.Close() })
 	e := newPoolSyncEnv(t, p)
 	var b [16]DevicePtr
@@ -179,51 +182,26 @@ func carveTailGrowsDuringSync(t *testing.T, vm vmm) (DevicePtr, error, *PoolMemo
 	}
 	e.f.mu.Unlock()
 	q, err := p.Allocate(4*mib, DefaultStream)
-	return q, err, p
+	return p, q, err, b[14]
 }
 
-func TestPoolCarveFreesDuringWaitSim(t *testing.T) {
-	q, err, p := carveTailGrowsDuringSync(t, newSimVMM(hostVMMGranularity, 0))
-	require.NoError(t, err)
-	require.NotZero(t, q)
-	require.NoError(t, p.CheckInvariants())
-}
-
-func TestPoolCarveFreesDuringWaitHost(t *testing.T) {
+func TestPoolCarveFreesDuringWait(t *testing.T) {
 	hv, err := newHostVMM(hostVMMGranularity, 0)
 	require.NoError(t, err)
-	q, err, p := carveTailGrowsDuringSync(t, hv)
-	require.NoError(t, err, "the free tail holds the request")
-	require.NotZero(t, q)
-	require.NoError(t, p.CheckInvariants())
-}
-
-// Same race as carveTailGrowsDuringSync, with room under the maximum: the pool maps memory for
-// a request its free tail already holds.
-func TestPoolCarveFreesDuringWaitNoGrowth(t *testing.T) {
-	p := newExpTestPool(t, newSimVMM(hostVMMGranularity, 0), PoolOptions{MaximumPoolSize: 64 * mib, carvePage: 2 * mib})
-	defer p.Close()
-	e := newPoolSyncEnv(t, p)
-	var b [16]DevicePtr
-	for i := range b {
-		b[i] = e.mustAlloc(2*mib, DefaultStream, e.def)
+	for name, c := range map[string]struct {
+		vm      vmm
+		maximum int
+	}{
+		"sim at the maximum":    {newSimVMM(hostVMMGranularity, 0), 32 * mib},
+		"host at the maximum":   {hv, 32 * mib},
+		"sim below the maximum": {newSimVMM(hostVMMGranularity, 0), 64 * mib},
+	} {
+		t.Run(name, func(t *testing.T) {
+			p, q, err, tail := carveTailGrowsDuringSync(t, c.vm, c.maximum)
+			require.NoError(t, err, "the free tail holds the request")
+			require.Equal(t, tail, q)
+			require.NoError(t, p.CheckInvariants())
+			require.Equal(t, 32*mib, p.PoolSize(), "no growth needed")
+		})
 	}
-	e.mustFree(b[1], 2*mib, DefaultStream, e.def)
-	e.mustFree(b[3], 2*mib, DefaultStream, e.def)
-	var once sync.Once
-	e.f.mu.Lock()
-	e.f.onCall = func(op string) {
-		if op == "event-sync" {
-			once.Do(func() {
-				e.mustFree(b[14], 2*mib, DefaultStream, e.def)
-				e.mustFree(b[15], 2*mib, DefaultStream, e.def)
-			})
-		}
-	}
-	e.f.mu.Unlock()
-	q, err := p.Allocate(4*mib, DefaultStream)
-	require.NoError(t, err)
-	require.Equal(t, b[14], q)
-	require.NoError(t, p.CheckInvariants())
-	require.Equal(t, 32*mib, p.PoolSize(), "the free tail held the request: no growth needed")
 }
