@@ -12,7 +12,8 @@
 //	const char *last_error(void);
 //
 // where stream is a CUstream / cudaStream_t (NULL: the legacy default stream) and ctx the value
-// Allocator.Funcs returns. alloc returns NULL on failure (and for size 0); the failure's message
+// Allocator.Funcs returns. alloc returns NULL on failure, and for size 0 without asking the
+// resource (as free(NULL) does nothing); the failure's message
 // is then what last_error returns on the same C thread, until that thread's next failing call.
 // free reports a failure only that way. A Go panic never unwinds into C: it becomes the error.
 // The functions may be called from any C thread, concurrently.
@@ -121,6 +122,11 @@ func Allocate(mr rmm.MemoryResource, size uintptr, device int, stream uintptr) (
 			p = nil
 		}
 	}()
+	if size == 0 {
+		// As malloc(0) may: NULL, and the resource is not asked, so that a free(NULL) that never
+		// comes (PyTorch does not free its empty tensors' NULL) leaves no count behind.
+		return nil
+	}
 	mr, s, err := resolve(mr, device, stream, "alloc")
 	if err == nil && size > uintptr(int(^uint(0)>>1)) {
 		err = fmt.Errorf("%w: callocator: alloc(%d): the size overflows an int", rmm.ErrInvalidArgument, size)
