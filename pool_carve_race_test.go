@@ -1,8 +1,13 @@
 package rmm
 
 import (
+	"errors"
+	"fmt"
+	"slices"
 	"sync"
+	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 )
@@ -204,4 +209,127 @@ func TestPoolCarveFreesDuringWait(t *testing.T) {
 			require.Equal(t, 32*mib, p.PoolSize(), "no growth needed")
 		})
 	}
+}
+
+// A request above the maximum, or one that moving every free page could not serve within it,
+// carves nothing: no page is unmapped for a request that fails anyway.
+func TestPoolCarveNotForHopelessRequests(t *testing.T) {
+	for _, c := range []struct{ max, n, page int }{{1 << 30, 2 << 30, 2 * mib}, {32 * mib, 16 * mib, 2 * mib}, {32 * mib, 16 * mib, 0}} {
+		t.Run(fmt.Sprint(c), func(t *testing.T) {
+			p, vm, _ := fragmentedCarvePoolWith(t, PoolOptions{MaximumPoolSize: c.max, carvePage: c.page})
+			before, unmaps := p.Stats(), vm.counts().unmaps
+			_, err := p.Allocate(c.n, DefaultStream)
+			require.ErrorIs(t, err, ErrOutOfMemory)
+			require.NoError(t, p.CheckInvariants())
+			require.Equal(t, unmaps, vm.counts().unmaps, "free pages unmapped for a hopeless request")
+			require.Equal(t, before.PoolSize, p.Stats().PoolSize)
+		})
+	}
+}
+
+// While a growth's spare handles are released (the pool unlocked), the requesting stream's list
+// stays pinned: another stream merging it and dropping it then would leave the grown block to be
+// freed into a dropped list when the requester's dependency wait fails. Layout: 2 MiB pages with
+// a hole at B2 and B1, B5, B7, B9 free on stream A; A asks for 4 MiB, carving moves B9 and B7,
+// B3 is freed on X during the unmap, the growth fills B2 and B1+B2+B3 coalesce (naming X); the
+// spare left over is released while T takes A's list, and A's wait on X fails.
+func TestPoolCarveSparesGoWhileTheListIsPinned(t *testing.T) {
+	vm := &hookVMM{vmm: newSimVMM(hostVMMGranularity, 0)}
+	p := newExpTestPool(t, vm, PoolOptions{MaximumPoolSize: 64 * mib, carvePage: 2 * mib})
+	e := newPoolSyncEnv(t, p)
+	var fail atomic.Bool
+	drv := *p.drv
+	wait := drv.recordAndWait
+	drv.recordAndWait = func(ctx, ev, from, to uintptr) error {
+		if fail.CompareAndSwap(true, false) {
+			return errors.New("injected wait failure")
+		}
+		return wait(ctx, ev, from, to)
+	}
+	p.drv = &drv
+	sa, _, ia := e.stream(0xa, "A")
+	sx, _, ix := e.stream(0xb, "X")
+	st, _, it := e.stream(0xc, "T")
+	var b [16]DevicePtr
+	for i := range b {
+		b[i] = e.mustAlloc(2*mib, DefaultStream, e.def)
+	}
+	e.mustFree(b[2], 2*mib, DefaultStream, e.def)
+	require.NoError(t, p.Release()) // hole at B2
+	for _, i := range []int{1, 5, 7, 9} {
+		e.mustFree(b[i], 2*mib, sa, ia)
+	}
+	var once1, once2 sync.Once
+	tDone := make(chan error, 1)
+	vm.onUnmap = func(DevicePtr, int) error { // in carve
+		once1.Do(func() { e.mustFree(b[3], 2*mib, sx, ix) })
+		return nil
+	}
+	vm.onRelease = func(vmmHandle) error { // in done()'s dropSpares
+		once2.Do(func() {
+			go func() { _, err := e.alloc(3*mib, st, it); tDone <- err }()
+			for end := time.Now().Add(5 * time.Second); time.Now().Before(end); time.Sleep(time.Millisecond) {
+				p.mu.Lock()
+				queued := len(p.busyQ) > 0
+				p.mu.Unlock()
+				if queued {
+					break
+				}
+			}
+			fail.Store(true)
+		})
+		return nil
+	}
+	_, err := p.Allocate(4*mib, sa)
+	require.Error(t, err)
+	require.NoError(t, <-tDone)
+	vm.onUnmap, vm.onRelease = nil, nil
+	p.mu.Lock()
+	var home *freeList
+	for x := p.exp.head; x != nil; x = x.next {
+		if x.addr == b[1] {
+			home = x.list
+		}
+	}
+	lost := home != nil && !slices.Contains(p.lists, home)
+	p.mu.Unlock()
+	require.False(t, lost, "the block at B1 is free in a list the pool dropped")
+	require.NoError(t, p.CheckInvariants())
+}
+
+// A carving pool at its maximum with no holes and its free memory in pieces gives back what is
+// wholly free before failing (its reservation, twice the maximum, lets its end grow then), and the
+// bound on moves does not keep it from carving when it cannot grow instead.
+func TestPoolCarveGivesBackAtItsMaximum(t *testing.T) {
+	p := newExpTestPool(t, newSimVMM(hostVMMGranularity, 0), PoolOptions{MaximumPoolSize: 32 * mib, carvePage: 2 * mib})
+	defer p.Close()
+	alloc := func(n int) DevicePtr {
+		q, err := p.Allocate(n, DefaultStream)
+		require.NoError(t, err)
+		return q
+	}
+	free := func(q DevicePtr, n int) { require.NoError(t, p.Deallocate(q, n, DefaultStream)) }
+	var b [16]DevicePtr
+	for i := range b {
+		b[i] = alloc(2 * mib)
+	}
+	for r := 0; r < 5 && float64(p.exp.moved) <= p.exp.churn*float64(p.PoolSize()); r++ {
+		for _, i := range []int{1, 3, 5, 7} {
+			free(b[i], 2*mib)
+		}
+		free(alloc(8*mib), 8*mib) // carves the four pages
+		require.NoError(t, p.Release())
+		for _, i := range []int{1, 3, 5, 7} {
+			b[i] = alloc(2 * mib) // fills the holes
+		}
+	}
+	require.Equal(t, 32*mib, p.PoolSize())
+	require.Zero(t, p.Stats().Holes)
+	for _, i := range []int{14, 15, 1, 3, 5} {
+		free(b[i], 2*mib)
+	}
+	_, err := p.Allocate(8*mib, DefaultStream)
+	require.NoError(t, err, "giving back the free pages serves it")
+	require.NoError(t, p.CheckInvariants())
+	require.LessOrEqual(t, p.PoolSize(), 32*mib)
 }

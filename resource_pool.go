@@ -448,8 +448,10 @@ func (p *PoolMemoryResource) allocateSlow(l *freeList, n int, s StreamView) (*bl
 		p.pin(l)
 		b, w, err := p.findBlock(l, n, s)
 		if err != nil || b != nil {
-			p.unpin(l)
+			// The spares go (done unlocks) while l is still pinned: another stream's merge could
+			// drop l in that window, and Allocate frees into l if a wait fails.
 			done()
+			p.unpin(l)
 			return b, w, l, err
 		}
 		if p.merging > 0 || (!holding && p.busy) {
@@ -503,21 +505,22 @@ func (p *PoolMemoryResource) allocateSlow(l *freeList, n int, s StreamView) (*bl
 				// was given back still counts.
 				DebugLogger().Debug("rmm: PoolMemoryResource could not give back all free memory", "request", n, "err", rerr)
 			}
-			p.unpin(l)
 			if p.size < before {
 				// Every free block is now in the default stream's list, with the work behind it
 				// waited for: the search merges it into s's list (so that growth extends it), and
 				// grows once more if it must.
+				p.unpin(l)
 				continue
 			}
 			done()
+			p.unpin(l)
 			return nil, takeWait{}, l, err
 		}
 		if err == nil {
 			p.split(b, n, l)
 		}
+		done() // l still pinned: see above
 		p.unpin(l)
-		done()
 		if err != nil {
 			return nil, takeWait{}, l, err
 		}
@@ -632,14 +635,18 @@ func (p *PoolMemoryResource) growAny(n int, s StreamView, l *freeList) (*block, 
 		if p.size-p.liveBytes >= n {
 			exact = expandableFragmentedMin
 		}
-		grows := n
+		grows, tailFree := n, 0
 		if t := p.exp.tail; t != nil && t.free && t.list == l {
-			grows -= t.size
+			grows, tailFree = n-t.size, t.size
 		}
-		if p.exp.page > 0 && p.size+grows > max(p.peakLive, p.liveBytes+n) &&
-			float64(p.exp.moved) <= p.exp.churn*float64(p.size) {
-			// Carving only when the growth would take the pool above the most bytes ever live at
-			// once (below that, new memory raises no peak), and only while what it moved since the pool last reached a new peak size is
+		room := p.maximum - p.size
+		hopeless := n > p.maximum || room+(p.size-p.liveBytes-tailFree) < grows
+		if p.exp.page > 0 && !hopeless && p.size+grows > max(p.peakLive, p.liveBytes+n) &&
+			(float64(p.exp.moved) <= p.exp.churn*float64(p.size) || grows > room) {
+			// Carving only for a request that moving every free page could serve within the
+			// maximum (else it would unmap for nothing), only when the growth would take the pool
+			// above the most bytes ever live at once (below that, new memory raises no peak), and
+			// (unless the maximum leaves no room to grow instead) only while what it moved since the pool last reached a new peak size is
 			// at most carveChurnDefault × the pool: where placement keeps changing, moving
 			// pages back and forth at every growth costs more than the memory it saves (the
 			// UNet trace moved ~5,000 pages a pass, 3.1 µs per event in a replay on the H200);
@@ -678,7 +685,9 @@ func (p *PoolMemoryResource) releaseMayHelp(n int, err error) bool {
 	if p.maximum == 0 {
 		return false // nothing stopped it but the upstream, which did not refuse (overflow)
 	}
-	return p.exp == nil || len(p.exp.holes) > 0
+	// A carving pool reserves twice its maximum: what it gives back lets its end grow, as far as
+	// the maximum less the live bytes.
+	return p.exp == nil || len(p.exp.holes) > 0 || (p.exp.reserved > p.maximum && n <= p.maximum-p.liveBytes)
 }
 
 // split keeps the first n bytes of the free block b (out of every list) and puts the rest, as a
