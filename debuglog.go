@@ -141,7 +141,7 @@ func newEnvDebugLogger() *slog.Logger {
 		if l, ok := parseLevel(v); ok {
 			level = l
 		} else {
-			problems = append(problems, "RMM_DEBUG_LOG_LEVEL", v)
+			problems = append(problems, "RMM_DEBUG_LOG_LEVEL", v, "valid", "trace, debug, info, warn, error, critical, off")
 		}
 	}
 	out := &debugWriter{w: os.Stderr}
@@ -156,7 +156,9 @@ func newEnvDebugLogger() *slog.Logger {
 		}
 	}
 	debugLevel.Set(level)
-	debugFlushLevel.Set(slog.LevelWarn)
+	// Every record is written through by default: Go has no exit hook to flush a buffer, and a
+	// program that ends without FlushDebugLog would lose what waited there.
+	debugFlushLevel.Set(LevelTrace)
 	l := slog.New(flushingHandler{slog.NewTextHandler(out, &slog.HandlerOptions{Level: &debugLevel, ReplaceAttr: levelName}), out})
 	if len(problems) > 0 {
 		slog.New(slog.NewTextHandler(os.Stderr, nil)).Warn("rmm: ignoring a debug log setting", problems...)
@@ -197,13 +199,15 @@ func SetDebugLogLevel(l slog.Level) slog.Level {
 }
 
 // DebugLogFlushLevel returns the level at or above which the package's own debug logger flushes
-// its file after each record (RMM's get_flush_level). Default: slog.LevelWarn. Records written
-// to standard error are never held back.
+// its file after each record (RMM's get_flush_level). Default: LevelTrace, so every record is
+// written at once (Go has no exit hook that would flush a buffer). Records written to standard
+// error are never held back.
 func DebugLogFlushLevel() slog.Level { return debugFlushLevel.Level() }
 
 // SetDebugLogFlushLevel sets the flush level (RMM's set_flush_level) and returns the previous
 // one. Below it, records written to a file wait in a buffer until a record at or above it,
-// FlushDebugLog, a level change or the logger's replacement.
+// FlushDebugLog, a level change or the logger's replacement; a program that raises it must call
+// FlushDebugLog before it exits, or lose what waits.
 func SetDebugLogFlushLevel(l slog.Level) slog.Level {
 	prev := debugFlushLevel.Level()
 	debugFlushLevel.Set(l)

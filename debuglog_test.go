@@ -43,7 +43,7 @@ func TestDebugLogLevelsFromEnvironment(t *testing.T) {
 		t.Run(name, func(t *testing.T) {
 			envDebugLog(t, name)
 			require.Equal(t, want, DebugLogLevel())
-			require.Equal(t, slog.LevelWarn, DebugLogFlushLevel())
+			require.Equal(t, LevelTrace, DebugLogFlushLevel(), "every record written through")
 		})
 	}
 }
@@ -71,9 +71,11 @@ func TestDebugLogSetLevel(t *testing.T) {
 // FlushDebugLog, writes them out.
 func TestDebugLogFlushLevel(t *testing.T) {
 	path := envDebugLog(t, "debug")
-	require.Equal(t, slog.LevelWarn, SetDebugLogFlushLevel(slog.LevelError))
+	DebugLogger().Debug("written at once by default")
+	require.Contains(t, readLog(t, path), "written at once by default")
+	require.Equal(t, LevelTrace, SetDebugLogFlushLevel(slog.LevelError))
 	DebugLogger().Warn("held back")
-	require.Empty(t, readLog(t, path))
+	require.NotContains(t, readLog(t, path), "held back")
 	DebugLogger().Error("flushes")
 	got := readLog(t, path)
 	require.Contains(t, got, "held back")

@@ -6,7 +6,8 @@
 //   - Resources: CudaMemoryResource (cuMemAlloc), ManagedMemoryResource (cuMemAllocManaged),
 //     CudaAsyncMemoryResource (the driver's stream-ordered pools) and CudaAsyncViewMemoryResource
 //     (a view of an existing one), SystemMemoryResource (host memory), PinnedMemoryResource
-//     (page-locked host memory), SamHeadroomMemoryResource, CallbackMemoryResource (your
+//     (page-locked host memory), PageableMemoryResource (a HostMemoryResource over the C heap),
+//     SamHeadroomMemoryResource, CallbackMemoryResource (your
 //     functions), SimulatedMemoryResource (addresses without memory, for replaying and testing).
 //   - Sub-allocators, whose allocations cost nanoseconds instead of the driver's tens of
 //     microseconds: PoolMemoryResource (coalescing best fit; expandable with

@@ -88,11 +88,13 @@ func prefetchRange(op string, mr MemoryResource, p DevicePtr, n int, to Device, 
 	return nil
 }
 
-// Prefetch moves the buffer's bytes to device to (CPU: host memory) on stream s when they are
-// memory that can be prefetched (managed memory; host memory from SystemMemoryResource on a
-// device that can access pageable memory), as the package function Prefetch; for any other
-// memory it is a no-op with no driver call, decided from the buffer's resource. A closed buffer
-// returns ErrClosed; other errors as Prefetch.
+// Prefetch moves the buffer's bytes to device to (CPU: host memory) on stream s
+// (cuMemPrefetchAsync_v2, ordered on s) when they are memory that can be prefetched, which the
+// buffer's resource tells without a driver call (as for PrefetchResourceAdaptor): managed memory,
+// and host memory from SystemMemoryResource on a device that can access pageable memory; for any
+// other memory it is a no-op with no driver call (a resource the package does not know is asked
+// about as the package function Prefetch asks). A closed buffer returns ErrClosed; other errors
+// as Prefetch.
 func (b *DeviceBuffer) Prefetch(to Device, s StreamView) error {
 	defer runtime.KeepAlive(b)
 	if b.st.closed {

@@ -270,8 +270,9 @@ func pinnedLiveCount() int { return pinnedTable.count() }
 // built without cgo), neither pinned nor registered with the driver: librmm's
 // new_delete_resource, a HostMemoryResource for host memory that is not copied to or from the
 // device asynchronously (copies from pageable memory are staged by the driver and return only
-// once the source has been read). It takes any power-of-two alignment (see the hostTable
-// comment: alignments above 256 bytes cost an allocation of nbytes + alignment); a pointer
+// once the source has been read). It takes any power-of-two alignment (an alignment above 256
+// bytes costs an allocation of nbytes + alignment bytes, of which the first aligned address is
+// returned); a pointer
 // never handed out by a PageableMemoryResource, a double free, or another size or alignment
 // returns ErrInvalidFree and frees nothing. All PageableMemoryResources share one table: memory
 // from one may be freed by another. Safe for concurrent use.

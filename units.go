@@ -3,6 +3,7 @@ package rmm
 import (
 	"fmt"
 	"math"
+	"strings"
 
 	humanize "github.com/dustin/go-humanize"
 )
@@ -10,12 +11,14 @@ import (
 // ParseBytes reads a size in bytes as RMM's Python API accepts one where it takes a string: a
 // number of bytes ("1073741824"), or a number and a unit, binary ("4GiB", "512MiB", "0.5KiB") or
 // decimal ("1.5GB", "512MB", "4kB"; a unit of one letter, "4G", is decimal too), in any case, with
-// or without a space between (go-humanize's ParseBytes). A fraction of a byte is dropped.
+// or without a space between, spaces around it ignored, and commas between digits taken as
+// thousands separators ("1,000"), as go-humanize's ParseBytes reads them. A fraction of a byte is
+// dropped.
 //
 // Errors wrap ErrInvalidArgument and quote s: anything else (an empty string, a sign, an
 // exponent, an unknown unit), or a size above the largest int.
 func ParseBytes(s string) (int, error) {
-	v, err := humanize.ParseBytes(s)
+	v, err := humanize.ParseBytes(strings.TrimSpace(s))
 	if err != nil {
 		return 0, fmt.Errorf("%w: rmm.ParseBytes: not a size: %q (examples: 1073741824, 4GiB, 512MiB, 1.5GB)", ErrInvalidArgument, s)
 	}

@@ -5,7 +5,9 @@
 // callback, and the calls behind cmd/rmm-torch-allocator, which makes a Go pool PyTorch's CUDA
 // allocator (torch.cuda.memory.CUDAPluggableAllocator).
 //
-// The C signatures (in callocator.h) are
+// The C signatures are (callocator.h in this package's directory declares them as the
+// typedefs rmm_alloc_fn, rmm_free_fn and rmm_last_error_fn; C code of another module declares
+// its own and casts the unsafe.Pointers Funcs returns)
 //
 //	void *alloc(size_t size, int device, void *stream, void *ctx);
 //	void  free(void *ptr, size_t size, int device, void *stream, void *ctx);
@@ -45,8 +47,9 @@ var (
 )
 
 // New returns an Allocator for mr: what C allocates through it comes from mr and goes back to
-// it. A nil mr means the resource of the device named in each call (rmm.PerDeviceResource), as
-// RMM's allocators for other libraries do. Close it when C no longer holds its functions.
+// it, and a call naming another device than mr's (rmm.DeviceOf) fails. A nil mr means the
+// resource of the device named in each call (rmm.PerDeviceResource), as RMM's allocators for
+// other libraries do. Close it when C no longer holds its functions.
 func New(mr rmm.MemoryResource) *Allocator {
 	// The ctx is a real (C) address, not a counter: Go's collector rejects an unsafe.Pointer
 	// that holds a small integer. Never freed (one byte an Allocator), so that no later
@@ -174,6 +177,8 @@ func resolve(mr rmm.MemoryResource, device int, stream uintptr, op string) (rmm.
 		if mr, err = rmm.PerDeviceResource(rmm.Device(device)); err != nil {
 			return nil, rmm.StreamView{}, fmt.Errorf("callocator: %s: %w", op, err)
 		}
+	} else if d := rmm.DeviceOf(mr); int(d) != device {
+		return nil, rmm.StreamView{}, fmt.Errorf("%w: callocator: %s: device %d, but the Allocator's resource is on %v", rmm.ErrInvalidArgument, op, device, d)
 	}
 	s, err := rmm.NewStreamView(rmm.Device(device), stream)
 	if err != nil {

@@ -72,6 +72,8 @@ func TestErrors(t *testing.T) {
 	require.NotZero(t, p)
 	require.Zero(t, cthreads.Alloc(alloc, ctx, 2<<20, 0, 0))
 	require.Contains(t, cthreads.LastError(lastErr), "out of memory")
+	require.Zero(t, cthreads.Alloc(alloc, ctx, 64, 7, 0))
+	require.Contains(t, cthreads.LastError(lastErr), "device 7, but the Allocator's resource is on device 0")
 	require.Zero(t, cthreads.Alloc(alloc, ctx, 64, -1, 0))
 	require.Contains(t, cthreads.LastError(lastErr), "device -1")
 	st, err := rmm.NewStatisticsResourceAdaptor(lim)

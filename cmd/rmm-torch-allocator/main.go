@@ -32,7 +32,6 @@ package main
 import "C"
 
 import (
-	"errors"
 	"fmt"
 	"unsafe"
 
@@ -55,10 +54,8 @@ func rmm_torch_last_error() *C.char { return (*C.char)(callocator.LastError()) }
 
 //export rmm_torch_reinitialize
 func rmm_torch_reinitialize(pool C.int, initial, maximum C.size_t, statistics C.int) C.int {
-	o := &rmm.ReinitializeOptions{PoolAllocator: pool != 0}
-	if pool != 0 {
-		o.InitialPoolSize, o.MaximumPoolSize = int(initial), int(maximum)
-	}
+	// The sizes go to Reinitialize as given, which refuses them without a pool.
+	o := &rmm.ReinitializeOptions{PoolAllocator: pool != 0, InitialPoolSize: int(initial), MaximumPoolSize: int(maximum)}
 	if err := rmm.Reinitialize(o); err != nil {
 		callocator.SetError(err)
 		return -1
@@ -82,9 +79,13 @@ func rmm_torch_reinitialize(pool C.int, initial, maximum C.size_t, statistics C.
 //export rmm_torch_statistics
 func rmm_torch_statistics(device C.int, out *C.longlong) C.int {
 	mr, err := rmm.PerDeviceResource(rmm.Device(device))
+	if err != nil {
+		callocator.SetError(fmt.Errorf("rmm_torch_statistics: %w", err))
+		return -1
+	}
 	st, ok := mr.(*rmm.StatisticsResourceAdaptor)
-	if err != nil || !ok {
-		callocator.SetError(errors.Join(err, fmt.Errorf("%w: rmm_torch_statistics: device %d's resource counts nothing (a %T)", rmm.ErrNotSupported, int(device), mr)))
+	if !ok {
+		callocator.SetError(fmt.Errorf("%w: rmm_torch_statistics: device %d's resource counts nothing (a %T; rmm_torch_reinitialize with statistics != 0 makes one that does)", rmm.ErrNotSupported, int(device), mr))
 		return -1
 	}
 	s := st.Stats()
@@ -95,7 +96,11 @@ func rmm_torch_statistics(device C.int, out *C.longlong) C.int {
 //export rmm_torch_pool_stats
 func rmm_torch_pool_stats(device C.int, out *C.longlong) C.int {
 	mr, err := rmm.PerDeviceResource(rmm.Device(device))
-	for err == nil {
+	if err != nil {
+		callocator.SetError(fmt.Errorf("rmm_torch_pool_stats: %w", err))
+		return -1
+	}
+	for {
 		if p, ok := mr.(*rmm.PoolMemoryResource); ok {
 			s := p.Stats()
 			fill(out, int64(s.PoolSize), int64(s.PeakPoolSize), int64(s.LiveBytes), int64(s.LiveAllocations))
@@ -107,7 +112,7 @@ func rmm_torch_pool_stats(device C.int, out *C.longlong) C.int {
 		}
 		mr = u.Upstream()
 	}
-	callocator.SetError(errors.Join(err, fmt.Errorf("%w: rmm_torch_pool_stats: no pool under device %d's resource", rmm.ErrNotSupported, int(device))))
+	callocator.SetError(fmt.Errorf("%w: rmm_torch_pool_stats: no pool under device %d's resource", rmm.ErrNotSupported, int(device)))
 	return -1
 }
 
