@@ -15,6 +15,7 @@
 //	int   rmm_torch_reinitialize(int pool, size_t initial_pool_size, size_t maximum_pool_size, int statistics);
 //	int   rmm_torch_statistics(int device, long long out[6]);
 //	int   rmm_torch_pool_stats(int device, long long out[4]);
+//	int   rmm_torch_check_pool(int device);
 //
 // alloc and free are PyTorch's signatures (package callocator says what they do on failure:
 // NULL, and a message for rmm_torch_last_error on the same thread). reinitialize sets up device
@@ -24,6 +25,8 @@
 // CurrentCount, PeakBytes, PeakCount, TotalBytes, TotalCount) of the device's statistics
 // adaptor; pool_stats the pool size, peak pool size, live bytes and live allocations of the
 // PoolMemoryResource under the device's resource; both return 0, or -1 when there is none.
+// check_pool runs that pool's CheckInvariants (every block accounted for, free neighbours
+// coalesced, the figures consistent): 0, or -1 with what is wrong.
 package main
 
 /*
@@ -95,25 +98,45 @@ func rmm_torch_statistics(device C.int, out *C.longlong) C.int {
 
 //export rmm_torch_pool_stats
 func rmm_torch_pool_stats(device C.int, out *C.longlong) C.int {
+	p, err := poolOf(int(device), "rmm_torch_pool_stats")
+	if err != nil {
+		callocator.SetError(err)
+		return -1
+	}
+	st := p.Stats()
+	fill(out, int64(st.PoolSize), int64(st.PeakPoolSize), int64(st.LiveBytes), int64(st.LiveAllocations))
+	return 0
+}
+
+//export rmm_torch_check_pool
+func rmm_torch_check_pool(device C.int) C.int {
+	p, err := poolOf(int(device), "rmm_torch_check_pool")
+	if err == nil {
+		err = p.CheckInvariants()
+	}
+	if err != nil {
+		callocator.SetError(err)
+		return -1
+	}
+	return 0
+}
+
+// poolOf finds the PoolMemoryResource under device's resource.
+func poolOf(device int, op string) (*rmm.PoolMemoryResource, error) {
 	mr, err := rmm.PerDeviceResource(rmm.Device(device))
 	if err != nil {
-		callocator.SetError(fmt.Errorf("rmm_torch_pool_stats: %w", err))
-		return -1
+		return nil, fmt.Errorf("%s: %w", op, err)
 	}
 	for {
 		if p, ok := mr.(*rmm.PoolMemoryResource); ok {
-			s := p.Stats()
-			fill(out, int64(s.PoolSize), int64(s.PeakPoolSize), int64(s.LiveBytes), int64(s.LiveAllocations))
-			return 0
+			return p, nil
 		}
 		u, ok := mr.(rmm.Upstreamer)
 		if !ok {
-			break
+			return nil, fmt.Errorf("%w: %s: no pool under device %d's resource", rmm.ErrNotSupported, op, device)
 		}
 		mr = u.Upstream()
 	}
-	callocator.SetError(fmt.Errorf("%w: rmm_torch_pool_stats: no pool under device %d's resource", rmm.ErrNotSupported, int(device)))
-	return -1
 }
 
 func fill(out *C.longlong, v ...int64) {

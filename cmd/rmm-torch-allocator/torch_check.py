@@ -10,7 +10,7 @@ then a side-stream pipeline whose tensors are made on other streams and freed af
 stream has used them (each side stream waits on the default one before its tensors go). It prints
 one JSON object: the losses of both runs (which must be equal), the median time per training
 step of each, and for the Go run the allocations the pool counted, what PyTorch's native pool
-reserved (must be 0) and the pool's state at the end. Exit status 1 when a check fails.
+reserved (must be 0) and the pool's state at the end (its figures, and its CheckInvariants). Exit status 1 when a check fails.
 """
 import argparse, ctypes, json, os, statistics, subprocess, sys, time
 
@@ -84,6 +84,9 @@ def child(mode, lib, steps):
         so.rmm_torch_pool_stats(0, ps)
         out["go_statistics"] = dict(zip(["current_bytes", "current_count", "peak_bytes", "peak_count", "total_bytes", "total_count"], list(st)))
         out["go_pool"] = dict(zip(["pool_size", "peak_pool_size", "live_bytes", "live_allocations"], list(ps)))
+        so.rmm_torch_last_error.restype = ctypes.c_char_p
+        ok = so.rmm_torch_check_pool(0) == 0
+        out["go_pool_invariants"] = "hold" if ok else (so.rmm_torch_last_error() or b"").decode()
     try:
         out["torch_native_reserved"] = torch.cuda.memory_reserved()
     except Exception as e:  # the pluggable allocator has no native statistics
@@ -117,6 +120,7 @@ def main():
         "the pool served allocations": st["total_count"] > 0,
         "PyTorch's native pool unused": g["torch_native_reserved"] == 0,
         "the pool holds what the statistics count live": g["go_pool"]["live_bytes"] >= st["current_bytes"] >= 0,
+        "the pool's invariants hold at the end": g["go_pool_invariants"] == "hold",
     }
     result = {"checks": checks, "native": n, "go": g,
               "step_ms": {"native": round(n["step_s"] * 1e3, 3), "go": round(g["step_s"] * 1e3, 3)}}
