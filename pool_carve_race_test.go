@@ -333,3 +333,36 @@ func TestPoolCarveGivesBackAtItsMaximum(t *testing.T) {
 	require.NoError(t, p.CheckInvariants())
 	require.LessOrEqual(t, p.PoolSize(), 32*mib)
 }
+
+// A growth that fails after carving (here its first cuMemMap) maps the carved pages back where
+// they were: the failed Allocate leaves the pool's memory as it found it, holes and all.
+func TestPoolCarveFailedGrowthMapsPagesBack(t *testing.T) {
+	vm := &hookVMM{vmm: newSimVMM(hostVMMGranularity, 0)}
+	p := newExpTestPool(t, vm, PoolOptions{MaximumPoolSize: 1 << 30, carvePage: 2 * mib})
+	defer p.Close()
+	var b [16]DevicePtr
+	for i := range b {
+		b[i], _ = p.Allocate(2*mib, DefaultStream)
+	}
+	for i := 1; i < 8; i += 2 {
+		require.NoError(t, p.Deallocate(b[i], 2*mib, DefaultStream))
+	}
+	before := p.Stats()
+	var failed atomic.Bool
+	vm.onMap = func(DevicePtr, int) error { // the growth's first map fails, the rest work
+		if failed.CompareAndSwap(false, true) {
+			return errExpRandInjected
+		}
+		return nil
+	}
+	_, err := p.Allocate(8*mib, DefaultStream)
+	require.ErrorIs(t, err, errExpRandInjected)
+	vm.onMap = nil
+	require.NoError(t, p.CheckInvariants())
+	require.Equal(t, before.PoolSize, p.Stats().PoolSize, "the failed Allocate released the carved fragments")
+	require.Equal(t, before.Holes, p.Stats().Holes)
+	require.Equal(t, before.FreeBytes, p.Stats().FreeBytes)
+	q, err := p.Allocate(2*mib, DefaultStream)
+	require.NoError(t, err)
+	require.Equal(t, b[1], q, "the first fragment is back in place and free")
+}

@@ -481,6 +481,9 @@ func (p *PoolMemoryResource) allocateSlow(l *freeList, n int, s StreamView) (*bl
 		}
 		sizeBefore := p.size
 		b, err = p.growAny(n, s, l)
+		if err != nil {
+			p.restoreSpares(l) // what carving moved for the growth goes back where it was
+		}
 		if err == nil && b == nil {
 			// The expandable pool grew, but the free block the new chunk was to extend was taken
 			// meanwhile: search again (and grow again if need be).

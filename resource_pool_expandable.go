@@ -1,6 +1,7 @@
 package rmm
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"math"
@@ -43,7 +44,7 @@ type expandable struct {
 	page  int
 	churn float64   // PoolOptions.carveChurn (+Inf: no limit)
 	moved int       // bytes carved since the pool last passed its peak size
-	spare []vmChunk // unmapped handles (addr unused)
+	spare []vmChunk // unmapped handles; addr: where carving took each from
 
 	threshold int // ReleaseThreshold; 0: never trim by itself
 	trimAt    int // free mapped bytes above which Deallocate trims
@@ -239,6 +240,7 @@ func (p *PoolMemoryResource) growExpandable(n int, l *freeList, exact int) (*blo
 		if err != nil {
 			return nil, p.growErr(n, bestK, err)
 		}
+		p.logGrowth(nb)
 		p.fillHole(best, nb)
 		return p.takeGrown(nb, n, l)
 	}
@@ -260,6 +262,7 @@ func (p *PoolMemoryResource) growExpandable(n int, l *freeList, exact int) (*blo
 		return nil, p.growErr(n, k, err)
 	}
 	nb := p.addChunk(at, k, h)
+	p.logGrowth(nb)
 	nb.prev = e.tail
 	if e.tail != nil {
 		e.tail.next = nb
@@ -294,6 +297,7 @@ func (p *PoolMemoryResource) mapChunkUnlocked(addr DevicePtr, k, size int) ([]vm
 	piece := e.pieceSize(k)
 	var cs []vmChunk
 	var fresh []bool
+	var homes []DevicePtr // where each spare handle in cs was carved from
 	undo := func() {
 		for i, c := range cs {
 			if err := e.vm.unmap(c.addr, c.size); err != nil {
@@ -306,7 +310,7 @@ func (p *PoolMemoryResource) mapChunkUnlocked(addr DevicePtr, k, size int) ([]vm
 			if fresh[i] {
 				e.vm.release(c.h)
 			} else {
-				e.spare = append(e.spare, vmChunk{size: c.size, h: c.h})
+				e.spare = append(e.spare, vmChunk{addr: homes[i], size: c.size, h: c.h})
 			}
 		}
 	}
@@ -333,17 +337,19 @@ func (p *PoolMemoryResource) mapChunkUnlocked(addr DevicePtr, k, size int) ([]vm
 			}
 			c, isNew = vmChunk{size: m, h: h}, true
 		}
+		home := c.addr
 		c.addr = at
 		if err := e.vm.mapAt(at, c.size, c.h); err != nil {
 			if isNew {
 				e.vm.release(c.h)
 			} else {
+				c.addr = home
 				e.spare = append(e.spare, c)
 			}
 			undo()
 			return nil, fmt.Errorf("PoolMemoryResource (expandable): mapping %d bytes at %#x: %w", c.size, uintptr(at), err)
 		}
-		cs, fresh = append(cs, c), append(fresh, isNew)
+		cs, fresh, homes = append(cs, c), append(fresh, isNew), append(homes, home)
 		at += DevicePtr(c.size)
 		left -= c.size
 	}
@@ -379,8 +385,12 @@ func (p *PoolMemoryResource) addChunk(addr DevicePtr, k int, cs []vmChunk) *bloc
 	}
 	b := p.newBlock(addr, k)
 	b.free = false
-	DebugLogger().Debug("rmm: PoolMemoryResource (expandable) grew", "bytes", k, "handles", len(cs), "address", fmt.Sprintf("%#x", uintptr(addr)), "pool_size", p.size, "maximum", p.maximum)
 	return b
+}
+
+// logGrowth writes a growth by the block nb to the debug log.
+func (p *PoolMemoryResource) logGrowth(nb *block) {
+	DebugLogger().Debug("rmm: PoolMemoryResource (expandable) grew", "bytes", nb.size, "address", fmt.Sprintf("%#x", uintptr(nb.addr)), "pool_size", p.size, "maximum", p.maximum)
 }
 
 // growErr is the error of a failed growth by k bytes for an n-byte request.
@@ -553,6 +563,73 @@ func (p *PoolMemoryResource) dropSpares() {
 	p.mu.Lock()
 }
 
+// restoreSpares maps the spare handles a failed growth left back where carving took them from,
+// each into the hole its range became, and frees them into l (pool locked, busy token held;
+// unlocks and relocks around the driver calls): a failed Allocate then leaves the pool's memory
+// where it was. A handle that cannot be mapped back stays spare (and is released with the rest).
+func (p *PoolMemoryResource) restoreSpares(l *freeList) {
+	e := p.exp
+	if e == nil || len(e.spare) == 0 {
+		return
+	}
+	spares := e.spare
+	e.spare = nil
+	slices.SortFunc(spares, func(x, y vmChunk) int { return cmp.Compare(x.addr, y.addr) })
+	for _, c := range spares {
+		h := e.holeCovering(c.addr, c.size)
+		if h == nil {
+			e.spare = append(e.spare, c)
+			continue
+		}
+		p.mu.Unlock()
+		err := e.vm.mapAt(c.addr, c.size, c.h)
+		if err == nil {
+			if err = e.vm.setAccess(c.addr, c.size); err != nil {
+				if uerr := e.vm.unmap(c.addr, c.size); uerr != nil {
+					err = errors.Join(err, uerr)
+				}
+			}
+		}
+		p.mu.Lock()
+		if err != nil {
+			DebugLogger().Debug("rmm: PoolMemoryResource (expandable): a carved chunk could not be mapped back after a failed growth", "address", fmt.Sprintf("%#x", uintptr(c.addr)), "bytes", c.size, "err", err)
+			e.spare = append(e.spare, c)
+			continue
+		}
+		h = p.splitHoleAt(h, c.addr)
+		nb := p.addChunk(c.addr, c.size, []vmChunk{c})
+		p.fillHole(h, nb)
+		p.freeInto(l, nb)
+	}
+}
+
+// holeCovering returns the hole holding all of [addr, addr+size), or nil.
+func (e *expandable) holeCovering(addr DevicePtr, size int) *block {
+	if addr == 0 {
+		return nil
+	}
+	for h := range e.holes {
+		if h.addr <= addr && addr+DevicePtr(size) <= h.end() {
+			return h
+		}
+	}
+	return nil
+}
+
+// splitHoleAt returns a hole starting at addr, which lies in the hole h: h itself, or its part
+// from addr on, split off as a hole of its own.
+func (p *PoolMemoryResource) splitHoleAt(h *block, addr DevicePtr) *block {
+	if h.addr == addr {
+		return h
+	}
+	r := p.newBlock(addr, int(h.end()-addr))
+	r.free, r.hole = false, true
+	h.size = int(addr - h.addr)
+	p.linkAfter(h, r)
+	p.exp.holes[r] = struct{}{}
+	return r
+}
+
 // releaseSpares releases the spare handles (pool unlocked, busy token held).
 func (p *PoolMemoryResource) releaseSpares() {
 	e := p.exp
@@ -636,7 +713,7 @@ func (p *PoolMemoryResource) unmapChunks(def *freeList, cands []chunkCand, hold,
 				}
 				p.carveHole(def, nb, ch.addr, ch.size)
 				if keep {
-					e.spare = append(e.spare, vmChunk{size: ch.size, h: ch.h})
+					e.spare = append(e.spare, vmChunk{addr: ch.addr, size: ch.size, h: ch.h})
 				}
 			}
 		}
