@@ -433,6 +433,7 @@ func (p *PoolMemoryResource) Allocate(nbytes int, s StreamView) (DevicePtr, erro
 // while unlocked) (pool locked; it may unlock and relock).
 func (p *PoolMemoryResource) allocateSlow(l *freeList, n int, s StreamView) (*block, takeWait, *freeList, error) {
 	released := false
+	gaveBack := 0    // bytes the release before failing gave back
 	grew := false    // an expandable growth mapped memory that others' takes left too small
 	holding := false // the busy token: this goroutine may grow
 	done := func() {
@@ -512,6 +513,7 @@ func (p *PoolMemoryResource) allocateSlow(l *freeList, n int, s StreamView) (*bl
 				// Every free block is now in the default stream's list, with the work behind it
 				// waited for: the search merges it into s's list (so that growth extends it), and
 				// grows once more if it must.
+				gaveBack = before - p.size
 				p.unpin(l)
 				continue
 			}
@@ -525,6 +527,12 @@ func (p *PoolMemoryResource) allocateSlow(l *freeList, n int, s StreamView) (*bl
 		done() // l still pinned: see above
 		p.unpin(l)
 		if err != nil {
+			var oom *OutOfMemoryError
+			if gaveBack > 0 && errors.As(err, &oom) {
+				// The figures are those after the release: say so, or "pool size 0" reads as if
+				// the pool had never held anything.
+				oom.Detail += fmt.Sprintf(" (on a second try, after giving back %d bytes of free memory)", gaveBack)
+			}
 			return nil, takeWait{}, l, err
 		}
 		return b, takeWait{}, l, nil

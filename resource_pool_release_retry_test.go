@@ -320,3 +320,19 @@ func TestPoolReleasesCachedBlockBeforeFailing(t *testing.T) {
 	require.NoError(t, p.CheckInvariants())
 	require.NoError(t, p.Deallocate(b, 3*miB/2, s1.View()))
 }
+
+// A request that fails even after the pool gave its free memory back says so: its figures are
+// the pool's after the release.
+func TestPoolOutOfMemoryAfterGivingBackSaysSo(t *testing.T) {
+	lim, err := NewLimitingResourceAdaptor(NewSystemMemoryResource(), 8<<20, nil)
+	require.NoError(t, err)
+	p, err := NewPoolMemoryResource(lim, &PoolOptions{InitialPoolSize: 4 << 20})
+	require.NoError(t, err)
+	defer p.Close()
+	_, err = p.Allocate(16<<20, DefaultStream)
+	var oom *OutOfMemoryError
+	require.ErrorAs(t, err, &oom)
+	require.Contains(t, oom.Error(), "on a second try, after giving back 4194304 bytes of free memory")
+	require.Zero(t, oom.PoolSize)
+	require.Zero(t, p.PoolSize())
+}
