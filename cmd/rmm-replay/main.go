@@ -104,15 +104,23 @@ func main() {
 			os.Exit(0) // -h: the usage was printed
 		}
 		fmt.Fprintln(os.Stderr, "rmm-replay:", err)
-		if errors.Is(err, errUsage) {
+		switch {
+		case errors.Is(err, errUsage):
 			os.Exit(2)
+		case errors.Is(err, errFailures):
+			os.Exit(3)
 		}
 		os.Exit(1)
 	}
 }
 
-// errUsage marks a bad command line.
-var errUsage = errors.New("usage")
+var (
+	// errUsage marks a bad command line.
+	errUsage = errors.New("usage")
+	// errFailures marks a replay in which allocations failed that the trace did not log as
+	// failures (the report was printed).
+	errFailures = errors.New("allocations failed")
+)
 
 func run(args []string, stdout, stderr io.Writer) error {
 	fs := flag.NewFlagSet("rmm-replay", flag.ContinueOnError)
@@ -126,10 +134,13 @@ func run(args []string, stdout, stderr io.Writer) error {
 	device := fs.Int("device", 0, "CUDA device")
 	passes := fs.Int("passes", 1, "replay this many times on the same resource (a pool keeps what it grew); report the median")
 	verbose := fs.Bool("v", false, "print every allocation that fails during the replay")
+	allowFailures := fs.Bool("allow-failures", false, "exit 0 even when allocations the trace did not log as failures fail in the replay (default: exit 3)")
 	var floor sizeFlag
 	fs.Var(&floor, "floor", "also report the page floor for pages of this size (e.g. 2MiB; at least 4KiB): the most bytes of pages holding part of a live allocation at once, over all passes (slows the replay)")
 	fs.Usage = func() {
 		fmt.Fprintln(stderr, "usage: rmm-replay [flags] TRACE.csv[.gz]")
+		fmt.Fprintln(stderr, "Sizes are bytes, or a number and a unit: 1073741824, 4GiB, 512MiB, 1.5GB.")
+		fmt.Fprintln(stderr, "Exit status: 0; 1 on an error; 2 on a bad command line; 3 when allocations failed (see -allow-failures).")
 		fs.PrintDefaults()
 	}
 	if err := fs.Parse(args); err != nil {
@@ -158,6 +169,9 @@ func run(args []string, stdout, stderr io.Writer) error {
 	}
 	if *mrName != "pool" {
 		*expandable = false
+	}
+	if simulate.set && simulate.n <= 0 {
+		return fmt.Errorf("%w: -simulate %d: the simulated memory needs a positive size", errUsage, simulate.n)
 	}
 	if simulate.set && *mrName != "pool" {
 		return fmt.Errorf("%w: -simulate works with -mr pool only (got -mr %s)", errUsage, *mrName)
@@ -226,8 +240,9 @@ func run(args []string, stdout, stderr io.Writer) error {
 			}
 		}
 		if !*expandable {
-			upstream = &peakResource{MemoryResource: up}
-			pool, err = rmm.NewPoolMemoryResource(upstream, opts)
+			// Its peak size (Stats) is what it took from the upstream at most: no counting
+			// wrapper, whose type name would show in the pool's errors.
+			pool, err = rmm.NewPoolMemoryResource(up, opts)
 		}
 		if err != nil {
 			return err
@@ -299,7 +314,7 @@ func run(args []string, stdout, stderr io.Writer) error {
 	switch {
 	case upstream != nil:
 		reserved = upstream.peak.Load()
-	case *expandable:
+	case *mrName == "pool":
 		reserved = int64(mr.(*rmm.PoolMemoryResource).Stats().PeakPoolSize)
 	default:
 		if a, ok := mr.(*rmm.CudaAsyncMemoryResource); ok {
@@ -346,6 +361,9 @@ func run(args []string, stdout, stderr io.Writer) error {
 	fmt.Fprintf(w, "left allocated   %d allocations, %d bytes (freed after the replay)\n", r.LeftAllocations, r.LeftBytes)
 	if r.UnmatchedFrees > 0 {
 		fmt.Fprintf(w, "unmatched frees  %d (skipped)\n", r.UnmatchedFrees)
+	}
+	if failures > 0 && !*allowFailures {
+		return fmt.Errorf("%w: %d allocations failed in %d passes that the trace did not log as failures (-allow-failures to exit 0)", errFailures, failures, len(results))
 	}
 	return nil
 }

@@ -71,6 +71,8 @@ func TestReplayHelp(t *testing.T) {
 	require.ErrorIs(t, err, flag.ErrHelp)
 	require.Contains(t, errOut.String(), "usage: rmm-replay [flags] TRACE.csv[.gz]")
 	require.Contains(t, errOut.String(), "-simulate")
+	require.Contains(t, errOut.String(), "Sizes are bytes, or a number and a unit: 1073741824, 4GiB")
+	require.Contains(t, errOut.String(), "3 when allocations failed")
 }
 
 func TestReplayFlagErrors(t *testing.T) {
@@ -82,6 +84,7 @@ func TestReplayFlagErrors(t *testing.T) {
 		{[]string{"-mr", "bogus", cupy}, `-mr "bogus"`},
 		{[]string{"-simulate", "lots", cupy}, `not a size: "lots"`},
 		{[]string{"-simulate", "1GiB", "-mr", "cuda", cupy}, "-simulate works with -mr pool only"},
+		{[]string{"-simulate", "0", cupy}, "-simulate 0: the simulated memory needs a positive size"},
 		{[]string{"-passes", "0", cupy}, "-passes 0"},
 		{[]string{"-initial", "100", cupy}, "not a multiple of 256"},
 		{[]string{"no-such-file.csv"}, "no-such-file.csv"},
@@ -96,12 +99,29 @@ func TestReplayFlagErrors(t *testing.T) {
 	}
 }
 
-// A cap below the trace's peak: the failures are counted and reported, not fatal.
+// A cap below the trace's peak: the failures are counted and reported, and the replay ends with
+// errFailures (exit status 3) unless -allow-failures.
 func TestReplayCapped(t *testing.T) {
 	var out, errOut bytes.Buffer
-	require.NoError(t, run([]string{"-simulate", "256MiB", "-v", cupy}, &out, &errOut))
-	require.Regexp(t, regexp.MustCompile(`failures         [1-9]\d*\n`), out.String())
+	err := run([]string{"-simulate", "256MiB", "-v", cupy}, &out, &errOut)
+	require.ErrorIs(t, err, errFailures)
+	m := regexp.MustCompile(`failures         ([1-9]\d*)\n`).FindStringSubmatch(out.String())
+	require.NotNil(t, m, out.String())
+	require.Contains(t, err.Error(), m[1]+" allocations failed in 1 passes")
 	require.Contains(t, errOut.String(), "out of memory")
+
+	out.Reset()
+	require.NoError(t, run([]string{"-simulate", "256MiB", "-allow-failures", cupy}, &out, &errOut))
+	require.Contains(t, out.String(), "failures         "+m[1]+"\n")
+}
+
+// The plain pool's errors name the real upstream (no wrapper type of the command's).
+func TestReplayInitialTooLarge(t *testing.T) {
+	var out, errOut bytes.Buffer
+	err := run([]string{"-expandable=false", "-initial", "1TiB", "-simulate", "1GiB", cupy}, &out, &errOut)
+	require.ErrorIs(t, err, rmm.ErrOutOfMemory)
+	require.NotContains(t, err.Error(), "peakResource")
+	require.Contains(t, err.Error(), "SimulatedMemoryResource")
 }
 
 func TestMedianOf(t *testing.T) {
