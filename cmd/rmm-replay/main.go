@@ -35,6 +35,7 @@
 package main
 
 import (
+	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
@@ -134,6 +135,7 @@ func run(args []string, stdout, stderr io.Writer) error {
 	device := fs.Int("device", 0, "CUDA device")
 	passes := fs.Int("passes", 1, "replay this many times on the same resource (a pool keeps what it grew); report the median")
 	verbose := fs.Bool("v", false, "print every allocation that fails during the replay")
+	asJSON := fs.Bool("json", false, "write the result as one JSON object (see replayJSON) instead of text")
 	allowFailures := fs.Bool("allow-failures", false, "exit 0 even when allocations the trace did not log as failures fail in the replay (default: exit 3)")
 	var floor sizeFlag
 	fs.Var(&floor, "floor", "also report the page floor for pages of this size (e.g. 2MiB; at least 4KiB): the most bytes of pages holding part of a live allocation at once, over all passes (slows the replay)")
@@ -278,7 +280,9 @@ func run(args []string, stdout, stderr io.Writer) error {
 		defer closer()
 	}
 
-	fmt.Fprintf(stdout, "rmm-replay: %s\n", desc)
+	if !*asJSON {
+		fmt.Fprintf(stdout, "rmm-replay: %s\n", desc)
+	}
 	opts := &rmm.ReplayOptions{}
 	if *verbose {
 		opts.OnFailure = func(e rmm.LogEvent, err error) {
@@ -323,6 +327,42 @@ func run(args []string, stdout, stderr io.Writer) error {
 			}
 		}
 	}
+	failErr := func() error {
+		if failures > 0 && !*allowFailures {
+			return fmt.Errorf("%w: %d allocations failed in %d passes that the trace did not log as failures (-allow-failures to exit 0)", errFailures, failures, len(results))
+		}
+		return nil
+	}
+	if *asJSON {
+		j := replayJSON{
+			Resource: desc, Trace: path, Events: r.Events, Allocations: r.Allocations, Frees: r.Frees,
+			LoggedFailures: r.LoggedFailures, Threads: r.Threads, Failures: failures, Passes: len(results),
+			MedianWallNs: median.Nanoseconds(), NsPerEvent: float64(median.Nanoseconds()) / float64(max(r.Events, 1)),
+			PeakLiveBytes: r.PeakLiveBytes, PeakReservedBytes: reserved,
+			LeftAllocations: r.LeftAllocations, LeftBytes: r.LeftBytes, UnmatchedFrees: r.UnmatchedFrees,
+		}
+		for _, x := range results {
+			j.WallNs = append(j.WallNs, x.Wall.Nanoseconds())
+		}
+		if reserved > 0 {
+			j.ReservedOverLive = float64(reserved) / float64(max(r.PeakLiveBytes, 1))
+		}
+		if pages != nil {
+			f := int64(pages.peak) * int64(pages.page)
+			j.PageFloorBytes, j.PageBytes = f, pages.page
+		}
+		if p, ok := mr.(*rmm.PoolMemoryResource); ok {
+			st := p.Stats()
+			j.PoolAtEnd = &poolJSON{st.PoolSize, st.PeakPoolSize, st.MaximumPoolSize, st.FreeBytes, st.FreeBlocks,
+				st.LargestFreeBlock, st.UpstreamBlocks, st.Streams, st.Holes, st.HoleBytes}
+		}
+		enc := json.NewEncoder(stdout)
+		enc.SetIndent("", " ")
+		if err := enc.Encode(j); err != nil {
+			return err
+		}
+		return failErr()
+	}
 	w := stdout
 	fmt.Fprintf(w, "trace            %s\n", path)
 	threads := "threads"
@@ -362,10 +402,48 @@ func run(args []string, stdout, stderr io.Writer) error {
 	if r.UnmatchedFrees > 0 {
 		fmt.Fprintf(w, "unmatched frees  %d (skipped)\n", r.UnmatchedFrees)
 	}
-	if failures > 0 && !*allowFailures {
-		return fmt.Errorf("%w: %d allocations failed in %d passes that the trace did not log as failures (-allow-failures to exit 0)", errFailures, failures, len(results))
-	}
-	return nil
+	return failErr()
+}
+
+// replayJSON is what -json writes: one object per run. Bytes are bytes, times nanoseconds;
+// PeakReservedBytes is the most the resource took from its upstream (0 when unknown), and
+// PoolAtEnd a pool's Stats after the last pass.
+type replayJSON struct {
+	Resource          string    `json:"resource"`
+	Trace             string    `json:"trace"`
+	Events            int       `json:"events"`
+	Allocations       int       `json:"allocations"`
+	Frees             int       `json:"frees"`
+	LoggedFailures    int       `json:"logged_failures"`
+	Threads           int       `json:"threads"`
+	Failures          int       `json:"failures"`
+	Passes            int       `json:"passes"`
+	WallNs            []int64   `json:"wall_ns"`
+	MedianWallNs      int64     `json:"median_wall_ns"`
+	NsPerEvent        float64   `json:"ns_per_event"`
+	PeakLiveBytes     int64     `json:"peak_live_bytes"`
+	PeakReservedBytes int64     `json:"peak_reserved_bytes"`
+	ReservedOverLive  float64   `json:"reserved_over_live,omitempty"`
+	PageBytes         int       `json:"page_bytes,omitempty"`
+	PageFloorBytes    int64     `json:"page_floor_bytes,omitempty"`
+	PoolAtEnd         *poolJSON `json:"pool_at_end,omitempty"`
+	LeftAllocations   int       `json:"left_allocations"`
+	LeftBytes         int64     `json:"left_bytes"`
+	UnmatchedFrees    int       `json:"unmatched_frees"`
+}
+
+// poolJSON is a pool's Stats after the replay, in -json.
+type poolJSON struct {
+	PoolSize         int `json:"pool_size"`
+	PeakPoolSize     int `json:"peak_pool_size"`
+	MaximumPoolSize  int `json:"maximum_pool_size"`
+	FreeBytes        int `json:"free_bytes"`
+	FreeBlocks       int `json:"free_blocks"`
+	LargestFreeBlock int `json:"largest_free_block"`
+	UpstreamBlocks   int `json:"upstream_blocks"`
+	Streams          int `json:"streams"`
+	Holes            int `json:"holes"`
+	HoleBytes        int `json:"hole_bytes"`
 }
 
 // minFloorPage is the smallest page -floor takes: it keeps one counter per page an allocation

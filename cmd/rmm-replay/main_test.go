@@ -2,6 +2,7 @@ package main
 
 import (
 	"bytes"
+	"encoding/json"
 	"flag"
 	"path/filepath"
 	"regexp"
@@ -196,4 +197,30 @@ func TestReplayFloor(t *testing.T) {
 		err := run([]string{"-floor", bad, cupy}, &out, &errOut)
 		require.ErrorIs(t, err, errUsage, "-floor %s", bad)
 	}
+}
+
+// -json writes one object with the text report's figures, parsed back here; failures still end
+// with errFailures after it.
+func TestReplayJSON(t *testing.T) {
+	var out, errOut bytes.Buffer
+	require.NoError(t, run([]string{"-json", "-simulate", "16GiB", "-passes", "2", cupy}, &out, &errOut), errOut.String())
+	var j replayJSON
+	require.NoError(t, json.Unmarshal(out.Bytes(), &j), out.String())
+	require.Equal(t, 110156, j.Events)
+	require.Equal(t, 55078, j.Allocations)
+	require.Equal(t, 2, j.Passes)
+	require.Len(t, j.WallNs, 2)
+	require.Zero(t, j.Failures)
+	require.Equal(t, int64(618135910), j.PeakLiveBytes)
+	require.Equal(t, int64(771751936), j.PeakReservedBytes)
+	require.InDelta(t, 1.249, j.ReservedOverLive, 0.0005)
+	require.NotNil(t, j.PoolAtEnd)
+	require.Equal(t, 771751936, j.PoolAtEnd.PeakPoolSize)
+	require.Positive(t, j.NsPerEvent)
+
+	out.Reset()
+	err := run([]string{"-json", "-simulate", "256MiB", cupy}, &out, &errOut)
+	require.ErrorIs(t, err, errFailures)
+	require.NoError(t, json.Unmarshal(out.Bytes(), &j))
+	require.Positive(t, j.Failures)
 }
