@@ -49,6 +49,7 @@ import (
 
 	"github.com/dustin/go-humanize"
 	"github.com/gormm/rmm"
+	"golang.org/x/term"
 )
 
 // sizeFlag is a byte count given with optional units.
@@ -296,13 +297,18 @@ func run(args []string, stdout, stderr io.Writer) error {
 		target = pages
 	}
 	var results []rmm.ReplayResult
+	stop := startProgress(stderr, *passes, func() int { return len(results) })
 	for i := 0; i < *passes; i++ {
 		r, err := rmm.Replay(events, target, opts)
 		if err != nil {
+			stop()
 			return err
 		}
+		progressMu.Lock()
 		results = append(results, r)
+		progressMu.Unlock()
 	}
+	stop()
 	r := results[0]
 	walls := make([]time.Duration, len(results))
 	for i, x := range results {
@@ -430,6 +436,50 @@ type replayJSON struct {
 	LeftAllocations   int       `json:"left_allocations"`
 	LeftBytes         int64     `json:"left_bytes"`
 	UnmatchedFrees    int       `json:"unmatched_frees"`
+}
+
+// progressMu guards what the progress line reads of the replay loop.
+var progressMu sync.Mutex
+
+// startProgress shows, on stderr when it is a terminal, a line with the passes done and the time
+// spent, from a second after the start and every second after; the returned func erases it.
+// Elsewhere (a file, a pipe, a test's buffer) it writes nothing.
+func startProgress(stderr io.Writer, passes int, done func() int) (stop func()) {
+	f, ok := stderr.(*os.File)
+	if !ok || !term.IsTerminal(int(f.Fd())) {
+		return func() {}
+	}
+	start := time.Now()
+	quit, finished := make(chan struct{}), make(chan struct{})
+	go func() {
+		defer close(finished)
+		tick := time.NewTicker(time.Second)
+		defer tick.Stop()
+		shown := false
+		for {
+			select {
+			case <-quit:
+				if shown {
+					fmt.Fprint(f, "\r\033[K")
+				}
+				return
+			case <-tick.C:
+				progressMu.Lock()
+				n := done()
+				progressMu.Unlock()
+				fmt.Fprintf(f, "\rrmm-replay: pass %d of %d, %s", min(n+1, passes), passes, time.Since(start).Round(time.Second))
+				shown = true
+			}
+		}
+	}()
+	return func() {
+		select {
+		case <-quit:
+		default:
+			close(quit)
+			<-finished
+		}
+	}
 }
 
 // poolJSON is a pool's Stats after the replay, in -json.

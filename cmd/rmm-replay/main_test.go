@@ -224,3 +224,15 @@ func TestReplayJSON(t *testing.T) {
 	require.NoError(t, json.Unmarshal(out.Bytes(), &j))
 	require.Positive(t, j.Failures)
 }
+
+// The progress line is for terminals only: a buffer (or a file, or a pipe) gets none.
+func TestReplayNoProgressOffTerminal(t *testing.T) {
+	var out, errOut bytes.Buffer
+	stop := startProgress(&errOut, 3, func() int { return 1 })
+	time.Sleep(1100 * time.Millisecond)
+	stop()
+	stop() // twice is harmless
+	require.Empty(t, errOut.String())
+	require.NoError(t, run([]string{"-simulate", "16GiB", cupy}, &out, &errOut))
+	require.NotContains(t, errOut.String(), "pass 1 of")
+}
