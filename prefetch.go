@@ -47,6 +47,9 @@ func prefetchRange(op string, mr MemoryResource, p DevicePtr, n int, to Device, 
 	if p == 0 || n == 0 || CUDAAvailable() != nil || !cuMemPrefetchBound() {
 		return nil
 	}
+	if mr != nil && prefetchModeOf(mr, true) == prefetchNever {
+		return nil // never prefetchable, whatever the device (no attribute read either)
+	}
 	d := to
 	if to == CPU {
 		d = s.deviceFor(CurrentDevice())

@@ -656,15 +656,21 @@ func (p *PoolMemoryResource) growAny(n int, s StreamView, l *freeList) (*block, 
 			(float64(p.exp.moved) <= p.exp.churn*float64(p.size) || grows > room) {
 			// Carving only for a request that moving every free page could serve within the
 			// maximum (else it would unmap for nothing), only when the growth would take the pool
-			// above the most bytes ever live at once (below that, new memory raises no peak), and
-			// (unless the maximum leaves no room to grow instead) only while what it moved since the pool last reached a new peak size is
-			// at most carveChurnDefault × the pool: where placement keeps changing, moving
-			// pages back and forth at every growth costs more than the memory it saves (the
-			// UNet trace moved ~5,000 pages a pass, 3.1 µs per event in a replay on the H200);
-			// the pool then grows instead, which raises its peak and lets it carve again. See
-			// carveChurnDefault. The spare handles carve leaves are mapped by the growth or
-			// released by the caller once the grown block is split (allocateSlow's done).
+			// above the most bytes ever live at once (below that, new memory raises no peak),
+			// and (unless the maximum leaves no room to grow instead) only while what it moved
+			// since the pool last reached a new peak size is at most churn × the pool: where
+			// placement keeps changing, moving pages back and forth at every growth costs more
+			// than the memory it saves (the UNet trace moved ~5,000 pages a pass, 3.1 µs per
+			// event in a replay on the H200); the pool then grows instead, which raises its peak
+			// and lets it carve again. See carveChurnDefault. The spare handles carve leaves are
+			// mapped by the growth or released by the caller once the grown block is split
+			// (allocateSlow's done).
 			p.carve(n, l)
+			if l.bestFit(n) != nil {
+				// Frees while carve waited for the streams (unlocked) made room: nothing to map;
+				// the caller searches again.
+				return nil, nil
+			}
 		}
 		return p.growExpandable(n, l, exact)
 	}

@@ -185,11 +185,6 @@ func (p *PoolMemoryResource) growExpandable(n int, l *freeList, exact int) (*blo
 		}
 		return 0
 	}
-	if b := l.bestFit(n); b != nil {
-		// Frees while the pool was unlocked (carving waits for the streams) made room: nothing
-		// to map; the caller searches again.
-		return nil, nil
-	}
 	// What growing at the end of the chain would map: what the request needs beyond the free
 	// block there, or a growth step (exact: only the need), within the room left.
 	need := n - free(e.tail)
