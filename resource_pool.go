@@ -660,7 +660,7 @@ func (p *PoolMemoryResource) growAny(n int, s StreamView, l *freeList) (*block, 
 			// and (unless the maximum leaves no room to grow instead) only while what it moved
 			// since the pool last reached a new peak size is at most churn × the pool: where
 			// placement keeps changing, moving pages back and forth at every growth costs more
-			// than the memory it saves (the UNet trace moved ~5,000 pages a pass, 3.1 µs per
+			// than the memory it saves (the UNet trace moved ~5,000 pages a pass, 3.1-3.7 µs per
 			// event in a replay on the H200); the pool then grows instead, which raises its peak
 			// and lets it carve again. See carveChurnDefault. The spare handles carve leaves are
 			// mapped by the growth or released by the caller once the grown block is split
