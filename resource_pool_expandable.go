@@ -493,7 +493,9 @@ func (p *PoolMemoryResource) releaseChunks(def *freeList, limit int, hold bool) 
 // three passes, every growth maps 8-128 MiB pieces (GPT-2 LoRA: 990 handles created in a first
 // pass instead of 84), and the UNet, whose placement changes every step, moves ~5 800 pages a
 // pass (and creates ~1 600, for carved pages its growths did not map). bench/experiments/carve
-// has the policies tried.
+// has the policies tried. Since then growAny bounds the moves (carveChurnDefault): the UNet stays
+// at 1.163 with no moves after its first pass, but eight traces climb with the passes
+// (BENCHMARKS.md, ninth run).
 //
 // Pool locked, busy token held, l pinned; unlocks and relocks.
 func (p *PoolMemoryResource) carve(n int, l *freeList) {
