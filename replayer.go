@@ -20,6 +20,14 @@ type ReplayOptions struct {
 	// OnFailure, when set, is called for each allocation that fails during the replay (not for
 	// the log's own "allocate failure" lines, which are skipped). Default: failures are counted.
 	OnFailure func(e LogEvent, err error)
+	// AfterEvent, when set, is called once for every event of the log, right after it was
+	// replayed (or skipped), in the log's order and never concurrently: with several logged
+	// threads the goroutine that replayed event i calls it before event i+1 may start. It gets
+	// the event's index in events and the bytes the log holds live after it (the requested
+	// sizes allocated and not yet freed, whose maximum is ReplayResult.PeakLiveBytes; the same
+	// whatever mr does). It runs in the timed part of the replay, so it should be quick: it is
+	// meant for sampling a resource's footprint along the trace. Default: none, at no cost.
+	AfterEvent func(i int, liveBytes int64)
 }
 
 // ReplayResult is what a Replay measured.
@@ -98,6 +106,11 @@ func Replay(events []LogEvent, mr MemoryResource, opts *ReplayOptions) (ReplayRe
 		return s, nil
 	}
 	var live, peak int64
+	var liveAfter []int64 // live bytes after each event, for AfterEvent
+	after := o.AfterEvent
+	if after != nil {
+		liveAfter = make([]int64, len(events))
+	}
 	var orphans []int32
 	for i, e := range events {
 		s, err := streamFor(e.Stream)
@@ -134,6 +147,9 @@ func Replay(events []LogEvent, mr MemoryResource, opts *ReplayOptions) (ReplayRe
 			}
 		case ActionAllocateFailure:
 			res.LoggedFailures++
+		}
+		if liveAfter != nil {
+			liveAfter[i] = live
 		}
 		threads[e.Thread] = append(threads[e.Thread], int32(i))
 	}
@@ -208,6 +224,9 @@ func Replay(events []LogEvent, mr MemoryResource, opts *ReplayOptions) (ReplayRe
 					}
 					ptrs[j] = 0
 				}
+			}
+			if after != nil {
+				after(int(i), liveAfter[i])
 			}
 			if wait {
 				pass(i)

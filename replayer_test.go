@@ -170,3 +170,54 @@ func TestReplayManyThreads(t *testing.T) {
 	require.Equal(t, want, rec.calls)
 	require.Zero(t, r.LeftAllocations)
 }
+
+// AfterEvent sees every event once, in the log's order, after the resource has handled it, with
+// the live bytes the log holds then (skipped lines and failed allocations included); its calls
+// from the three goroutines are ordered (the race detector would see unordered writes to got).
+func TestReplayAfterEvent(t *testing.T) {
+	log := LogHeader + "\n" +
+		"1,00:00:00.000001,allocate,0x1000,100,0\n" +
+		"2,00:00:00.000002,allocate,0x2000,200,0x10\n" +
+		"3,00:00:00.000003,allocate,0x3000,300,0\n" +
+		"1,00:00:00.000004,free,0x2000,200,0\n" +
+		"3,00:00:00.000005,allocate failure,(nil),999,0\n" +
+		"2,00:00:00.000006,allocate,0x4000,400,0x10\n" +
+		"2,00:00:00.000007,free,0x9999,50,0x10\n" +
+		"1,00:00:00.000008,allocate,0x5000,500,0\n" +
+		"3,00:00:00.000009,free,0x1000,100,0\n" +
+		"1,00:00:00.000010,free,0x5000,500,0\n" +
+		"2,00:00:00.000011,allocate,0x2000,600,0\n"
+	events, err := ReadLog(strings.NewReader(log))
+	require.NoError(t, err)
+	type call struct {
+		i         int
+		live      int64
+		resCalled int // calls the resource had had
+	}
+	for range 20 {
+		rec := &orderRecorder{inner: NewSystemMemoryResource(), fail: map[int]bool{500: true}}
+		var got []call
+		r, err := Replay(events, rec, &ReplayOptions{AfterEvent: func(i int, live int64) {
+			rec.mu.Lock()
+			n := len(rec.calls)
+			rec.mu.Unlock()
+			got = append(got, call{i, live, n})
+		}})
+		require.NoError(t, err)
+		require.Equal(t, []call{
+			{0, 100, 1}, {1, 300, 2}, {2, 600, 3}, {3, 400, 4},
+			{4, 400, 4}, // a logged failure: skipped
+			{5, 800, 5},
+			{6, 800, 5},  // an unmatched free: skipped
+			{7, 1300, 6}, // fails in the replay, live in the log
+			{8, 1200, 7},
+			{9, 700, 7}, // the free of the failed allocation: skipped
+			{10, 1300, 8},
+		}, got)
+		var peak int64
+		for _, c := range got {
+			peak = max(peak, c.live)
+		}
+		require.Equal(t, r.PeakLiveBytes, peak)
+	}
+}
