@@ -10,12 +10,24 @@
 // names it. -simulate SIZE replaces the upstream with an address-only resource of SIZE
 // bytes, so that a trace recorded on a large GPU replays anywhere.
 //
+// -mr takes several resources, separated by commas (-mr plain,expandable,async): each is made
+// fresh and replayed in turn on the same trace, and the report is one table with a row per
+// resource (with -json, a list of objects).
+//
 // Flags:
 //
-//	-mr pool|cuda|async|managed|system   the resource to replay on (default pool)
+//	-mr LIST          the resources to replay on, separated by commas (default pool):
+//	                  pool        the pool -expandable picks (expandable unless -expandable=false)
+//	                  plain       librmm's pool (PoolMemoryResource)
+//	                  expandable  an expandable pool (PoolOptions.Expandable)
+//	                  cuda, async, managed   CudaMemoryResource, CudaAsyncMemoryResource,
+//	                              ManagedMemoryResource: these need a GPU
+//	                  system      SystemMemoryResource (host memory)
+//	                  The pools run over the GPU, over host memory where there is none, or over
+//	                  -simulate's memory.
 //	-initial SIZE     pool initial size, or the async pool's priming size (default 0)
 //	-maximum SIZE     pool maximum size (default none)
-//	-simulate SIZE    replay the pool over an address-only upstream of SIZE bytes
+//	-simulate SIZE    replay the pools over an address-only upstream of SIZE bytes
 //	-expandable       with -mr pool: an expandable pool (PoolOptions.Expandable), whose peak
 //	                  mapped size is reported as its peak upstream (default true: false gives
 //	                  librmm's pool, whose peak upstream is the most it held from the upstream)
@@ -29,9 +41,14 @@
 //	                  every page on its own would hold at least with the same placement. It
 //	                  counts every page an allocation touches, so it slows the replay (more for
 //	                  smaller pages): time it without
+//	-json             write the result as JSON: one object, or a list for several resources
+//	-allow-failures   exit 0 even when allocations fail that the trace did not log as failures
 //	-v                print every allocation that fails during the replay
 //
 // Sizes take units: 1073741824, 1GiB, 1.5GB (SI units are powers of 1000, "i" units of 1024).
+//
+// Exit status: 0; 1 on an error; 2 on a bad command line; 3 when allocations failed that the
+// trace did not log as failures (on any of the resources), unless -allow-failures.
 package main
 
 import (
@@ -40,11 +57,14 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"math"
 	"os"
+	"slices"
 	"sort"
+	"strconv"
 	"strings"
 	"sync"
-	"sync/atomic"
+	"text/tabwriter"
 	"time"
 
 	"github.com/dustin/go-humanize"
@@ -69,51 +89,26 @@ func (f *sizeFlag) Set(s string) error {
 	return nil
 }
 
-// peakResource counts the bytes that pass through it to its upstream, current and peak.
-type peakResource struct {
-	rmm.MemoryResource
-	cur, peak atomic.Int64
-}
-
-func (r *peakResource) Allocate(n int, s rmm.StreamView) (rmm.DevicePtr, error) {
-	p, err := r.MemoryResource.Allocate(n, s)
-	if err == nil {
-		c := r.cur.Add(int64(n))
-		for {
-			pk := r.peak.Load()
-			if c <= pk || r.peak.CompareAndSwap(pk, c) {
-				break
-			}
-		}
-	}
-	return p, err
-}
-
-func (r *peakResource) Deallocate(p rmm.DevicePtr, n int, s rmm.StreamView) error {
-	err := r.MemoryResource.Deallocate(p, n, s)
-	if err == nil && p != 0 {
-		r.cur.Add(-int64(n))
-	}
-	return err
-}
-
-func (r *peakResource) Upstream() rmm.MemoryResource { return r.MemoryResource }
-func (r *peakResource) Access() rmm.Access           { return rmm.AccessOf(r.MemoryResource) }
-
 func main() {
-	if err := run(os.Args[1:], os.Stdout, os.Stderr); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			os.Exit(0) // -h: the usage was printed
-		}
+	err := run(os.Args[1:], os.Stdout, os.Stderr)
+	if err != nil && !errors.Is(err, flag.ErrHelp) {
 		fmt.Fprintln(os.Stderr, "rmm-replay:", err)
-		switch {
-		case errors.Is(err, errUsage):
-			os.Exit(2)
-		case errors.Is(err, errFailures):
-			os.Exit(3)
-		}
-		os.Exit(1)
 	}
+	os.Exit(exitStatus(err))
+}
+
+// exitStatus is the exit status for run's error: 0 for none (or -h), 2 for a bad command line, 3
+// when allocations failed, 1 for any other error.
+func exitStatus(err error) int {
+	switch {
+	case err == nil, errors.Is(err, flag.ErrHelp):
+		return 0
+	case errors.Is(err, errUsage):
+		return 2
+	case errors.Is(err, errFailures):
+		return 3
+	}
+	return 1
 }
 
 var (
@@ -124,19 +119,24 @@ var (
 	errFailures = errors.New("allocations failed")
 )
 
+// usagef returns a bad command line's error: "usage: " and the message, matching errUsage.
+func usagef(format string, a ...any) error {
+	return fmt.Errorf("%w: %s", errUsage, fmt.Sprintf(format, a...))
+}
+
 func run(args []string, stdout, stderr io.Writer) error {
 	fs := flag.NewFlagSet("rmm-replay", flag.ContinueOnError)
 	fs.SetOutput(stderr)
-	mrName := fs.String("mr", "pool", "resource: pool, cuda, async, managed or system")
+	mrList := fs.String("mr", "pool", "resources to replay on, in turn, separated by commas: pool (the pool -expandable picks), plain (librmm's pool), expandable, cuda, async, managed or system")
 	var initial, maximum, simulate sizeFlag
 	fs.Var(&initial, "initial", "pool initial size, or the async pool's priming size (default 0)")
 	fs.Var(&maximum, "maximum", "pool maximum size (default none)")
-	fs.Var(&simulate, "simulate", "replay the pool over an address-only upstream of this many bytes")
+	fs.Var(&simulate, "simulate", "replay the pools over an address-only upstream of this many bytes")
 	expandable := fs.Bool("expandable", true, "with -mr pool: an expandable pool (one virtual range grown by mapped chunks); false: librmm's pool")
 	device := fs.Int("device", 0, "CUDA device")
 	passes := fs.Int("passes", 1, "replay this many times on the same resource (a pool keeps what it grew); report the median")
 	verbose := fs.Bool("v", false, "print every allocation that fails during the replay")
-	asJSON := fs.Bool("json", false, "write the result as one JSON object (see replayJSON) instead of text")
+	asJSON := fs.Bool("json", false, "write the result as JSON (see replayJSON) instead of text: one object, or a list of them for several resources")
 	allowFailures := fs.Bool("allow-failures", false, "exit 0 even when allocations the trace did not log as failures fail in the replay (default: exit 3)")
 	var floor sizeFlag
 	fs.Var(&floor, "floor", "also report the page floor for pages of this size (e.g. 2MiB; at least 4KiB): the most bytes of pages holding part of a live allocation at once, over all passes (slows the replay)")
@@ -154,267 +154,389 @@ func run(args []string, stdout, stderr io.Writer) error {
 	}
 	if fs.NArg() != 1 {
 		fs.Usage()
-		return fmt.Errorf("%w: need exactly one trace file", errUsage)
+		return usagef("need exactly one trace file")
 	}
 	if *passes < 1 {
-		return fmt.Errorf("%w: -passes %d: must be at least 1", errUsage, *passes)
+		return usagef("-passes %d: must be at least 1", *passes)
 	}
-	if maximum.set && *mrName != "pool" {
-		return fmt.Errorf("%w: -maximum works with -mr pool only (got -mr %s)", errUsage, *mrName)
-	}
-	if initial.set && *mrName != "pool" && *mrName != "async" {
-		return fmt.Errorf("%w: -initial works with -mr pool or async only (got -mr %s)", errUsage, *mrName)
+	names, err := parseMRList(*mrList, *expandable)
+	if err != nil {
+		return fmt.Errorf("%w: %w", errUsage, err)
 	}
 	expSet := false
 	fs.Visit(func(f *flag.Flag) { expSet = expSet || f.Name == "expandable" })
-	if expSet && *expandable && *mrName != "pool" {
-		return fmt.Errorf("%w: -expandable works with -mr pool only (got -mr %s)", errUsage, *mrName)
+	for _, n := range names {
+		switch {
+		case maximum.set && !isPool(n):
+			return usagef("-maximum works with the pools only: -mr pool, plain or expandable (got -mr %s)", n)
+		case initial.set && !isPool(n) && n != mrAsync:
+			return usagef("-initial works with the pools or async only (got -mr %s)", n)
+		case simulate.set && !isPool(n):
+			return usagef("-simulate works with the pools only: -mr pool, plain or expandable (got -mr %s)", n)
+		}
 	}
-	if *mrName != "pool" {
-		*expandable = false
+	if expSet && *expandable && !slices.Contains(names, mrPool) {
+		return usagef("-expandable works with -mr pool only (got -mr %s)", *mrList)
 	}
 	if simulate.set && simulate.n <= 0 {
-		return fmt.Errorf("%w: -simulate %d: the simulated memory needs a positive size", errUsage, simulate.n)
-	}
-	if simulate.set && *mrName != "pool" {
-		return fmt.Errorf("%w: -simulate works with -mr pool only (got -mr %s)", errUsage, *mrName)
+		return usagef("-simulate %d: the simulated memory needs a positive size", simulate.n)
 	}
 	if floor.set && floor.n < minFloorPage {
-		return fmt.Errorf("%w: -floor %d: the page size must be at least %d bytes (4KiB)", errUsage, floor.n, minFloorPage)
+		return usagef("-floor %d: the page size must be at least %d bytes (4KiB)", floor.n, minFloorPage)
 	}
 	path := fs.Arg(0)
 	events, err := rmm.ReadLogFile(path)
 	if err != nil {
+		if errors.Is(err, io.ErrUnexpectedEOF) {
+			err = fmt.Errorf("%w (the file is cut short)", err)
+		}
 		return err
 	}
 
-	dev := rmm.Device(*device)
-	cudaErr := rmm.CUDAAvailable()
-	where := ""
-	if cudaErr != nil {
-		where = "no CUDA device: " + strings.TrimPrefix(cudaErr.Error(), rmm.ErrNoDevice.Error()+": ")
+	s := &setup{dev: rmm.Device(*device), cudaErr: rmm.CUDAAvailable(),
+		initial: initial, maximum: maximum, simulate: simulate, expandable: *expandable, expSet: expSet}
+	if s.cudaErr != nil {
+		s.where = "no CUDA device: " + strings.TrimPrefix(s.cudaErr.Error(), rmm.ErrNoDevice.Error()+": ")
 	}
-	if err := rmm.SetCurrentDevice(dev); err != nil {
+	if err := rmm.SetCurrentDevice(s.dev); err != nil {
 		return fmt.Errorf("%w: -device %d: %w", errUsage, *device, err)
 	}
-	if cudaErr == nil {
-		name, _ := dev.Name()
-		where = fmt.Sprintf("device %d (%s)", *device, name)
+	if s.cudaErr == nil {
+		name, _ := s.dev.Name()
+		s.where = fmt.Sprintf("device %d (%s)", *device, name)
+	}
+	// A resource that cannot be made here fails the run before anything is replayed.
+	for _, n := range names {
+		if err := s.unavailable(n); err != nil {
+			return err
+		}
 	}
 
-	var mr rmm.MemoryResource
-	var upstream *peakResource
-	var desc string
-	var closer func() error
-	switch *mrName {
-	case "pool":
-		var up rmm.MemoryResource
-		switch {
-		case simulate.set:
-			sim, err := rmm.NewSimulatedMemoryResource(simulate.n)
-			if err != nil {
-				return err
-			}
-			up = sim
-			desc = fmt.Sprintf("PoolMemoryResource over SimulatedMemoryResource (%d bytes, address-only)", simulate.n)
-		case cudaErr == nil:
-			cuda, err := rmm.NewCudaMemoryResource(dev)
-			if err != nil {
-				return err
-			}
-			up = cuda
-			desc = "PoolMemoryResource over CudaMemoryResource on " + where
-		default:
-			up = rmm.NewSystemMemoryResource()
-			desc = "PoolMemoryResource over SystemMemoryResource (host memory; " + where + ")"
-		}
-		opts := &rmm.PoolOptions{InitialPoolSize: initial.n, MaximumPoolSize: maximum.n, Expandable: *expandable}
-		var pool *rmm.PoolMemoryResource
-		var err error
-		if *expandable {
-			// The pool maps its own memory: its peak size is what it reserved.
-			pool, err = rmm.NewPoolMemoryResource(up, opts)
-			if err != nil && !expSet && errors.Is(err, rmm.ErrNotSupported) {
-				// The default, on a GPU without virtual memory management: librmm's pool.
-				*expandable = false
-				opts.Expandable = false
-			} else {
-				desc = strings.Replace(desc, "PoolMemoryResource over", "expandable PoolMemoryResource over", 1)
-			}
-		}
-		if !*expandable {
-			// Its peak size (Stats) is what it took from the upstream at most: no counting
-			// wrapper, whose type name would show in the pool's errors.
-			pool, err = rmm.NewPoolMemoryResource(up, opts)
-		}
-		if err != nil {
-			return err
-		}
-		mr, closer = pool, pool.Close
-	case "cuda":
-		cuda, err := rmm.NewCudaMemoryResource(dev)
-		if err != nil {
-			return err
-		}
-		upstream = &peakResource{MemoryResource: cuda}
-		mr, desc = upstream, "CudaMemoryResource on "+where
-	case "managed":
-		m, err := rmm.NewManagedMemoryResource(dev)
-		if err != nil {
-			return err
-		}
-		upstream = &peakResource{MemoryResource: m}
-		mr, desc = upstream, "ManagedMemoryResource on "+where
-	case "async":
-		a, err := rmm.NewCudaAsyncMemoryResource(dev, &rmm.CudaAsyncOptions{InitialPoolSize: initial.n, ReleaseThreshold: -1})
-		if err != nil {
-			return err
-		}
-		mr, desc, closer = a, "CudaAsyncMemoryResource on "+where, a.Close
-	case "system":
-		upstream = &peakResource{MemoryResource: rmm.NewSystemMemoryResource()}
-		mr, desc = upstream, "SystemMemoryResource (host memory)"
-	default:
-		return fmt.Errorf("%w: -mr %q: want pool, cuda, async, managed or system", errUsage, *mrName)
+	width := 0
+	for _, n := range names {
+		width = max(width, len(n))
 	}
-	if closer != nil {
-		defer closer()
+	rp := &replayer{events: events, passes: *passes, stderr: stderr, several: len(names) > 1}
+	if floor.set {
+		rp.floorPage = floor.n
 	}
-
-	if !*asJSON {
-		fmt.Fprintf(stdout, "rmm-replay: %s\n", desc)
-	}
-	opts := &rmm.ReplayOptions{}
 	if *verbose {
-		opts.OnFailure = func(e rmm.LogEvent, err error) {
+		rp.onFailure = func(name string, e rmm.LogEvent, err error) {
+			if rp.several {
+				fmt.Fprintf(stderr, "%s: ", name)
+			}
 			fmt.Fprintf(stderr, "line %d: allocate %d bytes: %v\n", e.Line, e.Size, err)
 		}
 	}
-	target := mr
-	var pages *floorResource
-	if floor.set {
-		pages = &floorResource{MemoryResource: mr, page: floor.n, refs: map[uintptr]int32{}}
-		target = pages
-	}
-	var results []rmm.ReplayResult
-	stop := startProgress(stderr, *passes, func() int { return len(results) })
-	for i := 0; i < *passes; i++ {
-		r, err := rmm.Replay(events, target, opts)
+	var runs []*replayRun
+	for i, n := range names {
+		t, err := s.build(n)
 		if err != nil {
-			stop()
 			return err
 		}
-		progressMu.Lock()
-		results = append(results, r)
-		progressMu.Unlock()
-	}
-	stop()
-	r := results[0]
-	walls := make([]time.Duration, len(results))
-	for i, x := range results {
-		walls[i] = x.Wall
-	}
-	median := medianOf(walls)
-
-	failures := 0
-	for _, x := range results {
-		failures += x.Failures
-	}
-	var reserved int64
-	switch {
-	case upstream != nil:
-		reserved = upstream.peak.Load()
-	case *mrName == "pool":
-		reserved = int64(mr.(*rmm.PoolMemoryResource).Stats().PeakPoolSize)
-	default:
-		if a, ok := mr.(*rmm.CudaAsyncMemoryResource); ok {
-			if v, err := a.ReservedBytesHigh(); err == nil {
-				reserved = int64(v)
+		if !*asJSON {
+			if rp.several {
+				fmt.Fprintf(stdout, "rmm-replay: %-*s  %s\n", width, n, t.desc)
+			} else {
+				fmt.Fprintf(stdout, "rmm-replay: %s\n", t.desc)
 			}
 		}
+		progress := ""
+		if rp.several {
+			progress = fmt.Sprintf("%s (%d of %d), ", n, i+1, len(names))
+		}
+		r, err := rp.replay(t, progress)
+		if err != nil {
+			return fmt.Errorf("-mr %s: replaying %s: %w", n, path, err)
+		}
+		runs = append(runs, r)
 	}
-	failErr := func() error {
-		if failures > 0 && !*allowFailures {
-			return fmt.Errorf("%w: %d allocations failed in %d passes that the trace did not log as failures (-allow-failures to exit 0)", errFailures, failures, len(results))
-		}
-		return nil
+
+	failures := 0
+	for _, r := range runs {
+		failures += r.failures
 	}
-	if *asJSON {
-		j := replayJSON{
-			Resource: desc, Trace: path, Events: r.Events, Allocations: r.Allocations, Frees: r.Frees,
-			LoggedFailures: r.LoggedFailures, Threads: r.Threads, Failures: failures, Passes: len(results),
-			MedianWallNs: median.Nanoseconds(), NsPerEvent: float64(median.Nanoseconds()) / float64(max(r.Events, 1)),
-			PeakLiveBytes: r.PeakLiveBytes, PeakReservedBytes: reserved,
-			LeftAllocations: r.LeftAllocations, LeftBytes: r.LeftBytes, UnmatchedFrees: r.UnmatchedFrees,
+	var werr error
+	switch {
+	case *asJSON && len(runs) == 1:
+		werr = writeJSON(stdout, runs[0].json(path))
+	case *asJSON:
+		list := make([]replayJSON, len(runs))
+		for i, r := range runs {
+			list[i] = r.json(path)
 		}
-		for _, x := range results {
-			j.WallNs = append(j.WallNs, x.Wall.Nanoseconds())
-		}
-		if reserved > 0 {
-			j.ReservedOverLive = float64(reserved) / float64(max(r.PeakLiveBytes, 1))
-		}
-		if pages != nil {
-			f := int64(pages.peak) * int64(pages.page)
-			j.PageFloorBytes, j.PageBytes = f, pages.page
-		}
-		if p, ok := mr.(*rmm.PoolMemoryResource); ok {
-			st := p.Stats()
-			j.PoolAtEnd = &poolJSON{st.PoolSize, st.PeakPoolSize, st.MaximumPoolSize, st.FreeBytes, st.FreeBlocks,
-				st.LargestFreeBlock, st.UpstreamBlocks, st.Streams, st.Holes, st.HoleBytes}
-		}
-		enc := json.NewEncoder(stdout)
-		enc.SetIndent("", " ")
-		if err := enc.Encode(j); err != nil {
-			return err
-		}
-		return failErr()
+		werr = writeJSON(stdout, list)
+	case len(runs) == 1:
+		runs[0].report(stdout, path)
+	default:
+		writeTable(stdout, path, runs)
 	}
-	w := stdout
+	if werr != nil {
+		return werr
+	}
+	if failures > 0 && !*allowFailures {
+		var each []string
+		for _, r := range runs {
+			if r.failures > 0 && len(runs) > 1 {
+				each = append(each, fmt.Sprintf("%d on %s", r.failures, r.name))
+			}
+		}
+		on := ""
+		if len(each) > 0 {
+			on = " (" + strings.Join(each, ", ") + ")"
+		}
+		return fmt.Errorf("%w: %d allocations failed in %d passes%s that the trace did not log as failures (-allow-failures to exit 0)", errFailures, failures, *passes, on)
+	}
+	return nil
+}
+
+// replayer replays the trace on one resource after another.
+type replayer struct {
+	events    []rmm.LogEvent
+	passes    int
+	floorPage int // -floor, or 0
+	onFailure func(name string, e rmm.LogEvent, err error)
+	stderr    io.Writer
+	several   bool // more than one resource
+}
+
+// replayRun is what the passes on one resource gave.
+type replayRun struct {
+	name, desc string
+	results    []rmm.ReplayResult
+	failures   int            // over all passes
+	reserved   int64          // the most bytes the resource held (0: unknown)
+	floor      *floorResource // with -floor
+	pool       *rmm.PoolStats // a pool's figures after the last pass
+}
+
+// replay replays the passes on t and closes it.
+func (rp *replayer) replay(t *target, progress string) (*replayRun, error) {
+	if t.close != nil {
+		defer t.close()
+	}
+	run := &replayRun{name: t.name, desc: t.desc}
+	opts := &rmm.ReplayOptions{}
+	if rp.onFailure != nil {
+		opts.OnFailure = func(e rmm.LogEvent, err error) { rp.onFailure(t.name, e, err) }
+	}
+	target := t.mr
+	if rp.floorPage > 0 {
+		run.floor = &floorResource{MemoryResource: t.mr, page: rp.floorPage, refs: map[uintptr]int32{}}
+		target = run.floor
+	}
+	stop := startProgress(rp.stderr, progress, rp.passes, func() int { return len(run.results) })
+	for pass := 0; pass < rp.passes; pass++ {
+		r, err := rmm.Replay(rp.events, target, opts)
+		if err != nil {
+			stop()
+			return nil, err
+		}
+		progressMu.Lock()
+		run.results = append(run.results, r)
+		progressMu.Unlock()
+		run.failures += r.Failures
+	}
+	stop()
+	run.reserved = t.reservedPeak()
+	if t.pool != nil {
+		st := t.pool.Stats()
+		run.pool = &st
+	}
+	return run, nil
+}
+
+// median returns the median wall time of the passes.
+func (r *replayRun) median() time.Duration {
+	walls := make([]time.Duration, len(r.results))
+	for i, x := range r.results {
+		walls[i] = x.Wall
+	}
+	return medianOf(walls)
+}
+
+// floorBytes returns the page floor in bytes (0 without -floor).
+func (r *replayRun) floorBytes() int64 {
+	if r.floor == nil {
+		return 0
+	}
+	return int64(r.floor.peak) * int64(r.floor.page)
+}
+
+// json returns the run's figures as -json writes them.
+func (r *replayRun) json(path string) replayJSON {
+	x := r.results[0]
+	median := r.median()
+	j := replayJSON{
+		Name: r.name, Resource: r.desc, Trace: path, Events: x.Events, Allocations: x.Allocations, Frees: x.Frees,
+		LoggedFailures: x.LoggedFailures, Threads: x.Threads, Failures: r.failures, Passes: len(r.results),
+		MedianWallNs: median.Nanoseconds(), NsPerEvent: float64(median.Nanoseconds()) / float64(max(x.Events, 1)),
+		PeakLiveBytes: x.PeakLiveBytes, PeakReservedBytes: r.reserved,
+		LeftAllocations: x.LeftAllocations, LeftBytes: x.LeftBytes, UnmatchedFrees: x.UnmatchedFrees,
+	}
+	for _, y := range r.results {
+		j.WallNs = append(j.WallNs, y.Wall.Nanoseconds())
+	}
+	if r.reserved > 0 {
+		j.ReservedOverLive = float64(r.reserved) / float64(max(x.PeakLiveBytes, 1))
+	}
+	if r.floor != nil {
+		j.PageFloorBytes, j.PageBytes = r.floorBytes(), r.floor.page
+	}
+	if st := r.pool; st != nil {
+		j.PoolAtEnd = &poolJSON{st.PoolSize, st.PeakPoolSize, st.MaximumPoolSize, st.FreeBytes, st.FreeBlocks,
+			st.LargestFreeBlock, st.UpstreamBlocks, st.Streams, st.Holes, st.HoleBytes}
+	}
+	return j
+}
+
+func writeJSON(w io.Writer, v any) error {
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", " ")
+	return enc.Encode(v)
+}
+
+// report writes the text report of a run on one resource.
+func (r *replayRun) report(w io.Writer, path string) {
+	x := r.results[0]
+	median := r.median()
 	fmt.Fprintf(w, "trace            %s\n", path)
-	threads := "threads"
-	if r.Threads == 1 {
-		threads = "thread"
-	}
-	fmt.Fprintf(w, "events           %d (allocations %d, frees %d, logged failures %d; %d %s)\n", r.Events, r.Allocations, r.Frees, r.LoggedFailures, r.Threads, threads)
-	fmt.Fprintf(w, "failures         %d\n", failures)
-	if len(results) > 1 {
-		fmt.Fprintf(w, "passes           %d, wall times", len(results))
-		for _, x := range results {
-			fmt.Fprintf(w, " %s", x.Wall.Round(time.Microsecond))
+	fmt.Fprintf(w, "events           %s\n", eventCounts(x))
+	fmt.Fprintf(w, "failures         %d\n", r.failures)
+	if len(r.results) > 1 {
+		fmt.Fprintf(w, "passes           %d, wall times", len(r.results))
+		for _, y := range r.results {
+			fmt.Fprintf(w, " %s", y.Wall.Round(time.Microsecond))
 		}
 		fmt.Fprintln(w)
 	}
 	label := "wall time       "
-	if len(results) > 1 {
+	if len(r.results) > 1 {
 		label = "median wall time"
 	}
-	fmt.Fprintf(w, "%s %s (%.0f ns/event)\n", label, median.Round(time.Microsecond), float64(median.Nanoseconds())/float64(max(r.Events, 1)))
-	fmt.Fprintf(w, "peak live        %d bytes (%s)\n", r.PeakLiveBytes, rmm.FormatBytes(r.PeakLiveBytes))
-	if failures > 0 {
-		fmt.Fprintf(w, "                 (the trace's peak: %d allocations failed, so less was live in the replay and the ratio below understates)\n", failures)
+	fmt.Fprintf(w, "%s %s (%.0f ns/event)\n", label, median.Round(time.Microsecond), float64(median.Nanoseconds())/float64(max(x.Events, 1)))
+	fmt.Fprintf(w, "peak live        %d bytes (%s)\n", x.PeakLiveBytes, rmm.FormatBytes(x.PeakLiveBytes))
+	if r.failures > 0 {
+		fmt.Fprintf(w, "                 (the trace's peak: %d allocations failed, so less was live in the replay and the ratio below understates)\n", r.failures)
 	}
-	if reserved > 0 {
-		fmt.Fprintf(w, "peak upstream    %d bytes (%s), %.3f x peak live\n", reserved, rmm.FormatBytes(reserved), float64(reserved)/float64(max(r.PeakLiveBytes, 1)))
+	if r.reserved > 0 {
+		fmt.Fprintf(w, "peak upstream    %d bytes (%s), %.3f x peak live\n", r.reserved, rmm.FormatBytes(r.reserved), float64(r.reserved)/float64(max(x.PeakLiveBytes, 1)))
 	}
-	if pages != nil {
-		f := int64(pages.peak) * int64(pages.page)
-		fmt.Fprintf(w, "page floor       %d bytes (%s), %.3f x peak live: the most %s pages holding live bytes at once\n", f, rmm.FormatBytes(f), float64(f)/float64(max(r.PeakLiveBytes, 1)), humanize.IBytes(uint64(pages.page)))
+	if r.floor != nil {
+		f := r.floorBytes()
+		fmt.Fprintf(w, "page floor       %d bytes (%s), %.3f x peak live: the most %s pages holding live bytes at once\n", f, rmm.FormatBytes(f), float64(f)/float64(max(x.PeakLiveBytes, 1)), humanize.IBytes(uint64(r.floor.page)))
 	}
-	if p, ok := mr.(*rmm.PoolMemoryResource); ok {
-		st := p.Stats()
+	if st := r.pool; st != nil {
 		fmt.Fprintf(w, "pool at end      size %d bytes in %d upstream blocks, %d free blocks, largest %d bytes\n", st.PoolSize, st.UpstreamBlocks, st.FreeBlocks, st.LargestFreeBlock)
 	}
-	fmt.Fprintf(w, "left allocated   %d allocations, %d bytes (freed after the replay)\n", r.LeftAllocations, r.LeftBytes)
-	if r.UnmatchedFrees > 0 {
-		fmt.Fprintf(w, "unmatched frees  %d (skipped)\n", r.UnmatchedFrees)
+	fmt.Fprintf(w, "left allocated   %d allocations, %d bytes (freed after the replay)\n", x.LeftAllocations, x.LeftBytes)
+	if x.UnmatchedFrees > 0 {
+		fmt.Fprintf(w, "unmatched frees  %d (skipped)\n", x.UnmatchedFrees)
 	}
-	return failErr()
 }
 
-// replayJSON is what -json writes: one object per run. Bytes are bytes, times nanoseconds;
-// PeakReservedBytes is the most the resource took from its upstream (0 when unknown), and
-// PoolAtEnd a pool's Stats after the last pass.
+// eventCounts describes the trace's events as a replay counted them.
+func eventCounts(x rmm.ReplayResult) string {
+	threads := "threads"
+	if x.Threads == 1 {
+		threads = "thread"
+	}
+	return fmt.Sprintf("%d (allocations %d, frees %d, logged failures %d; %d %s)", x.Events, x.Allocations, x.Frees, x.LoggedFailures, x.Threads, threads)
+}
+
+// writeTable writes the report of a run on several resources: what they share (the trace's
+// figures), then a row per resource.
+func writeTable(w io.Writer, path string, runs []*replayRun) {
+	x := runs[0].results[0]
+	fmt.Fprintf(w, "trace            %s\n", path)
+	fmt.Fprintf(w, "events           %s\n", eventCounts(x))
+	fmt.Fprintf(w, "passes           %d on each resource\n", len(runs[0].results))
+	fmt.Fprintf(w, "peak live        %d bytes (%s)\n", x.PeakLiveBytes, rmm.FormatBytes(x.PeakLiveBytes))
+	fmt.Fprintf(w, "left allocated   %d allocations, %d bytes (freed after each replay)\n", x.LeftAllocations, x.LeftBytes)
+	if x.UnmatchedFrees > 0 {
+		fmt.Fprintf(w, "unmatched frees  %d (skipped)\n", x.UnmatchedFrees)
+	}
+	fmt.Fprintln(w)
+	floor := runs[0].floor != nil
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	wall := "wall time"
+	if len(runs[0].results) > 1 {
+		wall = "median wall time"
+	}
+	fmt.Fprintf(tw, "resource\tfailures\t%s\tns/event\tpeak live\tpeak reserved\treserved/live", wall)
+	if floor {
+		fmt.Fprintf(tw, "\tpage floor\tfloor/live")
+	}
+	fmt.Fprintln(tw)
+	ratio := func(v int64) string {
+		if v <= 0 {
+			return "-"
+		}
+		return fmt.Sprintf("%.3f", float64(v)/float64(max(x.PeakLiveBytes, 1)))
+	}
+	size := func(v int64) string {
+		if v <= 0 {
+			return "-"
+		}
+		return shortBytes(v)
+	}
+	for _, r := range runs {
+		m := r.median()
+		fmt.Fprintf(tw, "%s\t%d\t%s\t%.0f\t%s\t%s\t%s", r.name, r.failures, m.Round(time.Microsecond),
+			float64(m.Nanoseconds())/float64(max(x.Events, 1)), shortBytes(r.results[0].PeakLiveBytes), size(r.reserved), ratio(r.reserved))
+		if floor {
+			fmt.Fprintf(tw, "\t%s\t%s", size(r.floorBytes()), ratio(r.floorBytes()))
+		}
+		fmt.Fprintln(tw)
+	}
+	tw.Flush()
+	for _, r := range runs {
+		if r.failures > 0 {
+			fmt.Fprintf(w, "%s: %d allocations failed, so less was live in its replay and its reserved/live understates\n", r.name, r.failures)
+		}
+	}
+}
+
+// binaryBytes writes a byte count in the largest binary unit it reaches, with as many decimals as
+// it needs: "0", "768 MiB", "1.25 GiB". Tick values (multiples of a power of two) need two at most.
+func binaryBytes(v float64) string {
+	if v == 0 {
+		return "0"
+	}
+	units := []string{"B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"}
+	u := 0
+	for u < len(units)-1 && math.Abs(v) >= 1024 {
+		v /= 1024
+		u++
+	}
+	return strconv.FormatFloat(v, 'f', -1, 64) + " " + units[u]
+}
+
+// shortBytes writes a byte count in binary units to about four significant digits: "589.5 MiB".
+func shortBytes(v int64) string {
+	s := binaryBytes(float64(v))
+	num, unit, _ := strings.Cut(s, " ")
+	f, _ := strconv.ParseFloat(num, 64)
+	switch {
+	case f >= 100:
+		num = strconv.FormatFloat(f, 'f', 1, 64)
+	case f >= 10:
+		num = strconv.FormatFloat(f, 'f', 2, 64)
+	default:
+		num = strconv.FormatFloat(f, 'f', 3, 64)
+	}
+	if unit == "B" || unit == "" {
+		return s
+	}
+	return num + " " + unit
+}
+
+// replayJSON is what -json writes for each resource: one object, or a list of them in the order
+// of -mr when it names several. Name is the resource as -mr names it, Resource what it is in
+// words. Bytes are bytes, times nanoseconds; PeakReservedBytes is the most the resource took from
+// its upstream (0 when unknown), and PoolAtEnd a pool's Stats after the last pass.
 type replayJSON struct {
+	Name              string    `json:"name"`
 	Resource          string    `json:"resource"`
 	Trace             string    `json:"trace"`
 	Events            int       `json:"events"`
@@ -441,10 +563,10 @@ type replayJSON struct {
 // progressMu guards what the progress line reads of the replay loop.
 var progressMu sync.Mutex
 
-// startProgress shows, on stderr when it is a terminal, a line with the passes done and the time
-// spent, from a second after the start and every second after; the returned func erases it.
+// startProgress shows, on stderr when it is a terminal, a line with the label (the resource, when
+// there are several), the passes done and the time spent, from a second after the start and every second after; the returned func erases it.
 // Elsewhere (a file, a pipe, a test's buffer) it writes nothing.
-func startProgress(stderr io.Writer, passes int, done func() int) (stop func()) {
+func startProgress(stderr io.Writer, label string, passes int, done func() int) (stop func()) {
 	f, ok := stderr.(*os.File)
 	if !ok || !term.IsTerminal(int(f.Fd())) {
 		return func() {}
@@ -467,7 +589,7 @@ func startProgress(stderr io.Writer, passes int, done func() int) (stop func()) 
 				progressMu.Lock()
 				n := done()
 				progressMu.Unlock()
-				fmt.Fprintf(f, "\rrmm-replay: pass %d of %d, %s", min(n+1, passes), passes, time.Since(start).Round(time.Second))
+				fmt.Fprintf(f, "\rrmm-replay: %spass %d of %d, %s", label, min(n+1, passes), passes, time.Since(start).Round(time.Second))
 				shown = true
 			}
 		}

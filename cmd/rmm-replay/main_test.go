@@ -4,6 +4,8 @@ import (
 	"bytes"
 	"encoding/json"
 	"flag"
+	"fmt"
+	"os"
 	"path/filepath"
 	"regexp"
 	"strconv"
@@ -84,19 +86,35 @@ func TestReplayFlagErrors(t *testing.T) {
 		{nil, "need exactly one trace file"},
 		{[]string{"-mr", "bogus", cupy}, `-mr "bogus"`},
 		{[]string{"-simulate", "lots", cupy}, `not a size: "lots"`},
-		{[]string{"-simulate", "1GiB", "-mr", "cuda", cupy}, "-simulate works with -mr pool only"},
+		{[]string{"-simulate", "1GiB", "-mr", "cuda", cupy}, "-simulate works with the pools only"},
 		{[]string{"-simulate", "0", cupy}, "-simulate 0: the simulated memory needs a positive size"},
 		{[]string{"-passes", "0", cupy}, "-passes 0"},
 		{[]string{"-initial", "100", cupy}, "not a multiple of 256"},
 		{[]string{"no-such-file.csv"}, "no-such-file.csv"},
 		{[]string{"-device", "7", cupy}, "-device 7"},
-		{[]string{"-mr", "system", "-maximum", "1GiB", cupy}, "-maximum works with -mr pool only"},
-		{[]string{"-mr", "system", "-initial", "1GiB", cupy}, "-initial works with -mr pool or async only"},
+		{[]string{"-mr", "system", "-maximum", "1GiB", cupy}, "-maximum works with the pools only"},
+		{[]string{"-mr", "system", "-initial", "1GiB", cupy}, "-initial works with the pools or async only"},
+		{[]string{"-mr", "nosuch", cupy}, `-mr "nosuch": want pool, plain, expandable, cuda, async, managed or system`},
+		{[]string{"-mr", "plain,nosuch", cupy}, `-mr "nosuch"`},
+		{[]string{"-mr", "plain,", cupy}, `-mr "plain,": an empty name in the list`},
+		{[]string{"-mr", "plain,plain", cupy}, "-mr plain,plain: plain is named twice"},
+		{[]string{"-mr", "pool,expandable", cupy}, "-mr pool,expandable: pool and expandable are the same resource here"},
+		{[]string{"-mr", "expandable,pool", "-expandable", cupy}, "expandable and pool are the same resource here"},
+		{[]string{"-mr", "pool,plain", "-expandable=false", cupy}, "pool and plain are the same resource here"},
+		{[]string{"-mr", "plain,expandable", "-expandable", cupy}, "-expandable works with -mr pool only (got -mr plain,expandable)"},
+		{[]string{"-mr", "plain,system", "-simulate", "1GiB", cupy}, "-simulate works with the pools only: -mr pool, plain or expandable (got -mr system)"},
+		{[]string{"-mr", "plain,async", "-maximum", "1GiB", cupy}, "-maximum works with the pools only: -mr pool, plain or expandable (got -mr async)"},
 	} {
 		var out, errOut bytes.Buffer
 		err := run(tc.args, &out, &errOut)
 		require.Error(t, err, "%v", tc.args)
 		require.Contains(t, err.Error()+errOut.String(), tc.want, "%v", tc.args)
+		want := 2 // a bad command line
+		if tc.want == "no-such-file.csv" || tc.want == "not a multiple of 256" {
+			want = 1 // the trace or the resource says no
+		}
+		require.Equal(t, want, exitStatus(err), "%v: %v", tc.args, err)
+		require.Empty(t, out.String(), "%v: nothing replayed", tc.args)
 	}
 }
 
@@ -211,6 +229,7 @@ func TestReplayJSON(t *testing.T) {
 	require.Equal(t, 2, j.Passes)
 	require.Len(t, j.WallNs, 2)
 	require.Zero(t, j.Failures)
+	require.Equal(t, "pool", j.Name)
 	require.Equal(t, int64(618135910), j.PeakLiveBytes)
 	require.Equal(t, int64(771751936), j.PeakReservedBytes)
 	require.InDelta(t, 1.249, j.ReservedOverLive, 0.0005)
@@ -228,11 +247,164 @@ func TestReplayJSON(t *testing.T) {
 // The progress line is for terminals only: a buffer (or a file, or a pipe) gets none.
 func TestReplayNoProgressOffTerminal(t *testing.T) {
 	var out, errOut bytes.Buffer
-	stop := startProgress(&errOut, 3, func() int { return 1 })
+	stop := startProgress(&errOut, "", 3, func() int { return 1 })
 	time.Sleep(1100 * time.Millisecond)
 	stop()
 	stop() // twice is harmless
 	require.Empty(t, errOut.String())
 	require.NoError(t, run([]string{"-simulate", "16GiB", cupy}, &out, &errOut))
 	require.NotContains(t, errOut.String(), "pass 1 of")
+}
+
+// Several resources in one run: a row each in one table, a resource line each before it, and one
+// JSON list; the trace's figures are the same in every row.
+func TestReplaySeveralResources(t *testing.T) {
+	var out, errOut bytes.Buffer
+	require.NoError(t, run([]string{"-simulate", "16GiB", "-mr", "plain,expandable", "-floor", "2MiB", cupy}, &out, &errOut), errOut.String())
+	s := out.String()
+	lines := strings.Split(s, "\n")
+	require.Equal(t, "rmm-replay: plain       PoolMemoryResource over SimulatedMemoryResource (17179869184 bytes, address-only)", lines[0])
+	require.Equal(t, "rmm-replay: expandable  expandable PoolMemoryResource over SimulatedMemoryResource (17179869184 bytes, address-only)", lines[1])
+	require.Contains(t, s, "events           110156 (allocations 55078, frees 55078, logged failures 0; 2 threads)\n")
+	require.Contains(t, s, "passes           1 on each resource\n")
+	require.Contains(t, s, "peak live        618135910 bytes")
+	require.Contains(t, s, "\nresource    failures  wall time  ns/event  peak live  peak reserved  reserved/live  page floor  floor/live\n")
+	rows := map[string][]string{}
+	for _, l := range lines {
+		if f := strings.Fields(l); len(f) == 12 && (f[0] == "plain" || f[0] == "expandable") {
+			rows[f[0]] = f
+		}
+	}
+	require.Len(t, rows, 2, s)
+	// name, failures, wall, ns/event, peak live (number and unit), reserved (number and unit),
+	// ratio, page floor (number and unit), ratio: Fields splits "589.5 MiB" in two.
+	require.Equal(t, []string{"plain", "0"}, rows["plain"][:2])
+	require.Equal(t, []string{"589.5", "MiB", "1.471", "GiB", "2.555"}, rows["plain"][4:9])
+	require.Equal(t, []string{"expandable", "0"}, rows["expandable"][:2])
+	require.Equal(t, []string{"589.5", "MiB", "736.0", "MiB", "1.249"}, rows["expandable"][4:9])
+	for _, r := range rows {
+		ratio, err := strconv.ParseFloat(r[11], 64)
+		require.NoError(t, err)
+		require.GreaterOrEqual(t, ratio, 1.0, "the page floor holds at least the live bytes")
+		require.Equal(t, "MiB", r[10])
+	}
+
+	out.Reset()
+	require.NoError(t, run([]string{"-json", "-simulate", "16GiB", "-mr", "plain,expandable", "-passes", "2", cupy}, &out, &errOut), errOut.String())
+	var list []replayJSON
+	require.NoError(t, json.Unmarshal(out.Bytes(), &list), out.String())
+	require.Len(t, list, 2)
+	require.Equal(t, "plain", list[0].Name)
+	require.Equal(t, "PoolMemoryResource over SimulatedMemoryResource (17179869184 bytes, address-only)", list[0].Resource)
+	require.Equal(t, "expandable", list[1].Name)
+	for _, j := range list {
+		require.Equal(t, 110156, j.Events, j.Name)
+		require.Equal(t, 55078, j.Allocations, j.Name)
+		require.Equal(t, 2, j.Passes, j.Name)
+		require.Len(t, j.WallNs, 2, j.Name)
+		require.Zero(t, j.Failures, j.Name)
+		require.Equal(t, int64(618135910), j.PeakLiveBytes, j.Name)
+		require.NotNil(t, j.PoolAtEnd, j.Name)
+	}
+	require.Equal(t, list[0].PeakLiveBytes, list[1].PeakLiveBytes)
+	require.Equal(t, int64(1579564032), list[0].PeakReservedBytes, "librmm's pool")
+	require.Equal(t, int64(771751936), list[1].PeakReservedBytes, "the expandable pool")
+
+	// Over host memory, with the resource that counts what it hands out.
+	out.Reset()
+	require.NoError(t, run([]string{"-json", "-mr", "system,pool", cupy}, &out, &errOut), errOut.String())
+	require.NoError(t, json.Unmarshal(out.Bytes(), &list), out.String())
+	require.Equal(t, []string{"system", "pool"}, []string{list[0].Name, list[1].Name})
+	require.Equal(t, list[0].PeakLiveBytes, list[0].PeakReservedBytes, "system holds what is live")
+	require.Equal(t, list[0].PeakLiveBytes, list[1].PeakLiveBytes)
+}
+
+// Failures on any of the resources end the run with errFailures (exit status 3) after the report,
+// naming the resources they came from, unless -allow-failures.
+func TestReplaySeveralCapped(t *testing.T) {
+	var out, errOut bytes.Buffer
+	err := run([]string{"-json", "-simulate", "256MiB", "-mr", "plain,expandable", cupy}, &out, &errOut)
+	require.ErrorIs(t, err, errFailures)
+	require.Equal(t, 3, exitStatus(err))
+	var list []replayJSON
+	require.NoError(t, json.Unmarshal(out.Bytes(), &list), out.String())
+	require.Len(t, list, 2)
+	require.Positive(t, list[0].Failures)
+	require.Positive(t, list[1].Failures)
+	require.Contains(t, err.Error(), fmt.Sprintf("%d allocations failed in 1 passes (%d on plain, %d on expandable)", list[0].Failures+list[1].Failures, list[0].Failures, list[1].Failures))
+
+	out.Reset()
+	err = run([]string{"-simulate", "256MiB", "-mr", "plain,expandable", "-allow-failures", cupy}, &out, &errOut)
+	require.NoError(t, err)
+	require.Equal(t, 0, exitStatus(err))
+	require.Contains(t, out.String(), fmt.Sprintf("plain: %d allocations failed", list[0].Failures))
+}
+
+// Without a GPU, a resource that needs one fails the run before anything is replayed, naming it;
+// the others run on host memory.
+func TestReplayNeedsGPU(t *testing.T) {
+	if rmm.CUDAAvailable() == nil {
+		t.Skip("a CUDA device is here")
+	}
+	for _, name := range []string{"cuda", "async", "managed"} {
+		var out, errOut bytes.Buffer
+		err := run([]string{"-mr", "pool," + name, cupy}, &out, &errOut)
+		require.Error(t, err)
+		require.Equal(t, 1, exitStatus(err))
+		require.Regexp(t, `^-mr `+name+`: \w+MemoryResource needs a CUDA device, and there is none \(.+\); pool, plain, expandable and system run on host memory$`, err.Error())
+		require.Empty(t, out.String(), "nothing replayed")
+	}
+}
+
+// Errors name the trace once and no type of this command's.
+func TestReplayErrorsNameTraceOnce(t *testing.T) {
+	dir := t.TempDir()
+	raw, err := os.ReadFile(cupy)
+	require.NoError(t, err)
+	write := func(name string, data []byte) string {
+		p := filepath.Join(dir, name)
+		require.NoError(t, os.WriteFile(p, data, 0o644))
+		return p
+	}
+	for _, tc := range []struct {
+		path, want string
+	}{
+		{filepath.Join(dir, "missing.csv.gz"), "no such file or directory"},
+		{write("cut.csv.gz", raw[:len(raw)/2]), "unexpected EOF (the file is cut short)"},
+		{write("corrupt.csv.gz", append([]byte{0x1f, 0x8b}, bytes.Repeat([]byte("garbage"), 20)...)), "gzip"},
+		{write("notgzip.csv.gz", []byte("hello\n")), "header has no Thread column"},
+		{write("badline.csv", []byte(rmm.LogHeader+"\n0,00:00:00.000000,allocate,0x100,-5,0\n")), ":2: column Size: negative size -5"},
+	} {
+		var out, errOut bytes.Buffer
+		err := run([]string{"-simulate", "16GiB", tc.path}, &out, &errOut)
+		require.Error(t, err, tc.path)
+		require.Equal(t, 1, exitStatus(err), tc.path)
+		msg := err.Error()
+		require.Contains(t, msg, tc.want)
+		require.Equal(t, 1, strings.Count(msg, tc.path), "%s: %s", tc.path, msg)
+		for _, internal := range []string{"peakResource", "floorResource", "target", "main.", "*rmm.", "%!"} {
+			require.NotContains(t, msg, internal, msg)
+		}
+		require.Empty(t, out.String(), "nothing replayed")
+	}
+	for _, args := range [][]string{{"-mr", "nosuch", cupy}, {"-mr", "pool,expandable", cupy}} {
+		var out, errOut bytes.Buffer
+		err := run(args, &out, &errOut)
+		require.ErrorIs(t, err, errUsage)
+		for _, internal := range []string{"peakResource", "main.", "*rmm.", "%!"} {
+			require.NotContains(t, err.Error(), internal)
+		}
+		require.True(t, strings.HasPrefix(err.Error(), "usage: -"), err.Error())
+	}
+}
+
+func TestShortBytes(t *testing.T) {
+	require.Equal(t, "589.5 MiB", shortBytes(618135910))
+	require.Equal(t, "1.471 GiB", shortBytes(1579564032))
+	require.Equal(t, "736.0 MiB", shortBytes(771751936))
+	require.Equal(t, "12.00 KiB", shortBytes(12*1024))
+	require.Equal(t, "100 B", shortBytes(100))
+	require.Equal(t, "0", shortBytes(0))
+	require.Equal(t, "1.25 GiB", binaryBytes(1.25*(1<<30)))
+	require.Equal(t, "3 MiB", binaryBytes(3<<20))
 }

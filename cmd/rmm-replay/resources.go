@@ -1,0 +1,240 @@
+package main
+
+import (
+	"errors"
+	"fmt"
+	"strings"
+	"sync/atomic"
+
+	"github.com/gormm/rmm"
+)
+
+// The names -mr takes. pool is the pool that -expandable picks (the expandable one unless
+// -expandable=false, or librmm's where the GPU lacks virtual memory management); plain and
+// expandable name one of the two whatever -expandable says, to compare them in one run.
+const (
+	mrPool       = "pool"
+	mrPlain      = "plain"
+	mrExpandable = "expandable"
+	mrCuda       = "cuda"
+	mrAsync      = "async"
+	mrManaged    = "managed"
+	mrSystem     = "system"
+)
+
+var mrNames = []string{mrPool, mrPlain, mrExpandable, mrCuda, mrAsync, mrManaged, mrSystem}
+
+// isPool reports whether name is one of the pools (the resources -maximum and -simulate apply to).
+func isPool(name string) bool { return name == mrPool || name == mrPlain || name == mrExpandable }
+
+// needsGPU gives, for a resource that only exists on a CUDA device, the type it is built from;
+// "" for the others (the pools and system run on host memory where there is no device).
+func needsGPU(name string) string {
+	switch name {
+	case mrCuda:
+		return "CudaMemoryResource"
+	case mrAsync:
+		return "CudaAsyncMemoryResource"
+	case mrManaged:
+		return "ManagedMemoryResource"
+	}
+	return ""
+}
+
+// parseMRList splits -mr's comma-separated list and checks the names: known, none twice, and no
+// two that name the same resource (pool is expandable or plain, as -expandable says).
+func parseMRList(list string, expandable bool) ([]string, error) {
+	var names []string
+	seen := map[string]string{} // resource -> the name that gave it
+	for _, n := range strings.Split(list, ",") {
+		n = strings.TrimSpace(n)
+		if n == "" {
+			return nil, fmt.Errorf("-mr %q: an empty name in the list (want names separated by commas, e.g. plain,expandable)", list)
+		}
+		known := false
+		for _, k := range mrNames {
+			known = known || n == k
+		}
+		if !known {
+			return nil, fmt.Errorf("-mr %q: want pool, plain, expandable, cuda, async, managed or system (or several, separated by commas)", n)
+		}
+		same := n
+		if n == mrPool {
+			same = mrPlain
+			if expandable {
+				same = mrExpandable
+			}
+		}
+		switch prev, dup := seen[same]; {
+		case dup && prev == n:
+			return nil, fmt.Errorf("-mr %s: %s is named twice", list, n)
+		case dup:
+			return nil, fmt.Errorf("-mr %s: %s and %s are the same resource here (pool is the pool -expandable picks, default expandable); name librmm's pool plain", list, prev, n)
+		}
+		seen[same] = n
+		names = append(names, n)
+	}
+	return names, nil
+}
+
+// setup is what every resource of the run is built from.
+type setup struct {
+	dev        rmm.Device
+	cudaErr    error  // why there is no CUDA device, or nil
+	where      string // the device, or "no CUDA device: why"
+	initial    sizeFlag
+	maximum    sizeFlag
+	simulate   sizeFlag
+	expandable bool // what pool means: -expandable
+	expSet     bool // -expandable was given
+}
+
+// target is one resource of the run, built fresh for its turn.
+type target struct {
+	name     string // as given to -mr
+	desc     string // what it is, in words
+	mr       rmm.MemoryResource
+	close    func() error                 // nil when there is nothing to close
+	pool     *rmm.PoolMemoryResource      // the pools
+	upstream *peakResource                // cuda, managed and system: counts what they hand out
+	async    *rmm.CudaAsyncMemoryResource // async
+}
+
+// reservedPeak returns the most bytes the resource has held (0 when unknown).
+func (t *target) reservedPeak() int64 {
+	switch {
+	case t.pool != nil:
+		return int64(t.pool.Stats().PeakPoolSize)
+	case t.upstream != nil:
+		return t.upstream.peak.Load()
+	case t.async != nil:
+		if v, err := t.async.ReservedBytesHigh(); err == nil {
+			return int64(v)
+		}
+	}
+	return 0
+}
+
+// unavailable returns why the resource name stands for cannot be made here (it needs a GPU,
+// and there is none), or nil.
+func (s *setup) unavailable(name string) error {
+	if typ := needsGPU(name); typ != "" && s.cudaErr != nil {
+		why := strings.TrimPrefix(s.cudaErr.Error(), rmm.ErrNoDevice.Error()+": ")
+		return fmt.Errorf("-mr %s: %s needs a CUDA device, and there is none (%s); pool, plain, expandable and system run on host memory", name, typ, why)
+	}
+	return nil
+}
+
+// build makes the resource name stands for. Its errors name it.
+func (s *setup) build(name string) (*target, error) {
+	if err := s.unavailable(name); err != nil {
+		return nil, err
+	}
+	t := &target{name: name}
+	var err error
+	switch name {
+	case mrPool, mrPlain, mrExpandable:
+		err = s.buildPool(t)
+	case mrCuda:
+		var c *rmm.CudaMemoryResource
+		if c, err = rmm.NewCudaMemoryResource(s.dev); err == nil {
+			t.upstream = &peakResource{MemoryResource: c}
+			t.mr, t.desc = t.upstream, "CudaMemoryResource on "+s.where
+		}
+	case mrManaged:
+		var m *rmm.ManagedMemoryResource
+		if m, err = rmm.NewManagedMemoryResource(s.dev); err == nil {
+			t.upstream = &peakResource{MemoryResource: m}
+			t.mr, t.desc = t.upstream, "ManagedMemoryResource on "+s.where
+		}
+	case mrAsync:
+		var a *rmm.CudaAsyncMemoryResource
+		if a, err = rmm.NewCudaAsyncMemoryResource(s.dev, &rmm.CudaAsyncOptions{InitialPoolSize: s.initial.n, ReleaseThreshold: -1}); err == nil {
+			t.async, t.mr, t.close = a, a, a.Close
+			t.desc = "CudaAsyncMemoryResource on " + s.where
+		}
+	case mrSystem:
+		t.upstream = &peakResource{MemoryResource: rmm.NewSystemMemoryResource()}
+		t.mr, t.desc = t.upstream, "SystemMemoryResource (host memory)"
+	default:
+		err = fmt.Errorf("unknown resource") // parseMRList let it through: a bug
+	}
+	if err != nil {
+		return nil, fmt.Errorf("-mr %s: %w", name, err)
+	}
+	return t, nil
+}
+
+// buildPool makes a pool over the GPU, host memory where there is no GPU, or simulated memory
+// (-simulate): expandable or plain as the name (or, for pool, -expandable) says.
+func (s *setup) buildPool(t *target) error {
+	var up rmm.MemoryResource
+	var over string
+	switch {
+	case s.simulate.set:
+		sim, err := rmm.NewSimulatedMemoryResource(s.simulate.n)
+		if err != nil {
+			return err
+		}
+		up, over = sim, fmt.Sprintf("SimulatedMemoryResource (%d bytes, address-only)", s.simulate.n)
+	case s.cudaErr == nil:
+		cuda, err := rmm.NewCudaMemoryResource(s.dev)
+		if err != nil {
+			return err
+		}
+		up, over = cuda, "CudaMemoryResource on "+s.where
+	default:
+		up, over = rmm.NewSystemMemoryResource(), "SystemMemoryResource (host memory; "+s.where+")"
+	}
+	expandable := t.name == mrExpandable || t.name == mrPool && s.expandable
+	opts := &rmm.PoolOptions{InitialPoolSize: s.initial.n, MaximumPoolSize: s.maximum.n, Expandable: expandable}
+	// An expandable pool maps its own memory: its peak size is what it reserved. A plain pool's
+	// peak size (Stats) is the most it took from the upstream: no counting wrapper, whose type
+	// name would show in the pool's errors.
+	pool, err := rmm.NewPoolMemoryResource(up, opts)
+	if expandable && err != nil && t.name == mrPool && !s.expSet && errors.Is(err, rmm.ErrNotSupported) {
+		// The default, on a GPU without virtual memory management: librmm's pool.
+		expandable, opts.Expandable = false, false
+		pool, err = rmm.NewPoolMemoryResource(up, opts)
+	}
+	if err != nil {
+		return err
+	}
+	t.desc = "PoolMemoryResource over " + over
+	if expandable {
+		t.desc = "expandable " + t.desc
+	}
+	t.pool, t.mr, t.close = pool, pool, pool.Close
+	return nil
+}
+
+// peakResource counts the bytes that pass through it to its upstream, current and peak.
+type peakResource struct {
+	rmm.MemoryResource
+	cur, peak atomic.Int64
+}
+
+func (r *peakResource) Allocate(n int, s rmm.StreamView) (rmm.DevicePtr, error) {
+	p, err := r.MemoryResource.Allocate(n, s)
+	if err == nil {
+		c := r.cur.Add(int64(n))
+		for {
+			pk := r.peak.Load()
+			if c <= pk || r.peak.CompareAndSwap(pk, c) {
+				break
+			}
+		}
+	}
+	return p, err
+}
+
+func (r *peakResource) Deallocate(p rmm.DevicePtr, n int, s rmm.StreamView) error {
+	err := r.MemoryResource.Deallocate(p, n, s)
+	if err == nil && p != 0 {
+		r.cur.Add(-int64(n))
+	}
+	return err
+}
+
+func (r *peakResource) Upstream() rmm.MemoryResource { return r.MemoryResource }
+func (r *peakResource) Access() rmm.Access           { return rmm.AccessOf(r.MemoryResource) }
