@@ -12,7 +12,8 @@
 //
 // -mr takes several resources, separated by commas (-mr plain,expandable,async): each is made
 // fresh and replayed in turn on the same trace, and the report is one table with a row per
-// resource (with -json, a list of objects).
+// resource (with -json, a list of objects). -plot draws the bytes the trace holds live and each
+// resource's reserved bytes along the trace.
 //
 // Flags:
 //
@@ -41,6 +42,12 @@
 //	                  every page on its own would hold at least with the same placement. It
 //	                  counts every page an allocation touches, so it slows the replay (more for
 //	                  smaller pages): time it without
+//	-plot FILE        draw, into FILE.svg or FILE.png, the bytes the trace holds live (a grey
+//	                  area) and each resource's reserved bytes (a line each: a pool's size, what
+//	                  a plain resource handed out, the async pool's reserved memory) after every
+//	                  event, over the trace's time (its event index where the times are not
+//	                  usable), later passes after the first; each line keeps the largest value
+//	                  of each of at most 1200 runs of events. Sampling slows the replay a little
 //	-json             write the result as JSON: one object, or a list for several resources
 //	-allow-failures   exit 0 even when allocations fail that the trace did not log as failures
 //	-v                print every allocation that fails during the replay
@@ -140,6 +147,7 @@ func run(args []string, stdout, stderr io.Writer) error {
 	allowFailures := fs.Bool("allow-failures", false, "exit 0 even when allocations the trace did not log as failures fail in the replay (default: exit 3)")
 	var floor sizeFlag
 	fs.Var(&floor, "floor", "also report the page floor for pages of this size (e.g. 2MiB; at least 4KiB): the most bytes of pages holding part of a live allocation at once, over all passes (slows the replay)")
+	plotPath := fs.String("plot", "", "draw the live bytes and each resource's reserved bytes along the trace into this file (.svg or .png)")
 	fs.Usage = func() {
 		fmt.Fprintln(stderr, "usage: rmm-replay [flags] TRACE.csv[.gz]")
 		fmt.Fprintln(stderr, "Sizes are bytes, or a number and a unit: 1073741824, 4GiB, 512MiB, 1.5GB.")
@@ -184,6 +192,12 @@ func run(args []string, stdout, stderr io.Writer) error {
 	if floor.set && floor.n < minFloorPage {
 		return usagef("-floor %d: the page size must be at least %d bytes (4KiB)", floor.n, minFloorPage)
 	}
+	var format string
+	if *plotPath != "" {
+		if format, err = plotFormat(*plotPath); err != nil {
+			return fmt.Errorf("%w: %w", errUsage, err)
+		}
+	}
 	path := fs.Arg(0)
 	events, err := rmm.ReadLogFile(path)
 	if err != nil {
@@ -212,6 +226,20 @@ func run(args []string, stdout, stderr io.Writer) error {
 		}
 	}
 
+	var plotFile *os.File
+	if *plotPath != "" {
+		// Made now, so that a file that cannot be written fails before the replays.
+		if plotFile, err = os.Create(*plotPath); err != nil {
+			return fmt.Errorf("-plot: %w", err)
+		}
+		defer func() {
+			if plotFile != nil { // not written: an error came first
+				plotFile.Close()
+				os.Remove(*plotPath)
+			}
+		}()
+	}
+
 	width := 0
 	for _, n := range names {
 		width = max(width, len(n))
@@ -228,6 +256,10 @@ func run(args []string, stdout, stderr io.Writer) error {
 			fmt.Fprintf(stderr, "line %d: allocate %d bytes: %v\n", e.Line, e.Size, err)
 		}
 	}
+	var live *series // sampled on the first resource: the same on all
+	if plotFile != nil {
+		live = newSeries(len(events)**passes, maxPlotPoints)
+	}
 	var runs []*replayRun
 	for i, n := range names {
 		t, err := s.build(n)
@@ -241,15 +273,37 @@ func run(args []string, stdout, stderr io.Writer) error {
 				fmt.Fprintf(stdout, "rmm-replay: %s\n", t.desc)
 			}
 		}
+		var reserved *series
+		if plotFile != nil {
+			reserved = newSeries(len(events)**passes, maxPlotPoints)
+		}
 		progress := ""
 		if rp.several {
 			progress = fmt.Sprintf("%s (%d of %d), ", n, i+1, len(names))
 		}
-		r, err := rp.replay(t, progress)
+		sampleLive := live
+		if i > 0 {
+			sampleLive = nil
+		}
+		r, err := rp.replay(t, progress, sampleLive, reserved)
 		if err != nil {
 			return fmt.Errorf("-mr %s: replaying %s: %w", n, path, err)
 		}
 		runs = append(runs, r)
+	}
+
+	if plotFile != nil {
+		f := footprintOf(path, s, runs, rp, live)
+		err := f.write(plotFile, format)
+		if cerr := plotFile.Close(); err == nil {
+			err = cerr
+		}
+		if err != nil {
+			os.Remove(*plotPath)
+			plotFile = nil
+			return fmt.Errorf("-plot %s: %w", *plotPath, err)
+		}
+		plotFile = nil
 	}
 
 	failures := 0
@@ -303,22 +357,36 @@ type replayer struct {
 // replayRun is what the passes on one resource gave.
 type replayRun struct {
 	name, desc string
+	legend     string // how a plot's legend names it
 	results    []rmm.ReplayResult
 	failures   int            // over all passes
 	reserved   int64          // the most bytes the resource held (0: unknown)
 	floor      *floorResource // with -floor
 	pool       *rmm.PoolStats // a pool's figures after the last pass
+	series     *series        // reserved bytes along the passes, with -plot
 }
 
-// replay replays the passes on t and closes it.
-func (rp *replayer) replay(t *target, progress string) (*replayRun, error) {
+// replay replays the passes on t and closes it. With -plot it samples the reserved bytes after
+// every event into reserved and, when live is not nil, the live bytes into live.
+func (rp *replayer) replay(t *target, progress string, live, reserved *series) (*replayRun, error) {
 	if t.close != nil {
 		defer t.close()
 	}
-	run := &replayRun{name: t.name, desc: t.desc}
+	run := &replayRun{name: t.name, desc: t.desc, legend: t.legend()}
 	opts := &rmm.ReplayOptions{}
 	if rp.onFailure != nil {
 		opts.OnFailure = func(e rmm.LogEvent, err error) { rp.onFailure(t.name, e, err) }
+	}
+	var pass int
+	if reserved != nil {
+		n := len(rp.events)
+		opts.AfterEvent = func(i int, liveBytes int64) {
+			k := pass*n + i
+			if live != nil {
+				live.add(k, liveBytes)
+			}
+			reserved.add(k, t.reservedNow())
+		}
 	}
 	target := t.mr
 	if rp.floorPage > 0 {
@@ -326,7 +394,7 @@ func (rp *replayer) replay(t *target, progress string) (*replayRun, error) {
 		target = run.floor
 	}
 	stop := startProgress(rp.stderr, progress, rp.passes, func() int { return len(run.results) })
-	for pass := 0; pass < rp.passes; pass++ {
+	for pass = 0; pass < rp.passes; pass++ {
 		r, err := rmm.Replay(rp.events, target, opts)
 		if err != nil {
 			stop()
@@ -342,6 +410,9 @@ func (rp *replayer) replay(t *target, progress string) (*replayRun, error) {
 	if t.pool != nil {
 		st := t.pool.Stats()
 		run.pool = &st
+	}
+	if reserved != nil && run.reserved > 0 {
+		run.series = reserved
 	}
 	return run, nil
 }

@@ -104,6 +104,7 @@ func TestReplayFlagErrors(t *testing.T) {
 		{[]string{"-mr", "plain,expandable", "-expandable", cupy}, "-expandable works with -mr pool only (got -mr plain,expandable)"},
 		{[]string{"-mr", "plain,system", "-simulate", "1GiB", cupy}, "-simulate works with the pools only: -mr pool, plain or expandable (got -mr system)"},
 		{[]string{"-mr", "plain,async", "-maximum", "1GiB", cupy}, "-maximum works with the pools only: -mr pool, plain or expandable (got -mr async)"},
+		{[]string{"-plot", "x.gif", cupy}, "-plot x.gif: want a file name ending in .svg or .png"},
 	} {
 		var out, errOut bytes.Buffer
 		err := run(tc.args, &out, &errOut)
@@ -387,7 +388,7 @@ func TestReplayErrorsNameTraceOnce(t *testing.T) {
 		}
 		require.Empty(t, out.String(), "nothing replayed")
 	}
-	for _, args := range [][]string{{"-mr", "nosuch", cupy}, {"-mr", "pool,expandable", cupy}} {
+	for _, args := range [][]string{{"-mr", "nosuch", cupy}, {"-plot", "x.gif", cupy}, {"-mr", "pool,expandable", cupy}} {
 		var out, errOut bytes.Buffer
 		err := run(args, &out, &errOut)
 		require.ErrorIs(t, err, errUsage)

@@ -100,6 +100,22 @@ type target struct {
 	async    *rmm.CudaAsyncMemoryResource // async
 }
 
+// reservedNow returns the bytes the resource holds now: the pool's size, what the plain resources
+// have handed out, or the async pool's reserved memory (0 when the driver does not say).
+func (t *target) reservedNow() int64 {
+	switch {
+	case t.pool != nil:
+		return int64(t.pool.PoolSize())
+	case t.upstream != nil:
+		return t.upstream.cur.Load()
+	case t.async != nil:
+		if v, err := t.async.ReservedBytes(); err == nil {
+			return int64(v)
+		}
+	}
+	return 0
+}
+
 // reservedPeak returns the most bytes the resource has held (0 when unknown).
 func (t *target) reservedPeak() int64 {
 	switch {
@@ -113,6 +129,31 @@ func (t *target) reservedPeak() int64 {
 		}
 	}
 	return 0
+}
+
+// legend names the resource in a plot's legend: its -mr name, and what it is where the name
+// does not say it.
+func (t *target) legend() string {
+	switch t.name {
+	case mrPool:
+		if t.pool != nil && t.pool.Expandable() {
+			return "pool (expandable)"
+		}
+		return "pool (librmm's)"
+	case mrPlain:
+		return "plain (librmm's pool)"
+	case mrExpandable:
+		return "expandable pool"
+	case mrCuda:
+		return "cuda (cuMemAlloc)"
+	case mrAsync:
+		return "async (cudaMallocAsync)"
+	case mrManaged:
+		return "managed (cuMemAllocManaged)"
+	case mrSystem:
+		return "system (host memory)"
+	}
+	return t.name
 }
 
 // unavailable returns why the resource name stands for cannot be made here (it needs a GPU,
