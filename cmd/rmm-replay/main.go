@@ -198,14 +198,6 @@ func run(args []string, stdout, stderr io.Writer) error {
 			return fmt.Errorf("%w: %w", errUsage, err)
 		}
 	}
-	path := fs.Arg(0)
-	events, err := rmm.ReadLogFile(path)
-	if err != nil {
-		if errors.Is(err, io.ErrUnexpectedEOF) {
-			err = fmt.Errorf("%w (the file is cut short)", err)
-		}
-		return err
-	}
 
 	s := &setup{dev: rmm.Device(*device), cudaErr: rmm.CUDAAvailable(),
 		initial: initial, maximum: maximum, simulate: simulate, expandable: *expandable, expSet: expSet}
@@ -219,11 +211,19 @@ func run(args []string, stdout, stderr io.Writer) error {
 		name, _ := s.dev.Name()
 		s.where = fmt.Sprintf("device %d (%s)", *device, name)
 	}
-	// A resource that cannot be made here fails the run before anything is replayed.
+	// A resource that cannot be made here fails the run before the trace is read.
 	for _, n := range names {
 		if err := s.unavailable(n); err != nil {
 			return err
 		}
+	}
+	path := fs.Arg(0)
+	events, err := rmm.ReadLogFile(path)
+	if err != nil {
+		if errors.Is(err, io.ErrUnexpectedEOF) {
+			err = fmt.Errorf("%w (the file is cut short)", err)
+		}
+		return err
 	}
 
 	var plotFile *os.File

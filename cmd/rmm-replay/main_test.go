@@ -341,15 +341,15 @@ func TestReplaySeveralCapped(t *testing.T) {
 	require.Contains(t, out.String(), fmt.Sprintf("plain: %d allocations failed", list[0].Failures))
 }
 
-// Without a GPU, a resource that needs one fails the run before anything is replayed, naming it;
-// the others run on host memory.
+// Without a GPU, a resource that needs one fails the run before anything is replayed (before the
+// trace is read: here there is none), naming it; the others run on host memory.
 func TestReplayNeedsGPU(t *testing.T) {
 	if rmm.CUDAAvailable() == nil {
 		t.Skip("a CUDA device is here")
 	}
 	for _, name := range []string{"cuda", "async", "managed"} {
 		var out, errOut bytes.Buffer
-		err := run([]string{"-mr", "pool," + name, cupy}, &out, &errOut)
+		err := run([]string{"-mr", "pool," + name, "no-such-trace.csv"}, &out, &errOut)
 		require.Error(t, err)
 		require.Equal(t, 1, exitStatus(err))
 		require.Regexp(t, `^-mr `+name+`: \w+MemoryResource needs a CUDA device, and there is none \(.+\); pool, plain, expandable and system run on host memory$`, err.Error())
