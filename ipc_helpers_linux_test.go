@@ -37,6 +37,10 @@ func TestIPCHelperProcess(t *testing.T) {
 	switch mode {
 	case "transport":
 		ipcChildTransport(t, conn)
+	case "gpu":
+		gpuIPCChild(t, conn)
+	case "gpu-bench":
+		gpuIPCBenchChild(t, conn)
 	default:
 		t.Fatalf("unknown helper mode %q", mode)
 	}
