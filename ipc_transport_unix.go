@@ -83,9 +83,9 @@ func writeMsg(conn *net.UnixConn, b []byte, fds []int) error {
 	return err
 }
 
-// ReceiveIPCHandle reads one handle that SendIPCHandle wrote on the other end of conn, with its
-// file descriptors (owned by the returned handle: Close it after importing). On every error the
-// descriptors received so far are closed. A connection closed before a handle arrives gives an
+// ReceiveIPCHandle reads one handle that SendIPCHandle wrote on the other end of conn (a Unix
+// domain stream socket), with its file descriptors (owned by the returned handle: Close it after
+// importing). On every error the descriptors received so far are closed. A connection closed before a handle arrives gives an
 // error wrapping io.EOF, one closed in the middle io.ErrUnexpectedEOF; bytes that are not a valid
 // handle, descriptors lost in transit (too many for the receive buffer) or a count that differs
 // from the handle's give ErrInvalidIPCHandle. After an error the connection's position in the
