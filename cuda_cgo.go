@@ -114,6 +114,24 @@ static CUresult (*p_cuMemSetAccess)(CUdeviceptr, size_t, const CUmemAccessDesc *
 static CUresult (*p_cuLaunchKernel)(CUfunction, unsigned int, unsigned int, unsigned int,
 	unsigned int, unsigned int, unsigned int, unsigned int, CUstream, void **, void **);
 
+// Interprocess sharing. CUipcMemHandle, CUipcEventHandle and CUmemPoolPtrExportData are all
+// 64 opaque bytes; a CUuuid is 16 bytes.
+typedef struct { unsigned char b[64]; } rmm_opaque64;
+typedef char rmm_check_opaque_size[sizeof(rmm_opaque64) == 64 ? 1 : -1];
+static CUresult (*p_cuDeviceGetUuid)(unsigned char *, CUdevice);
+static CUresult (*p_cuMemGetAddressRange)(CUdeviceptr *, size_t *, CUdeviceptr);
+static CUresult (*p_cuMemPoolExportToShareableHandle)(void *, CUmemoryPool, int, unsigned long long);
+static CUresult (*p_cuMemPoolImportFromShareableHandle)(CUmemoryPool *, void *, int, unsigned long long);
+static CUresult (*p_cuMemPoolExportPointer)(rmm_opaque64 *, CUdeviceptr);
+static CUresult (*p_cuMemPoolImportPointer)(CUdeviceptr *, CUmemoryPool, rmm_opaque64 *);
+static CUresult (*p_cuMemExportToShareableHandle)(void *, CUmemGenericAllocationHandle, int, unsigned long long);
+static CUresult (*p_cuMemImportFromShareableHandle)(CUmemGenericAllocationHandle *, void *, int);
+static CUresult (*p_cuIpcGetMemHandle)(rmm_opaque64 *, CUdeviceptr);
+static CUresult (*p_cuIpcOpenMemHandle)(CUdeviceptr *, rmm_opaque64, unsigned int);
+static CUresult (*p_cuIpcCloseMemHandle)(CUdeviceptr);
+static CUresult (*p_cuIpcGetEventHandle)(rmm_opaque64 *, CUevent);
+static CUresult (*p_cuIpcOpenEventHandle)(CUevent *, rmm_opaque64);
+
 static char rmm_load_err[512];
 
 #define RMM_SYM(var, name, required) do { \
@@ -199,6 +217,22 @@ static const char *rmm_load(void) {
 	RMM_SYM(p_cuMemMap, "cuMemMap", 0);
 	RMM_SYM(p_cuMemUnmap, "cuMemUnmap", 0);
 	RMM_SYM(p_cuMemSetAccess, "cuMemSetAccess", 0);
+	// Optional: interprocess sharing (device UUIDs 9.2/11.4, cuIpc* 4.1 with the v2 open of 11.0,
+	// VMM export 10.2, pool export 11.2).
+	RMM_SYM(p_cuDeviceGetUuid, "cuDeviceGetUuid_v2", 0);
+	if (!p_cuDeviceGetUuid) RMM_SYM(p_cuDeviceGetUuid, "cuDeviceGetUuid", 0);
+	RMM_SYM(p_cuMemGetAddressRange, "cuMemGetAddressRange_v2", 0);
+	RMM_SYM(p_cuMemPoolExportToShareableHandle, "cuMemPoolExportToShareableHandle", 0);
+	RMM_SYM(p_cuMemPoolImportFromShareableHandle, "cuMemPoolImportFromShareableHandle", 0);
+	RMM_SYM(p_cuMemPoolExportPointer, "cuMemPoolExportPointer", 0);
+	RMM_SYM(p_cuMemPoolImportPointer, "cuMemPoolImportPointer", 0);
+	RMM_SYM(p_cuMemExportToShareableHandle, "cuMemExportToShareableHandle", 0);
+	RMM_SYM(p_cuMemImportFromShareableHandle, "cuMemImportFromShareableHandle", 0);
+	RMM_SYM(p_cuIpcGetMemHandle, "cuIpcGetMemHandle", 0);
+	RMM_SYM(p_cuIpcOpenMemHandle, "cuIpcOpenMemHandle_v2", 0);
+	RMM_SYM(p_cuIpcCloseMemHandle, "cuIpcCloseMemHandle", 0);
+	RMM_SYM(p_cuIpcGetEventHandle, "cuIpcGetEventHandle", 0);
+	RMM_SYM(p_cuIpcOpenEventHandle, "cuIpcOpenEventHandle", 0);
 	return NULL;
 }
 
@@ -440,11 +474,13 @@ static CUresult rmm_mem_address_free(uintptr_t ctx, unsigned long long p, size_t
 	CUresult r; if (!p_cuMemAddressFree) return RMM_MISSING;
 	r = use_ctx(ctx); if (r) return r; return p_cuMemAddressFree((CUdeviceptr)p, size);
 }
-static rmm_res64 rmm_mem_create(uintptr_t ctx, size_t size, int ord) {
+// handle_types is the CUmemAllocationHandleType bit set the memory may be exported as (0: none).
+static rmm_res64 rmm_mem_create(uintptr_t ctx, size_t size, int ord, int handle_types) {
 	rmm_res64 o = {RMM_MISSING, 0}; CUmemAllocationProp prop; CUmemGenericAllocationHandle h = 0;
 	if (!p_cuMemCreate) return o;
 	o.r = use_ctx(ctx); if (o.r) return o;
 	rmm_vmm_prop(&prop, ord);
+	prop.requestedHandleTypes = handle_types;
 	o.r = p_cuMemCreate(&h, size, &prop, 0); o.v = h; return o;
 }
 static CUresult rmm_mem_release(uintptr_t ctx, unsigned long long h) {
@@ -465,6 +501,121 @@ static CUresult rmm_mem_set_access(uintptr_t ctx, unsigned long long p, size_t s
 	r = use_ctx(ctx); if (r) return r;
 	d.location.type = 1; d.location.id = ord; d.flags = 3; // CU_MEM_ACCESS_FLAGS_PROT_READWRITE
 	return p_cuMemSetAccess((CUdeviceptr)p, size, &d, 1);
+}
+
+// Interprocess sharing. Each trampoline answers RMM_MISSING when the driver lacks its symbol.
+// POSIX file descriptors (CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR = 1) come out through an int *
+// and go in as the pointer value itself.
+static int rmm_ipc_bound(void) {
+	int b = 0;
+	if (p_cuIpcGetMemHandle && p_cuIpcOpenMemHandle && p_cuIpcCloseMemHandle && p_cuMemGetAddressRange) b |= 1;
+	if (p_cuMemPoolExportToShareableHandle && p_cuMemPoolImportFromShareableHandle && p_cuMemPoolExportPointer &&
+		p_cuMemPoolImportPointer && p_cuMemPoolDestroy) b |= 2;
+	if (p_cuMemExportToShareableHandle && p_cuMemImportFromShareableHandle && rmm_vmm_bound()) b |= 4;
+	if (p_cuIpcGetEventHandle && p_cuIpcOpenEventHandle) b |= 8;
+	if (p_cuDeviceGetUuid) b |= 16;
+	return b;
+}
+static CUresult rmm_device_uuid(int ord, unsigned char *out) {
+	CUdevice d; CUresult r;
+	if (!p_cuDeviceGetUuid) return RMM_MISSING;
+	r = p_cuDeviceGet(&d, ord); if (r) return r;
+	return p_cuDeviceGetUuid(out, d);
+}
+// CU_POINTER_ATTRIBUTE_MEMORY_TYPE (2), DEVICE_ORDINAL (9), IS_LEGACY_CUDA_IPC_CAPABLE (10) and,
+// with with_pool, MEMPOOL_HANDLE (17, CUDA 11.2), in one cuPointerGetAttributes call, which
+// answers success with zeroed values for an address the driver does not know.
+typedef struct { CUresult r; unsigned int memtype; int ordinal; int legacy_ipc; uintptr_t pool; } rmm_ptr_info;
+static rmm_ptr_info rmm_pointer_info(uintptr_t ctx, uintptr_t p, int with_pool) {
+	rmm_ptr_info o; int attrs[4] = {2, 9, 10, 17}; void *data[4];
+	unsigned int memtype = 0, legacy = 0; int ordinal = -2; CUmemoryPool pool = 0;
+	memset(&o, 0, sizeof o);
+	o.r = use_ctx(ctx); if (o.r) return o;
+	data[0] = &memtype; data[1] = &ordinal; data[2] = &legacy; data[3] = &pool;
+	o.r = p_cuPointerGetAttributes(with_pool ? 4 : 3, attrs, data, (CUdeviceptr)p);
+	o.memtype = memtype; o.ordinal = ordinal; o.legacy_ipc = legacy != 0; o.pool = (uintptr_t)pool;
+	return o;
+}
+static rmm_res2 rmm_mem_address_range(uintptr_t ctx, uintptr_t p) {
+	rmm_res2 o = {RMM_MISSING, 0, 0}; CUdeviceptr base = 0; size_t size = 0;
+	if (!p_cuMemGetAddressRange) return o;
+	o.r = use_ctx(ctx); if (o.r) return o;
+	o.r = p_cuMemGetAddressRange(&base, &size, (CUdeviceptr)p); o.a = (size_t)base; o.b = size; return o;
+}
+static rmm_res rmm_mem_pool_export_fd(uintptr_t ctx, uintptr_t pool) {
+	rmm_res o = {RMM_MISSING, 0}; int fd = -1;
+	if (!p_cuMemPoolExportToShareableHandle) return o;
+	o.r = use_ctx(ctx); if (o.r) return o;
+	o.r = p_cuMemPoolExportToShareableHandle(&fd, (CUmemoryPool)pool, 1, 0); o.v = (uintptr_t)(intptr_t)fd; return o;
+}
+static rmm_res rmm_mem_pool_import_fd(uintptr_t ctx, int fd) {
+	rmm_res o = {RMM_MISSING, 0}; CUmemoryPool pool = 0;
+	if (!p_cuMemPoolImportFromShareableHandle) return o;
+	o.r = use_ctx(ctx); if (o.r) return o;
+	o.r = p_cuMemPoolImportFromShareableHandle(&pool, (void *)(uintptr_t)fd, 1, 0); o.v = (uintptr_t)pool; return o;
+}
+static CUresult rmm_mem_pool_export_pointer(uintptr_t ctx, uintptr_t p, unsigned char *out) {
+	rmm_opaque64 d; CUresult r;
+	if (!p_cuMemPoolExportPointer) return RMM_MISSING;
+	r = use_ctx(ctx); if (r) return r;
+	memset(&d, 0, sizeof d);
+	r = p_cuMemPoolExportPointer(&d, (CUdeviceptr)p); if (r) return r;
+	memcpy(out, d.b, sizeof d.b); return 0;
+}
+static rmm_res rmm_mem_pool_import_pointer(uintptr_t ctx, uintptr_t pool, const unsigned char *in) {
+	rmm_res o = {RMM_MISSING, 0}; rmm_opaque64 d; CUdeviceptr p = 0;
+	if (!p_cuMemPoolImportPointer) return o;
+	o.r = use_ctx(ctx); if (o.r) return o;
+	memcpy(d.b, in, sizeof d.b);
+	o.r = p_cuMemPoolImportPointer(&p, (CUmemoryPool)pool, &d); o.v = (uintptr_t)p; return o;
+}
+static rmm_res rmm_mem_export_fd(uintptr_t ctx, unsigned long long h) {
+	rmm_res o = {RMM_MISSING, 0}; int fd = -1;
+	if (!p_cuMemExportToShareableHandle) return o;
+	o.r = use_ctx(ctx); if (o.r) return o;
+	o.r = p_cuMemExportToShareableHandle(&fd, (CUmemGenericAllocationHandle)h, 1, 0); o.v = (uintptr_t)(intptr_t)fd; return o;
+}
+static rmm_res64 rmm_mem_import_fd(uintptr_t ctx, int fd) {
+	rmm_res64 o = {RMM_MISSING, 0}; CUmemGenericAllocationHandle h = 0;
+	if (!p_cuMemImportFromShareableHandle) return o;
+	o.r = use_ctx(ctx); if (o.r) return o;
+	o.r = p_cuMemImportFromShareableHandle(&h, (void *)(uintptr_t)fd, 1); o.v = h; return o;
+}
+static CUresult rmm_ipc_get_mem_handle(uintptr_t ctx, uintptr_t p, unsigned char *out) {
+	rmm_opaque64 d; CUresult r;
+	if (!p_cuIpcGetMemHandle) return RMM_MISSING;
+	r = use_ctx(ctx); if (r) return r;
+	memset(&d, 0, sizeof d);
+	r = p_cuIpcGetMemHandle(&d, (CUdeviceptr)p); if (r) return r;
+	memcpy(out, d.b, sizeof d.b); return 0;
+}
+// CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS (1): the memory may be opened on another device than the
+// one it lives on, peer access being enabled when needed.
+static rmm_res rmm_ipc_open_mem_handle(uintptr_t ctx, const unsigned char *in) {
+	rmm_res o = {RMM_MISSING, 0}; rmm_opaque64 d; CUdeviceptr p = 0;
+	if (!p_cuIpcOpenMemHandle) return o;
+	o.r = use_ctx(ctx); if (o.r) return o;
+	memcpy(d.b, in, sizeof d.b);
+	o.r = p_cuIpcOpenMemHandle(&p, d, 1); o.v = (uintptr_t)p; return o;
+}
+static CUresult rmm_ipc_close_mem_handle(uintptr_t ctx, uintptr_t p) {
+	CUresult r; if (!p_cuIpcCloseMemHandle) return RMM_MISSING;
+	r = use_ctx(ctx); if (r) return r; return p_cuIpcCloseMemHandle((CUdeviceptr)p);
+}
+static CUresult rmm_ipc_get_event_handle(uintptr_t ctx, uintptr_t e, unsigned char *out) {
+	rmm_opaque64 d; CUresult r;
+	if (!p_cuIpcGetEventHandle) return RMM_MISSING;
+	r = use_ctx(ctx); if (r) return r;
+	memset(&d, 0, sizeof d);
+	r = p_cuIpcGetEventHandle(&d, (CUevent)e); if (r) return r;
+	memcpy(out, d.b, sizeof d.b); return 0;
+}
+static rmm_res rmm_ipc_open_event_handle(uintptr_t ctx, const unsigned char *in) {
+	rmm_res o = {RMM_MISSING, 0}; rmm_opaque64 d; CUevent e = 0;
+	if (!p_cuIpcOpenEventHandle) return o;
+	o.r = use_ctx(ctx); if (o.r) return o;
+	memcpy(d.b, in, sizeof d.b);
+	o.r = p_cuIpcOpenEventHandle(&e, d); o.v = (uintptr_t)e; return o;
 }
 
 // Kernel launches. The parameter array lives on the C stack; cuLaunchKernel copies the values.
@@ -862,9 +1013,10 @@ func cuMemAddressFree(ctx uintptr, p DevicePtr, size int) error {
 	return vmmErr("cuMemAddressFree", C.rmm_mem_address_free(C.uintptr_t(ctx), C.ulonglong(p), C.size_t(size)))
 }
 
-// cuMemCreate creates size bytes of pinned memory on device ord and returns its handle.
-func cuMemCreate(ctx uintptr, size, ord int) (uint64, error) {
-	r := C.rmm_mem_create(C.uintptr_t(ctx), C.size_t(size), C.int(ord))
+// cuMemCreate creates size bytes of pinned memory on device ord and returns its handle;
+// handleTypes is the CUmemAllocationHandleType bit set it may be exported as (0: none).
+func cuMemCreate(ctx uintptr, size, ord, handleTypes int) (uint64, error) {
+	r := C.rmm_mem_create(C.uintptr_t(ctx), C.size_t(size), C.int(ord), C.int(handleTypes))
 	return uint64(r.v), vmmErr("cuMemCreate", r.r)
 }
 
@@ -893,3 +1045,100 @@ func hostMalloc(n int) (uintptr, bool) {
 }
 
 func hostFree(p uintptr) { C.rmm_host_free(C.uintptr_t(p)) }
+
+// Interprocess sharing (ipc*.go).
+
+// cuIPCBound reports which interprocess mechanisms the driver exports, as ipcBound* bits.
+func cuIPCBound() int {
+	if !driverLoaded {
+		return 0
+	}
+	return int(C.rmm_ipc_bound())
+}
+
+// cuDeviceUUID returns device ord's 16-byte UUID (cuDeviceGetUuid_v2, else cuDeviceGetUuid).
+func cuDeviceUUID(ord int) ([16]byte, error) {
+	var u [16]byte
+	err := cuErr("cuDeviceGetUuid", C.rmm_device_uuid(C.int(ord), (*C.uchar)(unsafe.Pointer(&u[0]))))
+	return u, err
+}
+
+// cuPointerInfo reads p's memory type, device ordinal, whether cuIpcGetMemHandle accepts its
+// allocation and, with withPool, the memory pool it came from, in one cuPointerGetAttributes
+// call (which succeeds with zeroed values for an address the driver does not know).
+func cuPointerInfo(ctx uintptr, p DevicePtr, withPool bool) (ptrInfo, error) {
+	wp := C.int(0)
+	if withPool {
+		wp = 1
+	}
+	r := C.rmm_pointer_info(C.uintptr_t(ctx), C.uintptr_t(p), wp)
+	return ptrInfo{memType: int(r.memtype), ordinal: int(r.ordinal), legacyIPC: r.legacy_ipc != 0, pool: uintptr(r.pool)},
+		cuErr("cuPointerGetAttributes", r.r)
+}
+
+// cuMemGetAddressRange returns the base and size of the allocation holding p.
+func cuMemGetAddressRange(ctx uintptr, p DevicePtr) (DevicePtr, int, error) {
+	r := C.rmm_mem_address_range(C.uintptr_t(ctx), C.uintptr_t(p))
+	return DevicePtr(r.a), int(r.b), cuErr("cuMemGetAddressRange_v2", r.r)
+}
+
+// cuMemPoolExportFD exports pool as a new POSIX file descriptor.
+func cuMemPoolExportFD(ctx, pool uintptr) (int, error) {
+	r := C.rmm_mem_pool_export_fd(C.uintptr_t(ctx), C.uintptr_t(pool))
+	return int(int32(r.v)), cuErr("cuMemPoolExportToShareableHandle", r.r)
+}
+
+// cuMemPoolImportFD imports the pool another process exported as fd.
+func cuMemPoolImportFD(ctx uintptr, fd int) (uintptr, error) {
+	r := C.rmm_mem_pool_import_fd(C.uintptr_t(ctx), C.int(fd))
+	return uintptr(r.v), cuErr("cuMemPoolImportFromShareableHandle", r.r)
+}
+
+func cuMemPoolExportPointer(ctx uintptr, p DevicePtr) ([64]byte, error) {
+	var d [64]byte
+	err := cuErr("cuMemPoolExportPointer", C.rmm_mem_pool_export_pointer(C.uintptr_t(ctx), C.uintptr_t(p), (*C.uchar)(unsafe.Pointer(&d[0]))))
+	return d, err
+}
+
+func cuMemPoolImportPointer(ctx, pool uintptr, data *[64]byte) (DevicePtr, error) {
+	r := C.rmm_mem_pool_import_pointer(C.uintptr_t(ctx), C.uintptr_t(pool), (*C.uchar)(unsafe.Pointer(&data[0])))
+	return DevicePtr(r.v), cuErr("cuMemPoolImportPointer", r.r)
+}
+
+// cuMemExportFD exports the physical allocation h as a new POSIX file descriptor.
+func cuMemExportFD(ctx uintptr, h uint64) (int, error) {
+	r := C.rmm_mem_export_fd(C.uintptr_t(ctx), C.ulonglong(h))
+	return int(int32(r.v)), vmmErr("cuMemExportToShareableHandle", r.r)
+}
+
+// cuMemImportFD imports the physical allocation another process exported as fd.
+func cuMemImportFD(ctx uintptr, fd int) (uint64, error) {
+	r := C.rmm_mem_import_fd(C.uintptr_t(ctx), C.int(fd))
+	return uint64(r.v), vmmErr("cuMemImportFromShareableHandle", r.r)
+}
+
+func cuIpcGetMemHandle(ctx uintptr, p DevicePtr) ([64]byte, error) {
+	var d [64]byte
+	err := cuErr("cuIpcGetMemHandle", C.rmm_ipc_get_mem_handle(C.uintptr_t(ctx), C.uintptr_t(p), (*C.uchar)(unsafe.Pointer(&d[0]))))
+	return d, err
+}
+
+func cuIpcOpenMemHandle(ctx uintptr, data *[64]byte) (DevicePtr, error) {
+	r := C.rmm_ipc_open_mem_handle(C.uintptr_t(ctx), (*C.uchar)(unsafe.Pointer(&data[0])))
+	return DevicePtr(r.v), cuErr("cuIpcOpenMemHandle_v2", r.r)
+}
+
+func cuIpcCloseMemHandle(ctx uintptr, p DevicePtr) error {
+	return cuErr("cuIpcCloseMemHandle", C.rmm_ipc_close_mem_handle(C.uintptr_t(ctx), C.uintptr_t(p)))
+}
+
+func cuIpcGetEventHandle(ctx, e uintptr) ([64]byte, error) {
+	var d [64]byte
+	err := cuErr("cuIpcGetEventHandle", C.rmm_ipc_get_event_handle(C.uintptr_t(ctx), C.uintptr_t(e), (*C.uchar)(unsafe.Pointer(&d[0]))))
+	return d, err
+}
+
+func cuIpcOpenEventHandle(ctx uintptr, data *[64]byte) (uintptr, error) {
+	r := C.rmm_ipc_open_event_handle(C.uintptr_t(ctx), (*C.uchar)(unsafe.Pointer(&data[0])))
+	return uintptr(r.v), cuErr("cuIpcOpenEventHandle", r.r)
+}

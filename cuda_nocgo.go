@@ -101,8 +101,28 @@ func cuVMMBound() bool                                             { return fals
 func cuMemGetAllocationGranularity(uintptr, int, int) (int, error) { return 0, errNoCgo }
 func cuMemAddressReserve(uintptr, int, int) (DevicePtr, error)     { return 0, errNoCgo }
 func cuMemAddressFree(uintptr, DevicePtr, int) error               { return errNoCgo }
-func cuMemCreate(uintptr, int, int) (uint64, error)                { return 0, errNoCgo }
+func cuMemCreate(uintptr, int, int, int) (uint64, error)           { return 0, errNoCgo }
 func cuMemRelease(uintptr, uint64) error                           { return errNoCgo }
 func cuMemMap(uintptr, DevicePtr, int, uint64) error               { return errNoCgo }
 func cuMemUnmap(uintptr, DevicePtr, int) error                     { return errNoCgo }
 func cuMemSetAccess(uintptr, DevicePtr, int, int) error            { return errNoCgo }
+
+func cuIPCBound() int                                         { return 0 }
+func cuDeviceUUID(int) ([16]byte, error)                      { return [16]byte{}, errNoCgo }
+func cuPointerInfo(uintptr, DevicePtr, bool) (ptrInfo, error) { return ptrInfo{}, errNoCgo }
+func cuMemGetAddressRange(uintptr, DevicePtr) (DevicePtr, int, error) {
+	return 0, 0, errNoCgo
+}
+func cuMemPoolExportFD(uintptr, uintptr) (int, error)             { return -1, errNoCgo }
+func cuMemPoolImportFD(uintptr, int) (uintptr, error)             { return 0, errNoCgo }
+func cuMemPoolExportPointer(uintptr, DevicePtr) ([64]byte, error) { return [64]byte{}, errNoCgo }
+func cuMemPoolImportPointer(uintptr, uintptr, *[64]byte) (DevicePtr, error) {
+	return 0, errNoCgo
+}
+func cuMemExportFD(uintptr, uint64) (int, error)               { return -1, errNoCgo }
+func cuMemImportFD(uintptr, int) (uint64, error)               { return 0, errNoCgo }
+func cuIpcGetMemHandle(uintptr, DevicePtr) ([64]byte, error)   { return [64]byte{}, errNoCgo }
+func cuIpcOpenMemHandle(uintptr, *[64]byte) (DevicePtr, error) { return 0, errNoCgo }
+func cuIpcCloseMemHandle(uintptr, DevicePtr) error             { return errNoCgo }
+func cuIpcGetEventHandle(uintptr, uintptr) ([64]byte, error)   { return [64]byte{}, errNoCgo }
+func cuIpcOpenEventHandle(uintptr, *[64]byte) (uintptr, error) { return 0, errNoCgo }

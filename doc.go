@@ -35,6 +35,17 @@
 // CudaMemoryResource until something else is set (a SystemMemoryResource without CUDA). A nil
 // MemoryResource argument means the current device resource.
 //
+// # Sharing memory between processes
+//
+// ExportIPC (and the ExportIPC methods of DeviceBuffer and Uvector) turns live memory into an
+// IPCHandle; SendIPCHandle and ReceiveIPCHandle carry it, with its file descriptors, over a Unix
+// domain socket; ImportIPC maps it in the other process as an IPCSpan, a DeviceSpan with a Close.
+// An IPCEvent orders the two processes' work on the device. Exportable memory comes from a
+// CudaMemoryResource (cuIpcGetMemHandle), a CudaAsyncMemoryResource made with
+// EnablePOSIXFileDescriptor (the pool's export), and a PoolMemoryResource over either, or
+// expandable and made with PoolOptions.Exportable (the physical memory's export). The exporter
+// keeps the memory allocated until every importer has closed it.
+//
 // # Without a GPU
 //
 // On a machine with no CUDA driver or device, CUDAAvailable reports why, the current resource is
@@ -44,8 +55,8 @@
 // # Errors
 //
 // Failures wrap the sentinel errors (test with errors.Is): ErrOutOfMemory, ErrInvalidArgument,
-// ErrInvalidFree, ErrNoDevice, ErrOutOfRange, ErrClosed, ErrNotSupported, and ErrMalformedLog for
-// event logs; a failing driver call is a *CUDAError, and file access reports the operating
+// ErrInvalidFree, ErrNoDevice, ErrOutOfRange, ErrClosed, ErrNotSupported, ErrNotExportable and
+// ErrInvalidIPCHandle for sharing memory between processes, and ErrMalformedLog for event logs; a failing driver call is a *CUDAError, and file access reports the operating
 // system's errors (errors.Is(err, fs.ErrNotExist)). A failed call leaves the resource or
 // container as it was. A container operation (fill, copy, element access) given a view of a
 // Stream that was closed returns ErrClosed before touching anything; so does an allocation on it

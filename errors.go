@@ -36,6 +36,16 @@ var (
 	// ErrNotSupported: the memory or device does not support the operation (for example a fill
 	// on memory that is neither host- nor device-accessible).
 	ErrNotSupported = errors.New("rmm: not supported")
+
+	// ErrNotExportable: memory cannot be shared with another process (ExportIPC) because of the
+	// resource it came from, or how that resource was made; the error names the resource and
+	// says what would make it exportable.
+	ErrNotExportable = errors.New("rmm: memory cannot be exported")
+
+	// ErrInvalidIPCHandle: bytes that are not a valid IPC handle of this package (truncated,
+	// corrupt, another version), or a handle whose file descriptors do not match what it says
+	// it carries.
+	ErrInvalidIPCHandle = errors.New("rmm: invalid IPC handle")
 )
 
 // CUDAError is a CUDA driver call that returned a status other than CUDA_SUCCESS.

@@ -25,7 +25,9 @@ type CudaAsyncOptions struct {
 	// gives memory back on its own), as librmm's default; 0 releases at every synchronisation.
 	ReleaseThreshold int
 	// EnablePOSIXFileDescriptor creates the pool exportable through a POSIX file descriptor
-	// (CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR). Default false.
+	// (CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR), so that its allocations can be shared with other
+	// processes (ExportIPC). The constructor returns ErrNotSupported when the device does not
+	// offer it (CU_DEVICE_ATTRIBUTE_MEMPOOL_SUPPORTED_HANDLE_TYPES). Default false.
 	EnablePOSIXFileDescriptor bool
 }
 
@@ -38,9 +40,10 @@ type CudaAsyncOptions struct {
 // the legacy default stream. A free on a stream other than the one the memory was last used on
 // must be ordered after that use by the caller (see MemoryResource): the driver does not.
 type CudaAsyncMemoryResource struct {
-	dev  Device
-	ctx  uintptr
-	pool atomic.Uintptr // 0 after Close
+	dev     Device
+	ctx     uintptr
+	pool    atomic.Uintptr // 0 after Close
+	posixFD bool           // made with EnablePOSIXFileDescriptor: ExportIPC works
 }
 
 // NewCudaAsyncMemoryResource creates a memory pool on device dev. It returns ErrNotSupported
@@ -62,13 +65,16 @@ func NewCudaAsyncMemoryResource(dev Device, opts *CudaAsyncOptions) (*CudaAsyncM
 	}
 	handles := 0
 	if o.EnablePOSIXFileDescriptor {
-		handles = 1
+		if err := checkPoolPOSIXFD(dev); err != nil {
+			return nil, err
+		}
+		handles = memHandleTypePOSIXFD
 	}
 	pool, err := cuMemPoolCreate(ctx, int(dev), handles)
 	if err != nil {
 		return nil, err
 	}
-	r := &CudaAsyncMemoryResource{dev: dev, ctx: ctx}
+	r := &CudaAsyncMemoryResource{dev: dev, ctx: ctx, posixFD: o.EnablePOSIXFileDescriptor}
 	r.pool.Store(pool)
 	threshold := uint64(math.MaxUint64)
 	if o.ReleaseThreshold >= 0 {

@@ -43,6 +43,12 @@ type PoolOptions struct {
 	// trim or Release, and is written to the debug log: the free itself succeeds. Default 0: memory stays mapped until Release or Close. A value of 1 gives
 	// back every whole free chunk at each trim.
 	ReleaseThreshold int
+	// Exportable (expandable pools over device memory only) creates the pool's physical memory
+	// exportable as POSIX file descriptors, so that its allocations can be shared with other
+	// processes (ExportIPC). NewPoolMemoryResource returns ErrNotSupported when the device or
+	// driver cannot export such memory, or the pool maps host memory. Default false. (A plain
+	// pool needs no option: it exports through its upstream.)
+	Exportable bool
 
 	// carvePage (expandable pools, not yet exported): when > 0, growths map their memory as
 	// handles of at least carvePage bytes that can be unmapped one by one, and a growth first moves
@@ -191,6 +197,9 @@ func NewPoolMemoryResource(upstream MemoryResource, opts *PoolOptions) (*PoolMem
 	if o.ReleaseThreshold > 0 && !o.Expandable {
 		return nil, fmt.Errorf("%w: NewPoolMemoryResource: ReleaseThreshold needs an Expandable pool", ErrInvalidArgument)
 	}
+	if o.Exportable && !o.Expandable {
+		return nil, fmt.Errorf("%w: NewPoolMemoryResource: Exportable applies to expandable pools (a plain pool exports what its upstream can)", ErrInvalidArgument)
+	}
 	if o.Expandable {
 		return newExpandablePool(given, nil, o)
 	}
@@ -241,6 +250,11 @@ func newExpandablePool(upstream MemoryResource, vm vmm, o PoolOptions) (*PoolMem
 		}
 	} else {
 		dev = DeviceOf(upstream)
+	}
+	if o.Exportable {
+		if err := setVMMExportable(vm); err != nil {
+			return nil, err
+		}
 	}
 	if upstream == nil {
 		upstream = CurrentDeviceResource()

@@ -24,6 +24,10 @@ type deviceVMM struct {
 	dev  Device
 	ctx  uintptr
 	gran int
+	// handleTypes is the CUmemAllocationHandleType bit set create asks for: 0, or
+	// CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR for an exportable pool (ipc_vmm.go). Set before
+	// the first create.
+	handleTypes int
 
 	mu      sync.Mutex
 	handles map[vmmHandle]int // created and not released: the size in bytes
@@ -101,7 +105,7 @@ func (v *deviceVMM) create(size int) (vmmHandle, error) {
 	if err := vmmCheckSize(deviceVMMName, "create", size, v.gran); err != nil {
 		return 0, err
 	}
-	h, err := cuMemCreate(v.ctx, size, int(v.dev))
+	h, err := cuMemCreate(v.ctx, size, int(v.dev), v.handleTypes)
 	if err != nil {
 		return 0, fmt.Errorf("%s.create(%d bytes) on %s: %w", deviceVMMName, size, v.dev, err)
 	}

@@ -1,0 +1,198 @@
+package rmm
+
+import (
+	"testing"
+
+	"github.com/stretchr/testify/require"
+)
+
+// Exporting and importing without a GPU: the errors of resources that cannot export, of
+// handles that cannot be imported, and the pools' bookkeeping behind an export.
+
+func TestIPCImportMisuse(t *testing.T) {
+	// A handle whose descriptors are not attached cannot be imported.
+	h := *testIPCHandles()["vmm"]
+	_, err := ImportIPC[byte](&h)
+	require.ErrorIs(t, err, ErrInvalidIPCHandle)
+	require.ErrorContains(t, err, "not attached")
+	// An event is not memory, and memory is not an event.
+	ev := testIPCHandles()["event"]
+	_, err = ImportIPC[byte](ev)
+	require.ErrorIs(t, err, ErrInvalidIPCHandle)
+	require.ErrorContains(t, err, "OpenIPCEvent")
+	_, err = OpenIPCEvent(testIPCHandles()["legacy"])
+	require.ErrorIs(t, err, ErrInvalidIPCHandle)
+	require.ErrorContains(t, err, "ImportIPC")
+	_, err = OpenIPCEvent(nil)
+	require.ErrorIs(t, err, ErrInvalidArgument)
+	// Element size and element type.
+	_, err = ImportIPC[[3]byte](testIPCHandles()["legacy"])
+	require.ErrorIs(t, err, ErrInvalidArgument)
+	require.ErrorContains(t, err, "3-byte elements")
+	_, err = ImportIPC[*int](testIPCHandles()["legacy"])
+	require.ErrorIs(t, err, ErrInvalidArgument)
+	_, err = ImportIPC[byte](nil)
+	require.ErrorIs(t, err, ErrInvalidArgument)
+	// A hand-made handle of an unknown kind.
+	_, err = ImportIPC[byte](&IPCHandle{kind: 77, size: 1})
+	require.ErrorIs(t, err, ErrInvalidIPCHandle)
+	if CUDAAvailable() != nil {
+		// A well-formed handle on a machine without CUDA: the device cannot be found.
+		_, err = ImportIPC[uint64](testIPCHandles()["legacy"])
+		require.ErrorIs(t, err, ErrNoDevice)
+		_, err = OpenIPCEvent(ev)
+		require.ErrorIs(t, err, ErrNoDevice)
+		_, err = NewIPCEvent(0)
+		require.ErrorIs(t, err, ErrNoDevice)
+		_, err = Device(0).UUID()
+		require.ErrorIs(t, err, ErrNoDevice)
+	}
+	var closed *IPCEvent
+	require.NoError(t, closed.Close())
+	require.ErrorIs(t, closed.Record(DefaultStream), ErrInvalidArgument)
+}
+
+// A resource that cannot export names itself (and the adaptors in front of it) in the error.
+func TestIPCNotExportable(t *testing.T) {
+	sys := NewSystemMemoryResource()
+	p, err := sys.Allocate(4096, DefaultStream)
+	require.NoError(t, err)
+	defer sys.Deallocate(p, 4096, DefaultStream)
+
+	_, err = ExportIPC(sys, p, 4096)
+	require.ErrorIs(t, err, ErrNotExportable)
+	require.ErrorContains(t, err, "SystemMemoryResource: it cannot export")
+
+	stats, err := NewStatisticsResourceAdaptor(sys)
+	require.NoError(t, err)
+	_, err = ExportIPC(stats, p, 4096)
+	require.ErrorIs(t, err, ErrNotExportable)
+	require.ErrorContains(t, err, "StatisticsResourceAdaptor over SystemMemoryResource")
+
+	arena, err := NewArenaMemoryResource(sys, &ArenaOptions{ArenaSize: 1 << 20})
+	require.NoError(t, err)
+	defer arena.Close()
+	_, err = ExportIPC(arena, p, 4096)
+	require.ErrorIs(t, err, ErrNotExportable)
+	require.ErrorContains(t, err, "ArenaMemoryResource")
+
+	v, err := NewUvector[uint64](512, DefaultStream, stats)
+	require.NoError(t, err)
+	_, err = v.ExportIPC()
+	require.ErrorIs(t, err, ErrNotExportable)
+	require.ErrorContains(t, err, "Uvector[uint64].ExportIPC")
+	require.NoError(t, v.Close())
+	_, err = v.ExportIPC()
+	require.ErrorIs(t, err, ErrClosed)
+	empty, err := NewDeviceBuffer(0, DefaultStream, sys)
+	require.NoError(t, err)
+	_, err = empty.ExportIPC()
+	require.ErrorIs(t, err, ErrInvalidArgument)
+
+	_, err = ExportIPC(sys, 0, 4096)
+	require.ErrorIs(t, err, ErrNotExportable, "the resource is asked first")
+}
+
+// A plain pool checks that the range is live memory of its own, then asks its upstream.
+func TestIPCPlainPoolExport(t *testing.T) {
+	pool, err := NewPoolMemoryResource(NewSystemMemoryResource(), &PoolOptions{InitialPoolSize: 1 << 20})
+	require.NoError(t, err)
+	defer pool.Close()
+	_, err = NewPoolMemoryResource(nil, &PoolOptions{Exportable: true})
+	require.ErrorIs(t, err, ErrInvalidArgument, "Exportable needs an expandable pool")
+
+	p, err := pool.Allocate(64<<10, DefaultStream)
+	require.NoError(t, err)
+	_, err = pool.ExportIPC(p+256, 1024)
+	require.ErrorIs(t, err, ErrNotExportable, "live memory: the upstream is asked, and refuses")
+	require.ErrorContains(t, err, "PoolMemoryResource.ExportIPC")
+	require.ErrorContains(t, err, "SystemMemoryResource")
+	_, err = pool.ExportIPC(p+(64<<10)-256, 512)
+	require.ErrorIs(t, err, ErrInvalidArgument, "the range runs past the allocation")
+	_, err = pool.ExportIPC(p, 0)
+	require.ErrorIs(t, err, ErrInvalidArgument)
+	require.NoError(t, pool.Deallocate(p, 64<<10, DefaultStream))
+	_, err = pool.ExportIPC(p, 1024)
+	require.ErrorIs(t, err, ErrInvalidArgument, "freed memory")
+	require.ErrorContains(t, err, "not inside one live allocation")
+
+	// A block a stream's cache handed out is live too.
+	s, err := NewStream(0, nil)
+	require.NoError(t, err)
+	defer s.Close()
+	for range 3 {
+		q, err := pool.Allocate(4096, s.View())
+		require.NoError(t, err)
+		require.NoError(t, pool.Deallocate(q, 4096, s.View()))
+	}
+	q, err := pool.Allocate(4096, s.View())
+	require.NoError(t, err)
+	pool.mu.Lock()
+	inTable := pool.live.get(q) != nil
+	pool.mu.Unlock()
+	require.False(t, inTable, "the block came from the stream's cache")
+	_, err = pool.ExportIPC(q+8, 16)
+	require.ErrorIs(t, err, ErrNotExportable)
+	require.NoError(t, pool.Deallocate(q, 4096, s.View()))
+	_, err = pool.ExportIPC(q, 16)
+	require.ErrorIs(t, err, ErrInvalidArgument)
+}
+
+// The pieces of an expandable pool under a live range tile it, across growth steps.
+func TestIPCExpandablePieces(t *testing.T) {
+	sim, err := NewSimulatedMemoryResource(1 << 34)
+	require.NoError(t, err)
+	pool, err := NewPoolMemoryResource(sim, &PoolOptions{Expandable: true, MaximumPoolSize: 1 << 34})
+	require.NoError(t, err)
+	defer pool.Close()
+	var ptrs []DevicePtr
+	for range 3 {
+		p, err := pool.Allocate(40<<20, DefaultStream)
+		require.NoError(t, err)
+		ptrs = append(ptrs, p)
+	}
+	require.Equal(t, 3, pool.Stats().UpstreamBlocks, "one chunk per growth")
+	for _, p := range ptrs {
+		for _, r := range []struct{ off, n int }{{0, 40 << 20}, {1 << 20, 1}, {(40 << 20) - 4096, 4096}} {
+			start, pieces, err := pool.vmmPiecesCovering(p+DevicePtr(r.off), r.n)
+			require.NoError(t, err)
+			require.NotEmpty(t, pieces)
+			require.LessOrEqual(t, start, p+DevicePtr(r.off))
+			at := 0
+			for _, pc := range pieces {
+				require.Equal(t, at, pc.offset, "back to back")
+				require.Zero(t, pc.size%(2<<20))
+				at += pc.size
+			}
+			require.GreaterOrEqual(t, start+DevicePtr(at), p+DevicePtr(r.off+r.n), "the pieces cover the range")
+			first := pieces[0]
+			require.Greater(t, start+DevicePtr(first.size), p+DevicePtr(r.off), "the first piece holds the range's start")
+		}
+	}
+	// A block over two chunks of separate growth steps lies in two pieces.
+	require.NoError(t, pool.Deallocate(ptrs[0], 40<<20, DefaultStream))
+	require.NoError(t, pool.Deallocate(ptrs[1], 40<<20, DefaultStream))
+	_, _, err = pool.vmmPiecesCovering(ptrs[1], 4096)
+	require.ErrorIs(t, err, ErrInvalidArgument, "freed memory")
+	big, err := pool.Allocate(80<<20, DefaultStream)
+	require.NoError(t, err)
+	require.Equal(t, ptrs[0], big, "the two freed blocks coalesced")
+	start, pieces, err := pool.vmmPiecesCovering(big+(30<<20), 20<<20)
+	require.NoError(t, err)
+	require.Equal(t, big, start)
+	require.Equal(t, []vmmPiece{{0, 40 << 20, pieces[0].h}, {40 << 20, 40 << 20, pieces[1].h}}, pieces)
+	require.NotEqual(t, pieces[0].h, pieces[1].h)
+	start, pieces, err = pool.vmmPiecesCovering(big+(50<<20), 1)
+	require.NoError(t, err)
+	require.Equal(t, big+(40<<20), start, "only the piece under the range")
+	require.Len(t, pieces, 1)
+	_, err = pool.ExportIPC(big, 80<<20)
+	require.ErrorIs(t, err, ErrNotExportable, "the simulated memory cannot be exported")
+	require.ErrorContains(t, err, "PoolMemoryResource (expandable)")
+
+	if hostVMMSupported && CUDAAvailable() != nil {
+		_, err := NewPoolMemoryResource(NewSystemMemoryResource(), &PoolOptions{Expandable: true, Exportable: true, MaximumPoolSize: 64 << 20})
+		require.ErrorIs(t, err, ErrNotSupported, "host memory cannot be exported")
+		require.ErrorContains(t, err, "Exportable needs device memory")
+	}
+}

@@ -1,0 +1,197 @@
+package rmm
+
+import (
+	"errors"
+	"fmt"
+	"sort"
+)
+
+// Exporting pool memory (PoolMemoryResource.ExportIPC) and the expandable pool's exportable
+// physical memory (PoolOptions.Exportable).
+
+// checkPoolPOSIXFD returns nil when dev can make memory pools exportable as POSIX file
+// descriptors: CU_DEVICE_ATTRIBUTE_MEMPOOL_SUPPORTED_HANDLE_TYPES has the bit (drivers before
+// 11.3 do not know the attribute, and are taken as unable).
+func checkPoolPOSIXFD(dev Device) error {
+	v, err := deviceAttrSince(dev, attrMemPoolSupportedHandleTypes, 11030, 0)
+	if err != nil {
+		return err
+	}
+	if v&memHandleTypePOSIXFD == 0 {
+		return fmt.Errorf("%w: %s cannot export memory pools as POSIX file descriptors (CU_DEVICE_ATTRIBUTE_MEMPOOL_SUPPORTED_HANDLE_TYPES is %d)", ErrNotSupported, dev, v)
+	}
+	return nil
+}
+
+// setVMMExportable makes vm, an expandable pool's virtual memory, create physical memory that
+// can be exported as POSIX file descriptors. Only device memory can be: another vm is
+// ErrNotSupported, as is a device or driver without the export (attribute 103,
+// CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED).
+func setVMMExportable(vm vmm) error {
+	dv, ok := vm.(*deviceVMM)
+	if !ok {
+		return fmt.Errorf("%w: NewPoolMemoryResource: Exportable needs device memory (an expandable pool over a CudaMemoryResource, or nil with a CUDA device); %T cannot be shared with other processes", ErrNotSupported, vm)
+	}
+	if cuIPCBound()&ipcBoundVMM == 0 {
+		return fmt.Errorf("%w: NewPoolMemoryResource: Exportable: the CUDA driver lacks cuMemExportToShareableHandle or cuMemImportFromShareableHandle", ErrNotSupported)
+	}
+	v, err := cuDeviceAttribute(int(dv.dev), attrHandleTypePOSIXFDSupported)
+	if err != nil {
+		return fmt.Errorf("NewPoolMemoryResource: Exportable on %s: %w", dv.dev, err)
+	}
+	if v != 1 {
+		return fmt.Errorf("%w: NewPoolMemoryResource: Exportable: %s cannot export memory as POSIX file descriptors (CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED is %d)", ErrNotSupported, dv.dev, v)
+	}
+	dv.handleTypes = memHandleTypePOSIXFD
+	return nil
+}
+
+// exportFD exports the physical allocation h as a new POSIX file descriptor
+// (cuMemExportToShareableHandle). The mutex is held across the call, so that a concurrent
+// release cannot pass the driver a released handle.
+func (v *deviceVMM) exportFD(h vmmHandle) (int, error) {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	if _, ok := v.handles[h]; !ok {
+		return -1, fmt.Errorf("%w: %s.exportFD(handle %#x): unknown or released handle", ErrInvalidArgument, deviceVMMName, uint64(h))
+	}
+	if v.handleTypes&memHandleTypePOSIXFD == 0 {
+		return -1, fmt.Errorf("%w: %s.exportFD: the memory was not created exportable", ErrNotExportable, deviceVMMName)
+	}
+	fd, err := cuMemExportFD(v.ctx, uint64(h))
+	if err != nil {
+		return -1, fmt.Errorf("%s.exportFD(handle %#x) on %s: %w", deviceVMMName, uint64(h), v.dev, err)
+	}
+	return fd, nil
+}
+
+// vmmPiece is one piece of physical memory under a range of an expandable pool: its handle, its
+// size, and its offset from the start of the first piece.
+type vmmPiece struct {
+	offset int
+	size   int
+	h      vmmHandle
+}
+
+// vmmPiecesCovering returns the chunks of an expandable pool that hold [ptr, ptr+n), which must
+// lie in one live allocation, in address order, and the address the first one starts at. The
+// chunks under a live block are mapped back to back (neither a release nor carving takes a chunk
+// that holds live memory), so the pieces tile [start, start+Σsize).
+func (p *PoolMemoryResource) vmmPiecesCovering(ptr DevicePtr, n int) (DevicePtr, []vmmPiece, error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if err := p.checkLiveRange(ptr, n); err != nil {
+		return 0, nil, err
+	}
+	e := p.exp
+	end := ptr + DevicePtr(n)
+	i := sort.Search(len(e.chunks), func(i int) bool { return e.chunks[i].end() > ptr })
+	var start DevicePtr
+	var pieces []vmmPiece
+	for ; i < len(e.chunks) && e.chunks[i].addr < end; i++ {
+		c := e.chunks[i]
+		if len(pieces) == 0 {
+			if c.addr > ptr {
+				break
+			}
+			start = c.addr
+		} else if last := pieces[len(pieces)-1]; start+DevicePtr(last.offset+last.size) != c.addr {
+			return 0, nil, fmt.Errorf("internal error: PoolMemoryResource.ExportIPC(%#x, %d): the chunks under a live block are not back to back (%#x follows %#x)", uintptr(ptr), n, uintptr(c.addr), uintptr(start)+uintptr(last.offset+last.size))
+		}
+		pieces = append(pieces, vmmPiece{offset: int(c.addr - start), size: c.size, h: c.h})
+	}
+	if len(pieces) == 0 || start+DevicePtr(pieces[len(pieces)-1].offset+pieces[len(pieces)-1].size) < end {
+		return 0, nil, fmt.Errorf("internal error: PoolMemoryResource.ExportIPC(%#x, %d): live memory not wholly mapped", uintptr(ptr), n)
+	}
+	return start, pieces, nil
+}
+
+// exportVMM exports [ptr, ptr+n) of an expandable pool: one file descriptor per piece.
+func (p *PoolMemoryResource) exportVMM(ptr DevicePtr, n int) (*IPCHandle, error) {
+	const name = "PoolMemoryResource (expandable)"
+	dv, ok := p.exp.vm.(*deviceVMM)
+	if !ok {
+		return nil, notExportable(name, fmt.Sprintf("its memory is %s, which cannot be shared with other processes", p.exp.source))
+	}
+	if dv.handleTypes&memHandleTypePOSIXFD == 0 {
+		return nil, notExportable(name, "it was made without PoolOptions.Exportable, so its physical memory cannot be exported")
+	}
+	ord, uuid, err := ipcDeviceOf(p.dev)
+	if err != nil {
+		return nil, fmt.Errorf("%s.ExportIPC: %w", name, err)
+	}
+	start, pieces, err := p.vmmPiecesCovering(ptr, n)
+	if err != nil {
+		return nil, err
+	}
+	h := &IPCHandle{kind: IPCKindVirtualMemory, dev: ord, uuid: uuid, size: n, offset: int(ptr - start), nfds: len(pieces)}
+	fds := make([]int, 0, len(pieces))
+	for _, pc := range pieces {
+		fd, err := dv.exportFD(pc.h)
+		if err != nil {
+			if cerr := closeFDs(fds); cerr != nil {
+				err = errors.Join(err, cerr)
+			}
+			return nil, fmt.Errorf("%s.ExportIPC(%#x, %d): %w", name, uintptr(ptr), n, err)
+		}
+		fds = append(fds, fd)
+		h.pieces = append(h.pieces, pc.size)
+	}
+	h.fds = fds
+	return h, nil
+}
+
+// upstreamBlockCovering returns the upstream allocation of a plain pool that holds [ptr, ptr+n),
+// which must lie in one live allocation of the pool.
+func (p *PoolMemoryResource) upstreamBlockCovering(ptr DevicePtr, n int) (DevicePtr, int, error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if err := p.checkLiveRange(ptr, n); err != nil {
+		return 0, 0, err
+	}
+	for base, size := range p.upstreams {
+		if base <= ptr && ptr+DevicePtr(n) <= base+DevicePtr(size) {
+			return base, size, nil
+		}
+	}
+	return 0, 0, fmt.Errorf("internal error: PoolMemoryResource.ExportIPC(%#x, %d): live memory in no upstream block", uintptr(ptr), n)
+}
+
+// checkLiveRange returns nil when [ptr, ptr+n) lies in one block the pool handed out and has
+// not taken back: in its live table or handed out by a stream's cache (pool locked). A pointer
+// at a block's start is found at once; one inside a block costs a scan of the live blocks.
+func (p *PoolMemoryResource) checkLiveRange(ptr DevicePtr, n int) error {
+	if p.closed {
+		return fmt.Errorf("%w: PoolMemoryResource.ExportIPC after Close", ErrClosed)
+	}
+	end := ptr + DevicePtr(n)
+	inside := func(b *block) bool { return b != nil && b.addr <= ptr && end <= b.end() }
+	if inside(p.live.get(ptr)) {
+		return nil
+	}
+	found := false
+	scan := func(b *block) {
+		if !found && inside(b) {
+			found = true
+		}
+	}
+	if m := p.caches.Load(); m != nil {
+		for _, c := range *m {
+			c.mu.Lock()
+			if inside(c.issued.get(ptr)) {
+				found = true
+			} else {
+				c.issued.each(scan)
+			}
+			c.mu.Unlock()
+			if found {
+				return nil
+			}
+		}
+	}
+	p.live.each(scan)
+	if found {
+		return nil
+	}
+	return fmt.Errorf("%w: PoolMemoryResource.ExportIPC(%#x, %d): the range is not inside one live allocation of the pool", ErrInvalidArgument, uintptr(ptr), n)
+}

@@ -1,0 +1,207 @@
+//go:build unix
+
+package rmm
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"syscall"
+)
+
+// The frame SendIPCHandle writes on a stream socket: the encoded handle's length (uint32,
+// little-endian) and the encoded handle, in one sendmsg that carries the first ipcFDBatch
+// descriptors (SCM_RIGHTS); then, while descriptors remain, one byte per further batch of up to
+// ipcFDBatch descriptors (Linux passes at most 253 descriptors in one message). The receiver
+// learns the number of descriptors from the decoded handle, so it reads exactly the frame and
+// nothing of what follows it on the connection.
+const (
+	ipcFDBatch       = 250
+	ipcFrameMaxBytes = 1 << 24 // far above the largest handle (ipcMaxPieces pieces)
+)
+
+// SendIPCHandle writes h, with its file descriptors, to conn (a Unix domain stream socket),
+// for ReceiveIPCHandle at the other end. h keeps its descriptors (the receiver gets its own
+// copies): Close it once sent. A handle whose descriptors are not attached is
+// ErrInvalidIPCHandle; a closed or broken connection gives the system's error (errors.Is with
+// net.ErrClosed or syscall.EPIPE), and the connection should then be dropped, as part of a frame
+// may have been written.
+func SendIPCHandle(conn *net.UnixConn, h *IPCHandle) error {
+	if conn == nil {
+		return fmt.Errorf("%w: SendIPCHandle: nil connection", ErrInvalidArgument)
+	}
+	if h == nil {
+		return fmt.Errorf("%w: SendIPCHandle: nil handle", ErrInvalidArgument)
+	}
+	if !h.attached() {
+		return fmt.Errorf("%w: SendIPCHandle: %v: its %d file descriptors are not attached", ErrInvalidIPCHandle, h, h.nfds)
+	}
+	payload, err := h.MarshalBinary()
+	if err != nil {
+		return fmt.Errorf("SendIPCHandle: %w", err)
+	}
+	if err := writeIPCFrame(conn, payload, h.fds); err != nil {
+		return fmt.Errorf("SendIPCHandle(%v): %w", h.kind, err)
+	}
+	return nil
+}
+
+// writeIPCFrame writes one frame: payload with fds (see ipcFDBatch).
+func writeIPCFrame(conn *net.UnixConn, payload []byte, fds []int) error {
+	frame := binary.LittleEndian.AppendUint32(make([]byte, 0, 4+len(payload)), uint32(len(payload)))
+	frame = append(frame, payload...)
+	first := fds[:min(len(fds), ipcFDBatch)]
+	if err := writeMsg(conn, frame, first); err != nil {
+		return err
+	}
+	for rest := fds[len(first):]; len(rest) > 0; {
+		k := min(len(rest), ipcFDBatch)
+		if err := writeMsg(conn, []byte{0}, rest[:k]); err != nil {
+			return err
+		}
+		rest = rest[k:]
+	}
+	return nil
+}
+
+// writeMsg writes b with fds attached to its first byte, then whatever of b the first write
+// left (a stream socket may take part of it).
+func writeMsg(conn *net.UnixConn, b []byte, fds []int) error {
+	var oob []byte
+	if len(fds) > 0 {
+		oob = syscall.UnixRights(fds...)
+	}
+	n, _, err := conn.WriteMsgUnix(b, oob, nil)
+	if err != nil {
+		return err
+	}
+	if n < len(b) {
+		_, err = conn.Write(b[n:])
+	}
+	return err
+}
+
+// ReceiveIPCHandle reads one handle that SendIPCHandle wrote on the other end of conn (a Unix
+// domain stream socket), with its file descriptors (owned by the returned handle: Close it after
+// importing). On every error the descriptors received so far are closed. A connection closed before a handle arrives gives an
+// error wrapping io.EOF, one closed in the middle io.ErrUnexpectedEOF; bytes that are not a valid
+// handle, descriptors lost in transit (too many for the receive buffer) or a count that differs
+// from the handle's give ErrInvalidIPCHandle. After an error the connection's position in the
+// stream is unknown: drop it.
+func ReceiveIPCHandle(conn *net.UnixConn) (*IPCHandle, error) {
+	if conn == nil {
+		return nil, fmt.Errorf("%w: ReceiveIPCHandle: nil connection", ErrInvalidArgument)
+	}
+	r := ipcReader{conn: conn}
+	h, err := r.receive()
+	if err != nil {
+		if cerr := closeFDs(r.fds); cerr != nil {
+			err = errors.Join(err, fmt.Errorf("closing the received descriptors: %w", cerr))
+		}
+		return nil, fmt.Errorf("ReceiveIPCHandle: %w", err)
+	}
+	return h, nil
+}
+
+type ipcReader struct {
+	conn *net.UnixConn
+	fds  []int // received so far
+	oob  []byte
+	got  int // bytes of the frame read so far
+}
+
+func (r *ipcReader) receive() (*IPCHandle, error) {
+	r.oob = make([]byte, syscall.CmsgSpace(4*(ipcFDBatch+3)))
+	var hdr [4]byte
+	if err := r.readFull(hdr[:]); err != nil {
+		return nil, err
+	}
+	n := binary.LittleEndian.Uint32(hdr[:])
+	if n > ipcFrameMaxBytes {
+		return nil, fmt.Errorf("%w: a frame of %d bytes (at most %d): the peer does not speak this protocol", ErrInvalidIPCHandle, n, ipcFrameMaxBytes)
+	}
+	payload := make([]byte, n)
+	if err := r.readFull(payload); err != nil {
+		return nil, err
+	}
+	h, err := decodeIPCHandle(payload)
+	if err != nil {
+		return nil, err
+	}
+	for extra := max(0, h.nfds-ipcFDBatch); extra > 0; extra -= min(extra, ipcFDBatch) {
+		var one [1]byte
+		if err := r.readFull(one[:]); err != nil {
+			return nil, err
+		}
+	}
+	if len(r.fds) != h.nfds {
+		return nil, fmt.Errorf("%w: %v arrived with %d file descriptors", ErrInvalidIPCHandle, h, len(r.fds))
+	}
+	if h.nfds > 0 {
+		h.fds, r.fds = r.fds, nil
+	}
+	return h, nil
+}
+
+// readFull fills b from the connection, collecting the descriptors that come with it.
+func (r *ipcReader) readFull(b []byte) error {
+	for done := 0; done < len(b); {
+		n, oobn, flags, _, err := r.conn.ReadMsgUnix(b[done:], r.oob)
+		if oobn > 0 {
+			if perr := r.parseRights(r.oob[:oobn]); perr != nil && err == nil {
+				err = perr
+			}
+		}
+		if flags&syscall.MSG_CTRUNC != 0 && err == nil {
+			err = fmt.Errorf("%w: file descriptors were lost in transit (more than %d in one message)", ErrInvalidIPCHandle, ipcFDBatch)
+		}
+		done += n
+		r.got += n
+		if err != nil && !errors.Is(err, io.EOF) {
+			return err
+		}
+		if err != nil || (n == 0 && oobn == 0) {
+			// End of stream (a read of nothing, which the net package reports as io.EOF).
+			if r.got == 0 {
+				return fmt.Errorf("the connection was closed before a handle arrived: %w", io.EOF)
+			}
+			return fmt.Errorf("the connection was closed %d bytes into a handle: %w", r.got, io.ErrUnexpectedEOF)
+		}
+	}
+	return nil
+}
+
+// parseRights takes the descriptors out of the control messages in oob.
+func (r *ipcReader) parseRights(oob []byte) error {
+	msgs, err := syscall.ParseSocketControlMessage(oob)
+	if err != nil {
+		return fmt.Errorf("%w: unreadable control message: %w", ErrInvalidIPCHandle, err)
+	}
+	for _, m := range msgs {
+		if m.Header.Level != syscall.SOL_SOCKET || m.Header.Type != syscall.SCM_RIGHTS {
+			continue
+		}
+		fds, err := syscall.ParseUnixRights(&m)
+		if err != nil {
+			return fmt.Errorf("%w: unreadable SCM_RIGHTS message: %w", ErrInvalidIPCHandle, err)
+		}
+		r.fds = append(r.fds, fds...)
+	}
+	return nil
+}
+
+// closeFDs closes every descriptor and returns the errors joined.
+func closeFDs(fds []int) error {
+	var errs []error
+	for _, fd := range fds {
+		if fd < 0 {
+			continue
+		}
+		if err := syscall.Close(fd); err != nil {
+			errs = append(errs, fmt.Errorf("close(%d): %w", fd, err))
+		}
+	}
+	return errors.Join(errs...)
+}
