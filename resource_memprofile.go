@@ -11,13 +11,18 @@ import (
 )
 
 // DefaultMemoryProfileRate is the sampling rate, in bytes, of a MemoryProfileResourceAdaptor made
-// without one: on average one allocation is recorded per this many bytes allocated. It is 16
-// times Go's own default (runtime.MemProfileRate, 512 KiB) because device allocations are larger
-// and cheaper than Go's: a sub-allocator hands out a block of any size in about 30 ns, so the
-// recording of a sampled allocation (its call stack and a map entry, about 0.5 µs) must be
-// rarer for the adaptor to cost a few per cent; at 8 MiB an allocation of 256 KiB or less is
-// sampled at most once in 32 (BENCHMARKS.md, "Memory profiles").
-const DefaultMemoryProfileRate = 8 << 20
+// without one: on average one allocation is recorded per 128 MiB allocated, 256 times Go's own
+// default (runtime.MemProfileRate, 512 KiB). Device programs allocate far more bytes than Go
+// programs do on their heap, and a resource hands out a block of any size for about the same
+// cost, while recording a sampled allocation (its call stack) costs about 0.5 µs whatever its
+// size. 128 MiB is the smallest power of two at which benchmark W1 over host memory
+// (SystemMemoryResource, 130-200 ns a pair below 64 MiB) cost at most 10% more through the
+// adaptor at each of W1's sizes, 256 B to 64 MiB; at 64 MiB the pairs of 1 MiB cost 11% more
+// (BenchmarkW1Profiled, which gives the figures). Over a sub-allocator (25-40 ns a pair) the
+// adaptor costs more: 5-10 ns a pair that is not sampled, and allocations of tens of MiB are
+// sampled often (see the type's comment). A profile at this rate holds about 8 samples per GiB
+// in use; set MemoryProfileOptions.Rate lower for more detail.
+const DefaultMemoryProfileRate = 128 << 20
 
 // MemoryProfileOptions configures a MemoryProfileResourceAdaptor. nil means the defaults.
 type MemoryProfileOptions struct {
@@ -68,12 +73,16 @@ type MemoryProfileOptions struct {
 // Cost. An allocation that is not sampled costs one atomic compare-and-swap on its countdown,
 // and its free one atomic load from a table of counters indexed by the pointer's hash, which
 // tells pointers that cannot have been sampled from those that may have been (those then look
-// their record up under a lock): on one goroutine about 2-5 ns a pair in all, against a pool's
-// 30 ns. A sampled allocation costs the capture of its stack (runtime.Callers), a lookup of its
-// stack in a table under a lock, and a map entry until it is freed: about 0.5 µs a pair. Each
-// distinct stack and size that is ever sampled keeps a record (about 100 bytes plus 8 per frame)
-// for the life of the adaptor, as Go's heap profiler keeps its own; the adaptor itself takes
-// about 24 KiB.
+// their record up under a lock): 5-10 ns a pair in all on one goroutine, against a pool's
+// 25-40 ns. A sampled allocation costs the capture of its stack (runtime.Callers, in proportion
+// to its depth), a lookup of its stack in a table under a lock, and a map entry until it is
+// freed: about 0.5 µs a pair on the benchmark host, so that through a pool allocations as large
+// as the rate (mostly sampled) cost several times what they cost without the adaptor. Since at
+// most one allocation is sampled per rate bytes on average, sampling costs at most that 0.5 µs
+// per rate bytes allocated (4 ns per MiB at the default rate), whatever the sizes.
+// Each distinct stack and size that is ever sampled keeps a record (about 100 bytes plus 8 per
+// frame) for the life of the adaptor, as Go's heap profiler keeps its own; the adaptor itself
+// takes about 24 KiB.
 //
 // Why an adaptor of its own rather than an option of TrackingResourceAdaptor: the tracking
 // adaptor's purpose is an entry for every outstanding allocation (to list leaks exactly), which
@@ -169,7 +178,12 @@ func (r *MemoryProfileResourceAdaptor) Allocate(nbytes int, s StreamView) (Devic
 		return p, err
 	}
 	h := memProfHash(p)
-	if r.countDown(&r.shards[h>>(64-memProfShardBits)], int64(nbytes)) {
+	sh := &r.shards[h>>(64-memProfShardBits)]
+	n := int64(nbytes)
+	if left := sh.left.Load(); n < left && sh.left.CompareAndSwap(left, left-n) {
+		return p, nil // not sampled: the common case, countDown's first attempt
+	}
+	if r.countDown(sh, n) {
 		r.record(p, nbytes, h)
 	}
 	return p, nil
@@ -177,7 +191,7 @@ func (r *MemoryProfileResourceAdaptor) Allocate(nbytes int, s StreamView) (Devic
 
 // countDown takes an allocation of n > 0 bytes off shard sh's countdown and reports whether it is
 // sampled: when the countdown is n or less, which then starts again from a new draw. At rate 1
-// every allocation is.
+// every allocation is. (Allocate makes the first attempt of the common case itself.)
 func (r *MemoryProfileResourceAdaptor) countDown(sh *memProfShard, n int64) bool {
 	if r.rate == 1 {
 		return true
@@ -198,8 +212,11 @@ func (r *MemoryProfileResourceAdaptor) countDown(sh *memProfShard, n int64) bool
 
 // draw returns a distance in bytes to the next sample: an exponential variate of mean rate (by
 // inversion of a uniform variate of 53 bits), rounded up, so that it is at most n, a whole number
-// of bytes, with probability 1-exp(-n/rate); at most 2^62.
+// of bytes, with probability 1-exp(-n/rate); at most 2^62. At rate 1 it is 0.
 func (r *MemoryProfileResourceAdaptor) draw() int64 {
+	if r.rate == 1 {
+		return 0
+	}
 	var u uint64
 	if r.testRand == nil {
 		u = rand.Uint64() // the calling thread's source
