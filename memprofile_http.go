@@ -12,8 +12,9 @@ import (
 // Go's heap profile: a GET answers with WriteProfile's bytes (Content-Type
 // application/octet-stream, as an attachment named "devicemem"), which go tool pprof reads from
 // the URL. With debug=N for N > 0 it answers Report("inuse_space", 0) as plain text instead, for
-// a browser. Go's heap handler's gc parameter is ignored: device memory is not collected by Go's
-// garbage collector. The seconds parameter (a delta profile) is refused with status 400.
+// a browser. Go's heap handler's gc parameter is ignored: a garbage collection frees no device
+// memory before the profile is taken (containers dropped without Close are freed by cleanups that
+// run later, if at all). The seconds parameter (a delta profile) is refused with status 400.
 //
 // Mount it beside net/http/pprof's handlers (its index page does not list it):
 //

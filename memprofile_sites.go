@@ -122,10 +122,10 @@ func (r *MemoryProfileResourceAdaptor) TopSites(n int, orderedBy string) ([]Memo
 }
 
 // Report formats TopSites(n, orderedBy) as a table, in the manner of Profiler.Report: a header,
-// the sampling rate, the order, then one row per site — inuse_objects and alloc_objects
-// right-aligned in 13 columns, inuse_space and alloc_space in 15, with thousands separators,
-// then two spaces and the site ("<file>:<line>(<function>)") — without a final newline. With no
-// samples the table says "No samples". orderedBy is as for MemorySites.
+// the sampling rate, the order, then a line of column names and one row per site — its
+// inuse_objects, inuse_space, alloc_objects and alloc_space right-aligned under their names, with
+// thousands separators, then two spaces and the site ("<file>:<line>(<function>)") — without a
+// final newline. With no samples the table is "No samples". orderedBy is as for MemorySites.
 func (r *MemoryProfileResourceAdaptor) Report(orderedBy string, n int) (string, error) {
 	if orderedBy == "" {
 		orderedBy = "inuse_space"
