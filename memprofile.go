@@ -110,8 +110,9 @@ func (lb *memProfLocations) stack(stk []uintptr) []*profile.Location {
 		}
 		if n := len(frames); n > 0 {
 			last, next := frames[n-1], fs[0]
-			// The frames of one PC (one physical call) continue while the last is inlined
-			// (Func is nil) into the same function (entry) that is not a recursive call.
+			// A location holds the frames of one physical call: the next PC's frame joins it
+			// while the last frame is inlined (Func is nil) into the same function (entry) and
+			// the next is not a recursive call of it.
 			if last.Func != nil || last.Entry == 0 || last.Entry != next.Entry || last.Function == next.Function {
 				flush()
 			}

@@ -422,8 +422,11 @@ func TestMemoryProfileStacks(t *testing.T) {
 		require.Equal(t, "github.com/gormm/rmm.TestMemoryProfileStacks", loc.Line[1].Function.Name)
 	}
 	require.Contains(t, names, "github.com/gormm/rmm.TestMemoryProfileStacks")
+	require.Len(t, prof.Mapping, 1)
+	require.True(t, prof.Mapping[0].HasFunctions && prof.Mapping[0].HasLineNumbers)
 	for _, l := range prof.Location {
 		require.NotZero(t, l.Address)
+		require.Same(t, prof.Mapping[0], l.Mapping)
 		for _, line := range l.Line {
 			require.NotZero(t, line.Line)
 			require.NotEmpty(t, line.Function.Filename)
