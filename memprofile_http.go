@@ -11,7 +11,7 @@ import (
 // MemoryProfileHandler returns an HTTP handler that serves r's profile as net/http/pprof serves
 // Go's heap profile: a GET answers with WriteProfile's bytes (Content-Type
 // application/octet-stream, as an attachment named "devicemem"), which go tool pprof reads from
-// the URL. With debug=N for N > 0 it answers Report("inuse_space", 0) as plain text instead, for
+// the URL. With debug=N for N > 0 it answers Report(0, "inuse_space") as plain text instead, for
 // a browser. Go's heap handler's gc parameter is ignored: a garbage collection frees no device
 // memory before the profile is taken (containers dropped without Close are freed by cleanups that
 // run later, if at all). The seconds parameter (a delta profile) is refused with status 400.
@@ -38,7 +38,7 @@ func (h memProfHandler) ServeHTTP(w http.ResponseWriter, req *http.Request) {
 	}
 	debug, _ := strconv.Atoi(q.Get("debug"))
 	if debug > 0 {
-		report, err := h.r.Report("inuse_space", 0)
+		report, err := h.r.Report(0, "inuse_space")
 		if err != nil {
 			memProfServeError(w, http.StatusInternalServerError, err.Error())
 			return

@@ -126,7 +126,7 @@ func (r *MemoryProfileResourceAdaptor) TopSites(n int, orderedBy string) ([]Memo
 // inuse_objects, inuse_space, alloc_objects and alloc_space right-aligned under their names, with
 // thousands separators, then two spaces and the site ("<file>:<line>(<function>)") — without a
 // final newline. With no samples the table is "No samples". orderedBy is as for MemorySites.
-func (r *MemoryProfileResourceAdaptor) Report(orderedBy string, n int) (string, error) {
+func (r *MemoryProfileResourceAdaptor) Report(n int, orderedBy string) (string, error) {
 	if orderedBy == "" {
 		orderedBy = "inuse_space"
 	}

@@ -128,7 +128,7 @@ func TestMemoryProfileSitesExact(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, []rmm.MemorySite{load, scr}, sites)
 
-	report, err := prof.Report("alloc_space", 0)
+	report, err := prof.Report(0, "alloc_space")
 	require.NoError(t, err)
 	lines := strings.Split(report, "\n")
 	require.Equal(t, []string{

@@ -461,7 +461,7 @@ func TestMemorySitesErrors(t *testing.T) {
 	r := memProfNew(t, &adpNullUpstream{}, 1, 0)
 	_, err := r.TopSites(0, "peak")
 	require.ErrorIs(t, err, ErrInvalidArgument)
-	_, err = r.Report("peak", 0)
+	_, err = r.Report(0, "peak")
 	require.ErrorIs(t, err, ErrInvalidArgument)
 	_, err = MemorySites(&profile.Profile{SampleType: []*profile.ValueType{{Type: "samples", Unit: "count"}}}, "")
 	require.ErrorIs(t, err, ErrInvalidArgument)
@@ -469,7 +469,7 @@ func TestMemorySitesErrors(t *testing.T) {
 	sites, err := r.TopSites(5, "")
 	require.NoError(t, err)
 	require.Empty(t, sites)
-	report, err := r.Report("", 0)
+	report, err := r.Report(0, "")
 	require.NoError(t, err)
 	require.Equal(t, "Device Memory by Call Site\n==========================\n\nSampling: every allocation\nOrdered by: inuse_space\n\nNo samples", report)
 }
