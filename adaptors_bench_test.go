@@ -34,6 +34,7 @@ func BenchmarkAdaptors(b *testing.B) {
 			r, _ := NewTrackingResourceAdaptor(up, &TrackingOptions{CaptureStacks: true})
 			return r
 		}},
+		{"memory-profile", func(up MemoryResource) MemoryResource { r, _ := NewMemoryProfileResourceAdaptor(up, nil); return r }},
 		{"limiting", func(up MemoryResource) MemoryResource { r, _ := NewLimitingResourceAdaptor(up, 1<<62, nil); return r }},
 		{"aligned-4096", func(up MemoryResource) MemoryResource {
 			r, _ := NewAlignedResourceAdaptor(up, &AlignedOptions{Alignment: 4096})

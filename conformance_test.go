@@ -54,6 +54,8 @@ var conformanceCases = []confCase{
 	{"AlignedOverSystem", false, confAligned(4096, 0), rmmtest.Options{IgnoresStreams: true, Upstream: confSystem}},
 	{"AlignedOverSimulated", false, confAligned(1<<20, 64<<10), rmmtest.Options{IgnoresStreams: true, Upstream: confSimulated(100 * confGiB), MaxAllocationSize: 4 * confGiB}},
 	{"ThreadSafeOverPool", false, confAdaptorOverPool(confThreadSafe), rmmtest.Options{DetectsInvalidFree: true, Upstream: confSystem}},
+	{"MemoryProfileEveryAllocationOverPool", false, confAdaptorOverPool(confMemoryProfile(1)), rmmtest.Options{DetectsInvalidFree: true, Upstream: confSystem}},
+	{"MemoryProfileSampledOverPool", false, confAdaptorOverPool(confMemoryProfile(64 << 10)), rmmtest.Options{DetectsInvalidFree: true, Upstream: confSystem}},
 
 	// The other sub-allocators and resources.
 	{"ArenaOverSystem", false, confArena(64 * confMiB), rmmtest.Options{DetectsInvalidFree: true, ReleaseKeepsMemory: true, Upstream: confSystem, MaxAllocationSize: 8 * confMiB, Capacity: 64 * confMiB}},
@@ -229,6 +231,12 @@ func (h confHideStats) Device() rmm.Device           { return h.r.Device() }
 
 func confTracking(up rmm.MemoryResource) (rmm.MemoryResource, error) {
 	return rmm.NewTrackingResourceAdaptor(up, &rmm.TrackingOptions{CaptureStacks: true})
+}
+
+func confMemoryProfile(rate int) func(rmm.MemoryResource) (rmm.MemoryResource, error) {
+	return func(up rmm.MemoryResource) (rmm.MemoryResource, error) {
+		return rmm.NewMemoryProfileResourceAdaptor(up, &rmm.MemoryProfileOptions{Rate: rate})
+	}
 }
 
 func confLimiting(limit int) func(rmm.MemoryResource) (rmm.MemoryResource, error) {

@@ -17,7 +17,9 @@
 //     Replay (and the rmm-replay command) replays against any resource.
 //     StatisticsResourceAdaptor counts current, peak and total bytes on a stack of levels
 //     (EnableStatistics, WithStatistics, and Profiler for named blocks of code);
-//     TrackingResourceAdaptor lists what was never freed; LimitingResourceAdaptor caps the bytes
+//     TrackingResourceAdaptor lists what was never freed; MemoryProfileResourceAdaptor samples
+//     the call stacks of allocations into a pprof profile of device memory (go tool pprof,
+//     MemoryProfileHandler); LimitingResourceAdaptor caps the bytes
 //     handed out; FailureCallbackResourceAdaptor lets a callback free memory and retry;
 //     PrefetchResourceAdaptor prefetches managed memory to the GPU; AlignedResourceAdaptor
 //     aligns to more than 256 bytes; ThreadSafeResourceAdaptor serialises a resource of one's own.
