@@ -280,10 +280,13 @@ func (p *PoolMemoryResource) returnCached(c *poolCache, l *freeList, kill bool) 
 			DebugLogger().Warn("rmm: PoolMemoryResource: no free list for a stream's cached blocks; synchronising it", "stream", c.stream.String(), "err", err)
 			// (Under the lock: this path follows a failure to make a list, rarely if ever taken;
 			// the blocks must not be seen in the default stream's list before the wait.)
-			// A Stream that was closed waited for its work then, and its handle is gone: no
-			// call may name it.
-			if p.ctx != 0 && !errors.Is(err, ErrClosed) {
-				if serr := p.drv.streamSynchronize(p.ctx, c.stream.cu()); serr != nil {
+			// A Stream that was closed has no handle any more (no call may name it), and its
+			// Close may not have waited for its work yet (Close synchronises after its hooks):
+			// wait for the device.
+			if p.ctx != 0 {
+				if errors.Is(err, ErrClosed) {
+					p.drv.ctxSynchronize(p.ctx)
+				} else if serr := p.drv.streamSynchronize(p.ctx, c.stream.cu()); serr != nil {
 					p.drv.ctxSynchronize(p.ctx)
 				}
 			}

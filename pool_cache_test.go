@@ -4,6 +4,7 @@ import (
 	"math/rand"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 )
@@ -310,4 +311,45 @@ func TestPoolCacheFlushMarksListDirty(t *testing.T) {
 	p.mu.Unlock()
 	require.NoError(t, p.Deallocate(y, 8192, s))
 	require.NoError(t, p.CheckInvariants())
+}
+
+// A free on a Stream while its Close waits for a take in flight on the stream's list makes the
+// stream a new cache; Close must end that cache too. Left alive, its blocks were flushed after the
+// stream was gone into the default stream's list with nothing ordering them after the stream's
+// work (a random walk with failing event synchronisations found it).
+func TestPoolCacheFreeDuringStreamClose(t *testing.T) {
+	p, _ := newSimPool(t, 1<<30, nil) // no list before the fake is wired
+	e := newPoolSyncEnv(t, p)
+	s, st, si := e.stream(0x101, "S")
+	tv, _, ti := e.stream(0x102, "T")
+	x := e.mustAlloc(4096, s, si) // slow path: 4096 is now a size s asks for
+	p.mu.Lock()
+	l := p.byStream[s.ID()]
+	p.pin(l) // a take in flight on s's list: Close waits for it
+	p.mu.Unlock()
+	closed := make(chan struct{})
+	go func() {
+		defer close(closed)
+		st.Close()
+	}()
+	// Wait until the pool's hook waits for the take (unlocked).
+	require.Eventually(t, func() bool {
+		p.mu.Lock()
+		defer p.mu.Unlock()
+		return p.waiters > 0
+	}, 5*time.Second, time.Millisecond)
+	e.mustFree(x, 4096, s, si) // s's list still exists: the block goes to a new cache
+	p.mu.Lock()
+	require.NotNil(t, p.cacheOf(s), "the free went to a cache")
+	p.unpin(l)
+	p.mu.Unlock()
+	<-closed
+	e.f.kill(s.h)
+	p.mu.Lock()
+	require.Nil(t, p.cacheOf(s), "Close ended the cache made while it waited")
+	p.mu.Unlock()
+	// Another stream takes the memory: ordered after s's free, with no call naming s.
+	y := e.mustAlloc(4<<20, tv, ti)
+	e.mustFree(y, 4<<20, tv, ti)
+	e.done()
 }

@@ -1098,15 +1098,18 @@ func (p *PoolMemoryResource) dropList(o *freeList) {
 func (p *PoolMemoryResource) streamClosing(s StreamView) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	p.dropCaches()
-	delete(p.hooked, s.id)
-	l := p.byStream[s.id]
-	for l != nil && l.pins > 0 {
+	for l := p.byStream[s.id]; l != nil && l.pins > 0; l = p.byStream[s.id] {
 		// A take, merge or growth in flight names the list's event or records on the stream:
 		// the stream must outlive it.
 		p.wait()
-		l = p.byStream[s.id]
 	}
+	// The caches end only now, after the last unlock: a free on s while this waited may have
+	// made s a new cache, whose blocks, flushed after the stream is gone, would reach another
+	// stream with nothing ordering them after s's work. The blocks go to s's list (made again
+	// if a merge dropped it: s is still hooked), which is handled below.
+	p.dropCaches()
+	delete(p.hooked, s.id)
+	l := p.byStream[s.id]
 	if l == nil {
 		return
 	}
