@@ -202,12 +202,16 @@ func (r *CudaAsyncMemoryResource) ExportIPC(p DevicePtr, nbytes int) (*IPCHandle
 	if err != nil {
 		return nil, fmt.Errorf("%s.ExportIPC: %w", name, err)
 	}
-	data, err := cuMemPoolExportPointer(r.ctx, p)
+	// The driver exports an allocation only from a pool that has already been shared
+	// (cuMemPoolExportPointer is CUDA_ERROR_INVALID_VALUE before the pool's first
+	// cuMemPoolExportToShareableHandle), so the pool goes first.
+	fd, err := cuMemPoolExportFD(r.ctx, pool)
 	if err != nil {
 		return nil, fmt.Errorf("%s.ExportIPC(%#x): %w", name, uintptr(p), err)
 	}
-	fd, err := cuMemPoolExportFD(r.ctx, pool)
+	data, err := cuMemPoolExportPointer(r.ctx, p)
 	if err != nil {
+		closeFDs([]int{fd})
 		return nil, fmt.Errorf("%s.ExportIPC(%#x): %w", name, uintptr(p), err)
 	}
 	return &IPCHandle{kind: IPCKindMemPool, dev: ord, uuid: uuid, size: nbytes, data: data, nfds: 1, fds: []int{fd}}, nil
