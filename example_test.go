@@ -53,6 +53,30 @@ func Example() {
 	// 67108864 0
 }
 
+// The README's first program: an expandable pool over the current device (host memory where
+// there is no GPU), a vector of 2^20 float32 filled on the GPU and read back.
+func Example_firstProgram() {
+	pool, err := rmm.NewPoolMemoryResource(nil, &rmm.PoolOptions{Expandable: true})
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer pool.Close()
+	v, err := rmm.NewUvector[float32](1<<20, rmm.DefaultStream, pool) // 4 MiB of device memory
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer v.Close()
+	if err := v.Fill(0.5, rmm.DefaultStream); err != nil { // a kernel, ordered on the stream
+		log.Fatal(err)
+	}
+	host, err := v.ToSlice(rmm.DefaultStream) // a copy to the host, complete on return
+	if err != nil {
+		log.Fatal(err)
+	}
+	fmt.Println(len(host), host[0], pool.Stats().LiveBytes)
+	// Output: 1048576 0.5 4194304
+}
+
 // Replaying an RMM event log against a pool over an address-only upstream: how large the pool
 // grows for a real workload, on any machine.
 func ExampleReplay() {
