@@ -88,7 +88,7 @@ func brkShardShardOf(a *ArenaMemoryResource, p DevicePtr) int {
 	if i < 0 {
 		return -1
 	}
-	o := ls.m.slots[i].sb.owner.Load()
+	o := ls.m.slots[i].v.sb.owner.Load()
 	if o == nil || o.kind != arenaShardKind {
 		return -1
 	}

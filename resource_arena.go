@@ -236,7 +236,7 @@ func (l *arenaLiveSet) add(p DevicePtr, sb *arenaSuperblock, asked, n int) {
 
 // remove deletes the entry in slot i (from m.find), of n bytes once rounded.
 func (l *arenaLiveSet) remove(i, n int) {
-	l.m.del(i)
+	l.m.delAt(i)
 	l.count--
 	l.bytes -= n
 }
@@ -761,7 +761,7 @@ func (r *ArenaMemoryResource) deallocateSlow(ptr DevicePtr, nbytes, n int, s Str
 		}
 		r.lockLive(mu, o)
 		i := l.m.find(ptr)
-		if i < 0 || l.m.slots[i].arenaLive != e {
+		if i < 0 || l.m.slots[i].v != e {
 			r.unlockLive(mu, o)
 			o.mu.Unlock()
 			return r.notAllocated(ptr, nbytes, large)
@@ -855,7 +855,7 @@ func (r *ArenaMemoryResource) findLive(l *arenaLiveSet, ptr DevicePtr, nbytes in
 		mu.Unlock()
 		return -1, arenaLive{}, r.notAllocated(ptr, nbytes, large)
 	}
-	e := l.m.slots[i].arenaLive
+	e := l.m.slots[i].v
 	if e.size != nbytes {
 		mu.Unlock()
 		return -1, arenaLive{}, arenaWrongSize(ptr, nbytes, e.size)
@@ -879,7 +879,7 @@ func (r *ArenaMemoryResource) notAllocated(ptr DevicePtr, nbytes int, large bool
 		l = &r.large
 	}
 	if i := l.m.find(ptr); i >= 0 {
-		return arenaWrongSize(ptr, nbytes, l.m.slots[i].size)
+		return arenaWrongSize(ptr, nbytes, l.m.slots[i].v.size)
 	}
 	return fmt.Errorf("%w: ArenaMemoryResource.Deallocate(%#x, %d): the pointer was not allocated by this arena or was already freed", ErrInvalidFree, uintptr(ptr), nbytes)
 }
