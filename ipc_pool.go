@@ -176,7 +176,7 @@ func (p *PoolMemoryResource) checkLiveRange(ptr DevicePtr, n int) error {
 		}
 	}
 	if m := p.caches.Load(); m != nil {
-		for _, c := range *m {
+		for _, c := range m.all() {
 			c.mu.Lock()
 			if inside(c.issued.get(ptr)) {
 				found = true

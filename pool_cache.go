@@ -68,11 +68,6 @@ type poolCache struct {
 	_      [64]byte
 }
 
-// poolCaches is the published set of caches; it is never changed once published (a change
-// publishes a copy), so the fast paths read it without a lock. Pools see few streams, so a
-// scan of a short slice finds a stream's cache sooner than a map would.
-type poolCaches []*poolCache
-
 // note updates c.busy (c locked).
 func (c *poolCache) note() {
 	if v := c.n > 0 || c.issued.len() > 0; c.busy.Load() != v {
@@ -94,14 +89,8 @@ func (l *freeList) noteAllocation(n int) {
 func (l *freeList) asksFor(n int) bool { return slices.Contains(l.recent[:], n) }
 
 func (p *PoolMemoryResource) cacheOf(s StreamView) *poolCache {
-	if m := p.caches.Load(); m != nil {
-		for _, c := range *m {
-			if c.stream.id == s.id {
-				return c
-			}
-		}
-	}
-	return nil
+	c, _ := p.caches.Load().find(s.id)
+	return c
 }
 
 // allocateCached takes a block of exactly n bytes (rounded) from s's cache, for a request of
@@ -172,7 +161,7 @@ func (p *PoolMemoryResource) takeIssued(ptr DevicePtr, nbytes int) *block {
 	if m == nil {
 		return nil
 	}
-	for _, c := range *m {
+	for _, c := range m.all() {
 		c.mu.Lock()
 		b := c.issued.get(ptr)
 		if b != nil && b.req == nbytes {
@@ -200,12 +189,12 @@ func (p *PoolMemoryResource) cacheFree(l *freeList, b *block, s StreamView) bool
 	c := p.cacheOf(s)
 	if c == nil {
 		c = &poolCache{stream: l.stream}
-		var m poolCaches
-		if old := p.caches.Load(); old != nil {
-			m = append(m, *old...)
+		old := p.caches.Load()
+		m := old.with(s.id, c)
+		if m == old {
+			return false // streamSetMax streams have caches already
 		}
-		m = append(m, c)
-		p.caches.Store(&m)
+		p.caches.Store(m)
 	}
 	c.mu.Lock()
 	b.req = 0
@@ -237,7 +226,7 @@ func (p *PoolMemoryResource) flushCache(l *freeList, s StreamView) {
 // stay, with the blocks they handed out.
 func (p *PoolMemoryResource) flushCaches() {
 	if m := p.caches.Load(); m != nil {
-		for _, c := range *m {
+		for _, c := range m.all() {
 			if c.busy.Load() {
 				p.returnCached(c, nil, false)
 			}
@@ -253,17 +242,13 @@ func (p *PoolMemoryResource) dropCaches() {
 	if m == nil {
 		return
 	}
-	var keep poolCaches
-	for _, c := range *m {
+	var keep *streamSet[*poolCache]
+	for _, c := range m.all() {
 		if !p.returnCached(c, nil, true) {
-			keep = append(keep, c)
+			keep = keep.with(c.stream.id, c)
 		}
 	}
-	if keep == nil {
-		p.caches.Store(nil)
-	} else {
-		p.caches.Store(&keep)
-	}
+	p.caches.Store(keep)
 }
 
 // returnCached gives c's cached blocks back to l, or when l is nil to the list of c's stream
@@ -328,8 +313,8 @@ func (p *PoolMemoryResource) cachedByStream() map[uint64]poolCacheFigures {
 	if m == nil {
 		return nil
 	}
-	out := make(map[uint64]poolCacheFigures, len(*m))
-	for _, c := range *m {
+	out := make(map[uint64]poolCacheFigures, len(m.all()))
+	for _, c := range m.all() {
 		c.mu.Lock()
 		f := poolCacheFigures{stream: c.stream, blocks: c.n, issued: c.issued.len()}
 		for _, b := range c.slots[:c.n] {
@@ -343,11 +328,11 @@ func (p *PoolMemoryResource) cachedByStream() map[uint64]poolCacheFigures {
 }
 
 // cachesWithoutList returns the figures of the caches holding blocks whose stream has no free
-// list (pool locked), in the order the caches were made.
+// list (pool locked), in the order of their streams' ids.
 func (p *PoolMemoryResource) cachesWithoutList(cached map[uint64]poolCacheFigures) []poolCacheFigures {
 	var out []poolCacheFigures
 	if m := p.caches.Load(); m != nil {
-		for _, c := range *m {
+		for _, c := range m.all() {
 			if f := cached[c.stream.id]; f.blocks > 0 && p.byStream[c.stream.id] == nil {
 				out = append(out, f)
 			}
@@ -366,7 +351,7 @@ func (p *PoolMemoryResource) checkCaches(all map[DevicePtr]*block) (int, error) 
 		return 0, nil
 	}
 	held := 0
-	for _, c := range *m {
+	for _, c := range m.all() {
 		id := c.stream.id
 		c.mu.Lock()
 		var err error

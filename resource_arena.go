@@ -143,13 +143,13 @@ type ArenaMemoryResource struct {
 	streamsMu sync.Mutex // creating stream arenas and stream records
 	recs      sync.Map   // stream id -> *arenaStream, for streams that freed into the global arena
 	// arenas and lazyRecs publish the stream arenas in streams and the records of our Streams
-	// in recs (at most arenaPublishMax of each) for the fast paths, which read them without a
+	// in recs (at most streamSetMax of each) for the fast paths, which read them without a
 	// lock; streamsMu serialises their changes. With closed, they are read on every allocation
 	// and free and written almost never: the pads keep them off the lines of the fields around
 	// them, which the slow paths write (defRec at frees into the global arena on DefaultStream).
 	_        [64]byte
-	arenas   atomic.Pointer[arenaByStream[*arenaSet]]
-	lazyRecs atomic.Pointer[arenaByStream[*arenaStream]]
+	arenas   atomic.Pointer[streamSet[*arenaSet]]
+	lazyRecs atomic.Pointer[streamSet[*arenaStream]]
 	closed   atomic.Bool
 	_        [64]byte
 	defRec   arenaStream

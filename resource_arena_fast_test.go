@@ -327,9 +327,9 @@ func TestArenaFastLargeTable(t *testing.T) {
 }
 
 // The published sets keyed by stream id: changes make copies and leave the old set as it was;
-// past arenaPublishMax entries nothing more is added.
+// past streamSetMax entries nothing more is added.
 func TestArenaFastByStream(t *testing.T) {
-	var p *arenaByStream[int]
+	var p *streamSet[int]
 	_, ok := p.find(1)
 	require.False(t, ok)
 	require.Nil(t, p.without(1))
@@ -352,14 +352,14 @@ func TestArenaFastByStream(t *testing.T) {
 	require.Same(t, q, q.without(3), "not there")
 	require.Nil(t, q.without(1).without(5).without(9))
 
-	var full *arenaByStream[int]
-	for id := range uint64(arenaPublishMax) {
+	var full *streamSet[int]
+	for id := range uint64(streamSetMax) {
 		full = full.with(2*id+1, 1)
 	}
 	require.Same(t, full, full.with(2, 2), "full")
 	_, ok = full.find(2)
 	require.False(t, ok)
-	for id := range uint64(arenaPublishMax) {
+	for id := range uint64(streamSetMax) {
 		_, ok := full.find(2*id + 1)
 		require.True(t, ok)
 	}

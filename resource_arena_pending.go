@@ -9,7 +9,7 @@ import (
 // freeing stream: the superblock notes the stream as pending (arenaPending), and a stream that
 // later takes memory from that superblock first waits on the device for an event of each
 // pending stream (waitPending). Apart from making a stream's record (streamRec) and finding a
-// published one (lazyRec, arenaByStream), everything here runs under the global arena's lock,
+// published one (lazyRec, streamSet), everything here runs under the global arena's lock,
 // CUDA calls included: they are made when memory passes from one stream to another (and at each
 // free on a foreign stream), never when DefaultStream or one of our Streams allocates and frees
 // alone.
@@ -442,76 +442,4 @@ func (r *ArenaMemoryResource) dropRecs() {
 		return true
 	})
 	r.lazyRecs.Store(nil)
-}
-
-// arenaPublishMax bounds the entries of an arenaByStream; streams past it are found the slow way.
-const arenaPublishMax = 256
-
-// arenaByStream is a set of values keyed by stream id (StreamView.ID), published (through an
-// atomic.Pointer) for readers that take no lock: it is never changed once published, with and
-// without return changed copies, made under the lock that serialises the writers. The nil set
-// is empty. Arenas see few streams, so a copy per change costs little, and a binary search of
-// a short slice finds a stream sooner than a map.
-type arenaByStream[T any] struct {
-	ids  []uint64 // ascending
-	vals []T
-}
-
-// find returns the value for id.
-func (p *arenaByStream[T]) find(id uint64) (v T, ok bool) {
-	if p == nil {
-		return v, false
-	}
-	ids := p.ids
-	lo, hi := 0, len(ids)
-	for lo < hi {
-		m := int(uint(lo+hi) >> 1)
-		if ids[m] < id {
-			lo = m + 1
-		} else {
-			hi = m
-		}
-	}
-	if lo < len(ids) && ids[lo] == id {
-		return p.vals[lo], true
-	}
-	return v, false
-}
-
-// with returns p with id set to v; p itself when it holds arenaPublishMax entries already
-// (the caller's readers then miss id and take their slow path).
-func (p *arenaByStream[T]) with(id uint64, v T) *arenaByStream[T] {
-	q := &arenaByStream[T]{}
-	if p != nil {
-		if len(p.ids) >= arenaPublishMax {
-			return p
-		}
-		q.ids, q.vals = slices.Clone(p.ids), slices.Clone(p.vals)
-	}
-	i, found := slices.BinarySearch(q.ids, id)
-	if found {
-		q.vals[i] = v
-		return q
-	}
-	q.ids = slices.Insert(q.ids, i, id)
-	q.vals = slices.Insert(q.vals, i, v)
-	return q
-}
-
-// without returns p without id: p itself when id is not in it, nil when nothing is left.
-func (p *arenaByStream[T]) without(id uint64) *arenaByStream[T] {
-	if p == nil {
-		return nil
-	}
-	i, found := slices.BinarySearch(p.ids, id)
-	if !found {
-		return p
-	}
-	if len(p.ids) == 1 {
-		return nil
-	}
-	return &arenaByStream[T]{
-		ids:  slices.Delete(slices.Clone(p.ids), i, i+1),
-		vals: slices.Delete(slices.Clone(p.vals), i, i+1),
-	}
 }
