@@ -43,6 +43,7 @@ type FixedSizeMemoryResource struct {
 	upstream    MemoryResource
 	dev         Device
 	ctx         uintptr
+	drv         *cudaDriver // the CUDA calls (tests may fake them)
 	blockSize   int
 	chunkBlocks int
 	chunkSize   int
@@ -94,6 +95,7 @@ func NewFixedSizeMemoryResource(upstream MemoryResource, opts *FixedSizeOptions)
 		return nil, fmt.Errorf("%w: NewFixedSizeMemoryResource: chunk of %d blocks of %d bytes overflows", ErrInvalidArgument, o.BlocksToPreallocate, o.BlockSize)
 	}
 	f := &FixedSizeMemoryResource{
+		drv:         &cudaCalls,
 		upstream:    upstream,
 		dev:         DeviceOf(upstream),
 		blockSize:   bs,
@@ -236,7 +238,7 @@ func (f *FixedSizeMemoryResource) Deallocate(p DevicePtr, nbytes int, s StreamVi
 	l, err := f.listFor(s)
 	if errors.Is(err, ErrClosed) {
 		if f.ctx != 0 {
-			if err := cuCtxSynchronize(f.ctx); err != nil {
+			if err := f.drv.ctxSynchronize(f.ctx); err != nil {
 				return fmt.Errorf("FixedSizeMemoryResource.Deallocate on closed %v: %w", s, err)
 			}
 		}
@@ -247,7 +249,7 @@ func (f *FixedSizeMemoryResource) Deallocate(p DevicePtr, nbytes int, s StreamVi
 		return err
 	}
 	if !l.lazy && f.ctx != 0 {
-		if err := cuEventRecord(f.ctx, l.event, s.cu()); err != nil {
+		if err := f.drv.eventRecord(f.ctx, l.event, s.cu()); err != nil {
 			return fmt.Errorf("FixedSizeMemoryResource.Deallocate: recording the event on %v: %w", s, err)
 		}
 	} else {
@@ -275,7 +277,7 @@ func (f *FixedSizeMemoryResource) listFor(s StreamView) (*fixedList, error) {
 		f.hooked[s.id] = true
 	}
 	if f.ctx != 0 {
-		e, err := cuEventCreate(f.ctx, cuEventDisableTiming)
+		e, err := f.drv.eventCreate(f.ctx, cuEventDisableTiming)
 		if err != nil {
 			return nil, fmt.Errorf("FixedSizeMemoryResource: creating the event for %v: %w", s, err)
 		}
@@ -296,7 +298,7 @@ func (f *FixedSizeMemoryResource) dropList(o *fixedList) {
 		}
 	}
 	if o.event != 0 {
-		cuEventDestroy(f.ctx, o.event)
+		f.drv.eventDestroy(f.ctx, o.event)
 		o.event = 0
 	}
 }
@@ -308,9 +310,9 @@ func (f *FixedSizeMemoryResource) waitFor(o *fixedList, s StreamView) error {
 	}
 	if o.dirty && !o.closed {
 		o.dirty = false
-		return cuRecordAndWait(f.ctx, o.event, o.stream.cu(), s.cu())
+		return f.drv.recordAndWait(f.ctx, o.event, o.stream.cu(), s.cu())
 	}
-	return cuStreamWaitEvent(f.ctx, s.cu(), o.event)
+	return f.drv.streamWaitEvent(f.ctx, s.cu(), o.event)
 }
 
 // streamClosing is called by Stream.Close before the stream is destroyed: the stream's free
@@ -335,13 +337,13 @@ func (f *FixedSizeMemoryResource) streamClosing(s StreamView) {
 	def, err := f.listFor(DefaultStream)
 	if err == nil && f.ctx != 0 && l.event != 0 {
 		if l.dirty {
-			err = cuRecordAndWait(f.ctx, l.event, s.cu(), cuStreamLegacy)
+			err = f.drv.recordAndWait(f.ctx, l.event, s.cu(), cuStreamLegacy)
 		} else {
-			err = cuStreamWaitEvent(f.ctx, cuStreamLegacy, l.event)
+			err = f.drv.streamWaitEvent(f.ctx, cuStreamLegacy, l.event)
 		}
 		if err != nil {
 			DebugLogger().Warn("rmm: FixedSizeMemoryResource: ordering a closing stream's frees failed; synchronising it", "stream", s.String(), "err", err)
-			err = cuStreamSynchronize(f.ctx, s.cu())
+			err = f.drv.streamSynchronize(f.ctx, s.cu())
 		}
 	}
 	if def == nil || err != nil {
@@ -364,12 +366,12 @@ func (f *FixedSizeMemoryResource) syncAll() error {
 			continue
 		}
 		if l.dirty && !l.closed {
-			if err := cuEventRecord(f.ctx, l.event, l.stream.cu()); err != nil {
+			if err := f.drv.eventRecord(f.ctx, l.event, l.stream.cu()); err != nil {
 				return err
 			}
 			l.dirty = false
 		}
-		if err := cuEventSynchronize(f.ctx, l.event); err != nil {
+		if err := f.drv.eventSynchronize(f.ctx, l.event); err != nil {
 			return err
 		}
 	}
@@ -447,7 +449,7 @@ func (f *FixedSizeMemoryResource) Release() error {
 func (f *FixedSizeMemoryResource) destroyEvents() {
 	for _, l := range f.lists {
 		if l.event != 0 {
-			cuEventDestroy(f.ctx, l.event)
+			f.drv.eventDestroy(f.ctx, l.event)
 			l.event = 0
 		}
 		l.lazy, l.dirty = false, false
@@ -499,9 +501,9 @@ func (f *FixedSizeMemoryResource) deallocateAfterClose(p DevicePtr, s StreamView
 	if f.ctx != 0 {
 		var err error
 		if s.closed() {
-			err = cuCtxSynchronize(f.ctx)
+			err = f.drv.ctxSynchronize(f.ctx)
 		} else {
-			err = cuStreamSynchronize(f.ctx, s.cu())
+			err = f.drv.streamSynchronize(f.ctx, s.cu())
 		}
 		if err != nil {
 			return fmt.Errorf("FixedSizeMemoryResource.Deallocate after Close: synchronising %v: %w", s, err)

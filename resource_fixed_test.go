@@ -414,3 +414,44 @@ func TestFixedSizeConcurrent(t *testing.T) {
 		}
 	}
 }
+
+// The fixed-size resource's stream and event calls go through its cudaDriver, so a fake device
+// shows them: a block freed on A and taken on B makes B wait for an event recorded on A, at the
+// take; a second take on A waits for nothing.
+func TestFixedSizeStreamOrderThroughDriver(t *testing.T) {
+	sim, err := NewSimulatedMemoryResource(1 << 30)
+	require.NoError(t, err)
+	fx, err := NewFixedSizeMemoryResource(sim, &FixedSizeOptions{BlockSize: 1 << 20, BlocksToPreallocate: 1})
+	require.NoError(t, err)
+	f := newArenaSyncFake(nil)
+	fx.ctx, fx.drv = 1, f.driver()
+	defer fx.Close()
+	sa, _ := arenaSyncStream(t, f, 0xa, "A")
+	sb, _ := arenaSyncStream(t, f, 0xb, "B")
+
+	p, err := fx.Allocate(4096, sa)
+	require.NoError(t, err)
+	require.NoError(t, fx.Deallocate(p, 4096, sa))
+	f.mu.Lock()
+	before := len(f.log)
+	f.mu.Unlock()
+	q, err := fx.Allocate(4096, sb)
+	require.NoError(t, err)
+	require.Equal(t, p, q, "the only block")
+	f.mu.Lock()
+	taken := slices.Clone(f.log[before:])
+	f.mu.Unlock()
+	require.Contains(t, taken, "record e1 on A, wait B", "B waits for A's work before it reuses the block")
+
+	require.NoError(t, fx.Deallocate(q, 4096, sb))
+	f.mu.Lock()
+	before = len(f.log)
+	f.mu.Unlock()
+	r, err := fx.Allocate(4096, sb)
+	require.NoError(t, err)
+	require.NoError(t, fx.Deallocate(r, 4096, sb))
+	f.mu.Lock()
+	again := slices.Clone(f.log[before:])
+	f.mu.Unlock()
+	require.Empty(t, again, "a block reused on the stream that freed it needs no call")
+}
