@@ -13,50 +13,7 @@ import (
 	"sync/atomic"
 )
 
-const (
-	// ArenaMinSuperblockSize is the smallest superblock, and the smallest arena: 1 MiB.
-	// Requests above it are large and served from the global arena directly.
-	ArenaMinSuperblockSize = 1 << 20
-	// ArenaMaxSuperblockSize is the largest superblock: 1 TiB. Larger requests always fail.
-	ArenaMaxSuperblockSize = 1 << 40
-
-	// ArenaDumpLogFile is the file, in the working directory, that an arena writes its state to
-	// when an allocation fails and ArenaOptions.DumpLogOnFailure is set (and DumpLogPath is not).
-	ArenaDumpLogFile = "rmm_arena_memory_dump.log"
-
-	arenaLiveShards = 64 // a power of two
-	// arenaLiveRegionShift gives the size of the ranges of the arena that the shards of the live
-	// index take in turn: 1 MiB, the size of the superblocks that small requests take.
-	arenaLiveRegionShift = 20
-)
-
-// ArenaOptions configures NewArenaMemoryResource. nil means the defaults.
-type ArenaOptions struct {
-	// ArenaSize is the number of bytes taken from the upstream at construction, in one
-	// allocation on the default stream; the arena never grows. It is rounded down to a multiple
-	// of 256 and must then be at least 1 MiB (ArenaMinSuperblockSize). Default 0: half of the
-	// current device's free memory (PercentOfFreeDeviceMemory(50)), as librmm.
-	ArenaSize int
-	// DumpLogOnFailure writes the arena's state to a file when an allocation fails: after
-	// defragmentation did not help, or at once for a request larger than the arena. It records
-	// the size asked, the arena size, the number of superblocks, the total free
-	// bytes, the largest free block and the fragmentation (1 − largest free / total free) × 100
-	// with two decimals, as Info records, then one Debug record per superblock (owner, start,
-	// end, size, empty, free blocks, largest free block, gap to the previous one), in log/slog's
-	// text format. Default false.
-	DumpLogOnFailure bool
-	// DumpLogPath is the file the dump goes to. Default "": ArenaDumpLogFile in the working
-	// directory. The resource's first dump truncates the file; later dumps are appended.
-	DumpLogPath string
-	// DefaultStreamArenas is the number of arenas that small allocations on DefaultStream are
-	// spread over, so that many goroutines allocating on the default stream do not share one
-	// lock. Default 0: runtime.GOMAXPROCS(0) at construction. At most 65536.
-	DefaultStreamArenas int
-}
-
-// ArenaMemoryResource is librmm's arena allocator: one upstream allocation, made at
-// construction and never grown, divided into superblocks (at least 1 MiB, at most 1 TiB) that
-// move between a global arena and per-stream arenas.
+// The arena, as implemented here (ArenaMemoryResource's contract is on the type):
 //
 //   - Sizes are rounded up to 256 bytes. Requests above 1 MiB are large: served by the global
 //     arena directly, from the lowest-addressed superblock with a free block large enough; an
@@ -107,10 +64,82 @@ type ArenaOptions struct {
 //     so Headroom is 0), the free bytes and the largest free block, and whether the free bytes
 //     would have held the request (Fragmented) or not.
 //
+//
 // First fit, superblock moves, coalescing and finding a pointer's superblock are O(log n) or
-// O(1). Deallocate detects a pointer the arena never handed out, a double free and a size other
-// than the one allocated, and returns ErrInvalidFree without changing anything. Safe for
+// O(1).
+
+const (
+	// ArenaMinSuperblockSize is the smallest superblock, and the smallest arena: 1 MiB.
+	// Requests above it are large and served from the global arena directly.
+	ArenaMinSuperblockSize = 1 << 20
+	// ArenaMaxSuperblockSize is the largest superblock: 1 TiB. Larger requests always fail.
+	ArenaMaxSuperblockSize = 1 << 40
+
+	// ArenaDumpLogFile is the file, in the working directory, that an arena writes its state to
+	// when an allocation fails and ArenaOptions.DumpLogOnFailure is set (and DumpLogPath is not).
+	ArenaDumpLogFile = "rmm_arena_memory_dump.log"
+
+	arenaLiveShards = 64 // a power of two
+	// arenaLiveRegionShift gives the size of the ranges of the arena that the shards of the live
+	// index take in turn: 1 MiB, the size of the superblocks that small requests take.
+	arenaLiveRegionShift = 20
+)
+
+// ArenaOptions configures NewArenaMemoryResource. nil means the defaults.
+type ArenaOptions struct {
+	// ArenaSize is the number of bytes taken from the upstream at construction, in one
+	// allocation on the default stream; the arena never grows. It is rounded down to a multiple
+	// of 256 and must then be at least 1 MiB (ArenaMinSuperblockSize). Default 0: half of the
+	// current device's free memory (PercentOfFreeDeviceMemory(50)), as librmm.
+	ArenaSize int
+	// DumpLogOnFailure writes the arena's state to a file when an allocation fails: after
+	// defragmentation did not help, or at once for a request larger than the arena. It records
+	// the size asked, the arena size, the number of superblocks, the total free
+	// bytes, the largest free block and the fragmentation (1 − largest free / total free) × 100
+	// with two decimals, as Info records, then one Debug record per superblock (owner, start,
+	// end, size, empty, free blocks, largest free block, gap to the previous one), in log/slog's
+	// text format. Default false.
+	DumpLogOnFailure bool
+	// DumpLogPath is the file the dump goes to. Default "": ArenaDumpLogFile in the working
+	// directory. The resource's first dump truncates the file; later dumps are appended.
+	DumpLogPath string
+	// DefaultStreamArenas is the number of arenas that small allocations on DefaultStream are
+	// spread over, so that many goroutines allocating on the default stream do not share one
+	// lock. Default 0: runtime.GOMAXPROCS(0) at construction. At most 65536.
+	DefaultStreamArenas int
+}
+
+// ArenaMemoryResource is librmm's arena allocator: one upstream allocation of
+// ArenaOptions.ArenaSize bytes, made at construction on [DefaultStream] and never grown, divided
+// into superblocks of 1 MiB ([ArenaMinSuperblockSize]) to 1 TiB ([ArenaMaxSuperblockSize]) that
+// move between a global arena and one arena per stream, so that goroutines allocating on their
+// own streams do not contend.
+//
+// Sizes are rounded up to 256 bytes; every pointer returned is 256-byte aligned. Requests of at
+// most 1 MiB are small and served from the allocating stream's arena; larger ones from the
+// global arena.
+//
+// Streams: memory freed on stream s is reused at once by allocations on s; another stream takes
+// it only after waiting on the device for an event recorded on s (cuStreamWaitEvent; the host
+// does not block), so a block is never reused before the work queued before its free ends.
+// Allocating and freeing on one stream make no CUDA call. A free on a stream other than the
+// one of the arena holding the block synchronises the freeing stream first
+// (cuStreamSynchronize). After a [Stream] is closed, its superblocks return to the global arena;
+// a free on its view waits for the device.
+//
+// Errors: when an allocation fails, the arena synchronises the device (cuCtxSynchronize),
+// returns every superblock to the global arena, coalesces and retries once ([ArenaMemoryResource.Release] does the
+// same); if that fails too it returns an [*OutOfMemoryError] (errors.Is(err, [ErrOutOfMemory]))
+// that gives the size asked, the arena size, the free bytes and the largest free block, and
+// whether the free bytes would have held the request (Fragmented), and writes the dump when
+// ArenaOptions.DumpLogOnFailure is set. Deallocate returns [ErrInvalidFree], changing nothing,
+// for a pointer the arena never handed out, a double free and a size other than the one
+// allocated. A negative size is [ErrInvalidArgument].
+//
+// Cost: allocations and frees are O(log n) in the superblocks of an arena, or O(1). Safe for
 // concurrent use: each arena has its own lock, the global arena another.
+//
+// How it works is described at the top of resource_arena.go.
 type ArenaMemoryResource struct {
 	upstream MemoryResource
 	dev      Device
