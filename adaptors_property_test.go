@@ -276,7 +276,7 @@ func (c adpAllocCmd) NextState(s commands.State) commands.State {
 	st := s.(*adpPropState).clone()
 	st.nextTag = max(st.nextTag, c.tag+1)
 	if c.fits(st) {
-		st.live = append(st.live, adpPropAlloc{c.tag, c.size})
+		st.live = append(st.live, adpPropAlloc(c))
 		adpModelAdd(&st.top().bytes, int64(c.size))
 		adpModelAdd(&st.top().count, 1)
 	}

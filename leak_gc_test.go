@@ -2,7 +2,6 @@ package rmm
 
 import (
 	"runtime"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -63,7 +62,6 @@ func TestContainerKeptAliveDuringCopyFrom(t *testing.T) {
 // leaked containers would (RMM's failure_callback_resource_adaptor pattern).
 type gcGCOnAlloc struct {
 	MemoryResource
-	reclaimed atomic.Int64
 }
 
 func (r *gcGCOnAlloc) Allocate(n int, s StreamView) (DevicePtr, error) {

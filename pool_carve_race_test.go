@@ -162,7 +162,7 @@ func TestPoolCarveReleasesSparesBeforeFailing(t *testing.T) {
 // carveTailGrowsDuringSync fills a pool of the given maximum with sixteen 2 MiB blocks, frees
 // two fragments, and asks for 4 MiB while the last two blocks are freed during carve's wait; it
 // returns the request's result and the last two blocks' addresses.
-func carveTailGrowsDuringSync(t *testing.T, vm vmm, maximum int) (*PoolMemoryResource, DevicePtr, error, DevicePtr) {
+func carveTailGrowsDuringSync(t *testing.T, vm vmm, maximum int) (*PoolMemoryResource, DevicePtr, DevicePtr, error) {
 	p := newExpTestPool(t, vm, PoolOptions{MaximumPoolSize: maximum, carvePage: 2 * mib})
 	t.Cleanup(func() { p.Close() })
 	e := newPoolSyncEnv(t, p)
@@ -187,7 +187,7 @@ func carveTailGrowsDuringSync(t *testing.T, vm vmm, maximum int) (*PoolMemoryRes
 	}
 	e.f.mu.Unlock()
 	q, err := p.Allocate(4*mib, DefaultStream)
-	return p, q, err, b[14]
+	return p, q, b[14], err
 }
 
 func TestPoolCarveFreesDuringWait(t *testing.T) {
@@ -202,7 +202,7 @@ func TestPoolCarveFreesDuringWait(t *testing.T) {
 		"sim below the maximum": {newSimVMM(hostVMMGranularity, 0), 64 * mib},
 	} {
 		t.Run(name, func(t *testing.T) {
-			p, q, err, tail := carveTailGrowsDuringSync(t, c.vm, c.maximum)
+			p, q, tail, err := carveTailGrowsDuringSync(t, c.vm, c.maximum)
 			require.NoError(t, err, "the free tail holds the request")
 			require.Equal(t, tail, q)
 			require.NoError(t, p.CheckInvariants())

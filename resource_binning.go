@@ -170,13 +170,6 @@ func (r *BinningMemoryResource) Bins() []Bin {
 	return out
 }
 
-// resourceFor returns the resource serving nbytes: the smallest bin of at least nbytes, else
-// the upstream.
-func (r *BinningMemoryResource) resourceFor(nbytes int) MemoryResource {
-	mr, _ := r.binFor(nbytes)
-	return mr
-}
-
 // binFor returns the resource nbytes goes to and the size of its bin (0 for the upstream).
 func (r *BinningMemoryResource) binFor(nbytes int) (MemoryResource, int) {
 	bins := *r.bins.Load()

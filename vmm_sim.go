@@ -2,7 +2,6 @@ package rmm
 
 import (
 	"fmt"
-	"sort"
 	"sync"
 )
 
@@ -204,27 +203,6 @@ func (v *simVMM) release(h vmmHandle) error {
 	v.charged -= v.handles[h]
 	delete(v.handles, h)
 	return nil
-}
-
-// mappedRanges returns the maximal mapped ranges, in address order.
-func (v *simVMM) mappedRanges() [][2]DevicePtr {
-	v.mu.Lock()
-	defer v.mu.Unlock()
-	var as []DevicePtr
-	for a := range v.maps {
-		as = append(as, a)
-	}
-	sort.Slice(as, func(i, j int) bool { return as[i] < as[j] })
-	var rs [][2]DevicePtr
-	for _, a := range as {
-		e := a + DevicePtr(v.maps[a].size)
-		if n := len(rs); n > 0 && rs[n-1][1] == a {
-			rs[n-1][1] = e
-		} else {
-			rs = append(rs, [2]DevicePtr{a, e})
-		}
-	}
-	return rs
 }
 
 func (v *simVMM) stats() (charged, mappings, creates, unmaps int) {
