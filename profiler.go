@@ -1,10 +1,11 @@
 package rmm
 
 import (
+	"cmp"
 	"fmt"
 	"reflect"
 	"runtime"
-	"sort"
+	"slices"
 	"strings"
 	"sync"
 
@@ -193,7 +194,7 @@ func (p *Profiler) Report(orderedBy string) (string, error) {
 		rows[i] = row{name, *p.records[name]}
 	}
 	p.mu.Unlock()
-	sort.SliceStable(rows, func(i, j int) bool { return key(rows[i].rec) > key(rows[j].rec) })
+	slices.SortStableFunc(rows, func(x, y row) int { return cmp.Compare(key(y.rec), key(x.rec)) })
 
 	var b strings.Builder
 	b.WriteString("Memory Profiling\n================\n\n")

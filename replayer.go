@@ -5,7 +5,7 @@ import (
 	"fmt"
 	"math"
 	"runtime"
-	"sort"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -245,7 +245,7 @@ func Replay(events []LogEvent, mr MemoryResource, opts *ReplayOptions) (ReplayRe
 		for id := range threads {
 			ids = append(ids, id)
 		}
-		sort.Slice(ids, func(a, b int) bool { return ids[a] < ids[b] })
+		slices.Sort(ids)
 		for g, id := range ids {
 			wake = append(wake, make(chan struct{}, 1))
 			for _, i := range threads[id] {

@@ -8,7 +8,6 @@ import (
 	"os"
 	"runtime"
 	"slices"
-	"sort"
 	"sync"
 	"sync/atomic"
 )
@@ -1352,7 +1351,7 @@ func (r *ArenaMemoryResource) dump(nbytes int) {
 	}
 	r.global.mu.Unlock()
 	unlock()
-	sort.Slice(lines, func(i, j int) bool { return lines[i].start < lines[j].start })
+	slices.SortFunc(lines, func(x, y arenaDumpLine) int { return cmp.Compare(x.start, y.start) })
 
 	r.dumpMu.Lock()
 	defer r.dumpMu.Unlock()
@@ -1429,7 +1428,7 @@ func (r *ArenaMemoryResource) CheckInvariants() error {
 			return err
 		}
 	}
-	sort.Slice(sbs, func(i, j int) bool { return sbs[i].addr() < sbs[j].addr() })
+	slices.SortFunc(sbs, func(x, y *arenaSuperblock) int { return cmp.Compare(x.addr(), y.addr()) })
 	live := map[*arenaSuperblock][]arenaNode{}
 	liveCount := 0
 	for i := 0; i <= len(r.live); i++ {
@@ -1511,7 +1510,7 @@ func (r *ArenaMemoryResource) CheckInvariants() error {
 			b := &ls[k]
 			spans = append(spans, b)
 		}
-		sort.Slice(spans, func(x, y int) bool { return spans[x].addr < spans[y].addr })
+		slices.SortFunc(spans, func(x, y *arenaNode) int { return cmp.Compare(x.addr, y.addr) })
 		for k, b := range spans {
 			if b.addr < sb.addr() || b.end() > sb.end() {
 				return fmt.Errorf("block %#x of %d bytes lies outside its superblock %#x", uintptr(b.addr), b.size, uintptr(sb.addr()))

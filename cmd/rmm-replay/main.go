@@ -67,7 +67,6 @@ import (
 	"math"
 	"os"
 	"slices"
-	"sort"
 	"strconv"
 	"strings"
 	"sync"
@@ -749,7 +748,7 @@ func (r *floorResource) Access() rmm.Access           { return rmm.AccessOf(r.Me
 // medianOf returns the median of d (sorting d): the middle value, or the mean of the two middle
 // values for an even count.
 func medianOf(d []time.Duration) time.Duration {
-	sort.Slice(d, func(i, j int) bool { return d[i] < d[j] })
+	slices.Sort(d)
 	m := d[len(d)/2]
 	if len(d)%2 == 0 {
 		m = (d[len(d)/2-1] + m) / 2
