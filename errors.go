@@ -73,34 +73,6 @@ func (e *CUDAError) Is(target error) bool {
 	return false
 }
 
-// CUresult values this package interprets.
-const (
-	cudaSuccess                 = 0
-	cudaErrorInvalidValue       = 1
-	cudaErrorOutOfMemory        = 2
-	cudaErrorNotInitialized     = 3
-	cudaErrorDeinitialized      = 4
-	cudaErrorStubLibrary        = 34
-	cudaErrorInsufficientDriver = 35
-	cudaErrorNoDevice           = 100
-	cudaErrorInvalidDevice      = 101
-	cudaErrorInvalidContext     = 201
-	cudaErrorInvalidHandle      = 400
-	cudaErrorNotFound           = 500
-	cudaErrorNotReady           = 600
-	cudaErrorIllegalAddress     = 700
-	cudaErrorNotSupported       = 801
-)
-
-// cuErrorNames is the fallback for codes whose name the driver cannot give (no driver loaded).
-var cuErrorNames = map[int]string{
-	0: "CUDA_SUCCESS", 1: "CUDA_ERROR_INVALID_VALUE", 2: "CUDA_ERROR_OUT_OF_MEMORY",
-	3: "CUDA_ERROR_NOT_INITIALIZED", 4: "CUDA_ERROR_DEINITIALIZED", 34: "CUDA_ERROR_STUB_LIBRARY",
-	35: "CUDA_ERROR_INSUFFICIENT_DRIVER", 100: "CUDA_ERROR_NO_DEVICE", 101: "CUDA_ERROR_INVALID_DEVICE",
-	201: "CUDA_ERROR_INVALID_CONTEXT", 400: "CUDA_ERROR_INVALID_HANDLE", 500: "CUDA_ERROR_NOT_FOUND",
-	600: "CUDA_ERROR_NOT_READY", 700: "CUDA_ERROR_ILLEGAL_ADDRESS", 999: "CUDA_ERROR_UNKNOWN",
-}
-
 // outOfMemory builds the error a resource returns when it cannot provide nbytes.
 func outOfMemory(resource string, nbytes int, cause error) error {
 	if cause != nil {
@@ -112,21 +84,6 @@ func outOfMemory(resource string, nbytes int, cause error) error {
 // invalidSize is the error for a negative size given to resource.op.
 func invalidSize(resource, op string, nbytes int) error {
 	return fmt.Errorf("%w: %s.%s: negative size %d", ErrInvalidArgument, resource, op, nbytes)
-}
-
-// FormatBytes renders a byte count with a binary unit, dividing by 1024 while the value is above
-// 1024, as librmm prints sizes in its messages: FormatBytes(1<<40+1<<39) == "1.500000 TiB",
-// FormatBytes(1024) == "1024.000000 B" and FormatBytes(1<<50) == "1024.000000 TiB" (a value of
-// exactly 1024 stays in the lower unit).
-func FormatBytes(n int64) string {
-	units := []string{"B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"}
-	v := float64(n)
-	i := 0
-	for (v > 1024 || v < -1024) && i < len(units)-1 {
-		v /= 1024
-		i++
-	}
-	return fmt.Sprintf("%f %s", v, units[i])
 }
 
 // OutOfMemoryError is the out-of-memory error of the sub-allocators (pool, arena, binning,
@@ -226,12 +183,4 @@ func newOutOfMemory(e OutOfMemoryError, n int) *OutOfMemoryError {
 	e.TooLarge = e.TooLarge || (e.MaximumSize > 0 && n > e.MaximumSize)
 	e.Fragmented = !e.TooLarge && n <= e.FreeBytes+e.Headroom
 	return &e
-}
-
-// StreamFreeStats is the free memory a sub-allocator keeps for one stream: blocks freed on that
-// stream, which it hands out again to that stream without waiting.
-type StreamFreeStats struct {
-	Stream     StreamView
-	FreeBlocks int
-	FreeBytes  int
 }

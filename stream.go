@@ -451,3 +451,11 @@ func (s StreamView) deviceView(dev Device) StreamView {
 	}
 	return s
 }
+
+// StreamFreeStats is the free memory a sub-allocator keeps for one stream: blocks freed on that
+// stream, which it hands out again to that stream without waiting.
+type StreamFreeStats struct {
+	Stream     StreamView
+	FreeBlocks int
+	FreeBytes  int
+}

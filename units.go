@@ -27,3 +27,18 @@ func ParseBytes(s string) (int, error) {
 	}
 	return int(v), nil
 }
+
+// FormatBytes renders a byte count with a binary unit, dividing by 1024 while the value is above
+// 1024, as librmm prints sizes in its messages: FormatBytes(1<<40+1<<39) == "1.500000 TiB",
+// FormatBytes(1024) == "1024.000000 B" and FormatBytes(1<<50) == "1024.000000 TiB" (a value of
+// exactly 1024 stays in the lower unit).
+func FormatBytes(n int64) string {
+	units := []string{"B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"}
+	v := float64(n)
+	i := 0
+	for (v > 1024 || v < -1024) && i < len(units)-1 {
+		v /= 1024
+		i++
+	}
+	return fmt.Sprintf("%f %s", v, units[i])
+}
