@@ -117,10 +117,10 @@ type OutOfMemoryError struct {
 }
 
 // Error reads, for example: "rmm: out of memory: PoolMemoryResource failed to allocate 2097152
-// bytes (2.000000 MiB): maximum pool size reached; fragmentation: 3145728 bytes free but the
+// bytes (2 MiB): maximum pool size reached; fragmentation: 3145728 bytes free but the
 // largest free block is 1048576 bytes; pool size 4194304, maximum 4194304", or for a limit:
 // "rmm: out of memory: LimitingResourceAdaptor (limit 1048576, allocated 700160) failed to
-// allocate 500000 bytes (488.281250 KiB): exceeded memory limit".
+// allocate 500000 bytes (488.281 KiB): exceeded memory limit".
 func (e *OutOfMemoryError) Error() string {
 	var b strings.Builder
 	if e.Limited {

@@ -70,7 +70,7 @@ func ExampleLimitingResourceAdaptor() {
 	_ = lim.Deallocate(q, 500_000, rmm.DefaultStream)
 	// Output:
 	// 700160 1048576
-	// rmm: out of memory: LimitingResourceAdaptor (limit 1048576, allocated 700160) failed to allocate 500000 bytes (488.281250 KiB): exceeded memory limit
+	// rmm: out of memory: LimitingResourceAdaptor (limit 1048576, allocated 700160) failed to allocate 500000 bytes (488.281 KiB): exceeded memory limit
 	// 500224 <nil>
 }
 

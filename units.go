@@ -3,6 +3,7 @@ package rmm
 import (
 	"fmt"
 	"math"
+	"math/bits"
 	"strings"
 
 	humanize "github.com/dustin/go-humanize"
@@ -28,17 +29,48 @@ func ParseBytes(s string) (int, error) {
 	return int(v), nil
 }
 
-// FormatBytes renders a byte count with a binary unit, dividing by 1024 while the value is above
-// 1024, as librmm prints sizes in its messages: FormatBytes(1<<40+1<<39) == "1.500000 TiB",
-// FormatBytes(1024) == "1024.000000 B" and FormatBytes(1<<50) == "1024.000000 TiB" (a value of
-// exactly 1024 stays in the lower unit).
+// FormatBytes renders a byte count n (in bytes) for people, as errors and the cmd/ tools print
+// sizes: in the largest binary unit (B, KiB, MiB, GiB, TiB, PiB, EiB; 1 KiB = 1024 bytes) that is
+// at most |n|, rounded to the nearest thousandth of that unit (halves up), with trailing zeros
+// dropped; a figure that rounds to 1024 is shown as 1 of the next unit.
+// FormatBytes(768) == "768 B", FormatBytes(1024) == "1 KiB", FormatBytes(2<<20) == "2 MiB",
+// FormatBytes(3<<29) == "1.5 GiB", FormatBytes(500000) == "488.281 KiB" (488.28125),
+// FormatBytes(65537) == "64.001 KiB" and FormatBytes(1<<30-1) == "1 GiB". A negative n reads as
+// its magnitude after a minus sign. It never fails. Errors print the exact byte count beside it.
+//
+// librmm prints six decimals and keeps exactly 1024 in the lower unit ("1024.000000 B"); no
+// output of this package needs that form (the logging adaptor's CSV writes sizes in bytes).
 func FormatBytes(n int64) string {
-	units := []string{"B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"}
-	v := float64(n)
+	const units = "B  KiBMiBGiBTiBPiBEiB"
+	u := uint64(n)
+	sign := ""
+	if n < 0 {
+		u, sign = -u, "-" // two's complement: right for math.MinInt64 too
+	}
 	i := 0
-	for (v > 1024 || v < -1024) && i < len(units)-1 {
-		v /= 1024
+	for i < 6 && u>>(10*(i+1)) != 0 {
 		i++
 	}
-	return fmt.Sprintf("%f %s", v, units[i])
+	shift := uint(10 * i)
+	whole, milli := u>>shift, uint64(0)
+	if shift > 0 {
+		// Thousandths of the unit in the remainder, rounded: (rem*1000 + unit/2) >> shift, in
+		// 128 bits (rem < 2^60).
+		hi, lo := bits.Mul64(u&(1<<shift-1), 1000)
+		lo, carry := bits.Add64(lo, 1<<(shift-1), 0)
+		hi += carry
+		milli = lo>>shift | hi<<(64-shift)
+	}
+	if milli == 1000 {
+		whole, milli = whole+1, 0
+	}
+	if whole == 1024 {
+		whole, i = 1, i+1 // i < 6 here: int64 holds less than 8 EiB
+	}
+	unit := strings.TrimSpace(units[3*i : 3*i+3])
+	if milli == 0 {
+		return fmt.Sprintf("%s%d %s", sign, whole, unit)
+	}
+	frac := strings.TrimRight(fmt.Sprintf("%03d", milli), "0")
+	return fmt.Sprintf("%s%d.%s %s", sign, whole, frac, unit)
 }

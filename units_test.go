@@ -1,6 +1,11 @@
 package rmm
 
 import (
+	"fmt"
+	"math"
+	bignum "math/big"
+	"math/rand/v2"
+	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -22,3 +27,54 @@ func TestParseBytes(t *testing.T) {
 		require.Contains(t, err.Error(), `"`+s+`"`)
 	}
 }
+
+func TestFormatBytes(t *testing.T) {
+	for n, want := range map[int64]string{
+		0: "0 B", 1: "1 B", 768: "768 B", 1023: "1023 B", 1024: "1 KiB", 1025: "1.001 KiB",
+		1536: "1.5 KiB", 500000: "488.281 KiB", 614400: "600 KiB", 65537: "64.001 KiB",
+		1<<20 - 1024: "1023 KiB", 1<<20 - 1: "1023.999 KiB", 1<<30 - 1: "1 GiB", 1<<20 - 512: "1023.5 KiB", 2 << 20: "2 MiB",
+		771751936: "736 MiB", 1579564032: "1.471 GiB", 3 << 29: "1.5 GiB", 1<<30 + 1<<20: "1.001 GiB",
+		1<<30 + 1<<19: "1 GiB", 1<<40 + 1<<39: "1.5 TiB", 1 << 50: "1 PiB", 1<<50 + 1<<31: "1 PiB",
+		1<<50 + 1<<41: "1.002 PiB", 1<<60 - 1: "1 EiB", 1 << 60: "1 EiB", math.MaxInt64: "8 EiB",
+		-1536: "-1.5 KiB", -768: "-768 B", math.MinInt64: "-8 EiB",
+	} {
+		require.Equal(t, want, FormatBytes(n), "%d", n)
+	}
+}
+
+// TestFormatBytesModel checks FormatBytes on random sizes of every magnitude against exact
+// rational arithmetic: the unit is the largest power of 1024 at most n, the figure n/unit rounded
+// to thousandths, halves up, and 1024 of a unit is 1 of the next.
+func TestFormatBytesModel(t *testing.T) {
+	rng := rand.New(rand.NewPCG(16, 1))
+	units := []string{"B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"}
+	for k := range 20000 {
+		n := rng.Int64N(math.MaxInt64) >> rng.IntN(63)
+		if k%2 == 1 { // near a unit boundary, where rounding carries
+			n = int64(1)<<(10*rng.IntN(7)) - rng.Int64N(1<<rng.IntN(20))
+		}
+		if n < 0 {
+			continue
+		}
+		i := 0
+		for i < 6 && n >= int64(1)<<(10*(i+1)) {
+			i++
+		}
+		unit := new(bignum.Rat).SetFrac(big1(n), new(bignum.Int).Lsh(big1(1), uint(10*i)))
+		// round(x*1000) with halves up = floor(x*1000 + 1/2)
+		r := new(bignum.Rat).Add(new(bignum.Rat).Mul(unit, new(bignum.Rat).SetInt64(1000)), bignum.NewRat(1, 2))
+		milli := new(bignum.Int).Quo(r.Num(), r.Denom())
+		whole, frac := new(bignum.Int).QuoRem(milli, big1(1000), new(bignum.Int))
+		if whole.Int64() == 1024 {
+			whole, i = big1(1), i+1
+		}
+		want := fmt.Sprintf("%d.%03d", whole, frac)
+		want = strings.TrimSuffix(strings.TrimRight(want, "0"), ".") + " " + units[i]
+		require.Equal(t, want, FormatBytes(n), "%d", n)
+		if n != 0 {
+			require.Equal(t, "-"+want, FormatBytes(-n), "%d", -n)
+		}
+	}
+}
+
+func big1(n int64) *bignum.Int { return bignum.NewInt(n) }
