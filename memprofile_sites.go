@@ -6,7 +6,6 @@ import (
 	"slices"
 	"strings"
 
-	"github.com/dustin/go-humanize"
 	"github.com/google/pprof/profile"
 )
 
@@ -139,7 +138,7 @@ func (r *MemoryProfileResourceAdaptor) Report(n int, orderedBy string) (string, 
 	if r.rate == 1 {
 		b.WriteString("Sampling: every allocation\n")
 	} else {
-		fmt.Fprintf(&b, "Sampling: one allocation per %s bytes on average (figures are estimates)\n", humanize.Comma(int64(r.rate)))
+		fmt.Fprintf(&b, "Sampling: one allocation per %s bytes on average (figures are estimates)\n", groupThousands(int64(r.rate)))
 	}
 	b.WriteString("Ordered by: " + orderedBy + "\n\n")
 	if len(sites) == 0 {
@@ -148,7 +147,7 @@ func (r *MemoryProfileResourceAdaptor) Report(n int, orderedBy string) (string, 
 	}
 	b.WriteString("inuse_objects     inuse_space  alloc_objects     alloc_space  filename:lineno(function)")
 	for _, s := range sites {
-		fmt.Fprintf(&b, "\n%13s %15s %14s %15s  %s", humanize.Comma(s.InUseObjects), humanize.Comma(s.InUseBytes), humanize.Comma(s.AllocObjects), humanize.Comma(s.AllocBytes), s)
+		fmt.Fprintf(&b, "\n%13s %15s %14s %15s  %s", groupThousands(s.InUseObjects), groupThousands(s.InUseBytes), groupThousands(s.AllocObjects), groupThousands(s.AllocBytes), s)
 	}
 	return b.String(), nil
 }

@@ -8,8 +8,6 @@ import (
 	"slices"
 	"strings"
 	"sync"
-
-	"github.com/dustin/go-humanize"
 )
 
 // ProfilerRecord is what a Profiler has recorded under one name: how many times the block ran,
@@ -209,7 +207,7 @@ func (p *Profiler) Report(orderedBy string) (string, error) {
 	b.WriteString("\nOrdered by: " + orderedBy + "\n")
 	b.WriteString("\nncalls     memory_peak    memory_total  filename:lineno(function)")
 	for _, r := range rows {
-		fmt.Fprintf(&b, "\n%6s %15s %15s  %s", humanize.Comma(r.rec.NumCalls), humanize.Comma(r.rec.MemoryPeak), humanize.Comma(r.rec.MemoryTotal), r.name)
+		fmt.Fprintf(&b, "\n%6s %15s %15s  %s", groupThousands(r.rec.NumCalls), groupThousands(r.rec.MemoryPeak), groupThousands(r.rec.MemoryTotal), r.name)
 	}
 	return b.String(), nil
 }

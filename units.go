@@ -4,29 +4,67 @@ import (
 	"fmt"
 	"math"
 	"math/bits"
+	"strconv"
 	"strings"
-
-	humanize "github.com/dustin/go-humanize"
 )
+
+// byteUnits is what ParseBytes multiplies by, by unit in lower case: binary units (KiB, 1024
+// bytes), decimal ones (kB, 1000 bytes), either without its "b", and "b" or none for bytes.
+var byteUnits = map[string]uint64{
+	"": 1, "b": 1,
+	"kib": 1 << 10, "ki": 1 << 10, "kb": 1e3, "k": 1e3,
+	"mib": 1 << 20, "mi": 1 << 20, "mb": 1e6, "m": 1e6,
+	"gib": 1 << 30, "gi": 1 << 30, "gb": 1e9, "g": 1e9,
+	"tib": 1 << 40, "ti": 1 << 40, "tb": 1e12, "t": 1e12,
+	"pib": 1 << 50, "pi": 1 << 50, "pb": 1e15, "p": 1e15,
+	"eib": 1 << 60, "ei": 1 << 60, "eb": 1e18, "e": 1e18,
+}
 
 // ParseBytes reads a size in bytes as RMM's Python API accepts one where it takes a string: a
 // number of bytes ("1073741824"), or a number and a unit, binary ("4GiB", "512MiB", "0.5KiB") or
-// decimal ("1.5GB", "512MB", "4kB"; a unit of one letter, "4G", is decimal too), in any case, with
-// or without a space between, spaces around it ignored, and commas between digits taken as
-// thousands separators ("1,000"), as go-humanize's ParseBytes reads them. A fraction of a byte is
-// dropped.
+// decimal ("1.5GB", "512MB", "4kB"), the unit's B optional ("4Gi" is 4GiB; "4G", one letter, is
+// decimal: 4GB) and "B" alone meaning bytes, in any case, with or without a space between, spaces
+// around it ignored, and commas between digits taken as thousands separators ("1,000"). A whole
+// number is read exactly; a fraction is computed in float64 and a fraction of a byte dropped.
 //
 // Errors wrap ErrInvalidArgument and quote s: anything else (an empty string, a sign, an
 // exponent, an unknown unit), or a size above the largest int.
 func ParseBytes(s string) (int, error) {
-	v, err := humanize.ParseBytes(strings.TrimSpace(s))
+	notSize := func() error {
+		return fmt.Errorf("%w: rmm.ParseBytes: not a size: %q (examples: 1073741824, 4GiB, 512MiB, 1.5GB)", ErrInvalidArgument, s)
+	}
+	tooLarge := func() error {
+		return fmt.Errorf("%w: rmm.ParseBytes: %q is more bytes than the largest int (%d)", ErrInvalidArgument, s, math.MaxInt)
+	}
+	t := strings.TrimSpace(s)
+	end := 0
+	for end < len(t) && ('0' <= t[end] && t[end] <= '9' || t[end] == '.' || t[end] == ',') {
+		end++
+	}
+	num := strings.ReplaceAll(t[:end], ",", "")
+	unit, ok := byteUnits[strings.ToLower(strings.TrimSpace(t[end:]))]
+	if !ok || num == "" {
+		return 0, notSize()
+	}
+	if !strings.Contains(num, ".") {
+		v, err := strconv.ParseUint(num, 10, 64) // digits only: fails only when out of range
+		if err != nil {
+			return 0, tooLarge()
+		}
+		hi, lo := bits.Mul64(v, unit)
+		if hi != 0 || lo > math.MaxInt {
+			return 0, tooLarge()
+		}
+		return int(lo), nil
+	}
+	f, err := strconv.ParseFloat(num, 64) // "1.5", ".5", "1."; not "." or "1.2.3"
 	if err != nil {
-		return 0, fmt.Errorf("%w: rmm.ParseBytes: not a size: %q (examples: 1073741824, 4GiB, 512MiB, 1.5GB)", ErrInvalidArgument, s)
+		return 0, notSize()
 	}
-	if v > math.MaxInt {
-		return 0, fmt.Errorf("%w: rmm.ParseBytes: %q is %d bytes, more than the largest int", ErrInvalidArgument, s, v)
+	if f *= float64(unit); f >= 1<<63 {
+		return 0, tooLarge()
 	}
-	return int(v), nil
+	return int(f), nil
 }
 
 // FormatBytes renders a byte count n (in bytes) for people, as errors and the cmd/ tools print
@@ -73,4 +111,21 @@ func FormatBytes(n int64) string {
 	}
 	frac := strings.TrimRight(fmt.Sprintf("%03d", milli), "0")
 	return fmt.Sprintf("%s%d.%s %s", sign, whole, frac, unit)
+}
+
+// groupThousands writes n in decimal with a comma between each group of three digits, as the
+// profilers' reports print counts and bytes: groupThousands(-1234567) == "-1,234,567".
+func groupThousands(n int64) string {
+	s := strconv.FormatInt(n, 10)
+	digits := strings.TrimPrefix(s, "-")
+	sign := s[:len(s)-len(digits)]
+	var b strings.Builder
+	b.WriteString(sign)
+	for i, c := range digits {
+		if i > 0 && (len(digits)-i)%3 == 0 {
+			b.WriteByte(',')
+		}
+		b.WriteRune(c)
+	}
+	return b.String()
 }

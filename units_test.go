@@ -16,12 +16,15 @@ func TestParseBytes(t *testing.T) {
 		"1073741824": 1 << 30, "4GiB": 4 << 30, "4 GiB": 4 << 30, "4gib": 4 << 30, "512MiB": 512 << 20,
 		"0.5KiB": 512, "1.5GB": 1_500_000_000, "512MB": 512_000_000, "4kB": 4000, "4G": 4_000_000_000,
 		"0": 0, "9223372036854775807": 1<<63 - 1, " 4GiB ": 4 << 30, "1,000": 1000,
+		"4Gi": 4 << 30, "512b": 512, "512 B": 512, ".5KiB": 512, "1.KiB": 1024, "1.9": 1, "7.5EiB": 15 << 59,
+		"1,048,576kB": 1_048_576_000, "2.5 mb": 2_500_000, "1.5ki": 1536,
 	} {
 		got, err := ParseBytes(s)
 		require.NoError(t, err, s)
 		require.Equal(t, want, got, s)
 	}
-	for _, s := range []string{"", "-1", "abc", "1e3", "4 parsecs", "9223372036854775808", "99999999999999999999"} {
+	for _, s := range []string{"", "-1", "abc", "1e3", "4 parsecs", "9223372036854775808", "99999999999999999999",
+		"8EiB", "8.0EiB", "1.2.3", ".", "KiB", "4 GiBs", "0x10", "\u0663"} {
 		_, err := ParseBytes(s)
 		require.ErrorIs(t, err, ErrInvalidArgument, s)
 		require.Contains(t, err.Error(), `"`+s+`"`)
@@ -78,3 +81,13 @@ func TestFormatBytesModel(t *testing.T) {
 }
 
 func big1(n int64) *bignum.Int { return bignum.NewInt(n) }
+
+func TestGroupThousands(t *testing.T) {
+	for n, want := range map[int64]string{
+		0: "0", 7: "7", 999: "999", 1000: "1,000", -1000: "-1,000", 134217728: "134,217,728",
+		-999999: "-999,999", 1234567: "1,234,567", math.MaxInt64: "9,223,372,036,854,775,807",
+		math.MinInt64: "-9,223,372,036,854,775,808",
+	} {
+		require.Equal(t, want, groupThousands(n), "%d", n)
+	}
+}

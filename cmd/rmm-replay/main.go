@@ -73,7 +73,6 @@ import (
 	"text/tabwriter"
 	"time"
 
-	"github.com/dustin/go-humanize"
 	"github.com/gormm/rmm"
 	"golang.org/x/term"
 )
@@ -494,7 +493,7 @@ func (r *replayRun) report(w io.Writer, path string) {
 	}
 	if r.floor != nil {
 		f := r.floorBytes()
-		fmt.Fprintf(w, "page floor       %d bytes (%s), %.3f x peak live: the most %s pages holding live bytes at once\n", f, rmm.FormatBytes(f), float64(f)/float64(max(x.PeakLiveBytes, 1)), humanize.IBytes(uint64(r.floor.page)))
+		fmt.Fprintf(w, "page floor       %d bytes (%s), %.3f x peak live: the most %s pages holding live bytes at once\n", f, rmm.FormatBytes(f), float64(f)/float64(max(x.PeakLiveBytes, 1)), rmm.FormatBytes(int64(r.floor.page)))
 	}
 	if st := r.pool; st != nil {
 		fmt.Fprintf(w, "pool at end      size %d bytes in %d upstream blocks, %d free blocks, largest %d bytes\n", st.PoolSize, st.UpstreamBlocks, st.FreeBlocks, st.LargestFreeBlock)

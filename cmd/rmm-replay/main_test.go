@@ -202,7 +202,7 @@ func TestFloorResourceCountsPagesHoldingLiveBytes(t *testing.T) {
 func TestReplayFloor(t *testing.T) {
 	var out, errOut bytes.Buffer
 	require.NoError(t, run([]string{"-simulate", "16GiB", "-expandable", "-floor", "2MiB", cupy}, &out, &errOut), errOut.String())
-	m := regexp.MustCompile(`page floor       (\d+) bytes \(.*\), ([0-9.]+) x peak live: the most 2.0 MiB pages holding live bytes at once\n`).FindStringSubmatch(out.String())
+	m := regexp.MustCompile(`page floor       (\d+) bytes \(.*\), ([0-9.]+) x peak live: the most 2 MiB pages holding live bytes at once\n`).FindStringSubmatch(out.String())
 	require.NotNil(t, m, out.String())
 	floor, _ := strconv.Atoi(m[1])
 	require.Zero(t, floor%(2<<20))
