@@ -28,7 +28,7 @@ func BenchmarkAdaptors(b *testing.B) {
 		make maker
 	}{
 		{"upstream", func(up MemoryResource) MemoryResource { return up }},
-		{"statistics", func(up MemoryResource) MemoryResource { r, _ := NewStatisticsResourceAdaptor(up); return r }},
+		{"statistics", func(up MemoryResource) MemoryResource { return NewStatisticsResourceAdaptor(up) }},
 		{"tracking", func(up MemoryResource) MemoryResource { r, _ := NewTrackingResourceAdaptor(up, nil); return r }},
 		{"tracking-stacks", func(up MemoryResource) MemoryResource {
 			r, _ := NewTrackingResourceAdaptor(up, &TrackingOptions{CaptureStacks: true})

@@ -125,7 +125,7 @@ func newAdpPropSystem(cfg adpPropConfig, cov *adpPropCoverage) *adpPropSystem {
 		panic(err)
 	}
 	sys.track, _ = NewTrackingResourceAdaptor(sys.lim, nil)
-	sys.stats, _ = NewStatisticsResourceAdaptor(sys.track)
+	sys.stats = NewStatisticsResourceAdaptor(sys.track)
 	return sys
 }
 

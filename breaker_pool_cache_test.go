@@ -508,8 +508,7 @@ func TestBrkPoolCacheUnderAdaptors(t *testing.T) {
 	var logBuf brkSyncBuffer
 	lg, err := NewLoggingResourceAdaptor(tr, &logBuf, nil)
 	require.NoError(t, err)
-	stats, err := NewStatisticsResourceAdaptor(lg)
-	require.NoError(t, err)
+	stats := NewStatisticsResourceAdaptor(lg)
 	s, _ := brkStream(t)
 	b, _ := brkStream(t)
 	x, err := stats.Allocate(n, s)
@@ -866,8 +865,7 @@ func TestBrkPoolCacheAdaptorStackConcurrent(t *testing.T) {
 	var sink brkSyncBuffer
 	lg, err := NewLoggingResourceAdaptor(p, &sink, &LoggingOptions{AutoFlush: true})
 	require.NoError(t, err)
-	stats, err := NewStatisticsResourceAdaptor(lg)
-	require.NoError(t, err)
+	stats := NewStatisticsResourceAdaptor(lg)
 	streams := []StreamView{DefaultStream}
 	for range 3 {
 		s, _ := brkStream(t)

@@ -207,11 +207,7 @@ func confAdaptorOverPool(newAdaptor func(rmm.MemoryResource) (rmm.MemoryResource
 // suite's ZeroSize check expects nothing to; its figures are checked by its own tests
 // (resource_statistics_test.go, adaptors_property_test.go), everything else here.
 func confStatisticsUnseen(up rmm.MemoryResource) (rmm.MemoryResource, error) {
-	r, err := rmm.NewStatisticsResourceAdaptor(up)
-	if err != nil {
-		return nil, err
-	}
-	return confHideStats{r}, nil
+	return confHideStats{rmm.NewStatisticsResourceAdaptor(up)}, nil
 }
 
 // confHideStats is a StatisticsResourceAdaptor without its Stats method.

@@ -10,10 +10,7 @@ import (
 // Count the memory allocated through a resource, and measure a block of code on its own with a
 // level of counters pushed before it and popped after it.
 func ExampleStatisticsResourceAdaptor() {
-	stats, err := rmm.NewStatisticsResourceAdaptor(nil) // over the current device resource
-	if err != nil {
-		log.Fatal(err)
-	}
+	stats := rmm.NewStatisticsResourceAdaptor(nil) // over the current device resource
 	a, _ := stats.Allocate(1000, rmm.DefaultStream)
 	b, _ := stats.Allocate(3000, rmm.DefaultStream)
 	_ = stats.Deallocate(a, 1000, rmm.DefaultStream)
@@ -27,7 +24,7 @@ func ExampleStatisticsResourceAdaptor() {
 
 	_ = stats.Deallocate(c, 500, rmm.DefaultStream)
 	fmt.Printf("%+v\n", stats.Stats()) // the popped level is folded back in
-	_, err = stats.PopCounters()
+	_, err := stats.PopCounters()
 	fmt.Println(err)
 	// Output:
 	// {CurrentBytes:3000 CurrentCount:1 PeakBytes:4000 PeakCount:2 TotalBytes:4000 TotalCount:2}

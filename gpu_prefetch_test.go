@@ -71,8 +71,7 @@ func TestGPUPrefetchModes(t *testing.T) {
 	binning, err := NewBinningMemoryResource(managed, nil)
 	require.NoError(t, err)
 	defer binning.Close()
-	stats, err := NewStatisticsResourceAdaptor(poolManaged)
-	require.NoError(t, err)
+	stats := NewStatisticsResourceAdaptor(poolManaged)
 
 	system := prefetchNever // malloc'd memory is prefetchable only with pageable memory access
 	if pageable {
@@ -216,8 +215,7 @@ func TestGPUPrefetchClosedStream(t *testing.T) {
 	gpuPrefetchSetup(t)
 	managed, err := NewManagedMemoryResource(0)
 	require.NoError(t, err)
-	stats, err := NewStatisticsResourceAdaptor(managed)
-	require.NoError(t, err)
+	stats := NewStatisticsResourceAdaptor(managed)
 	r, err := NewPrefetchResourceAdaptor(stats)
 	require.NoError(t, err)
 	s, err := NewStream(0, nil)

@@ -63,8 +63,7 @@ func TestIPCNotExportable(t *testing.T) {
 	require.ErrorIs(t, err, ErrNotExportable)
 	require.ErrorContains(t, err, "SystemMemoryResource: it cannot export")
 
-	stats, err := NewStatisticsResourceAdaptor(sys)
-	require.NoError(t, err)
+	stats := NewStatisticsResourceAdaptor(sys)
 	_, err = ExportIPC(stats, p, 4096)
 	require.ErrorIs(t, err, ErrNotExportable)
 	require.ErrorContains(t, err, "StatisticsResourceAdaptor over SystemMemoryResource")

@@ -69,7 +69,7 @@ func TestPrefetchModeOf(t *testing.T) {
 		require.NoError(t, err)
 		return mr
 	}
-	stats := func(up MemoryResource) MemoryResource { return must(NewStatisticsResourceAdaptor(up)) }
+	stats := func(up MemoryResource) MemoryResource { return NewStatisticsResourceAdaptor(up) }
 	limit := func(up MemoryResource) MemoryResource { return must(NewLimitingResourceAdaptor(up, 1<<30, nil)) }
 	track := func(up MemoryResource) MemoryResource { return must(NewTrackingResourceAdaptor(up, nil)) }
 	logging := func(up MemoryResource) MemoryResource { return must(NewLoggingResourceAdaptor(up, io.Discard, nil)) }

@@ -98,10 +98,10 @@ type StatisticsResourceAdaptor struct {
 }
 
 // NewStatisticsResourceAdaptor returns an adaptor that counts the allocations made through it
-// from upstream (nil: the current device resource), with one level of zero counters. The error
-// is always nil; it is there so that every adaptor constructor has the same shape.
-func NewStatisticsResourceAdaptor(upstream MemoryResource) (*StatisticsResourceAdaptor, error) {
-	return &StatisticsResourceAdaptor{upstream: resourceOrCurrent(upstream), levels: make([]statLevel, 1, 4)}, nil
+// from upstream (nil: the current device resource), with one level of zero counters. It cannot
+// fail.
+func NewStatisticsResourceAdaptor(upstream MemoryResource) *StatisticsResourceAdaptor {
+	return &StatisticsResourceAdaptor{upstream: resourceOrCurrent(upstream), levels: make([]statLevel, 1, 4)}
 }
 
 // top returns the top level (under mu).
@@ -294,7 +294,7 @@ func enableStatisticsLocked() *StatisticsResourceAdaptor {
 	if r, ok := cur.(*StatisticsResourceAdaptor); ok {
 		return r
 	}
-	r, _ := NewStatisticsResourceAdaptor(cur)
+	r := NewStatisticsResourceAdaptor(cur)
 	SetCurrentDeviceResource(r)
 	return r
 }

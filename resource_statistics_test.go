@@ -27,8 +27,7 @@ func adpUpstreams() []struct {
 
 func adpNewStats(t *testing.T, up MemoryResource) *StatisticsResourceAdaptor {
 	t.Helper()
-	r, err := NewStatisticsResourceAdaptor(up)
-	require.NoError(t, err)
+	r := NewStatisticsResourceAdaptor(up)
 	return r
 }
 

@@ -10,8 +10,7 @@ import (
 // through any stack of adaptors; errors are the resource's.
 func TestAllocateSyncHost(t *testing.T) {
 	mr := newTestResource()
-	st, err := NewStatisticsResourceAdaptor(mr)
-	require.NoError(t, err)
+	st := NewStatisticsResourceAdaptor(mr)
 	p, err := AllocateSync(st, 512)
 	require.NoError(t, err)
 	require.NotZero(t, p)
@@ -44,8 +43,7 @@ func TestGPUAllocateSyncStreamOrder(t *testing.T) {
 	pool, err := NewPoolMemoryResource(async, &PoolOptions{InitialPoolSize: 1 << 20})
 	require.NoError(t, err)
 	defer pool.Close()
-	stats, err := NewStatisticsResourceAdaptor(async)
-	require.NoError(t, err)
+	stats := NewStatisticsResourceAdaptor(async)
 	lim, err := NewLimitingResourceAdaptor(async, 1<<20, nil)
 	require.NoError(t, err)
 	s, err := NewStream(0, &StreamOptions{NonBlocking: true})

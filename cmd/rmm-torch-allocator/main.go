@@ -66,10 +66,7 @@ func rmm_torch_reinitialize(pool C.int, initial, maximum C.size_t, statistics C.
 	if statistics != 0 {
 		mr, err := rmm.PerDeviceResource(0)
 		if err == nil {
-			var st *rmm.StatisticsResourceAdaptor
-			if st, err = rmm.NewStatisticsResourceAdaptor(mr); err == nil {
-				_, err = rmm.SetPerDeviceResource(0, st)
-			}
+			_, err = rmm.SetPerDeviceResource(0, rmm.NewStatisticsResourceAdaptor(mr))
 		}
 		if err != nil {
 			callocator.SetError(err)
