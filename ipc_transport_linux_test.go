@@ -7,6 +7,7 @@ import (
 	"errors"
 	"io"
 	"net"
+	"sync"
 	"syscall"
 	"testing"
 
@@ -170,4 +171,68 @@ func TestIPCTransportNoFDLeaks(t *testing.T) {
 		require.ErrorContains(t, err, "54 bytes into a handle")
 		require.Equal(t, before-1, countFDs(t), "only the closed socket less")
 	})
+}
+
+// Goroutines sending on one connection at once each get their frame through whole: a frame is
+// several writes (a handle of more than ipcFDBatch descriptors always; a large one whenever the
+// socket's buffer takes part of it), which must not interleave with another sender's. Likewise
+// goroutines receiving on one connection at once each read one whole frame.
+func TestIPCTransportConcurrentSendersAndReceivers(t *testing.T) {
+	a, b := ipcSocketPair(t)
+	before := countFDs(t)
+	const senders, receivers, each = 6, 3, 12
+	sizes := make([]int, ipcFDBatch+40) // two messages per frame
+	for i := range sizes {
+		sizes[i] = 16 + i
+	}
+	handles := make([]*IPCHandle, senders)
+	for i := range handles {
+		handles[i] = memfdHandle(t, sizes)
+	}
+	var wg sync.WaitGroup
+	sendErrs := make(chan error, senders*each)
+	for i := range senders {
+		wg.Go(func() {
+			for range each {
+				sendErrs <- SendIPCHandle(b, handles[i])
+			}
+		})
+	}
+	recvErrs := make(chan error, senders*each)
+	var rwg sync.WaitGroup
+	for r := range receivers {
+		rwg.Go(func() {
+			for k := r; k < senders*each; k += receivers {
+				h, err := ReceiveIPCHandle(a)
+				if err == nil {
+					err = checkMemfdHandle(h, sizes)
+					h.Close()
+				}
+				recvErrs <- err
+				if err != nil {
+					a.Close() // unblock the others
+					b.Close()
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	rwg.Wait()
+	close(sendErrs)
+	close(recvErrs)
+	for err := range recvErrs {
+		require.NoError(t, err)
+	}
+	for err := range sendErrs {
+		require.NoError(t, err)
+	}
+	for _, h := range handles {
+		require.NoError(t, h.Close())
+	}
+	require.Equal(t, before, countFDs(t))
+	ipcConnLocks.mu.Lock()
+	left := len(ipcConnLocks.m)
+	ipcConnLocks.mu.Unlock()
+	require.Zero(t, left, "the connections' locks are dropped once unused")
 }

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"sync"
 	"syscall"
 )
 
@@ -24,7 +25,8 @@ const (
 
 // SendIPCHandle writes h, with its file descriptors, to conn (a Unix domain stream socket),
 // for ReceiveIPCHandle at the other end. h keeps its descriptors (the receiver gets its own
-// copies): Close it once sent. A handle whose descriptors are not attached is
+// copies): Close it once sent. Goroutines may send on one conn at once: each frame goes out
+// whole, after or before the others. A handle whose descriptors are not attached is
 // ErrInvalidIPCHandle; a closed or broken connection gives the system's error (errors.Is with
 // net.ErrClosed or syscall.EPIPE), and the connection should then be dropped, as part of a frame
 // may have been written.
@@ -42,6 +44,7 @@ func SendIPCHandle(conn *net.UnixConn, h *IPCHandle) error {
 	if err != nil {
 		return fmt.Errorf("SendIPCHandle: %w", err)
 	}
+	defer lockIPCConn(conn, false)()
 	if err := writeIPCFrame(conn, payload, h.fds); err != nil {
 		return fmt.Errorf("SendIPCHandle(%v): %w", h.kind, err)
 	}
@@ -89,13 +92,16 @@ func writeMsg(conn *net.UnixConn, b []byte, fds []int) error {
 // error wrapping io.EOF, one closed in the middle io.ErrUnexpectedEOF; bytes that are not a valid
 // handle, descriptors lost in transit (too many for the receive buffer) or a count that differs
 // from the handle's give ErrInvalidIPCHandle. After an error the connection's position in the
-// stream is unknown: drop it.
+// stream is unknown: drop it. Goroutines may receive on one conn at once: each reads one whole
+// frame.
 func ReceiveIPCHandle(conn *net.UnixConn) (*IPCHandle, error) {
 	if conn == nil {
 		return nil, fmt.Errorf("%w: ReceiveIPCHandle: nil connection", ErrInvalidArgument)
 	}
 	r := ipcReader{conn: conn}
+	unlock := lockIPCConn(conn, true)
 	h, err := r.receive()
+	unlock()
 	if err != nil {
 		if cerr := closeFDs(r.fds); cerr != nil {
 			err = errors.Join(err, fmt.Errorf("closing the received descriptors: %w", cerr))
@@ -103,6 +109,47 @@ func ReceiveIPCHandle(conn *net.UnixConn) (*IPCHandle, error) {
 		return nil, fmt.Errorf("ReceiveIPCHandle: %w", err)
 	}
 	return h, nil
+}
+
+// ipcConnLocks serialises the frames on a connection, one lock for its senders and one for its
+// receivers: a frame takes several writes (a further message per ipcFDBatch descriptors, and the
+// rest of a frame the socket's buffer did not take at once) and several reads, which must not
+// interleave with another goroutine's. A lock lives while a call holds or waits for it.
+var ipcConnLocks = struct {
+	mu sync.Mutex
+	m  map[ipcConnKey]*ipcConnLock
+}{m: map[ipcConnKey]*ipcConnLock{}}
+
+type ipcConnKey struct {
+	conn *net.UnixConn
+	recv bool
+}
+
+type ipcConnLock struct {
+	mu   sync.Mutex
+	refs int // calls holding or waiting for mu
+}
+
+// lockIPCConn takes the lock of conn's senders (recv false) or receivers and returns its unlock.
+func lockIPCConn(conn *net.UnixConn, recv bool) (unlock func()) {
+	key := ipcConnKey{conn, recv}
+	ipcConnLocks.mu.Lock()
+	l := ipcConnLocks.m[key]
+	if l == nil {
+		l = &ipcConnLock{}
+		ipcConnLocks.m[key] = l
+	}
+	l.refs++
+	ipcConnLocks.mu.Unlock()
+	l.mu.Lock()
+	return func() {
+		l.mu.Unlock()
+		ipcConnLocks.mu.Lock()
+		if l.refs--; l.refs == 0 {
+			delete(ipcConnLocks.m, key)
+		}
+		ipcConnLocks.mu.Unlock()
+	}
 }
 
 type ipcReader struct {
