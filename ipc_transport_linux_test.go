@@ -7,9 +7,11 @@ import (
 	"errors"
 	"io"
 	"net"
+	"os"
 	"sync"
 	"syscall"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 )
@@ -235,4 +237,35 @@ func TestIPCTransportConcurrentSendersAndReceivers(t *testing.T) {
 	left := len(ipcConnLocks.m)
 	ipcConnLocks.mu.Unlock()
 	require.Zero(t, left, "the connections' locks are dropped once unused")
+}
+
+// A datagram or sequenced-packet socket is refused at both ends: there a read takes one message
+// and drops the rest of it, so the receiver lost the frame and waited for the rest forever.
+func TestIPCTransportNotAStreamSocket(t *testing.T) {
+	for _, c := range []struct {
+		typ  int
+		name string
+	}{{syscall.SOCK_SEQPACKET, "unixpacket"}, {syscall.SOCK_DGRAM, "unixgram"}} {
+		t.Run(c.name, func(t *testing.T) {
+			fds, err := syscall.Socketpair(syscall.AF_UNIX, c.typ|syscall.SOCK_CLOEXEC, 0)
+			require.NoError(t, err)
+			a := fileUnixConn(t, os.NewFile(uintptr(fds[0]), "a"))
+			b := fileUnixConn(t, os.NewFile(uintptr(fds[1]), "b"))
+			before := countFDs(t)
+			h := memfdHandle(t, []int{10, 20})
+			err = SendIPCHandle(b, h)
+			require.ErrorIs(t, err, ErrInvalidArgument)
+			require.ErrorContains(t, err, "SendIPCHandle: the connection is a")
+			require.ErrorContains(t, err, c.name)
+			require.NoError(t, h.Close())
+			// Even with a frame waiting, the receiver refuses at once (the deadline only bounds
+			// the test should it not).
+			require.NoError(t, writeIPCFrame(b, mustMarshal(t, testIPCHandles()["legacy"]), nil))
+			require.NoError(t, a.SetReadDeadline(time.Now().Add(5*time.Second)))
+			_, err = ReceiveIPCHandle(a)
+			require.ErrorIs(t, err, ErrInvalidArgument)
+			require.ErrorContains(t, err, "ReceiveIPCHandle: the connection is a")
+			require.Equal(t, before, countFDs(t))
+		})
+	}
 }

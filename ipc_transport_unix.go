@@ -23,13 +23,13 @@ const (
 	ipcFrameMaxBytes = 1 << 24 // far above the largest handle (ipcMaxPieces pieces)
 )
 
-// SendIPCHandle writes h, with its file descriptors, to conn (a Unix domain stream socket),
-// for ReceiveIPCHandle at the other end. h keeps its descriptors (the receiver gets its own
-// copies): Close it once sent. Goroutines may send on one conn at once: each frame goes out
-// whole, after or before the others. A handle whose descriptors are not attached is
-// ErrInvalidIPCHandle; a closed or broken connection gives the system's error (errors.Is with
-// net.ErrClosed or syscall.EPIPE), and the connection should then be dropped, as part of a frame
-// may have been written.
+// SendIPCHandle writes h, with its file descriptors, to conn (a Unix domain stream socket; a
+// datagram or sequenced-packet one is ErrInvalidArgument), for ReceiveIPCHandle at the other
+// end. h keeps its descriptors (the receiver gets its own copies): Close it once sent.
+// Goroutines may send on one conn at once: each frame goes out whole, after or before the
+// others. A handle whose descriptors are not attached is ErrInvalidIPCHandle; a closed or broken
+// connection gives the system's error (errors.Is with net.ErrClosed or syscall.EPIPE), and the
+// connection should then be dropped, as part of a frame may have been written.
 func SendIPCHandle(conn *net.UnixConn, h *IPCHandle) error {
 	if conn == nil {
 		return fmt.Errorf("%w: SendIPCHandle: nil connection", ErrInvalidArgument)
@@ -39,6 +39,9 @@ func SendIPCHandle(conn *net.UnixConn, h *IPCHandle) error {
 	}
 	if !h.attached() {
 		return fmt.Errorf("%w: SendIPCHandle: %v: its %d file descriptors are not attached", ErrInvalidIPCHandle, h, h.nfds)
+	}
+	if err := checkStreamSocket("SendIPCHandle", conn); err != nil {
+		return err
 	}
 	payload, err := h.MarshalBinary()
 	if err != nil {
@@ -87,7 +90,7 @@ func writeMsg(conn *net.UnixConn, b []byte, fds []int) error {
 }
 
 // ReceiveIPCHandle reads one handle that SendIPCHandle wrote on the other end of conn (a Unix
-// domain stream socket), with its file descriptors (owned by the returned handle: Close it after
+// domain stream socket; another kind is ErrInvalidArgument), with its file descriptors (owned by the returned handle: Close it after
 // importing). On every error the descriptors received so far are closed. A connection closed before a handle arrives gives an
 // error wrapping io.EOF, one closed in the middle io.ErrUnexpectedEOF; bytes that are not a valid
 // handle, descriptors lost in transit (too many for the receive buffer) or a count that differs
@@ -97,6 +100,9 @@ func writeMsg(conn *net.UnixConn, b []byte, fds []int) error {
 func ReceiveIPCHandle(conn *net.UnixConn) (*IPCHandle, error) {
 	if conn == nil {
 		return nil, fmt.Errorf("%w: ReceiveIPCHandle: nil connection", ErrInvalidArgument)
+	}
+	if err := checkStreamSocket("ReceiveIPCHandle", conn); err != nil {
+		return nil, err
 	}
 	r := ipcReader{conn: conn}
 	unlock := lockIPCConn(conn, true)
@@ -109,6 +115,32 @@ func ReceiveIPCHandle(conn *net.UnixConn) (*IPCHandle, error) {
 		return nil, fmt.Errorf("ReceiveIPCHandle: %w", err)
 	}
 	return h, nil
+}
+
+// checkStreamSocket returns an error wrapping ErrInvalidArgument when conn is not a stream socket:
+// on a datagram or sequenced-packet socket each read takes one message and drops what of it does
+// not fit, so the receiver would lose the frame and wait for the rest of it forever. When the
+// socket's type cannot be read (a closed connection) it returns nil, and the call's first read or
+// write reports the error.
+func checkStreamSocket(op string, conn *net.UnixConn) error {
+	rc, err := conn.SyscallConn()
+	if err != nil {
+		return nil
+	}
+	typ, gerr := syscall.SOCK_STREAM, error(nil)
+	if err := rc.Control(func(fd uintptr) {
+		typ, gerr = syscall.GetsockoptInt(int(fd), syscall.SOL_SOCKET, syscall.SO_TYPE)
+	}); err != nil || gerr != nil || typ == syscall.SOCK_STREAM {
+		return nil
+	}
+	kind := fmt.Sprintf("type %d", typ)
+	switch typ {
+	case syscall.SOCK_DGRAM:
+		kind = "datagram (unixgram)"
+	case syscall.SOCK_SEQPACKET:
+		kind = "sequenced-packet (unixpacket)"
+	}
+	return fmt.Errorf("%w: %s: the connection is a %s socket; handles travel on Unix domain stream sockets (network \"unix\")", ErrInvalidArgument, op, kind)
 }
 
 // ipcConnLocks serialises the frames on a connection, one lock for its senders and one for its
