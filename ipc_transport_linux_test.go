@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/require"
+	"golang.org/x/sys/unix"
 )
 
 // The transport of handles and their descriptors between two real processes, over host-memory
@@ -266,6 +267,46 @@ func TestIPCTransportNotAStreamSocket(t *testing.T) {
 			require.ErrorIs(t, err, ErrInvalidArgument)
 			require.ErrorContains(t, err, "ReceiveIPCHandle: the connection is a")
 			require.Equal(t, before, countFDs(t))
+		})
+	}
+}
+
+// Options of the receiving socket that add control messages to every read: with SO_PASSCRED the
+// credentials took the room of the last descriptors of a full batch, which were lost; with
+// SO_PASSPIDFD each read brought a pidfd of the sender that nothing closed.
+func TestIPCTransportReceiverSocketOptions(t *testing.T) {
+	for _, o := range []struct {
+		name string
+		opt  int
+	}{{"SO_PASSCRED", syscall.SO_PASSCRED}, {"SO_PASSPIDFD", unix.SO_PASSPIDFD}, {"SO_PASSSEC", unix.SO_PASSSEC}} {
+		t.Run(o.name, func(t *testing.T) {
+			a, b := ipcSocketPair(t)
+			rc, err := a.SyscallConn()
+			require.NoError(t, err)
+			var serr error
+			require.NoError(t, rc.Control(func(fd uintptr) { serr = syscall.SetsockoptInt(int(fd), syscall.SOL_SOCKET, o.opt, 1) }))
+			if serr != nil {
+				t.Skipf("%s: %v", o.name, serr)
+			}
+			before := countFDs(t)
+			for _, sizes := range [][]int{ipcTestSmall, ipcTestMany} {
+				h := memfdHandle(t, sizes)
+				done := make(chan error, 1)
+				go func() { done <- SendIPCHandle(b, h) }()
+				r, err := ReceiveIPCHandle(a)
+				require.NoError(t, <-done)
+				require.NoError(t, h.Close())
+				require.NoError(t, err)
+				require.NoError(t, checkMemfdHandle(r, sizes))
+				require.NoError(t, r.Close())
+			}
+			// An error path too: a frame too large, after its descriptor.
+			fd := memfdWith(t, 10, piecePattern(0))
+			require.NoError(t, writeMsg(b, binary.LittleEndian.AppendUint32(nil, ipcFrameMaxBytes+1), []int{fd}))
+			require.NoError(t, closeFDs([]int{fd}))
+			_, err = ReceiveIPCHandle(a)
+			require.ErrorIs(t, err, ErrInvalidIPCHandle)
+			require.Equal(t, before, countFDs(t), "descriptors leaked")
 		})
 	}
 }

@@ -21,6 +21,10 @@ import (
 const (
 	ipcFDBatch       = 250
 	ipcFrameMaxBytes = 1 << 24 // far above the largest handle (ipcMaxPieces pieces)
+	// ipcOOBExtra is the room for the control messages that options of the receiving socket add
+	// to every read, besides the descriptors: the sender's credentials (SO_PASSCRED), a pidfd
+	// (SO_PASSPIDFD), a security label (SO_PASSSEC).
+	ipcOOBExtra = 512
 )
 
 // SendIPCHandle writes h, with its file descriptors, to conn (a Unix domain stream socket; a
@@ -192,7 +196,7 @@ type ipcReader struct {
 }
 
 func (r *ipcReader) receive() (*IPCHandle, error) {
-	r.oob = make([]byte, syscall.CmsgSpace(4*(ipcFDBatch+3)))
+	r.oob = make([]byte, syscall.CmsgSpace(4*(ipcFDBatch+3))+ipcOOBExtra)
 	var hdr [4]byte
 	if err := r.readFull(hdr[:]); err != nil {
 		return nil, err
@@ -234,7 +238,7 @@ func (r *ipcReader) readFull(b []byte) error {
 			}
 		}
 		if flags&syscall.MSG_CTRUNC != 0 && err == nil {
-			err = fmt.Errorf("%w: file descriptors were lost in transit (more than %d in one message)", ErrInvalidIPCHandle, ipcFDBatch)
+			err = fmt.Errorf("%w: file descriptors were lost in transit (the control data of one message did not fit in %d bytes: more than %d descriptors, or other control messages)", ErrInvalidIPCHandle, len(r.oob), ipcFDBatch)
 		}
 		done += n
 		r.got += n
@@ -252,19 +256,24 @@ func (r *ipcReader) readFull(b []byte) error {
 	return nil
 }
 
-// parseRights takes the descriptors out of the control messages in oob.
+// parseRights takes the descriptors out of the control messages in oob. A pidfd of the sender
+// (SO_PASSPIDFD on the receiving socket) is closed at once: the handle has no use for it.
 func (r *ipcReader) parseRights(oob []byte) error {
 	msgs, err := syscall.ParseSocketControlMessage(oob)
 	if err != nil {
 		return fmt.Errorf("%w: unreadable control message: %w", ErrInvalidIPCHandle, err)
 	}
 	for _, m := range msgs {
-		if m.Header.Level != syscall.SOL_SOCKET || m.Header.Type != syscall.SCM_RIGHTS {
+		if m.Header.Level != syscall.SOL_SOCKET || (m.Header.Type != syscall.SCM_RIGHTS && m.Header.Type != scmPidfd) {
 			continue
 		}
-		fds, err := syscall.ParseUnixRights(&m)
-		if err != nil {
-			return fmt.Errorf("%w: unreadable SCM_RIGHTS message: %w", ErrInvalidIPCHandle, err)
+		fds := make([]int, len(m.Data)/4) // SCM_RIGHTS and SCM_PIDFD both carry C ints
+		for i := range fds {
+			fds[i] = int(int32(binary.NativeEndian.Uint32(m.Data[4*i:])))
+		}
+		if m.Header.Type == scmPidfd {
+			closeFDs(fds) // just received: closing cannot fail but for a kernel bug
+			continue
 		}
 		r.fds = append(r.fds, fds...)
 	}
