@@ -166,6 +166,18 @@ func TestIPCHandleMisuse(t *testing.T) {
 	require.ErrorIs(t, held.SetFDs([]int{3}), ErrInvalidArgument, "descriptors attached already")
 }
 
+// A descriptor given twice to SetFDs is refused: the handle's Close closed it twice, the second
+// time closing whatever the process had opened under that number in between.
+func TestIPCHandleSetFDsRepeated(t *testing.T) {
+	var h IPCHandle
+	require.NoError(t, h.UnmarshalBinary(mustMarshal(t, &IPCHandle{kind: IPCKindVirtualMemory, size: 1, pieces: []int{2 << 20, 2 << 20, 2 << 20}, nfds: 3})))
+	err := h.SetFDs([]int{7, 8, 7})
+	require.ErrorIs(t, err, ErrInvalidIPCHandle)
+	require.ErrorContains(t, err, "IPCHandle.SetFDs: descriptors 0 and 2 are both 7")
+	require.Nil(t, h.FDs(), "a failed SetFDs takes nothing")
+	require.False(t, h.attached())
+}
+
 func mustMarshal(t *testing.T, h *IPCHandle) []byte {
 	t.Helper()
 	b, err := h.MarshalBinary()
