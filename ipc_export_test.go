@@ -1,6 +1,7 @@
 package rmm
 
 import (
+	"fmt"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -50,6 +51,16 @@ func TestIPCImportMisuse(t *testing.T) {
 	var closed *IPCEvent
 	require.NoError(t, closed.Close())
 	require.ErrorIs(t, closed.Record(DefaultStream), ErrInvalidArgument)
+}
+
+// A zero or unknown-kind handle given to OpenIPCEvent is called what it is, not memory.
+func TestIPCOpenEventUnknownKind(t *testing.T) {
+	for _, h := range []*IPCHandle{{}, {kind: 77}} {
+		_, err := OpenIPCEvent(h)
+		require.ErrorIs(t, err, ErrInvalidIPCHandle)
+		require.ErrorContains(t, err, fmt.Sprintf("OpenIPCEvent: unknown kind %d", h.kind))
+		require.NotContains(t, err.Error(), "is memory")
+	}
 }
 
 // A resource that cannot export names itself (and the adaptors in front of it) in the error.
