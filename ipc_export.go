@@ -22,8 +22,8 @@ type IPCExporter interface {
 
 // ExportIPC exports [p, p+nbytes) of memory from mr (nil: the current device resource), which
 // must lie in one live allocation of mr. Adaptors that hand out their upstream's pointers
-// unchanged (Statistics, Logging, Tracking, Limiting, FailureCallback, ThreadSafe, Prefetch)
-// export through their upstream. A resource that cannot export gives an error wrapping
+// unchanged (Statistics, Logging, Tracking, Limiting, FailureCallback, ThreadSafe, Prefetch,
+// MemoryProfile) export through their upstream. A resource that cannot export gives an error wrapping
 // ErrNotExportable that names it. See IPCExporter.
 func ExportIPC(mr MemoryResource, p DevicePtr, nbytes int) (*IPCHandle, error) {
 	mr = resourceOrCurrent(mr)
@@ -61,6 +61,8 @@ func ipcPassThrough(mr MemoryResource) MemoryResource {
 	case *ThreadSafeResourceAdaptor:
 		return r.Upstream()
 	case *PrefetchResourceAdaptor:
+		return r.Upstream()
+	case *MemoryProfileResourceAdaptor:
 		return r.Upstream()
 	}
 	return nil

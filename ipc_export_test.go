@@ -1,7 +1,10 @@
 package rmm
 
 import (
+	"encoding/binary"
 	"fmt"
+	"io"
+	"sync"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -205,5 +208,116 @@ func TestIPCExpandablePieces(t *testing.T) {
 		_, err := NewPoolMemoryResource(NewSystemMemoryResource(), &PoolOptions{Expandable: true, Exportable: true, MaximumPoolSize: 64 << 20})
 		require.ErrorIs(t, err, ErrNotSupported, "host memory cannot be exported")
 		require.ErrorContains(t, err, "Exportable needs device memory")
+	}
+}
+
+// hostExporter is host memory that exports as IPCKindLegacy handles (the allocation's address in
+// the opaque bytes, the range's offset in it), so that the paths around an export run without a
+// GPU.
+type hostExporter struct {
+	*SystemMemoryResource
+	mu   sync.Mutex
+	live map[DevicePtr]int
+}
+
+func newHostExporter() *hostExporter {
+	return &hostExporter{SystemMemoryResource: NewSystemMemoryResource(), live: map[DevicePtr]int{}}
+}
+
+func (r *hostExporter) Allocate(n int, s StreamView) (DevicePtr, error) {
+	p, err := r.SystemMemoryResource.Allocate(n, s)
+	if err == nil && p != 0 {
+		r.mu.Lock()
+		r.live[p] = n
+		r.mu.Unlock()
+	}
+	return p, err
+}
+
+func (r *hostExporter) Deallocate(p DevicePtr, n int, s StreamView) error {
+	r.mu.Lock()
+	delete(r.live, p)
+	r.mu.Unlock()
+	return r.SystemMemoryResource.Deallocate(p, n, s)
+}
+
+func (r *hostExporter) ExportIPC(p DevicePtr, n int) (*IPCHandle, error) {
+	if err := checkExportRange("hostExporter", p, n); err != nil {
+		return nil, err
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for base, size := range r.live {
+		if base <= p && uintptr(p-base)+uintptr(n) <= uintptr(size) {
+			h := &IPCHandle{kind: IPCKindLegacy, size: n, offset: int(p - base)}
+			binary.LittleEndian.PutUint64(h.data[:], uint64(base))
+			return h, nil
+		}
+	}
+	return nil, fmt.Errorf("%w: hostExporter.ExportIPC(%#x, %d): not a live allocation", ErrInvalidArgument, uintptr(p), n)
+}
+
+// Every adaptor that hands out its upstream's pointers unchanged exports through it; every other
+// resource over an exporter names itself in ErrNotExportable. The memory-profile adaptor, which
+// hands out its upstream's pointers, said it could not export.
+func TestIPCExportThroughAdaptors(t *testing.T) {
+	up := newHostExporter()
+	must := func(r MemoryResource, err error) MemoryResource {
+		t.Helper()
+		require.NoError(t, err)
+		return r
+	}
+	passThrough := map[string]MemoryResource{
+		"StatisticsResourceAdaptor":      must(NewStatisticsResourceAdaptor(up)),
+		"LoggingResourceAdaptor":         must(NewLoggingResourceAdaptor(up, io.Discard, nil)),
+		"TrackingResourceAdaptor":        must(NewTrackingResourceAdaptor(up, nil)),
+		"LimitingResourceAdaptor":        must(NewLimitingResourceAdaptor(up, 1<<30, nil)),
+		"FailureCallbackResourceAdaptor": must(NewFailureCallbackResourceAdaptor(up, func(int, error) bool { return false }, nil)),
+		"ThreadSafeResourceAdaptor":      must(NewThreadSafeResourceAdaptor(up)),
+		"PrefetchResourceAdaptor":        must(NewPrefetchResourceAdaptor(up)),
+		"MemoryProfileResourceAdaptor":   must(NewMemoryProfileResourceAdaptor(up, &MemoryProfileOptions{Rate: 1})),
+	}
+	for name, r := range passThrough {
+		t.Run(name, func(t *testing.T) {
+			p, err := r.Allocate(4096, DefaultStream)
+			require.NoError(t, err)
+			defer r.Deallocate(p, 4096, DefaultStream)
+			h, err := ExportIPC(r, p+256, 1024)
+			require.NoError(t, err)
+			want, err := up.ExportIPC(p+256, 1024)
+			require.NoError(t, err)
+			require.Equal(t, want, h)
+			// Stacked, too.
+			_, err = ExportIPC(must(NewStatisticsResourceAdaptor(r)), p, 4096)
+			require.NoError(t, err)
+		})
+	}
+	sys := NewSystemMemoryResource()
+	prof := must(NewMemoryProfileResourceAdaptor(sys, nil))
+	p, err := prof.Allocate(4096, DefaultStream)
+	require.NoError(t, err)
+	defer prof.Deallocate(p, 4096, DefaultStream)
+	_, err = ExportIPC(prof, p, 4096)
+	require.ErrorIs(t, err, ErrNotExportable)
+	require.ErrorContains(t, err, "MemoryProfileResourceAdaptor over SystemMemoryResource: it cannot export")
+
+	others := map[string]MemoryResource{
+		"AlignedResourceAdaptor":  must(NewAlignedResourceAdaptor(up, nil)),
+		"ArenaMemoryResource":     must(NewArenaMemoryResource(up, &ArenaOptions{ArenaSize: 1 << 20})),
+		"BinningMemoryResource":   must(NewBinningMemoryResource(up, nil)),
+		"FixedSizeMemoryResource": must(NewFixedSizeMemoryResource(up, &FixedSizeOptions{BlockSize: 4096, BlocksToPreallocate: 4})),
+		"CallbackMemoryResource": must(NewCallbackMemoryResource(
+			func(n int, s StreamView) (DevicePtr, error) { return up.Allocate(n, s) },
+			func(p DevicePtr, n int, s StreamView) error { return up.Deallocate(p, n, s) }, nil)),
+	}
+	for name, r := range others {
+		t.Run(name, func(t *testing.T) {
+			p, err := r.Allocate(4096, DefaultStream)
+			require.NoError(t, err)
+			defer r.Deallocate(p, 4096, DefaultStream)
+			_, err = ExportIPC(r, p, 4096)
+			require.ErrorIs(t, err, ErrNotExportable)
+			require.ErrorContains(t, err, name+": it cannot export")
+		})
 	}
 }
