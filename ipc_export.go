@@ -136,7 +136,7 @@ func (r *CudaMemoryResource) ExportIPC(p DevicePtr, nbytes int) (*IPCHandle, err
 	}
 	ctx, err := r.dev.ctx()
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("%s.ExportIPC on %s: %w", name, r.dev, err)
 	}
 	if cuIPCBound()&ipcBoundLegacy == 0 {
 		return nil, fmt.Errorf("%w: %s.ExportIPC: the CUDA driver lacks cuIpcGetMemHandle, cuIpcOpenMemHandle_v2 or cuMemGetAddressRange_v2", ErrNotSupported, name)

@@ -56,6 +56,19 @@ func TestIPCImportMisuse(t *testing.T) {
 	require.ErrorIs(t, closed.Record(DefaultStream), ErrInvalidArgument)
 }
 
+// CudaMemoryResource.ExportIPC names itself when its device cannot be used (no CUDA here, or an
+// ordinal beyond the devices): the driver's error came back alone.
+func TestIPCCudaMemoryResourceExportErrorNamesCall(t *testing.T) {
+	for _, dev := range []Device{0, 4096} {
+		_, err := (&CudaMemoryResource{dev: dev}).ExportIPC(0x10000, 4096)
+		require.Error(t, err)
+		require.ErrorContains(t, err, "CudaMemoryResource.ExportIPC")
+		if CUDAAvailable() != nil {
+			require.ErrorIs(t, err, ErrNoDevice)
+		}
+	}
+}
+
 // A zero or unknown-kind handle given to OpenIPCEvent is called what it is, not memory.
 func TestIPCOpenEventUnknownKind(t *testing.T) {
 	for _, h := range []*IPCHandle{{}, {kind: 77}} {
