@@ -165,6 +165,49 @@ func TestIPCPlainPoolExport(t *testing.T) {
 	require.ErrorIs(t, err, ErrInvalidArgument)
 }
 
+// A pool exports only within the bytes an allocation asked for: a range into the block's rounding
+// beyond them (an allocation of 1000 bytes is a block of 1024) was exported.
+func TestIPCPoolExportWithinAllocation(t *testing.T) {
+	pool, err := NewPoolMemoryResource(newHostExporter(), &PoolOptions{InitialPoolSize: 1 << 20})
+	require.NoError(t, err)
+	defer pool.Close()
+	s, err := NewStream(0, nil)
+	require.NoError(t, err)
+	defer s.Close()
+	for range 3 { // the stream's cache hands the next block of this size out
+		q, err := pool.Allocate(1000, s.View())
+		require.NoError(t, err)
+		require.NoError(t, pool.Deallocate(q, 1000, s.View()))
+	}
+	p, err := pool.Allocate(1000, DefaultStream)
+	require.NoError(t, err)
+	defer pool.Deallocate(p, 1000, DefaultStream)
+	q, err := pool.Allocate(1000, s.View())
+	require.NoError(t, err)
+	defer pool.Deallocate(q, 1000, s.View())
+	pool.mu.Lock()
+	require.Nil(t, pool.live.get(q), "q came from the stream's cache")
+	pool.mu.Unlock()
+	for _, base := range []DevicePtr{p, q} {
+		for _, r := range []struct{ off, n int }{{0, 1000}, {999, 1}, {8, 992}} {
+			h, err := pool.ExportIPC(base+DevicePtr(r.off), r.n)
+			require.NoError(t, err, "[%d, %d)", r.off, r.off+r.n)
+			require.Equal(t, r.n, h.Size())
+		}
+		for _, r := range []struct{ off, n int }{{0, 1001}, {0, 1024}, {999, 2}, {1000, 8}, {1016, 8}} {
+			_, err := pool.ExportIPC(base+DevicePtr(r.off), r.n)
+			require.ErrorIs(t, err, ErrInvalidArgument, "[%d, %d)", r.off, r.off+r.n)
+			require.ErrorContains(t, err, fmt.Sprintf("runs past the end of the allocation [%#x, %#x)", uintptr(base), uintptr(base)+1000))
+		}
+	}
+	v, err := NewUvector[uint32](250, DefaultStream, pool)
+	require.NoError(t, err)
+	defer v.Close()
+	h, err := v.ExportIPC()
+	require.NoError(t, err)
+	require.Equal(t, 1000, h.Size())
+}
+
 // The pieces of an expandable pool under a live range tile it, across growth steps.
 func TestIPCExpandablePieces(t *testing.T) {
 	sim, err := NewSimulatedMemoryResource(1 << 34)
