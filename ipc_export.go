@@ -75,8 +75,11 @@ func notExportable(resource, why string) error {
 
 // checkExportRange validates the range given to resource.ExportIPC.
 func checkExportRange(resource string, p DevicePtr, nbytes int) error {
-	if nbytes <= 0 || p == 0 || uintptr(p)+uintptr(nbytes) < uintptr(p) {
+	if nbytes <= 0 || p == 0 {
 		return fmt.Errorf("%w: %s.ExportIPC(%#x, %d): an export needs a non-null pointer and a positive size", ErrInvalidArgument, resource, uintptr(p), nbytes)
+	}
+	if uintptr(p)+uintptr(nbytes) < uintptr(p) {
+		return fmt.Errorf("%w: %s.ExportIPC(%#x, %d): the range runs past the end of the address space", ErrInvalidArgument, resource, uintptr(p), nbytes)
 	}
 	return nil
 }

@@ -208,6 +208,27 @@ func TestIPCPoolExportWithinAllocation(t *testing.T) {
 	require.Equal(t, 1000, h.Size())
 }
 
+// A range that wraps past the end of the address space is called that, not a null pointer or a
+// size that is not positive.
+func TestIPCExportRangeWraps(t *testing.T) {
+	pool, err := NewPoolMemoryResource(newHostExporter(), &PoolOptions{InitialPoolSize: 1 << 20})
+	require.NoError(t, err)
+	defer pool.Close()
+	for _, r := range []struct {
+		p DevicePtr
+		n int
+	}{{DevicePtr(^uintptr(0) - 10), 100}, {DevicePtr(^uintptr(0)), 1}} {
+		_, err := pool.ExportIPC(r.p, r.n)
+		require.ErrorIs(t, err, ErrInvalidArgument)
+		require.ErrorContains(t, err, "runs past the end of the address space")
+	}
+	for _, n := range []int{0, -1} {
+		_, err := pool.ExportIPC(0x10000, n)
+		require.ErrorIs(t, err, ErrInvalidArgument)
+		require.ErrorContains(t, err, "a positive size")
+	}
+}
+
 // The pieces of an expandable pool under a live range tile it, across growth steps.
 func TestIPCExpandablePieces(t *testing.T) {
 	sim, err := NewSimulatedMemoryResource(1 << 34)
