@@ -134,8 +134,8 @@ func (h *IPCHandle) FDs() []int {
 // SetFDs attaches the descriptors the handle carries, in the exporter's order, for a handle
 // decoded with UnmarshalBinary whose descriptors travelled another way. The handle takes them
 // over: Close closes them. It returns an error wrapping ErrInvalidIPCHandle, and takes nothing,
-// when their count is not NumFDs() or one is negative, and ErrInvalidArgument when descriptors
-// are attached already.
+// when their count is not NumFDs(), one is negative or one is given twice, and
+// ErrInvalidArgument when descriptors are attached already.
 func (h *IPCHandle) SetFDs(fds []int) error {
 	if h.fds != nil {
 		return fmt.Errorf("%w: IPCHandle.SetFDs: the handle has its descriptors already", ErrInvalidArgument)
@@ -143,10 +143,15 @@ func (h *IPCHandle) SetFDs(fds []int) error {
 	if len(fds) != h.nfds {
 		return fmt.Errorf("%w: IPCHandle.SetFDs: the handle carries %d file descriptors, %d given", ErrInvalidIPCHandle, h.nfds, len(fds))
 	}
+	seen := make(map[int]int, len(fds))
 	for i, fd := range fds {
 		if fd < 0 {
 			return fmt.Errorf("%w: IPCHandle.SetFDs: descriptor %d is %d", ErrInvalidIPCHandle, i, fd)
 		}
+		if j, ok := seen[fd]; ok {
+			return fmt.Errorf("%w: IPCHandle.SetFDs: descriptors %d and %d are both %d (each piece travels in a descriptor of its own, and Close would close it twice)", ErrInvalidIPCHandle, j, i, fd)
+		}
+		seen[fd] = i
 	}
 	if len(fds) > 0 {
 		h.fds = append([]int(nil), fds...)

@@ -52,11 +52,11 @@ func OpenIPCEvent(h *IPCHandle) (*IPCEvent, error) {
 	if h == nil {
 		return nil, fmt.Errorf("%w: OpenIPCEvent: nil handle", ErrInvalidArgument)
 	}
-	if h.kind != IPCKindEvent {
-		return nil, fmt.Errorf("%w: OpenIPCEvent: %v is memory, not an event (import it with ImportIPC)", ErrInvalidIPCHandle, h)
-	}
 	if err := h.checkShape(); err != nil {
 		return nil, fmt.Errorf("%w: OpenIPCEvent: %v", ErrInvalidIPCHandle, err)
+	}
+	if h.kind != IPCKindEvent {
+		return nil, fmt.Errorf("%w: OpenIPCEvent: %v is memory, not an event (import it with ImportIPC)", ErrInvalidIPCHandle, h)
 	}
 	dev, err := ipcLocalDevice(h.uuid, h.dev)
 	if err != nil {

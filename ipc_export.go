@@ -22,8 +22,8 @@ type IPCExporter interface {
 
 // ExportIPC exports [p, p+nbytes) of memory from mr (nil: the current device resource), which
 // must lie in one live allocation of mr. Adaptors that hand out their upstream's pointers
-// unchanged (Statistics, Logging, Tracking, Limiting, FailureCallback, ThreadSafe, Prefetch)
-// export through their upstream. A resource that cannot export gives an error wrapping
+// unchanged (Statistics, Logging, Tracking, Limiting, FailureCallback, ThreadSafe, Prefetch,
+// MemoryProfile) export through their upstream. A resource that cannot export gives an error wrapping
 // ErrNotExportable that names it. See IPCExporter.
 func ExportIPC(mr MemoryResource, p DevicePtr, nbytes int) (*IPCHandle, error) {
 	mr = resourceOrCurrent(mr)
@@ -62,6 +62,8 @@ func ipcPassThrough(mr MemoryResource) MemoryResource {
 		return r.Upstream()
 	case *PrefetchResourceAdaptor:
 		return r.Upstream()
+	case *MemoryProfileResourceAdaptor:
+		return r.Upstream()
 	}
 	return nil
 }
@@ -73,8 +75,11 @@ func notExportable(resource, why string) error {
 
 // checkExportRange validates the range given to resource.ExportIPC.
 func checkExportRange(resource string, p DevicePtr, nbytes int) error {
-	if nbytes <= 0 || p == 0 || uintptr(p)+uintptr(nbytes) < uintptr(p) {
+	if nbytes <= 0 || p == 0 {
 		return fmt.Errorf("%w: %s.ExportIPC(%#x, %d): an export needs a non-null pointer and a positive size", ErrInvalidArgument, resource, uintptr(p), nbytes)
+	}
+	if uintptr(p)+uintptr(nbytes) < uintptr(p) {
+		return fmt.Errorf("%w: %s.ExportIPC(%#x, %d): the range runs past the end of the address space", ErrInvalidArgument, resource, uintptr(p), nbytes)
 	}
 	return nil
 }
@@ -134,7 +139,7 @@ func (r *CudaMemoryResource) ExportIPC(p DevicePtr, nbytes int) (*IPCHandle, err
 	}
 	ctx, err := r.dev.ctx()
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("%s.ExportIPC on %s: %w", name, r.dev, err)
 	}
 	if cuIPCBound()&ipcBoundLegacy == 0 {
 		return nil, fmt.Errorf("%w: %s.ExportIPC: the CUDA driver lacks cuIpcGetMemHandle, cuIpcOpenMemHandle_v2 or cuMemGetAddressRange_v2", ErrNotSupported, name)

@@ -1,6 +1,10 @@
 package rmm
 
 import (
+	"encoding/binary"
+	"fmt"
+	"io"
+	"sync"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -50,6 +54,29 @@ func TestIPCImportMisuse(t *testing.T) {
 	var closed *IPCEvent
 	require.NoError(t, closed.Close())
 	require.ErrorIs(t, closed.Record(DefaultStream), ErrInvalidArgument)
+}
+
+// CudaMemoryResource.ExportIPC names itself when its device cannot be used (no CUDA here, or an
+// ordinal beyond the devices): the driver's error came back alone.
+func TestIPCCudaMemoryResourceExportErrorNamesCall(t *testing.T) {
+	for _, dev := range []Device{0, 4096} {
+		_, err := (&CudaMemoryResource{dev: dev}).ExportIPC(0x10000, 4096)
+		require.Error(t, err)
+		require.ErrorContains(t, err, "CudaMemoryResource.ExportIPC")
+		if CUDAAvailable() != nil {
+			require.ErrorIs(t, err, ErrNoDevice)
+		}
+	}
+}
+
+// A zero or unknown-kind handle given to OpenIPCEvent is called what it is, not memory.
+func TestIPCOpenEventUnknownKind(t *testing.T) {
+	for _, h := range []*IPCHandle{{}, {kind: 77}} {
+		_, err := OpenIPCEvent(h)
+		require.ErrorIs(t, err, ErrInvalidIPCHandle)
+		require.ErrorContains(t, err, fmt.Sprintf("OpenIPCEvent: unknown kind %d", h.kind))
+		require.NotContains(t, err.Error(), "is memory")
+	}
 }
 
 // A resource that cannot export names itself (and the adaptors in front of it) in the error.
@@ -137,6 +164,70 @@ func TestIPCPlainPoolExport(t *testing.T) {
 	require.ErrorIs(t, err, ErrInvalidArgument)
 }
 
+// A pool exports only within the bytes an allocation asked for: a range into the block's rounding
+// beyond them (an allocation of 1000 bytes is a block of 1024) was exported.
+func TestIPCPoolExportWithinAllocation(t *testing.T) {
+	pool, err := NewPoolMemoryResource(newHostExporter(), &PoolOptions{InitialPoolSize: 1 << 20})
+	require.NoError(t, err)
+	defer pool.Close()
+	s, err := NewStream(0, nil)
+	require.NoError(t, err)
+	defer s.Close()
+	for range 3 { // the stream's cache hands the next block of this size out
+		q, err := pool.Allocate(1000, s.View())
+		require.NoError(t, err)
+		require.NoError(t, pool.Deallocate(q, 1000, s.View()))
+	}
+	p, err := pool.Allocate(1000, DefaultStream)
+	require.NoError(t, err)
+	defer pool.Deallocate(p, 1000, DefaultStream)
+	q, err := pool.Allocate(1000, s.View())
+	require.NoError(t, err)
+	defer pool.Deallocate(q, 1000, s.View())
+	pool.mu.Lock()
+	require.Nil(t, pool.live.get(q), "q came from the stream's cache")
+	pool.mu.Unlock()
+	for _, base := range []DevicePtr{p, q} {
+		for _, r := range []struct{ off, n int }{{0, 1000}, {999, 1}, {8, 992}} {
+			h, err := pool.ExportIPC(base+DevicePtr(r.off), r.n)
+			require.NoError(t, err, "[%d, %d)", r.off, r.off+r.n)
+			require.Equal(t, r.n, h.Size())
+		}
+		for _, r := range []struct{ off, n int }{{0, 1001}, {0, 1024}, {999, 2}, {1000, 8}, {1016, 8}} {
+			_, err := pool.ExportIPC(base+DevicePtr(r.off), r.n)
+			require.ErrorIs(t, err, ErrInvalidArgument, "[%d, %d)", r.off, r.off+r.n)
+			require.ErrorContains(t, err, fmt.Sprintf("runs past the end of the allocation [%#x, %#x)", uintptr(base), uintptr(base)+1000))
+		}
+	}
+	v, err := NewUvector[uint32](250, DefaultStream, pool)
+	require.NoError(t, err)
+	defer v.Close()
+	h, err := v.ExportIPC()
+	require.NoError(t, err)
+	require.Equal(t, 1000, h.Size())
+}
+
+// A range that wraps past the end of the address space is called that, not a null pointer or a
+// size that is not positive.
+func TestIPCExportRangeWraps(t *testing.T) {
+	pool, err := NewPoolMemoryResource(newHostExporter(), &PoolOptions{InitialPoolSize: 1 << 20})
+	require.NoError(t, err)
+	defer pool.Close()
+	for _, r := range []struct {
+		p DevicePtr
+		n int
+	}{{DevicePtr(^uintptr(0) - 10), 100}, {DevicePtr(^uintptr(0)), 1}} {
+		_, err := pool.ExportIPC(r.p, r.n)
+		require.ErrorIs(t, err, ErrInvalidArgument)
+		require.ErrorContains(t, err, "runs past the end of the address space")
+	}
+	for _, n := range []int{0, -1} {
+		_, err := pool.ExportIPC(0x10000, n)
+		require.ErrorIs(t, err, ErrInvalidArgument)
+		require.ErrorContains(t, err, "a positive size")
+	}
+}
+
 // The pieces of an expandable pool under a live range tile it, across growth steps.
 func TestIPCExpandablePieces(t *testing.T) {
 	sim, err := NewSimulatedMemoryResource(1 << 34)
@@ -193,5 +284,116 @@ func TestIPCExpandablePieces(t *testing.T) {
 		_, err := NewPoolMemoryResource(NewSystemMemoryResource(), &PoolOptions{Expandable: true, Exportable: true, MaximumPoolSize: 64 << 20})
 		require.ErrorIs(t, err, ErrNotSupported, "host memory cannot be exported")
 		require.ErrorContains(t, err, "Exportable needs device memory")
+	}
+}
+
+// hostExporter is host memory that exports as IPCKindLegacy handles (the allocation's address in
+// the opaque bytes, the range's offset in it), so that the paths around an export run without a
+// GPU.
+type hostExporter struct {
+	*SystemMemoryResource
+	mu   sync.Mutex
+	live map[DevicePtr]int
+}
+
+func newHostExporter() *hostExporter {
+	return &hostExporter{SystemMemoryResource: NewSystemMemoryResource(), live: map[DevicePtr]int{}}
+}
+
+func (r *hostExporter) Allocate(n int, s StreamView) (DevicePtr, error) {
+	p, err := r.SystemMemoryResource.Allocate(n, s)
+	if err == nil && p != 0 {
+		r.mu.Lock()
+		r.live[p] = n
+		r.mu.Unlock()
+	}
+	return p, err
+}
+
+func (r *hostExporter) Deallocate(p DevicePtr, n int, s StreamView) error {
+	r.mu.Lock()
+	delete(r.live, p)
+	r.mu.Unlock()
+	return r.SystemMemoryResource.Deallocate(p, n, s)
+}
+
+func (r *hostExporter) ExportIPC(p DevicePtr, n int) (*IPCHandle, error) {
+	if err := checkExportRange("hostExporter", p, n); err != nil {
+		return nil, err
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for base, size := range r.live {
+		if base <= p && uintptr(p-base)+uintptr(n) <= uintptr(size) {
+			h := &IPCHandle{kind: IPCKindLegacy, size: n, offset: int(p - base)}
+			binary.LittleEndian.PutUint64(h.data[:], uint64(base))
+			return h, nil
+		}
+	}
+	return nil, fmt.Errorf("%w: hostExporter.ExportIPC(%#x, %d): not a live allocation", ErrInvalidArgument, uintptr(p), n)
+}
+
+// Every adaptor that hands out its upstream's pointers unchanged exports through it; every other
+// resource over an exporter names itself in ErrNotExportable. The memory-profile adaptor, which
+// hands out its upstream's pointers, said it could not export.
+func TestIPCExportThroughAdaptors(t *testing.T) {
+	up := newHostExporter()
+	must := func(r MemoryResource, err error) MemoryResource {
+		t.Helper()
+		require.NoError(t, err)
+		return r
+	}
+	passThrough := map[string]MemoryResource{
+		"StatisticsResourceAdaptor":      must(NewStatisticsResourceAdaptor(up)),
+		"LoggingResourceAdaptor":         must(NewLoggingResourceAdaptor(up, io.Discard, nil)),
+		"TrackingResourceAdaptor":        must(NewTrackingResourceAdaptor(up, nil)),
+		"LimitingResourceAdaptor":        must(NewLimitingResourceAdaptor(up, 1<<30, nil)),
+		"FailureCallbackResourceAdaptor": must(NewFailureCallbackResourceAdaptor(up, func(int, error) bool { return false }, nil)),
+		"ThreadSafeResourceAdaptor":      must(NewThreadSafeResourceAdaptor(up)),
+		"PrefetchResourceAdaptor":        must(NewPrefetchResourceAdaptor(up)),
+		"MemoryProfileResourceAdaptor":   must(NewMemoryProfileResourceAdaptor(up, &MemoryProfileOptions{Rate: 1})),
+	}
+	for name, r := range passThrough {
+		t.Run(name, func(t *testing.T) {
+			p, err := r.Allocate(4096, DefaultStream)
+			require.NoError(t, err)
+			defer r.Deallocate(p, 4096, DefaultStream)
+			h, err := ExportIPC(r, p+256, 1024)
+			require.NoError(t, err)
+			want, err := up.ExportIPC(p+256, 1024)
+			require.NoError(t, err)
+			require.Equal(t, want, h)
+			// Stacked, too.
+			_, err = ExportIPC(must(NewStatisticsResourceAdaptor(r)), p, 4096)
+			require.NoError(t, err)
+		})
+	}
+	sys := NewSystemMemoryResource()
+	prof := must(NewMemoryProfileResourceAdaptor(sys, nil))
+	p, err := prof.Allocate(4096, DefaultStream)
+	require.NoError(t, err)
+	defer prof.Deallocate(p, 4096, DefaultStream)
+	_, err = ExportIPC(prof, p, 4096)
+	require.ErrorIs(t, err, ErrNotExportable)
+	require.ErrorContains(t, err, "MemoryProfileResourceAdaptor over SystemMemoryResource: it cannot export")
+
+	others := map[string]MemoryResource{
+		"AlignedResourceAdaptor":  must(NewAlignedResourceAdaptor(up, nil)),
+		"ArenaMemoryResource":     must(NewArenaMemoryResource(up, &ArenaOptions{ArenaSize: 1 << 20})),
+		"BinningMemoryResource":   must(NewBinningMemoryResource(up, nil)),
+		"FixedSizeMemoryResource": must(NewFixedSizeMemoryResource(up, &FixedSizeOptions{BlockSize: 4096, BlocksToPreallocate: 4})),
+		"CallbackMemoryResource": must(NewCallbackMemoryResource(
+			func(n int, s StreamView) (DevicePtr, error) { return up.Allocate(n, s) },
+			func(p DevicePtr, n int, s StreamView) error { return up.Deallocate(p, n, s) }, nil)),
+	}
+	for name, r := range others {
+		t.Run(name, func(t *testing.T) {
+			p, err := r.Allocate(4096, DefaultStream)
+			require.NoError(t, err)
+			defer r.Deallocate(p, 4096, DefaultStream)
+			_, err = ExportIPC(r, p, 4096)
+			require.ErrorIs(t, err, ErrNotExportable)
+			require.ErrorContains(t, err, name+": it cannot export")
+		})
 	}
 }

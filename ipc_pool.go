@@ -157,41 +157,44 @@ func (p *PoolMemoryResource) upstreamBlockCovering(ptr DevicePtr, n int) (Device
 	return 0, 0, fmt.Errorf("internal error: PoolMemoryResource.ExportIPC(%#x, %d): live memory in no upstream block", uintptr(ptr), n)
 }
 
-// checkLiveRange returns nil when [ptr, ptr+n) lies in one block the pool handed out and has
-// not taken back: in its live table or handed out by a stream's cache (pool locked). A pointer
-// at a block's start is found at once; one inside a block costs a scan of the live blocks.
+// checkLiveRange returns nil when [ptr, ptr+n) lies in one allocation the pool handed out and has
+// not taken back (in its live table, or handed out by a stream's cache), within the bytes asked
+// for, not the block's rounding beyond them (pool locked). A pointer at a block's start is found
+// at once; one inside a block costs a scan of the live blocks.
 func (p *PoolMemoryResource) checkLiveRange(ptr DevicePtr, n int) error {
 	if p.closed {
 		return fmt.Errorf("%w: PoolMemoryResource.ExportIPC after Close", ErrClosed)
 	}
-	end := ptr + DevicePtr(n)
-	inside := func(b *block) bool { return b != nil && b.addr <= ptr && end <= b.end() }
-	if inside(p.live.get(ptr)) {
-		return nil
-	}
-	found := false
-	scan := func(b *block) {
-		if !found && inside(b) {
-			found = true
-		}
-	}
-	if m := p.caches.Load(); m != nil {
-		for _, c := range m.all() {
-			c.mu.Lock()
-			if inside(c.issued.get(ptr)) {
-				found = true
-			} else {
-				c.issued.each(scan)
-			}
-			c.mu.Unlock()
-			if found {
-				return nil
+	holds := func(b *block) bool { return b != nil && b.addr <= ptr && ptr < b.end() }
+	b := p.live.get(ptr)
+	if !holds(b) {
+		b = nil
+		scan := func(c *block) {
+			if b == nil && holds(c) {
+				b = c
 			}
 		}
+		if m := p.caches.Load(); m != nil {
+			for _, c := range m.all() {
+				c.mu.Lock()
+				if b = c.issued.get(ptr); b == nil {
+					c.issued.each(scan)
+				}
+				c.mu.Unlock()
+				if b != nil {
+					break
+				}
+			}
+		}
+		if b == nil {
+			p.live.each(scan)
+		}
 	}
-	p.live.each(scan)
-	if found {
-		return nil
+	if b == nil {
+		return fmt.Errorf("%w: PoolMemoryResource.ExportIPC(%#x, %d): the range is not inside one live allocation of the pool", ErrInvalidArgument, uintptr(ptr), n)
 	}
-	return fmt.Errorf("%w: PoolMemoryResource.ExportIPC(%#x, %d): the range is not inside one live allocation of the pool", ErrInvalidArgument, uintptr(ptr), n)
+	if end := b.addr + DevicePtr(b.req); uintptr(ptr-b.addr)+uintptr(n) > uintptr(b.req) {
+		return fmt.Errorf("%w: PoolMemoryResource.ExportIPC(%#x, %d): the range runs past the end of the allocation [%#x, %#x) it starts in", ErrInvalidArgument, uintptr(ptr), n, uintptr(b.addr), uintptr(end))
+	}
+	return nil
 }

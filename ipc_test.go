@@ -3,6 +3,7 @@ package rmm
 import (
 	"encoding/binary"
 	"hash/crc32"
+	"math"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -121,21 +122,59 @@ func TestIPCHandleDecodeErrors(t *testing.T) {
 	}
 }
 
+// ipcFuzzSeeds are crafted handles at the edges of what the decoder accepts (MarshalBinary
+// encodes any fields): the largest sizes, offsets and piece counts, and one step past them.
+func ipcFuzzSeeds() []*IPCHandle {
+	return []*IPCHandle{
+		{kind: IPCKindLegacy, size: math.MaxInt},
+		{kind: IPCKindLegacy, size: 1, offset: math.MaxInt - 1},
+		{kind: IPCKindLegacy, size: 2, offset: math.MaxInt - 1},
+		{kind: IPCKindMemPool, size: 8, offset: 3, nfds: 1},
+		{kind: IPCKindVirtualMemory, size: 1, offset: 4, pieces: []int{4, 1}, nfds: 2},
+		{kind: IPCKindVirtualMemory, size: 1, offset: 5, pieces: []int{4, 1}, nfds: 2},
+		{kind: IPCKindVirtualMemory, size: 1, pieces: []int{math.MaxInt, 1}, nfds: 2},
+		{kind: IPCKindVirtualMemory, size: math.MaxInt, pieces: []int{math.MaxInt}, nfds: 1},
+		{kind: IPCKindVirtualMemory, size: 1, pieces: []int{1}, nfds: ipcMaxPieces + 1},
+		{kind: IPCKindEvent, dev: math.MaxInt32},
+		{kind: IPCKindEvent, nfds: 1},
+		{kind: IPCKindLegacy, dev: -1, size: 1},
+	}
+}
+
+// The decoder answers every input with a handle whose fields agree with its kind and that encodes
+// to the same bytes, or with ErrInvalidIPCHandle. Each input is also tried with its checksum
+// made right, so that the fuzzer reaches the checks behind it.
 func FuzzIPCHandleDecode(f *testing.F) {
 	for _, h := range testIPCHandles() {
 		b, _ := h.MarshalBinary()
 		f.Add(b)
 	}
+	for _, h := range ipcFuzzSeeds() {
+		b, _ := h.MarshalBinary()
+		f.Add(b)
+	}
 	f.Fuzz(func(t *testing.T, b []byte) {
-		var h IPCHandle
-		if err := h.UnmarshalBinary(b); err != nil {
-			require.ErrorIs(t, err, ErrInvalidIPCHandle)
-			return
+		checkIPCDecode(t, b)
+		if len(b) >= ipcMinBytes {
+			checkIPCDecode(t, reencode(append([]byte(nil), b...)))
 		}
-		again, err := h.MarshalBinary()
-		require.NoError(t, err)
-		require.Equal(t, b, again, "a decoded handle encodes to the same bytes")
 	})
+}
+
+func checkIPCDecode(t *testing.T, b []byte) {
+	var h IPCHandle
+	if err := h.UnmarshalBinary(b); err != nil {
+		require.ErrorIs(t, err, ErrInvalidIPCHandle)
+		return
+	}
+	require.NoError(t, h.checkShape())
+	require.GreaterOrEqual(t, h.dev, 0)
+	require.Equal(t, h.nfds, h.NumFDs())
+	require.Equal(t, h.nfds == 0, h.attached())
+	_ = h.String()
+	again, err := h.MarshalBinary()
+	require.NoError(t, err)
+	require.Equal(t, b, again, "a decoded handle encodes to the same bytes")
 }
 
 func TestIPCHandleMisuse(t *testing.T) {
@@ -164,6 +203,18 @@ func TestIPCHandleMisuse(t *testing.T) {
 	held := IPCHandle{nfds: 1, fds: []int{-1}}
 	require.ErrorIs(t, held.UnmarshalBinary(mustMarshal(t, testIPCHandles()["legacy"])), ErrInvalidArgument, "a handle holding descriptors")
 	require.ErrorIs(t, held.SetFDs([]int{3}), ErrInvalidArgument, "descriptors attached already")
+}
+
+// A descriptor given twice to SetFDs is refused: the handle's Close closed it twice, the second
+// time closing whatever the process had opened under that number in between.
+func TestIPCHandleSetFDsRepeated(t *testing.T) {
+	var h IPCHandle
+	require.NoError(t, h.UnmarshalBinary(mustMarshal(t, &IPCHandle{kind: IPCKindVirtualMemory, size: 1, pieces: []int{2 << 20, 2 << 20, 2 << 20}, nfds: 3})))
+	err := h.SetFDs([]int{7, 8, 7})
+	require.ErrorIs(t, err, ErrInvalidIPCHandle)
+	require.ErrorContains(t, err, "IPCHandle.SetFDs: descriptors 0 and 2 are both 7")
+	require.Nil(t, h.FDs(), "a failed SetFDs takes nothing")
+	require.False(t, h.attached())
 }
 
 func mustMarshal(t *testing.T, h *IPCHandle) []byte {

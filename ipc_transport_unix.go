@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"sync"
 	"syscall"
 )
 
@@ -20,14 +21,19 @@ import (
 const (
 	ipcFDBatch       = 250
 	ipcFrameMaxBytes = 1 << 24 // far above the largest handle (ipcMaxPieces pieces)
+	// ipcOOBExtra is the room for the control messages that options of the receiving socket add
+	// to every read, besides the descriptors: the sender's credentials (SO_PASSCRED), a pidfd
+	// (SO_PASSPIDFD), a security label (SO_PASSSEC).
+	ipcOOBExtra = 512
 )
 
-// SendIPCHandle writes h, with its file descriptors, to conn (a Unix domain stream socket),
-// for ReceiveIPCHandle at the other end. h keeps its descriptors (the receiver gets its own
-// copies): Close it once sent. A handle whose descriptors are not attached is
-// ErrInvalidIPCHandle; a closed or broken connection gives the system's error (errors.Is with
-// net.ErrClosed or syscall.EPIPE), and the connection should then be dropped, as part of a frame
-// may have been written.
+// SendIPCHandle writes h, with its file descriptors, to conn (a Unix domain stream socket; a
+// datagram or sequenced-packet one is ErrInvalidArgument), for ReceiveIPCHandle at the other
+// end. h keeps its descriptors (the receiver gets its own copies): Close it once sent.
+// Goroutines may send on one conn at once: each frame goes out whole, after or before the
+// others. A handle whose descriptors are not attached is ErrInvalidIPCHandle; a closed or broken
+// connection gives the system's error (errors.Is with net.ErrClosed or syscall.EPIPE), and the
+// connection should then be dropped, as part of a frame may have been written.
 func SendIPCHandle(conn *net.UnixConn, h *IPCHandle) error {
 	if conn == nil {
 		return fmt.Errorf("%w: SendIPCHandle: nil connection", ErrInvalidArgument)
@@ -38,10 +44,14 @@ func SendIPCHandle(conn *net.UnixConn, h *IPCHandle) error {
 	if !h.attached() {
 		return fmt.Errorf("%w: SendIPCHandle: %v: its %d file descriptors are not attached", ErrInvalidIPCHandle, h, h.nfds)
 	}
+	if err := checkStreamSocket("SendIPCHandle", conn); err != nil {
+		return err
+	}
 	payload, err := h.MarshalBinary()
 	if err != nil {
 		return fmt.Errorf("SendIPCHandle: %w", err)
 	}
+	defer lockIPCConn(conn, false)()
 	if err := writeIPCFrame(conn, payload, h.fds); err != nil {
 		return fmt.Errorf("SendIPCHandle(%v): %w", h.kind, err)
 	}
@@ -84,18 +94,24 @@ func writeMsg(conn *net.UnixConn, b []byte, fds []int) error {
 }
 
 // ReceiveIPCHandle reads one handle that SendIPCHandle wrote on the other end of conn (a Unix
-// domain stream socket), with its file descriptors (owned by the returned handle: Close it after
+// domain stream socket; another kind is ErrInvalidArgument), with its file descriptors (owned by the returned handle: Close it after
 // importing). On every error the descriptors received so far are closed. A connection closed before a handle arrives gives an
 // error wrapping io.EOF, one closed in the middle io.ErrUnexpectedEOF; bytes that are not a valid
 // handle, descriptors lost in transit (too many for the receive buffer) or a count that differs
 // from the handle's give ErrInvalidIPCHandle. After an error the connection's position in the
-// stream is unknown: drop it.
+// stream is unknown: drop it. Goroutines may receive on one conn at once: each reads one whole
+// frame.
 func ReceiveIPCHandle(conn *net.UnixConn) (*IPCHandle, error) {
 	if conn == nil {
 		return nil, fmt.Errorf("%w: ReceiveIPCHandle: nil connection", ErrInvalidArgument)
 	}
+	if err := checkStreamSocket("ReceiveIPCHandle", conn); err != nil {
+		return nil, err
+	}
 	r := ipcReader{conn: conn}
+	unlock := lockIPCConn(conn, true)
 	h, err := r.receive()
+	unlock()
 	if err != nil {
 		if cerr := closeFDs(r.fds); cerr != nil {
 			err = errors.Join(err, fmt.Errorf("closing the received descriptors: %w", cerr))
@@ -103,6 +119,73 @@ func ReceiveIPCHandle(conn *net.UnixConn) (*IPCHandle, error) {
 		return nil, fmt.Errorf("ReceiveIPCHandle: %w", err)
 	}
 	return h, nil
+}
+
+// checkStreamSocket returns an error wrapping ErrInvalidArgument when conn is not a stream socket:
+// on a datagram or sequenced-packet socket each read takes one message and drops what of it does
+// not fit, so the receiver would lose the frame and wait for the rest of it forever. When the
+// socket's type cannot be read (a closed connection) it returns nil, and the call's first read or
+// write reports the error.
+func checkStreamSocket(op string, conn *net.UnixConn) error {
+	rc, err := conn.SyscallConn()
+	if err != nil {
+		return nil
+	}
+	typ, gerr := syscall.SOCK_STREAM, error(nil)
+	if err := rc.Control(func(fd uintptr) {
+		typ, gerr = syscall.GetsockoptInt(int(fd), syscall.SOL_SOCKET, syscall.SO_TYPE)
+	}); err != nil || gerr != nil || typ == syscall.SOCK_STREAM {
+		return nil
+	}
+	kind := fmt.Sprintf("type %d", typ)
+	switch typ {
+	case syscall.SOCK_DGRAM:
+		kind = "datagram (unixgram)"
+	case syscall.SOCK_SEQPACKET:
+		kind = "sequenced-packet (unixpacket)"
+	}
+	return fmt.Errorf("%w: %s: the connection is a %s socket; handles travel on Unix domain stream sockets (network \"unix\")", ErrInvalidArgument, op, kind)
+}
+
+// ipcConnLocks serialises the frames on a connection, one lock for its senders and one for its
+// receivers: a frame takes several writes (a further message per ipcFDBatch descriptors, and the
+// rest of a frame the socket's buffer did not take at once) and several reads, which must not
+// interleave with another goroutine's. A lock lives while a call holds or waits for it.
+var ipcConnLocks = struct {
+	mu sync.Mutex
+	m  map[ipcConnKey]*ipcConnLock
+}{m: map[ipcConnKey]*ipcConnLock{}}
+
+type ipcConnKey struct {
+	conn *net.UnixConn
+	recv bool
+}
+
+type ipcConnLock struct {
+	mu   sync.Mutex
+	refs int // calls holding or waiting for mu
+}
+
+// lockIPCConn takes the lock of conn's senders (recv false) or receivers and returns its unlock.
+func lockIPCConn(conn *net.UnixConn, recv bool) (unlock func()) {
+	key := ipcConnKey{conn, recv}
+	ipcConnLocks.mu.Lock()
+	l := ipcConnLocks.m[key]
+	if l == nil {
+		l = &ipcConnLock{}
+		ipcConnLocks.m[key] = l
+	}
+	l.refs++
+	ipcConnLocks.mu.Unlock()
+	l.mu.Lock()
+	return func() {
+		l.mu.Unlock()
+		ipcConnLocks.mu.Lock()
+		if l.refs--; l.refs == 0 {
+			delete(ipcConnLocks.m, key)
+		}
+		ipcConnLocks.mu.Unlock()
+	}
 }
 
 type ipcReader struct {
@@ -113,7 +196,7 @@ type ipcReader struct {
 }
 
 func (r *ipcReader) receive() (*IPCHandle, error) {
-	r.oob = make([]byte, syscall.CmsgSpace(4*(ipcFDBatch+3)))
+	r.oob = make([]byte, syscall.CmsgSpace(4*(ipcFDBatch+3))+ipcOOBExtra)
 	var hdr [4]byte
 	if err := r.readFull(hdr[:]); err != nil {
 		return nil, err
@@ -155,7 +238,7 @@ func (r *ipcReader) readFull(b []byte) error {
 			}
 		}
 		if flags&syscall.MSG_CTRUNC != 0 && err == nil {
-			err = fmt.Errorf("%w: file descriptors were lost in transit (more than %d in one message)", ErrInvalidIPCHandle, ipcFDBatch)
+			err = fmt.Errorf("%w: file descriptors were lost in transit (the control data of one message did not fit in %d bytes: more than %d descriptors, or other control messages)", ErrInvalidIPCHandle, len(r.oob), ipcFDBatch)
 		}
 		done += n
 		r.got += n
@@ -173,19 +256,24 @@ func (r *ipcReader) readFull(b []byte) error {
 	return nil
 }
 
-// parseRights takes the descriptors out of the control messages in oob.
+// parseRights takes the descriptors out of the control messages in oob. A pidfd of the sender
+// (SO_PASSPIDFD on the receiving socket) is closed at once: the handle has no use for it.
 func (r *ipcReader) parseRights(oob []byte) error {
 	msgs, err := syscall.ParseSocketControlMessage(oob)
 	if err != nil {
 		return fmt.Errorf("%w: unreadable control message: %w", ErrInvalidIPCHandle, err)
 	}
 	for _, m := range msgs {
-		if m.Header.Level != syscall.SOL_SOCKET || m.Header.Type != syscall.SCM_RIGHTS {
+		if m.Header.Level != syscall.SOL_SOCKET || (m.Header.Type != syscall.SCM_RIGHTS && m.Header.Type != scmPidfd) {
 			continue
 		}
-		fds, err := syscall.ParseUnixRights(&m)
-		if err != nil {
-			return fmt.Errorf("%w: unreadable SCM_RIGHTS message: %w", ErrInvalidIPCHandle, err)
+		fds := make([]int, len(m.Data)/4) // SCM_RIGHTS and SCM_PIDFD both carry C ints
+		for i := range fds {
+			fds[i] = int(int32(binary.NativeEndian.Uint32(m.Data[4*i:])))
+		}
+		if m.Header.Type == scmPidfd {
+			closeFDs(fds) // just received: closing cannot fail but for a kernel bug
+			continue
 		}
 		r.fds = append(r.fds, fds...)
 	}
