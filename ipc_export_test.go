@@ -344,7 +344,7 @@ func TestIPCExportThroughAdaptors(t *testing.T) {
 		return r
 	}
 	passThrough := map[string]MemoryResource{
-		"StatisticsResourceAdaptor":      must(NewStatisticsResourceAdaptor(up)),
+		"StatisticsResourceAdaptor":      NewStatisticsResourceAdaptor(up),
 		"LoggingResourceAdaptor":         must(NewLoggingResourceAdaptor(up, io.Discard, nil)),
 		"TrackingResourceAdaptor":        must(NewTrackingResourceAdaptor(up, nil)),
 		"LimitingResourceAdaptor":        must(NewLimitingResourceAdaptor(up, 1<<30, nil)),
@@ -364,7 +364,7 @@ func TestIPCExportThroughAdaptors(t *testing.T) {
 			require.NoError(t, err)
 			require.Equal(t, want, h)
 			// Stacked, too.
-			_, err = ExportIPC(must(NewStatisticsResourceAdaptor(r)), p, 4096)
+			_, err = ExportIPC(NewStatisticsResourceAdaptor(r), p, 4096)
 			require.NoError(t, err)
 		})
 	}
