@@ -305,6 +305,47 @@ func TestGPUIPCImportAfterFree(t *testing.T) {
 	}
 }
 
+// TestGPUIPCImportOversize: a handle whose size runs past the exported allocation (what a
+// hostile or broken exporter could send) is refused by the importer with ErrInvalidIPCHandle,
+// after the driver opened the allocation, which the import then closes.
+func TestGPUIPCImportOversize(t *testing.T) {
+	requireGPU(t)
+	conn, wait := startIPCHelper(t, "gpu")
+	defer func() {
+		require.NoError(t, sendIPCText(conn, "end"))
+		wait()
+	}()
+	for _, c := range gpuIPCCases() {
+		if c.name == "expandable" {
+			continue // its pieces travel with the handle, whose decoding checks the range
+		}
+		t.Run(c.name, func(t *testing.T) {
+			mr, err := c.make(t)
+			if err != nil && isIPCRefusal(err) {
+				t.Skipf("%s: making the resource was refused: %v", c.name, err)
+			}
+			require.NoError(t, err)
+			v, err := NewUvector[uint64](4<<20/8, DefaultStream, mr)
+			require.NoError(t, err)
+			defer v.Close()
+			h, err := v.ExportIPC()
+			if err != nil && isIPCRefusal(err) {
+				t.Skipf("%s: export refused: %v", c.name, err)
+			}
+			require.NoError(t, err)
+			defer h.Close()
+			h.size += 64 << 30 // past any allocation of the device
+			require.NoError(t, sendIPCText(conn, "oversize"))
+			require.NoError(t, SendIPCHandle(conn, h))
+			msg, err := recvIPCText(conn)
+			require.NoError(t, err)
+			t.Logf("%s: %s", c.name, msg)
+			require.True(t, strings.HasPrefix(msg, "error: "), msg)
+			require.Contains(t, msg, "run past the allocation")
+		})
+	}
+}
+
 // gpuIPCChild serves the parent's requests until "end".
 func gpuIPCChild(t *testing.T, conn *net.UnixConn) {
 	for {
@@ -326,6 +367,18 @@ func gpuIPCChild(t *testing.T, conn *net.UnixConn) {
 			if err != nil {
 				require.ErrorContains(t, err, "ImportIPC", "the error says where")
 				require.True(t, isIPCRefusal(err), "a driver error: %v", err)
+				require.NoError(t, sendIPCText(conn, "error: "+err.Error()))
+				continue
+			}
+			require.NoError(t, sp.Close())
+			require.NoError(t, sendIPCText(conn, "imported and closed"))
+		case "oversize":
+			h, err := ReceiveIPCHandle(conn)
+			require.NoError(t, err)
+			sp, err := ImportIPC[uint64](h)
+			require.NoError(t, h.Close())
+			if err != nil {
+				require.ErrorIs(t, err, ErrInvalidIPCHandle)
 				require.NoError(t, sendIPCText(conn, "error: "+err.Error()))
 				continue
 			}

@@ -144,7 +144,30 @@ func importIPC(op string, h *IPCHandle) (*ipcImport, DevicePtr, error) {
 	if err != nil {
 		return nil, 0, fmt.Errorf("%s(%v): %w", op, h, err)
 	}
+	if h.kind != IPCKindVirtualMemory {
+		// The handle's offset and size are the exporter's word: a range past what the driver
+		// mapped here would give a span over memory this process does not have.
+		if err := imp.checkMapped(base, h); err != nil {
+			if cerr := imp.close(); cerr != nil {
+				err = errors.Join(err, fmt.Errorf("undoing: %w", cerr))
+			}
+			return nil, 0, fmt.Errorf("%s(%v): %w", op, h, err)
+		}
+	}
 	return imp, base + DevicePtr(h.offset), nil
+}
+
+// checkMapped checks that h's range, from base (what the driver opened), lies in the allocation
+// the driver mapped there (cuMemGetAddressRange); ErrInvalidIPCHandle if not.
+func (imp *ipcImport) checkMapped(base DevicePtr, h *IPCHandle) error {
+	rb, rs, err := cuMemGetAddressRange(imp.ctx, base)
+	if err != nil {
+		return err
+	}
+	if base < rb || uint64(h.offset)+uint64(h.size) > uint64(rb)+uint64(rs)-uint64(base) {
+		return fmt.Errorf("%w: bytes [%d, %d) from %#x run past the allocation the driver mapped, [%#x, %#x)", ErrInvalidIPCHandle, h.offset, h.offset+h.size, uintptr(base), uintptr(rb), uintptr(rb)+uintptr(rs))
+	}
+	return nil
 }
 
 // mapPieces reserves a range for h's pieces, imports each, maps them back to back and grants
