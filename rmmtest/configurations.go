@@ -94,8 +94,9 @@ func runConfigurations(t tester, draw func(r *randv2.Rand) Configuration, run *c
 		}}
 		return &smSeq{s: s, name: conf.Name, views: 1 + c.streams}, nil
 	}
-	// The probe's configuration, drawn from its own source: whether the resources are
-	// rmm.Releasers, and whether the options resolve.
+	// A probe's configuration, drawn from a source of its own: whether the options resolve, and
+	// whether a resource can be built and torn down. Configurations may differ in being
+	// rmm.Releasers: Release is drawn for every one, and does nothing where there is none.
 	probe, err := next(rand.New(rand.NewSource(run.seed)))
 	if err != nil {
 		t.Fatalf("%v", err)
@@ -106,5 +107,5 @@ func runConfigurations(t tester, draw func(r *randv2.Rand) Configuration, run *c
 			panic(err) // gopter reports it with the seed
 		}
 		return q
-	}, probe.s)
+	}, probe.s, true)
 }

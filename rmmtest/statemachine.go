@@ -113,6 +113,27 @@ type smSystem struct {
 	steps  []string
 	failed bool
 	trace  *smTrace
+
+	// last is what the resource looked like at the end of the last step, which verified it (nil
+	// when that step failed, or before the first): the next command's "before", since nothing
+	// changes between steps. pending is what the command running observed at its end, which its
+	// step then verifies rather than observing again (observing calls CheckInvariants).
+	last, pending *observation
+}
+
+// before returns what the resource looks like before a command: as the last step left it.
+func (sys *smSystem) before() observation {
+	if sys.last != nil {
+		return *sys.last
+	}
+	return sys.in.observe()
+}
+
+// after observes the resource at the end of a command, for its step to verify.
+func (sys *smSystem) after() observation {
+	o := sys.in.observe()
+	sys.pending = &o
+	return o
 }
 
 type smResult struct {
@@ -137,9 +158,18 @@ func (sys *smSystem) step(c fmt.Stringer, f func() (string, error)) commands.Res
 				err = fmt.Errorf("panic: %v\n%s", p, debug.Stack())
 			}
 		}()
+		sys.pending = nil
 		desc, err = f()
+		o := sys.pending
+		sys.last = nil
 		if err == nil {
-			err = sys.in.verify()
+			if o == nil {
+				x := sys.in.observe()
+				o = &x
+			}
+			if err = sys.in.verifyObserved(*o); err == nil {
+				sys.last = o
+			}
 		}
 	}()
 	sys.steps = append(sys.steps, c.String()+desc)
@@ -173,7 +203,7 @@ func (c allocCmd) Run(sut commands.SystemUnderTest) commands.Result {
 	sys := sut.(*smSystem)
 	return sys.step(c, func() (string, error) {
 		in := sys.in
-		before := in.observe()
+		before := sys.before()
 		b, err, bad := in.allocate(c.size, c.stream)
 		switch {
 		case bad != nil:
@@ -200,7 +230,7 @@ func (c allocCmd) Run(sut commands.SystemUnderTest) commands.Result {
 			if st, ok := before.stats.(rmm.PoolStats); ok && st.LargestFreeBlock >= roundUp(c.size) {
 				return desc, fmt.Errorf("out of memory although Stats reported a free block of %d bytes before the call (%d asked, rounded up to 256)", st.LargestFreeBlock, roundUp(c.size))
 			}
-			return desc, unchangedAccounting(before, in.observe())
+			return desc, unchangedAccounting(before, sys.after())
 		}
 		return fmt.Sprintf(" = %v", err), fmt.Errorf("Allocate(%d, %s): %w, want success or an error wrapping rmm.ErrOutOfMemory", c.size, streamName(c.stream), err)
 	})
@@ -268,7 +298,7 @@ func (c zeroCmd) Run(sut commands.SystemUnderTest) commands.Result {
 	sys := sut.(*smSystem)
 	return sys.step(c, func() (string, error) {
 		in, sv := sys.in, sys.in.views[c.stream]
-		before := in.observe()
+		before := sys.before()
 		p, err := in.mr.Allocate(0, sv)
 		if err != nil || p != 0 {
 			return "", fmt.Errorf("Allocate(0) = (%#x, %v), want (0, nil)", uintptr(p), err)
@@ -276,7 +306,7 @@ func (c zeroCmd) Run(sut commands.SystemUnderTest) commands.Result {
 		if err := in.mr.Deallocate(0, 0, sv); err != nil {
 			return "", fmt.Errorf("Deallocate(0, 0) = %v, want nil", err)
 		}
-		return "", unchanged(before, in.observe())
+		return "", unchanged(before, sys.after())
 	})
 }
 
@@ -376,6 +406,7 @@ func (c badFreeCmd) Run(sut commands.SystemUnderTest) commands.Result {
 	return sys.step(c, func() (string, error) {
 		in, stream := sys.in, c.stream
 		sys.cfg.cov.InvalidFrees++
+		before := sys.before()
 		var p rmm.DevicePtr
 		var n int
 		switch c.kind {
@@ -398,14 +429,14 @@ func (c badFreeCmd) Run(sut commands.SystemUnderTest) commands.Result {
 			}
 			p, n = h.b.ptr, h.size
 			stream = (c.stream + int(c.x)) % len(in.views)
+			before = in.observe() // after the first free
 		}
-		before := in.observe()
 		err := in.mr.Deallocate(p, n, in.views[stream])
 		desc := fmt.Sprintf(": Deallocate(%#x, %d, %s) = %v", uintptr(p), n, streamName(stream), err)
 		if !errors.Is(err, rmm.ErrInvalidFree) {
 			return desc, fmt.Errorf("Deallocate(%#x, %d, %s) = %v, want an error wrapping rmm.ErrInvalidFree (Options.DetectsInvalidFree is set)", uintptr(p), n, streamName(stream), err)
 		}
-		return desc, unchanged(before, in.observe())
+		return desc, unchanged(before, sys.after())
 	})
 }
 
@@ -450,7 +481,7 @@ func (c tooBigCmd) Run(sut commands.SystemUnderTest) commands.Result {
 		}
 		n := capacity - live + c.extra
 		sys.cfg.cov.BeyondCapacity++
-		before := in.observe()
+		before := sys.before()
 		p, err := in.mr.Allocate(n, sv)
 		desc := fmt.Sprintf(": Allocate(%d) = (%#x, %v)", n, uintptr(p), err)
 		if err == nil {
@@ -466,7 +497,7 @@ func (c tooBigCmd) Run(sut commands.SystemUnderTest) commands.Result {
 			return desc, fmt.Errorf("Allocate(%d) failed but returned %#x, not 0", n, uintptr(p))
 		}
 		sys.cfg.cov.OutOfMemory++
-		return desc, unchangedAccounting(before, in.observe())
+		return desc, unchangedAccounting(before, sys.after())
 	})
 }
 
@@ -723,18 +754,19 @@ func shrinkCommand(v any) gopter.Shrink {
 // testStateMachine is Run's StateMachine check: every sequence runs over a resource of s.
 func (s *suite) testStateMachine(t tester) {
 	seq := &smSeq{s: s, views: 1 + s.cfg.streams}
-	runMachine(t, s.cfg, func(*rand.Rand) *smSeq { return seq }, s)
+	runMachine(t, s.cfg, func(*rand.Rand) *smSeq { return seq }, s, false)
 }
 
 // runMachine runs the state machine as run says (seed, number and length of the sequences), each
 // sequence over a resource in the configuration that next draws from the sequence's random source
 // (next must depend only on it: gopter draws the initial state again whenever it replays a
-// sequence). The resource probe builds, once, says whether the resources are rmm.Releasers. It
-// fails t on a failing sequence, and returns what the sequences exercised.
-func runMachine(t tester, run *config, next func(r *rand.Rand) *smSeq, probe *suite) Coverage {
+// sequence). The resource probe builds, once, says whether the resources are rmm.Releasers;
+// with release set, Release is called in any case (where a resource is not one, that step does
+// nothing). It fails t on a failing sequence, and returns what the sequences exercised.
+func runMachine(t tester, run *config, next func(r *rand.Rand) *smSeq, probe *suite, release bool) Coverage {
 	// A probe says which optional commands apply.
 	in := probe.newInstanceNoCleanup(t, 0)
-	cfg := &smConfig{t: t, releaser: in.releaser != nil}
+	cfg := &smConfig{t: t, releaser: release || in.releaser != nil}
 	if err := in.finish(); err != nil {
 		t.Fatalf("tearing down a resource that was never used: %v", err)
 	}
