@@ -47,7 +47,8 @@ type Coverage struct {
 // that name) over a resource whose configuration changes from one random sequence to the next:
 // for every sequence, draw returns a Configuration drawn from r, whose NewResource builds the
 // sequence's resource and whose Options declare what that resource promises. A failure report
-// names the configuration of the shrunk sequence. It returns what the sequences exercised.
+// names the configuration of the shrunk sequence. It returns what the sequences exercised; when
+// the state machine fails, it ends the test instead (t.FailNow).
 //
 // r is derived from the seed, so that a replay draws the same configurations: draw must depend
 // on r alone, and must not build anything (it is called again whenever a sequence is replayed
@@ -64,9 +65,9 @@ func RunConfigurations(t *testing.T, draw func(r *randv2.Rand) Configuration, op
 		t.Fatal(err)
 	}
 	var cov Coverage
-	testT{t}.Run("StateMachine", func(tb tester) {
-		cov = runConfigurations(tb, draw, run)
-	})
+	if !(testT{t}).Run("StateMachine", func(tb tester) { cov = runConfigurations(tb, draw, run) }) {
+		t.FailNow() // what the sequences exercised means nothing after a failure
+	}
 	return cov
 }
 

@@ -645,8 +645,9 @@ func (in *instance) checkReleased() error {
 		return nil
 	}
 	held, _ := in.up.blocks()
+	mapped := in.mappedSpans()
 	bs := in.liveBlocks()
-	for _, h := range append(held, in.mappedSpans()...) {
+	for i, h := range append(held, mapped...) {
 		used := false
 		for _, b := range bs {
 			if b.ptr < h.end() && h.addr < b.ptr+rmm.DevicePtr(b.size) {
@@ -655,7 +656,11 @@ func (in *instance) checkReleased() error {
 			}
 		}
 		if !used {
-			return fmt.Errorf("after Release the upstream block (or mapped range) %v, which holds no live allocation, is still held (%d live allocations; set Options.ReleaseKeepsMemory if the resource keeps a reserve)", h, len(bs))
+			what := "the upstream block"
+			if i >= len(held) {
+				what = "the range mapped"
+			}
+			return fmt.Errorf("after Release %s %v, which holds no live allocation, is still held (%d live allocations; set Options.ReleaseKeepsMemory if the resource keeps a reserve)", what, h, len(bs))
 		}
 	}
 	return nil
