@@ -302,10 +302,10 @@ type Options struct {
 
 	// FreeAfterClose declares that memory live when the resource is closed (a Close() error
 	// method) stays valid: Deallocate keeps working after Close, and the resource gives the
-	// memory back to its upstream once it is freed. The suite then tears down every other
-	// resource that still has live allocations by closing it (and each resource between it and
-	// the upstream, see Run) first and freeing them afterwards. Default false: the suite frees
-	// everything before it releases and closes.
+	// memory back to its upstream once it is freed. The suite then tears down a resource left
+	// with an odd number of live allocations (so that a seed replays the same teardown) by
+	// closing it (and each resource between it and the upstream, see Run) first and freeing them
+	// afterwards. Default false: the suite frees everything before it releases and closes.
 	FreeAfterClose bool
 
 	// Goroutines is the number of goroutines the Concurrent checks run at once. Default 0

@@ -854,10 +854,17 @@ func plural(n int, what string) string {
 func (s *suite) describe() string {
 	c := s.cfg
 	capacity := "0 (does not run out)"
-	if c.capacity > 0 {
+	switch {
+	case c.strictCapacity:
+		capacity = fmt.Sprintf("%d (strict)", c.capacity)
+	case c.capacity > 0:
 		capacity = fmt.Sprint(c.capacity)
 	}
-	return fmt.Sprintf("DefaultStream + %d Streams, MaxAllocationSize %d, Capacity %s, DetectsInvalidFree %v", c.streams, c.maxAllocationSize, capacity, c.detectsInvalidFree)
+	sizes := fmt.Sprintf("MaxAllocationSize %d", c.maxAllocationSize)
+	if c.drawSize != nil {
+		sizes = "sizes from Options.DrawSize"
+	}
+	return fmt.Sprintf("DefaultStream + %d Streams, %s, Capacity %s, DetectsInvalidFree %v", c.streams, sizes, capacity, c.detectsInvalidFree)
 }
 
 // format lists the steps, marking the failing one.
