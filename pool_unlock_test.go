@@ -3,7 +3,6 @@ package rmm
 import (
 	"errors"
 	"fmt"
-	"math/rand"
 	randv2 "math/rand/v2"
 	"sync"
 	"sync/atomic"
@@ -846,46 +845,6 @@ func poolUnlockWalk(t *testing.T, e *poolSyncEnv, ss []StreamView, is []int, ops
 	}
 	wg.Wait()
 	e.done()
-}
-
-// The pool's state machine (property_test.go) over a capped upstream, with the pool's CUDA calls
-// going to the fake device: every take, merge, Release and stream Close then unlocks the pool for
-// its records, waits and synchronisations, and the model's checks (free lists, live table, sizes,
-// out-of-memory figures, what the upstream holds) must hold as without a device.
-func TestPoolPropertyFakeDevice(t *testing.T) {
-	spec := poolSpec(conformanceSpec{
-		name: "pool over a capped upstream, with a fake device",
-		genConfig: func(r *rand.Rand) resourceConfig {
-			c := resourceConfig{Streams: 3 + r.Intn(2)}
-			c.UpstreamLimit = logUniform(r, 2*kiB, 1*miB)
-			if r.Intn(2) == 0 {
-				c.MaximumPoolSize = alignedUpTo(r, Alignment, 2*c.UpstreamLimit)
-			}
-			return c
-		},
-		newUpstream: func(cfg resourceConfig) MemoryResource { return newLimitedUpstream(cfg.UpstreamLimit) },
-		size: func(r *rand.Rand, cfg resourceConfig) int {
-			if r.Intn(4) == 0 {
-				return 1 + r.Intn(cfg.UpstreamLimit)
-			}
-			return smallSize(r) % (cfg.UpstreamLimit/2 + 1)
-		},
-		capacity: 1 << 60,
-	})
-	spec.newResource = func(up MemoryResource, cfg resourceConfig) (MemoryResource, error) {
-		mr, err := newPool(up, cfg) // no initial size: every list gets a (fake) event
-		if err != nil {
-			return nil, err
-		}
-		p := mr.(*PoolMemoryResource)
-		f := newArenaSyncFake(nil)
-		f.quiet = true
-		p.ctx, p.drv = 1, f.driver()
-		return p, nil
-	}
-	cov := runConformance(t, spec, 300, 120)
-	require.Positive(t, cov.oom.Load())
-	require.Positive(t, cov.crossFrees.Load())
 }
 
 // A free on a closed Stream waits for the device (cuCtxSynchronize) unlocked: meanwhile other

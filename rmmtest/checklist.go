@@ -10,6 +10,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"time"
 
 	"github.com/gormm/rmm"
 )
@@ -262,7 +263,7 @@ func (s *suite) testRandomSizes(t tester) {
 // Item 5: 200 random steps, 53% allocations (at most 100 live), then everything freed.
 func (s *suite) testMixed(t tester) {
 	s.perStream(t, func(t tester, in *instance, stream int) {
-		if err := mixedAllocFree(in, s.rng(t), stream, 200*s.cfg.scale, 10); err != nil {
+		if err := mixedAllocFree(in, s.rng(t), stream, 200*s.cfg.scale, 10, false); err != nil {
 			t.Fatalf("%v", err)
 		}
 		in.mustVerify(t, "everything freed")
@@ -271,10 +272,16 @@ func (s *suite) testMixed(t tester) {
 
 // mixedAllocFree runs steps random allocations and frees on stream (53% allocations while fewer
 // than 100 are live, sizes up to 5 MiB), verifying the whole resource every verifyEvery steps
-// (0: never), then frees what is left.
-func mixedAllocFree(in *instance, r *rand.Rand, stream, steps, verifyEvery int) error {
+// (0: never), then frees what is left. With crossFrees, one free in five is on another stream.
+func mixedAllocFree(in *instance, r *rand.Rand, stream, steps, verifyEvery int, crossFrees bool) error {
 	hi := min(5*miB, in.cfg.maxSize)
 	var bs []*block
+	freeOn := func() int {
+		if crossFrees && len(in.views) > 1 && r.IntN(5) == 0 {
+			return (stream + 1 + r.IntN(len(in.views)-1)) % len(in.views)
+		}
+		return stream
+	}
 	for i := range steps {
 		if len(bs) == 0 || (len(bs) < 100 && r.IntN(100) < 53) {
 			b, err := in.tryAllocate(randomSize(r, hi), stream)
@@ -289,7 +296,7 @@ func mixedAllocFree(in *instance, r *rand.Rand, stream, steps, verifyEvery int) 
 			b := bs[k]
 			bs[k] = bs[len(bs)-1]
 			bs = bs[:len(bs)-1]
-			if err := in.free(b, stream); err != nil {
+			if err := in.free(b, freeOn()); err != nil {
 				return fmt.Errorf("step %d: %w", i, err)
 			}
 		}
@@ -322,15 +329,17 @@ func (s *suite) perStream(t tester, f func(t tester, in *instance, stream int)) 
 	}
 }
 
-// Item 6: the random and fixed-size checks on four goroutines at once, and allocations freed on
-// another goroutine (on the same stream and on another).
+// Item 6: the random and fixed-size checks on four goroutines (Options.Goroutines) at once, and
+// allocations freed on another goroutine (on the same stream and on another). With
+// Options.ConcurrentInvariants one more goroutine checks the resource while they run.
 func (s *suite) testConcurrent(t tester) {
-	const goroutines = 4
+	goroutines := s.cfg.goroutines
 	hi := min(5*miB, s.cfg.maxSize)
 	t.Run("RandomSizes", func(t tester) {
 		defer s.hintOnFailure(t)
 		in := s.newInstance(t, s.cfg.streams)
 		in.concurrent = true
+		defer in.watch(t)()
 		s.parallel(t, goroutines, func(g int, r *rand.Rand) error {
 			stream := g % len(in.views)
 			var bs []*block
@@ -355,6 +364,7 @@ func (s *suite) testConcurrent(t tester) {
 	t.Run("Sizes", func(t tester) {
 		in := s.newInstance(t, s.cfg.streams)
 		in.concurrent = true
+		defer in.watch(t)()
 		s.parallel(t, goroutines, func(g int, r *rand.Rand) error {
 			stream := g % len(in.views)
 			for range 10 * s.cfg.scale {
@@ -383,8 +393,9 @@ func (s *suite) testConcurrent(t tester) {
 		defer s.hintOnFailure(t)
 		in := s.newInstance(t, s.cfg.streams)
 		in.concurrent = true
+		defer in.watch(t)()
 		s.parallel(t, goroutines, func(g int, r *rand.Rand) error {
-			return mixedAllocFree(in, r, g%len(in.views), 200*s.cfg.scale, 0)
+			return mixedAllocFree(in, r, g%len(in.views), 200*s.cfg.scale, 0, true)
 		})
 		in.mustVerify(t, "everything freed")
 	})
@@ -392,11 +403,19 @@ func (s *suite) testConcurrent(t tester) {
 		defer s.hintOnFailure(t)
 		in := s.newInstance(t, s.cfg.streams)
 		in.concurrent = true
+		defer in.watch(t)()
 		hi := min(miB, s.cfg.maxSize)
-		// Goroutines 0 and 2 allocate, 1 and 3 free what their partner allocated.
-		chans := [2]chan *block{make(chan *block, 8), make(chan *block, 8)}
+		// Even goroutines allocate, odd ones free what their partner allocated (a last odd
+		// goroutine out has no partner and does nothing).
+		chans := make([]chan *block, goroutines/2)
+		for i := range chans {
+			chans[i] = make(chan *block, 8)
+		}
 		s.parallel(t, goroutines, func(g int, r *rand.Rand) error {
 			pair := g / 2
+			if pair == len(chans) {
+				return nil
+			}
 			stream := pair % len(in.views)
 			ch := chans[pair]
 			if g%2 == 0 {
@@ -429,6 +448,62 @@ func (s *suite) testConcurrent(t tester) {
 	if s.cfg.streams > 0 {
 		t.Run("AcrossGoroutines/OtherStream", func(t tester) { across(t, true) })
 	}
+}
+
+// watch, with Options.ConcurrentInvariants, checks the resource from a goroutine of its own
+// (checkNow) until the function it returns is called, which then fails t with the first failure
+// seen. For deferring before goroutines start.
+func (in *instance) watch(t tester) func() {
+	if !in.cfg.concurrentInvariants || (in.invariants == nil && in.stats == nil) {
+		return func() {}
+	}
+	done := make(chan struct{})
+	result := make(chan error, 1)
+	go func() {
+		for {
+			if err := in.checkNow(); err != nil {
+				result <- err
+				return
+			}
+			select {
+			case <-done:
+				result <- nil
+				return
+			default:
+			}
+			time.Sleep(100 * time.Microsecond) // leave the resource to the goroutines most of the time
+		}
+	}()
+	return func() {
+		close(done)
+		if err := <-result; err != nil {
+			t.Errorf("while the goroutines ran: %v", err)
+		}
+	}
+}
+
+// checkNow checks what holds at any instant, even while goroutines allocate and free:
+// CheckInvariants, and a PoolStats against itself.
+func (in *instance) checkNow() error {
+	if in.invariants != nil {
+		if err := in.invariants(); err != nil {
+			return fmt.Errorf("CheckInvariants: %w", err)
+		}
+	}
+	if in.stats == nil {
+		return nil
+	}
+	st, ok := in.stats().(rmm.PoolStats)
+	switch {
+	case !ok:
+	case st.FreeBytes != st.PoolSize-st.LiveBytes:
+		return fmt.Errorf("Stats: FreeBytes %d != PoolSize %d - LiveBytes %d", st.FreeBytes, st.PoolSize, st.LiveBytes)
+	case st.LargestFreeBlock > st.FreeBytes || st.LargestFreeBlock < 0:
+		return fmt.Errorf("Stats: LargestFreeBlock %d outside [0, FreeBytes %d]", st.LargestFreeBlock, st.FreeBytes)
+	case st.MaximumPoolSize > 0 && st.PoolSize > st.MaximumPoolSize:
+		return fmt.Errorf("Stats: PoolSize %d exceeds MaximumPoolSize %d", st.PoolSize, st.MaximumPoolSize)
+	}
+	return nil
 }
 
 // parallel runs f on n goroutines, each with its own random source, and fails t with their

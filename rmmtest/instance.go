@@ -34,6 +34,12 @@ type instance struct {
 	invariants func() error // CheckInvariants, nil when the resource has none
 	stats      func() any   // Stats, nil when the resource has none
 	releaser   rmm.Releaser // nil when the resource is not one
+	poolSize   func() int   // PoolSize, nil when the resource has none
+	maximum    func() int   // MaximumPoolSize, nil when the resource has none
+	mapped     func() []span
+	// initialMaximum is PoolStats.MaximumPoolSize when the resource was built (-1 without
+	// PoolStats): it never changes.
+	initialMaximum int
 
 	mu        sync.Mutex
 	live      map[rmm.DevicePtr]*block
@@ -60,6 +66,7 @@ type block struct {
 	stream  int // index into views
 	id      uint64
 	written bool // a pattern was written into it
+	full    bool // in every byte (Options.FullPatterns), not in samples
 }
 
 func (b *block) String() string {
@@ -105,6 +112,21 @@ func (s *suite) newInstanceNoCleanup(t tester, nstreams int) *instance {
 	}
 	in.stats = statsFunc(mr)
 	in.releaser, _ = mr.(rmm.Releaser)
+	if p, ok := mr.(interface{ PoolSize() int }); ok {
+		in.poolSize = p.PoolSize
+	}
+	if m, ok := mr.(interface{ MaximumPoolSize() int }); ok {
+		in.maximum = m.MaximumPoolSize
+	}
+	if f := s.cfg.mapped; f != nil {
+		in.mapped = func() []span { return spansOf(f(mr)) }
+	}
+	in.initialMaximum = -1
+	if in.stats != nil {
+		if st, ok := in.stats().(rmm.PoolStats); ok {
+			in.initialMaximum = st.MaximumPoolSize
+		}
+	}
 	dev := rmm.DeviceOf(mr)
 	for range nstreams {
 		st, err := rmm.NewStream(dev, &rmm.StreamOptions{NonBlocking: true})
@@ -179,6 +201,40 @@ func (in *instance) closeStream(i int) error {
 // allocations must lie inside the upstream's blocks.
 func (in *instance) usesUpstream() bool { return in.up.used() }
 
+// placed reports whether the suite knows where the resource's memory is: in the blocks held
+// from the upstream (once it has used the upstream) and in the ranges it maps
+// (Options.Mapped). Its live allocations must then lie inside one of them.
+func (in *instance) placed() bool { return in.mapped != nil || in.usesUpstream() }
+
+// within reports whether [p, p+n) lies inside one of the blocks held or one of the ranges mapped.
+func within(held, mapped []span, p rmm.DevicePtr, n int) bool {
+	return inside(held, p, n) || inside(mapped, p, n)
+}
+
+// holdsNothing reports whether the resource holds nothing from the upstream and maps nothing.
+func (in *instance) holdsNothing() bool {
+	held, _ := in.up.blocks()
+	return len(held) == 0 && len(in.mappedSpans()) == 0
+}
+
+// mappedSpans returns the ranges the resource maps itself (Options.Mapped), nil without it.
+func (in *instance) mappedSpans() []span {
+	if in.mapped == nil {
+		return nil
+	}
+	return in.mapped()
+}
+
+// spansOf converts rs to spans in address order.
+func spansOf(rs []Range) []span {
+	ss := make([]span, 0, len(rs))
+	for _, r := range rs {
+		ss = append(ss, span{r.Addr, r.Size})
+	}
+	slices.SortFunc(ss, func(a, b span) int { return compareAddr(a.addr, b.addr) })
+	return ss
+}
+
 // addressOnly reports whether the upstream is address-only.
 func (in *instance) addressOnly() bool { return in.upAccess == 0 }
 
@@ -234,13 +290,18 @@ func (in *instance) admit(p rmm.DevicePtr, n, stream int) (*block, error) {
 		return nil, fmt.Errorf("not aligned to %d bytes", rmm.Alignment)
 	}
 	upstream := in.usesUpstream()
-	if upstream && !in.up.contains(p, n) {
+	if in.placed() {
 		held, _ := in.up.blocks()
-		return nil, fmt.Errorf("[%#x, +%d) is not inside a block the upstream handed out and still holds (held: %s)", uintptr(p), n, heldString(held))
+		if mapped := in.mappedSpans(); !within(held, mapped, p, n) {
+			if in.mapped != nil {
+				return nil, fmt.Errorf("[%#x, +%d) is not inside a block the upstream handed out and still holds (held: %s), nor inside a range the resource maps (mapped: %s)", uintptr(p), n, heldString(held), heldString(mapped))
+			}
+			return nil, fmt.Errorf("[%#x, +%d) is not inside a block the upstream handed out and still holds (held: %s)", uintptr(p), n, heldString(held))
+		}
 	}
 	// Memory from an address-only upstream must not be touched, whatever the resource says.
 	write := in.access&rmm.HostAccessible != 0 && (in.upAccess&rmm.HostAccessible != 0 || !upstream)
-	b := &block{ptr: p, size: n, stream: stream, id: in.nextID.Add(1), written: write}
+	b := &block{ptr: p, size: n, stream: stream, id: in.nextID.Add(1), written: write, full: in.cfg.fullPatterns}
 	in.mu.Lock()
 	for _, x := range in.live {
 		if overlaps(x, b) {
@@ -380,20 +441,30 @@ func (in *instance) freeAll(mixed bool) error {
 // observation is what can be seen of the resource between two calls.
 type observation struct {
 	stats      any // Stats(), nil without one
+	poolSize   int // PoolSize(), -1 without one
+	maximum    int // MaximumPoolSize(), -1 without one
 	invariants error
 	held       []span
+	mapped     []span // Options.Mapped
 	misuse     error
 	live       []span // the suite's live allocations
 }
 
 func (in *instance) observe() observation {
-	var o observation
+	o := observation{poolSize: -1, maximum: -1}
 	if in.stats != nil {
 		o.stats = in.stats()
+	}
+	if in.poolSize != nil {
+		o.poolSize = in.poolSize()
+	}
+	if in.maximum != nil {
+		o.maximum = in.maximum()
 	}
 	if in.invariants != nil {
 		o.invariants = in.invariants()
 	}
+	o.mapped = in.mappedSpans()
 	o.held, o.misuse = in.up.blocks()
 	in.mu.Lock()
 	for _, b := range in.live {
@@ -414,9 +485,17 @@ func unchanged(before, after observation) error {
 
 // unchangedAccounting checks a failed allocation: the live figures are the same, and the upstream
 // holds the same blocks — or, when PoolStats shows the pool shrank (or, without PoolStats, the
-// upstream holds fewer blocks), a subset of them, none of those it gave back holding part of a
-// live allocation: a resource may rearrange its free blocks while it searches, and may give
-// wholly free blocks back to its upstream before it gives up.
+// upstream holds fewer blocks or less is mapped), a subset of them, none of those it gave back
+// holding part of a live allocation: a resource may rearrange its free blocks while it searches,
+// and may give wholly free blocks back to its upstream before it gives up.
+//
+// A block given back is given back whole (the upstream takes back only what it handed out, as
+// it handed it out), so what is left is a subset of the blocks held before, each the same block.
+// A block that lies inside one held before but is not that block is new: the upstream may hand
+// the same addresses out again once they are freed, cut differently, and a resource that took
+// such a block while failing holds memory it did not hold before. Mapped ranges (Options.Mapped)
+// are not blocks: a failed allocation may unmap part of one, and each range left must lie inside
+// one mapped before.
 func unchangedAccounting(before, after observation) error {
 	shrank := false
 	if b, ok := before.stats.(rmm.PoolStats); ok {
@@ -431,7 +510,7 @@ func unchangedAccounting(before, after observation) error {
 		// An adaptor over a pool (or any resource without PoolStats): its figures are not in
 		// sight, but what the upstream holds is. Fewer blocks, none of them new and none of
 		// those given back under a live allocation, is a give-back of free memory.
-		shrank = len(after.held) < len(before.held)
+		shrank = len(after.held) < len(before.held) || total(after.mapped) < total(before.mapped)
 	}
 	if !shrank {
 		return unchangedUpstream(before, after)
@@ -439,6 +518,11 @@ func unchangedAccounting(before, after observation) error {
 	for _, h := range after.held {
 		if !slices.Contains(before.held, h) {
 			return fmt.Errorf("a failed allocation took a new upstream block %v (held before: %s)", h, heldString(before.held))
+		}
+	}
+	for _, m := range after.mapped {
+		if !inside(before.mapped, m.addr, m.size) {
+			return fmt.Errorf("a failed allocation mapped new memory: %v lies inside no range mapped before (%s)", m, heldString(before.mapped))
 		}
 	}
 	for _, h := range before.held {
@@ -461,6 +545,9 @@ func unchangedUpstream(before, after observation) error {
 	if !slices.Equal(before.held, after.held) {
 		return fmt.Errorf("the blocks held from the upstream changed: %s -> %s", heldString(before.held), heldString(after.held))
 	}
+	if !slices.Equal(before.mapped, after.mapped) {
+		return fmt.Errorf("the ranges the resource maps changed: %s -> %s", heldString(before.mapped), heldString(after.mapped))
+	}
 	if after.invariants != nil && before.invariants == nil {
 		return fmt.Errorf("CheckInvariants: %v", after.invariants)
 	}
@@ -481,7 +568,7 @@ func (in *instance) verifyObserved(o observation) error {
 		return fmt.Errorf("upstream misused: %v", o.misuse)
 	}
 	bs := in.liveBlocks()
-	upstream := in.usesUpstream()
+	placed := in.placed()
 	liveBytes := 0
 	for i, b := range bs {
 		switch {
@@ -491,14 +578,24 @@ func (in *instance) verifyObserved(o observation) error {
 			return fmt.Errorf("live allocation %v is not 256-aligned", b)
 		case i > 0 && overlaps(bs[i-1], b):
 			return fmt.Errorf("live allocations %v and %v overlap", bs[i-1], b)
-		case upstream && !inside(o.held, b.ptr, b.size):
+		case placed && in.mapped == nil && !inside(o.held, b.ptr, b.size):
 			return fmt.Errorf("live allocation %v is not inside a block held from the upstream (held: %s)", b, heldString(o.held))
+		case placed && !within(o.held, o.mapped, b.ptr, b.size):
+			return fmt.Errorf("live allocation %v is not inside a block held from the upstream (held: %s) nor inside a range the resource maps (mapped: %s)", b, heldString(o.held), heldString(o.mapped))
 		}
 		liveBytes += roundUp(b.size)
 	}
 	if st, ok := o.stats.(rmm.PoolStats); ok {
-		if err := checkPoolStats(st, len(bs), liveBytes, upstream, o.held); err != nil {
+		if err := checkPoolStats(st, len(bs), liveBytes, placed, o.held, o.mapped, in.mapped != nil); err != nil {
 			return err
+		}
+		switch {
+		case o.poolSize >= 0 && o.poolSize != st.PoolSize:
+			return fmt.Errorf("PoolSize() = %d, but Stats reports PoolSize %d", o.poolSize, st.PoolSize)
+		case o.maximum >= 0 && o.maximum != st.MaximumPoolSize:
+			return fmt.Errorf("MaximumPoolSize() = %d, but Stats reports MaximumPoolSize %d", o.maximum, st.MaximumPoolSize)
+		case in.initialMaximum >= 0 && st.MaximumPoolSize != in.initialMaximum:
+			return fmt.Errorf("Stats reports MaximumPoolSize %d; it was %d when the resource was built", st.MaximumPoolSize, in.initialMaximum)
 		}
 	}
 	for _, b := range bs {
@@ -510,12 +607,11 @@ func (in *instance) verifyObserved(o observation) error {
 }
 
 // checkPoolStats compares PoolStats with the model: count live allocations of liveBytes (rounded)
-// bytes, and (when the resource uses the upstream) the blocks held from it.
-func checkPoolStats(s rmm.PoolStats, count, liveBytes int, upstream bool, held []span) error {
-	heldBytes := 0
-	for _, b := range held {
-		heldBytes += b.size
-	}
+// bytes, and (when placed: the suite knows where the resource's memory is) the blocks held from
+// the upstream and the ranges mapped; the number of upstream blocks only when the resource maps
+// nothing itself (hasMapped false).
+func checkPoolStats(s rmm.PoolStats, count, liveBytes int, placed bool, held, mapped []span, hasMapped bool) error {
+	heldBytes := total(held) + total(mapped)
 	switch {
 	case s.LiveAllocations != count || s.LiveBytes != liveBytes:
 		return fmt.Errorf("Stats: %d live allocations of %d bytes, the suite holds %d of %d (each rounded up to 256)", s.LiveAllocations, s.LiveBytes, count, liveBytes)
@@ -525,10 +621,21 @@ func checkPoolStats(s rmm.PoolStats, count, liveBytes int, upstream bool, held [
 		return fmt.Errorf("Stats: LargestFreeBlock %d outside [0, FreeBytes %d]", s.LargestFreeBlock, s.FreeBytes)
 	case s.MaximumPoolSize > 0 && s.PoolSize > s.MaximumPoolSize:
 		return fmt.Errorf("Stats: PoolSize %d exceeds MaximumPoolSize %d", s.PoolSize, s.MaximumPoolSize)
-	case upstream && (s.PoolSize != heldBytes || s.UpstreamBlocks != len(held)):
+	case placed && hasMapped && s.PoolSize != heldBytes:
+		return fmt.Errorf("Stats: PoolSize %d; the upstream handed out %d bytes in %d blocks and the resource maps %d bytes in %d ranges", s.PoolSize, total(held), len(held), total(mapped), len(mapped))
+	case placed && !hasMapped && (s.PoolSize != heldBytes || s.UpstreamBlocks != len(held)):
 		return fmt.Errorf("Stats: PoolSize %d in %d upstream blocks; the upstream handed out %d bytes in %d blocks", s.PoolSize, s.UpstreamBlocks, heldBytes, len(held))
 	}
 	return nil
+}
+
+// total returns the bytes of ss.
+func total(ss []span) int {
+	n := 0
+	for _, s := range ss {
+		n += s.size
+	}
+	return n
 }
 
 // checkReleased checks the state after a successful Release: every block held from the upstream
@@ -538,8 +645,9 @@ func (in *instance) checkReleased() error {
 		return nil
 	}
 	held, _ := in.up.blocks()
+	mapped := in.mappedSpans()
 	bs := in.liveBlocks()
-	for _, h := range held {
+	for i, h := range append(held, mapped...) {
 		used := false
 		for _, b := range bs {
 			if b.ptr < h.end() && h.addr < b.ptr+rmm.DevicePtr(b.size) {
@@ -548,7 +656,11 @@ func (in *instance) checkReleased() error {
 			}
 		}
 		if !used {
-			return fmt.Errorf("after Release the upstream block %v, which holds no live allocation, is still held (%d live allocations; set Options.ReleaseKeepsMemory if the resource keeps a reserve)", h, len(bs))
+			what := "the upstream block"
+			if i >= len(held) {
+				what = "the range mapped"
+			}
+			return fmt.Errorf("after Release %s %v, which holds no live allocation, is still held (%d live allocations; set Options.ReleaseKeepsMemory if the resource keeps a reserve)", what, h, len(bs))
 		}
 	}
 	return nil
@@ -581,7 +693,9 @@ func (in *instance) chain() []rmm.MemoryResource {
 
 // finish frees every live allocation, releases and closes the resource (and every resource
 // between it and the upstream), closes the streams, and checks that accounting returned to zero
-// and that the upstream got everything back where the resource can give it back.
+// and that the upstream got everything back where the resource can give it back. With
+// Options.FreeAfterClose, a resource left with an odd number of live allocations is closed
+// first, and they are freed after (closeThenFree).
 func (in *instance) finish() error {
 	in.mu.Lock()
 	if in.closed {
@@ -589,8 +703,12 @@ func (in *instance) finish() error {
 		return nil
 	}
 	in.closed = true
+	closeFirst := in.cfg.freeAfterClose && len(in.live)%2 == 1
 	in.mu.Unlock()
 	defer in.closeStreams()
+	if closeFirst {
+		return in.closeThenFree()
+	}
 	var errs []error
 	if err := in.freeAll(false); err != nil {
 		errs = append(errs, fmt.Errorf("freeing what is live: %w", err))
@@ -621,16 +739,61 @@ func (in *instance) finish() error {
 	if held, _ := in.up.blocks(); released && len(held) > 0 && !in.cfg.releaseKeeps {
 		errs = append(errs, fmt.Errorf("everything freed and released, yet the upstream still holds %s", heldString(held)))
 	}
+	if mapped := in.mappedSpans(); released && len(mapped) > 0 && !in.cfg.releaseKeeps {
+		errs = append(errs, fmt.Errorf("everything freed and released, yet the resource still maps %s", heldString(mapped)))
+	}
+	closed = in.closeChain(chain, &errs)
+	// Whatever Release may keep, Close gives it back: nothing is live any more.
+	if held, _ := in.up.blocks(); closed && len(held) > 0 {
+		errs = append(errs, fmt.Errorf("everything freed and the resource closed, yet the upstream still holds %s", heldString(held)))
+	}
+	if mapped := in.mappedSpans(); closed && len(mapped) > 0 {
+		errs = append(errs, fmt.Errorf("everything freed and the resource closed, yet it still maps %s", heldString(mapped)))
+	}
+	if _, misuse := in.up.blocks(); misuse != nil {
+		errs = append(errs, fmt.Errorf("upstream misused: %w", misuse))
+	}
+	return errors.Join(errs...)
+}
+
+// closeChain closes every resource of chain that has a Close method, outermost first, adding
+// their errors to errs, and reports whether the innermost one was closed.
+func (in *instance) closeChain(chain []rmm.MemoryResource, errs *[]error) bool {
+	closed := false
 	for i, mr := range chain {
 		if c, ok := mr.(interface{ Close() error }); ok {
-			closed = closed || i == inner
+			closed = closed || i == len(chain)-1
 			if err := c.Close(); err != nil {
-				errs = append(errs, fmt.Errorf("%T.Close: %w", mr, err))
+				*errs = append(*errs, fmt.Errorf("%T.Close: %w", mr, err))
 			}
 		}
 	}
-	if held, _ := in.up.blocks(); closed && !released && len(held) > 0 && !in.cfg.releaseKeeps {
-		errs = append(errs, fmt.Errorf("everything freed and the resource closed, yet the upstream still holds %s", heldString(held)))
+	return closed
+}
+
+// closeThenFree is finish for Options.FreeAfterClose: it closes the resource and every resource
+// between it and the upstream with allocations live, frees them afterwards (checking their
+// patterns: Close must leave them intact), and checks that the upstream then got everything back
+// and that nothing is mapped any more.
+func (in *instance) closeThenFree() error {
+	var errs []error
+	if err := in.verify(); err != nil {
+		errs = append(errs, fmt.Errorf("before closing: %w", err))
+	}
+	chain := in.chain()
+	if chain == nil {
+		chain = []rmm.MemoryResource{in.mr}
+	}
+	n, _ := in.liveCount()
+	closed := in.closeChain(chain, &errs)
+	if err := in.freeAll(false); err != nil {
+		errs = append(errs, fmt.Errorf("freeing the %d allocations live at Close, after it: %w", n, err))
+	}
+	if held, _ := in.up.blocks(); closed && len(held) > 0 {
+		errs = append(errs, fmt.Errorf("closed with %d allocations live, which were then freed, yet the upstream still holds %s", n, heldString(held)))
+	}
+	if mapped := in.mappedSpans(); closed && len(mapped) > 0 {
+		errs = append(errs, fmt.Errorf("closed with %d allocations live, which were then freed, yet the resource still maps %s", n, heldString(mapped)))
 	}
 	if _, misuse := in.up.blocks(); misuse != nil {
 		errs = append(errs, fmt.Errorf("upstream misused: %w", misuse))
@@ -648,9 +811,10 @@ const (
 	patternSample    = 64
 )
 
-// patternRegions calls f for each range [off, off+n) of a size-byte block that holds its pattern.
-func patternRegions(size int, f func(off, n int) error) error {
-	if size <= fullPatternLimit {
+// patternRegions calls f for each range [off, off+n) of a size-byte block that holds its pattern:
+// the whole block when full is set or the block is small, else samples.
+func patternRegions(size int, full bool, f func(off, n int) error) error {
+	if full || size <= fullPatternLimit {
 		return f(0, size)
 	}
 	if err := f(0, patternEdge); err != nil {
@@ -693,7 +857,7 @@ func hostView(p rmm.DevicePtr, n int) []byte {
 func writePattern(b *block) {
 	chunk := patternChunk(b.id)
 	mem := hostView(b.ptr, b.size)
-	patternRegions(b.size, func(off, n int) error {
+	patternRegions(b.size, b.full, func(off, n int) error {
 		for n > 0 {
 			k := copy(mem[off:off+n], chunk[off%64:])
 			off, n = off+k, n-k
@@ -709,7 +873,7 @@ func verifyPattern(b *block) error {
 	}
 	chunk := patternChunk(b.id)
 	mem := hostView(b.ptr, b.size)
-	return patternRegions(b.size, func(off, n int) error {
+	return patternRegions(b.size, b.full, func(off, n int) error {
 		for n > 0 {
 			k := min(n, len(chunk)-64)
 			want := chunk[off%64 : off%64+k]

@@ -39,9 +39,11 @@
 //   - RandomSizes: 100 random sizes in [1 B, 5 MiB] allocated, then all freed. MixedAllocFree: 200
 //     random steps, 53% allocations, at most 100 live, then everything freed. Both on
 //     DefaultStream and on a Stream.
-//   - Concurrent: four goroutines run RandomSizes, Sizes (up to 1 MiB) and MixedAllocFree at once,
-//     spread over the streams; and memory allocated on one goroutine is freed on another (100
-//     allocations of at most 1 MiB each), on the same stream and on another stream.
+//   - Concurrent: four goroutines (Options.Goroutines) run RandomSizes, Sizes (up to 1 MiB) and
+//     MixedAllocFree (one free in five on another stream) at once, spread over the streams; and
+//     memory allocated on one goroutine is freed on another (100 allocations of at most 1 MiB
+//     each), on the same stream and on another stream. With Options.ConcurrentInvariants one more
+//     goroutine calls CheckInvariants and Stats for as long as they run.
 //   - CurrentDeviceResource: setting and getting the current device resource from many
 //     goroutines is consistent. It changes the process-wide current device resource while it
 //     runs and restores it afterwards, so tests that depend on the current resource must not run
@@ -63,32 +65,48 @@
 //
 // The StateMachine sub-test drives the resource with random command sequences (gopter's
 // commands API): allocations of random sizes (0, small, multiples of 256, up to
-// Options.MaxAllocationSize) on random streams, frees on the allocating stream and on another
-// one, zero-byte allocate and free, invalid frees (an interior pointer, a pointer never handed
-// out, a double free, a wrong size) when Options.DetectsInvalidFree is set, requests larger than
-// Options.Capacity when it is set, Release when the resource implements rmm.Releaser, and freeing
-// everything. After every step it checks that:
+// Options.MaxAllocationSize, or drawn by Options.DrawSize) on random streams, frees on the
+// allocating stream and on another one, zero-byte allocate and free, invalid frees (an interior
+// pointer, a pointer never handed out, a double free, a wrong size) when
+// Options.DetectsInvalidFree is set, requests larger than Options.Capacity when it is set, Release
+// when the resource implements rmm.Releaser, and freeing everything. After every step it checks
+// that:
 //
-//   - every live allocation is non-null and 256-byte aligned, and no two overlap;
+//   - every live allocation is non-null and 256-byte aligned, and no two overlap; a zero-byte
+//     allocation returns (0, nil);
 //   - once the resource has taken memory from the upstream, every live allocation lies inside a
-//     block the upstream handed out and has not taken back, and the resource never frees to the
-//     upstream what it did not get from it;
+//     block the upstream handed out and has not taken back (or inside a range the resource maps
+//     itself, Options.Mapped), and the resource never frees to the upstream what it did not get
+//     from it;
 //   - CheckInvariants() returns nil, when the resource has that method;
 //   - Stats() equals the model, when the resource has a Stats() rmm.PoolStats method:
 //     LiveAllocations and LiveBytes (each size rounded up to 256) as the live allocations,
 //     FreeBytes = PoolSize - LiveBytes, PoolSize and UpstreamBlocks as what the upstream holds
-//     (when the resource uses it), PoolSize within MaximumPoolSize;
+//     (when the resource uses it; PoolSize as what it maps with Options.Mapped), PoolSize within
+//     MaximumPoolSize, MaximumPoolSize as when the resource was built; PoolSize() and
+//     MaximumPoolSize() methods, where the resource has them, agree with Stats;
+//   - an allocation fails only with rmm.ErrOutOfMemory, only as Options.Capacity,
+//     Options.StrictCapacity and Options.MayRunOutOfMemory allow, and never while PoolStats
+//     reported a free block (LargestFreeBlock) that holds the request;
 //   - over host-accessible memory (rmm.AccessOf(mr) has rmm.HostAccessible), a pattern written
 //     into every live allocation is intact: blocks up to 64 KiB entirely, larger ones in their
-//     first and last 4 KiB and 64 bytes of every 64 KiB between;
+//     first and last 4 KiB and 64 bytes of every 64 KiB between (every byte with
+//     Options.FullPatterns);
 //   - a failed call changes nothing: after an invalid free nothing observable changes (the value
-//     of any Stats() method, what the upstream holds, the patterns); after an out-of-memory error
-//     PoolStats' live figures are the same and the upstream holds the same blocks, or (when
-//     PoolSize shrank, or without PoolStats the upstream holds fewer blocks: a pool, or a pool
-//     under an adaptor, may give wholly free blocks back before it gives up) some of them;
-//   - after Release, every block still held from the upstream holds part of a live allocation
-//     (so with nothing live, nothing is held), unless Options.ReleaseKeepsMemory is set;
-//   - with everything freed, accounting is back to zero.
+//     of any Stats() method, what the upstream holds, what the resource maps, the patterns);
+//     after an out-of-memory error PoolStats' live figures are the same and the upstream holds
+//     the same blocks, or (when PoolSize shrank, or without PoolStats the upstream holds fewer
+//     blocks: a pool, or a pool under an adaptor, may give wholly free blocks back before it gives
+//     up) some of them, each the very block it was — a block inside one held before but not that
+//     block is new memory, however the upstream placed it — and none of those given back under a
+//     live allocation; mapped ranges may only shrink (each inside one mapped before);
+//   - after Release, every block still held from the upstream (and every range mapped) holds part
+//     of a live allocation (so with nothing live, nothing is held), unless
+//     Options.ReleaseKeepsMemory is set;
+//   - with everything freed, accounting is back to zero; after Close, nothing is held from the
+//     upstream, nor mapped, whatever Release may keep. With Options.FreeAfterClose the resource is
+//     closed with its allocations live, and they are freed afterwards, whenever an odd number is
+//     left.
 //
 // Wherever the suite frees memory on another stream than the one it was allocated on (the state
 // machine's frees on another stream and FreeAllOnMixedStreams, Concurrent's
@@ -115,11 +133,20 @@
 //
 // Check runs the same suite without a testing.T and returns the failures as an error, as
 // slogtest.TestHandler does.
+//
+// # Configurations
+//
+// RunConfigurations runs the state machine alone over a resource whose configuration (sizes,
+// limits, upstream, and what it promises) is drawn anew for every random sequence: a pool's
+// initial and maximum sizes, say, over an upstream capped at a random limit. The configuration of
+// a failing sequence is kept while its commands are shrunk, and named in the report; the seed
+// replays both.
 package rmmtest
 
 import (
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"os"
 	"regexp"
 	"runtime"
@@ -236,6 +263,67 @@ type Options struct {
 	// driver's stream-ordered allocator (cuMemFreeAsync) orders nothing itself: a free it is
 	// given unordered is a race (compute-sanitizer's free-before-alloc).
 	OrdersCrossStreamFrees bool
+
+	// StrictCapacity declares that nothing but Capacity makes the resource run out of memory: an
+	// allocation fails with rmm.ErrOutOfMemory only when the bytes live plus the request, each
+	// rounded up to 256, exceed Capacity (a pool without a maximum over an upstream that does not
+	// run out for the sizes asked, with Capacity set above what the upstream can ever give).
+	// Default false: once Capacity is set, the state machine's allocations may fail with
+	// rmm.ErrOutOfMemory whatever is live, and the checklist's once half of Capacity is live.
+	// Ignored when Capacity is 0 or MayRunOutOfMemory is set.
+	StrictCapacity bool
+
+	// DrawSize, when set, draws the size in bytes of each allocation of the state machine (the
+	// fixed checks keep theirs), for a resource whose interesting sizes the default mix misses,
+	// such as sizes relative to a limit of its configuration (see RunConfigurations). It must
+	// depend only on r, and should return 0 now and then. Default: 0 now and then, sizes up to
+	// 1 KiB, multiples of 256 up to 64 KiB, and log-uniform sizes up to MaxAllocationSize (and
+	// Capacity).
+	DrawSize func(r *rand.Rand) int
+
+	// Mapped, when set, returns the address ranges of the memory that mr (a resource newResource
+	// built) holds from somewhere else than its upstream: memory it maps itself, as an expandable
+	// pool maps physical memory into an address range it reserved. Adjacent mapped memory is one
+	// range. The suite holds the ranges to what it holds the upstream's blocks to: every live
+	// allocation lies inside one; PoolStats.PoolSize is their total (plus what the upstream
+	// holds), while PoolStats.UpstreamBlocks is not compared; a failed call maps nothing, and a
+	// failed allocation may only unmap (each range after it lies inside one before it); after
+	// Release each range holds part of a live allocation, unless ReleaseKeepsMemory is set; and
+	// once the resource is torn down (Release or Close) none is left. Default nil: the resource's
+	// memory comes from its upstream, or from somewhere the suite does not see.
+	Mapped func(mr rmm.MemoryResource) []Range
+
+	// FullPatterns makes the suite write its pattern into every byte of every allocation in
+	// host-accessible memory, and check every byte, rather than the first and last 4 KiB and 64
+	// bytes of every 64 KiB of the allocations above 64 KiB. Slower; for a resource that maps
+	// memory itself, where a page mapped twice, or unmapped, under a live allocation shows only
+	// in that page's bytes. Default false.
+	FullPatterns bool
+
+	// FreeAfterClose declares that memory live when the resource is closed (a Close() error
+	// method) stays valid: Deallocate keeps working after Close, and the resource gives the
+	// memory back to its upstream once it is freed. The suite then tears down a resource left
+	// with an odd number of live allocations (so that a seed replays the same teardown) by
+	// closing it (and each resource between it and the upstream, see Run) first and freeing them
+	// afterwards. Default false: the suite frees everything before it releases and closes.
+	FreeAfterClose bool
+
+	// Goroutines is the number of goroutines the Concurrent checks run at once. Default 0
+	// means 4.
+	Goroutines int
+
+	// ConcurrentInvariants declares that CheckInvariants and Stats may be called while other
+	// goroutines allocate and free. The Concurrent checks then call them from one more goroutine
+	// for as long as the others run, and check a PoolStats against itself (FreeBytes = PoolSize -
+	// LiveBytes, LargestFreeBlock within [0, FreeBytes], PoolSize within MaximumPoolSize).
+	// Default false: they are called only while nothing else runs.
+	ConcurrentInvariants bool
+}
+
+// Range is the address range [Addr, Addr+Size).
+type Range struct {
+	Addr rmm.DevicePtr
+	Size int
 }
 
 // config is Options resolved: defaults filled in, environment applied.
@@ -255,6 +343,13 @@ type config struct {
 	ignoresStreams     bool
 	// ordersCrossStreamFrees: the suite does not order frees on another stream (orderFree).
 	ordersCrossStreamFrees bool
+	strictCapacity         bool
+	drawSize               func(r *rand.Rand) int
+	mapped                 func(mr rmm.MemoryResource) []Range
+	fullPatterns           bool
+	freeAfterClose         bool
+	goroutines             int
+	concurrentInvariants   bool
 }
 
 func resolve(opts *Options) (*config, error) {
@@ -277,6 +372,13 @@ func resolve(opts *Options) (*config, error) {
 		ignoresStreams:     o.IgnoresStreams,
 
 		ordersCrossStreamFrees: o.OrdersCrossStreamFrees,
+		strictCapacity:         o.StrictCapacity && o.Capacity > 0 && !o.MayRunOutOfMemory,
+		drawSize:               o.DrawSize,
+		mapped:                 o.Mapped,
+		fullPatterns:           o.FullPatterns,
+		freeAfterClose:         o.FreeAfterClose,
+		goroutines:             o.Goroutines,
+		concurrentInvariants:   o.ConcurrentInvariants,
 	}
 	if c.upstream == nil {
 		c.upstream = rmm.CurrentDeviceResource
@@ -288,6 +390,11 @@ func resolve(opts *Options) (*config, error) {
 		return nil, fmt.Errorf("rmmtest: Options.Capacity %d is negative", c.capacity)
 	case c.sequences < 0 || c.maxCommands < 0:
 		return nil, fmt.Errorf("rmmtest: Options.Sequences %d or MaxCommands %d is negative", c.sequences, c.maxCommands)
+	case c.goroutines < 0:
+		return nil, fmt.Errorf("rmmtest: Options.Goroutines %d is negative", c.goroutines)
+	}
+	if c.goroutines == 0 {
+		c.goroutines = 4
 	}
 	if c.maxAllocationSize == 0 {
 		c.maxAllocationSize = 8 * miB
@@ -331,6 +438,9 @@ func resolve(opts *Options) (*config, error) {
 // mayRunOut reports whether a checklist allocation of n bytes may fail with ErrOutOfMemory while
 // live bytes (each rounded to 256) are live.
 func (c *config) mayRunOut(live, n int) bool {
+	if c.strictCapacity {
+		return live+roundUp(n) > c.capacity
+	}
 	return c.mayRunOutAnywhere || c.capacity > 0 && live+roundUp(n) > c.capacity/2
 }
 

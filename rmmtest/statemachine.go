@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"math/rand"
+	randv2 "math/rand/v2"
 	"runtime/debug"
 	"slices"
 	"strings"
@@ -17,28 +18,42 @@ import (
 // commands; the system under test checks the resource against its model after every step, and
 // gopter shrinks a failing sequence to a minimal one.
 //
-// The generator's state (smState) knows only what was asked: tags, sizes and streams. What
-// happened (pointers, which allocations ran out of memory) lives in the system under test
-// (smSystem), whose instance holds the model of the live allocations; a command naming an
-// allocation that failed is skipped.
+// The generator's state (smState) knows only what was asked: tags, sizes and streams, and the
+// configuration of the sequence (smSeq). What happened (pointers, which allocations ran out of
+// memory) lives in the system under test (smSystem), whose instance holds the model of the live
+// allocations; a command naming an allocation that failed is skipped.
 
 // smConfig is shared by every sequence of one run.
 type smConfig struct {
-	suite    *suite
 	t        tester
-	views    int // DefaultStream + Streams
-	releaser bool
+	releaser bool // the resources are rmm.Releasers (a probe says)
 
 	// What the sequences exercised.
-	allocs, ooms, crossFrees, invalidFrees, releases, tooBig int
+	cov Coverage
 
 	first, last *smTrace // the first failing sequence, and the last (the shrunk one)
 	cleanup     *smTrace // the first passing sequence whose teardown failed
-	sequences   int
+}
+
+// smSeq is the configuration of one sequence: the suite (options and constructor) its resource
+// is built with. Without RunConfigurations every sequence has the same.
+type smSeq struct {
+	s     *suite
+	name  string // the configuration's name, "" without RunConfigurations
+	views int    // DefaultStream + Streams
+}
+
+// describe gives the configuration for failure reports.
+func (q *smSeq) describe() string {
+	if q.name == "" {
+		return q.s.describe()
+	}
+	return q.name + "; " + q.s.describe()
 }
 
 // smTrace is what one sequence did, up to its first failure.
 type smTrace struct {
+	config  string // the sequence's configuration
 	steps   []string
 	failure string
 	at      int // index in steps of the failing step, -1 for a teardown failure
@@ -49,6 +64,7 @@ type smAlloc struct{ tag, size, stream int }
 
 type smState struct {
 	cfg     *smConfig
+	seq     *smSeq
 	nextTag int
 	allocs  []smAlloc // allocations asked for and not freed, in tag order
 }
@@ -76,7 +92,9 @@ func (st *smState) remove(tag int) *smState {
 	return c
 }
 
-func (st *smState) String() string { return fmt.Sprintf("%d allocations", len(st.allocs)) }
+func (st *smState) String() string {
+	return fmt.Sprintf("%d allocations (%s)", len(st.allocs), st.seq.describe())
+}
 
 // smHandle is an allocation of the sequence that succeeded: b is nil for zero bytes.
 type smHandle struct {
@@ -88,12 +106,34 @@ type smHandle struct {
 // smSystem is the system under test of one sequence.
 type smSystem struct {
 	cfg  *smConfig
+	seq  *smSeq
 	in   *instance
 	tags map[int]smHandle
 
 	steps  []string
 	failed bool
 	trace  *smTrace
+
+	// last is what the resource looked like at the end of the last step, which verified it (nil
+	// when that step failed, or before the first): the next command's "before", since nothing
+	// changes between steps. pending is what the command running observed at its end, which its
+	// step then verifies rather than observing again (observing calls CheckInvariants).
+	last, pending *observation
+}
+
+// before returns what the resource looks like before a command: as the last step left it.
+func (sys *smSystem) before() observation {
+	if sys.last != nil {
+		return *sys.last
+	}
+	return sys.in.observe()
+}
+
+// after observes the resource at the end of a command, for its step to verify.
+func (sys *smSystem) after() observation {
+	o := sys.in.observe()
+	sys.pending = &o
+	return o
 }
 
 type smResult struct {
@@ -118,15 +158,24 @@ func (sys *smSystem) step(c fmt.Stringer, f func() (string, error)) commands.Res
 				err = fmt.Errorf("panic: %v\n%s", p, debug.Stack())
 			}
 		}()
+		sys.pending = nil
 		desc, err = f()
+		o := sys.pending
+		sys.last = nil
 		if err == nil {
-			err = sys.in.verify()
+			if o == nil {
+				x := sys.in.observe()
+				o = &x
+			}
+			if err = sys.in.verifyObserved(*o); err == nil {
+				sys.last = o
+			}
 		}
 	}()
 	sys.steps = append(sys.steps, c.String()+desc)
 	if err != nil && !sys.failed {
 		sys.failed = true
-		sys.trace = &smTrace{steps: slices.Clone(sys.steps), failure: err.Error(), at: len(sys.steps) - 1}
+		sys.trace = &smTrace{config: sys.seq.describe(), steps: slices.Clone(sys.steps), failure: err.Error(), at: len(sys.steps) - 1}
 	}
 	return &smResult{err: err}
 }
@@ -154,7 +203,7 @@ func (c allocCmd) Run(sut commands.SystemUnderTest) commands.Result {
 	sys := sut.(*smSystem)
 	return sys.step(c, func() (string, error) {
 		in := sys.in
-		before := in.observe()
+		before := sys.before()
 		b, err, bad := in.allocate(c.size, c.stream)
 		switch {
 		case bad != nil:
@@ -164,16 +213,24 @@ func (c allocCmd) Run(sut commands.SystemUnderTest) commands.Result {
 			if b == nil {
 				return " = 0", nil
 			}
-			sys.cfg.allocs++
+			sys.cfg.cov.Allocations++
 			return fmt.Sprintf(" = %#x", uintptr(b.ptr)), nil
 		case errors.Is(err, rmm.ErrOutOfMemory):
-			sys.cfg.ooms++
+			sys.cfg.cov.OutOfMemory++
 			desc := fmt.Sprintf(" = out of memory (%v)", err)
-			if in.cfg.capacity == 0 && !in.cfg.mayRunOutAnywhere {
-				_, live := in.liveCount()
+			_, live := in.liveCount()
+			switch {
+			case c.size == 0:
+				return desc, errors.New("a zero-byte allocation failed: Allocate(0) must return (0, nil)")
+			case in.cfg.capacity == 0 && !in.cfg.mayRunOutAnywhere:
 				return desc, fmt.Errorf("out of memory with %d bytes live, but Options.Capacity is 0 (the resource is declared not to run out for sizes up to Options.MaxAllocationSize)", live)
+			case in.cfg.strictCapacity && live+roundUp(c.size) <= in.cfg.capacity:
+				return desc, fmt.Errorf("out of memory with %d bytes live, %d bytes asked (rounded up to 256): within Options.Capacity %d, and Options.StrictCapacity is set", live, roundUp(c.size), in.cfg.capacity)
 			}
-			return desc, unchangedAccounting(before, in.observe())
+			if st, ok := before.stats.(rmm.PoolStats); ok && st.LargestFreeBlock >= roundUp(c.size) {
+				return desc, fmt.Errorf("out of memory although Stats reported a free block of %d bytes before the call (%d asked, rounded up to 256)", st.LargestFreeBlock, roundUp(c.size))
+			}
+			return desc, unchangedAccounting(before, sys.after())
 		}
 		return fmt.Sprintf(" = %v", err), fmt.Errorf("Allocate(%d, %s): %w, want success or an error wrapping rmm.ErrOutOfMemory", c.size, streamName(c.stream), err)
 	})
@@ -188,7 +245,7 @@ func (c allocCmd) NextState(s commands.State) commands.State {
 
 func (c allocCmd) PreCondition(s commands.State) bool {
 	st := s.(*smState)
-	return st.find(c.tag) < 0 && c.stream < st.cfg.views
+	return st.find(c.tag) < 0 && c.stream < st.seq.views
 }
 
 func (c allocCmd) PostCondition(_ commands.State, res commands.Result) *gopter.PropResult {
@@ -215,7 +272,7 @@ func (c freeCmd) Run(sut commands.SystemUnderTest) commands.Result {
 			return "", nil
 		}
 		if c.stream != h.stream {
-			sys.cfg.crossFrees++
+			sys.cfg.cov.CrossStreamFrees++
 		}
 		return "", sys.in.free(h.b, c.stream)
 	})
@@ -225,7 +282,7 @@ func (c freeCmd) NextState(s commands.State) commands.State { return s.(*smState
 
 func (c freeCmd) PreCondition(s commands.State) bool {
 	st := s.(*smState)
-	return st.find(c.tag) >= 0 && c.stream < st.cfg.views
+	return st.find(c.tag) >= 0 && c.stream < st.seq.views
 }
 
 func (c freeCmd) PostCondition(_ commands.State, res commands.Result) *gopter.PropResult {
@@ -241,7 +298,7 @@ func (c zeroCmd) Run(sut commands.SystemUnderTest) commands.Result {
 	sys := sut.(*smSystem)
 	return sys.step(c, func() (string, error) {
 		in, sv := sys.in, sys.in.views[c.stream]
-		before := in.observe()
+		before := sys.before()
 		p, err := in.mr.Allocate(0, sv)
 		if err != nil || p != 0 {
 			return "", fmt.Errorf("Allocate(0) = (%#x, %v), want (0, nil)", uintptr(p), err)
@@ -249,13 +306,13 @@ func (c zeroCmd) Run(sut commands.SystemUnderTest) commands.Result {
 		if err := in.mr.Deallocate(0, 0, sv); err != nil {
 			return "", fmt.Errorf("Deallocate(0, 0) = %v, want nil", err)
 		}
-		return "", unchanged(before, in.observe())
+		return "", unchanged(before, sys.after())
 	})
 }
 
 func (c zeroCmd) NextState(s commands.State) commands.State { return s }
 
-func (c zeroCmd) PreCondition(s commands.State) bool { return c.stream < s.(*smState).cfg.views }
+func (c zeroCmd) PreCondition(s commands.State) bool { return c.stream < s.(*smState).seq.views }
 
 func (c zeroCmd) PostCondition(_ commands.State, res commands.Result) *gopter.PropResult {
 	return postCondition(res)
@@ -311,14 +368,14 @@ func wrongSize(size int, x uint32) int {
 }
 
 // notHandedOut returns an address that is not the start of a live allocation, chosen by x: the
-// start or the last 256 bytes of a block held from the upstream, the end of a live allocation,
-// or a small address no resource hands out.
+// start or the last 256 bytes of a block held from the upstream (or of a range the resource
+// maps), the end of a live allocation, or a small address no resource hands out.
 func (sys *smSystem) notHandedOut(x uint32) rmm.DevicePtr {
 	in := sys.in
 	held, _ := in.up.blocks()
 	bs := in.liveBlocks()
 	var cands []rmm.DevicePtr
-	for _, h := range held {
+	for _, h := range append(held, in.mappedSpans()...) {
 		cands = append(cands, h.addr, h.addr+rmm.DevicePtr(rmm.AlignDown(h.size-1, rmm.Alignment)))
 	}
 	for _, b := range bs {
@@ -348,7 +405,8 @@ func (c badFreeCmd) Run(sut commands.SystemUnderTest) commands.Result {
 	}
 	return sys.step(c, func() (string, error) {
 		in, stream := sys.in, c.stream
-		sys.cfg.invalidFrees++
+		sys.cfg.cov.InvalidFrees++
+		before := sys.before()
 		var p rmm.DevicePtr
 		var n int
 		switch c.kind {
@@ -371,14 +429,14 @@ func (c badFreeCmd) Run(sut commands.SystemUnderTest) commands.Result {
 			}
 			p, n = h.b.ptr, h.size
 			stream = (c.stream + int(c.x)) % len(in.views)
+			before = in.observe() // after the first free
 		}
-		before := in.observe()
 		err := in.mr.Deallocate(p, n, in.views[stream])
 		desc := fmt.Sprintf(": Deallocate(%#x, %d, %s) = %v", uintptr(p), n, streamName(stream), err)
 		if !errors.Is(err, rmm.ErrInvalidFree) {
 			return desc, fmt.Errorf("Deallocate(%#x, %d, %s) = %v, want an error wrapping rmm.ErrInvalidFree (Options.DetectsInvalidFree is set)", uintptr(p), n, streamName(stream), err)
 		}
-		return desc, unchanged(before, in.observe())
+		return desc, unchanged(before, sys.after())
 	})
 }
 
@@ -391,7 +449,7 @@ func (c badFreeCmd) NextState(s commands.State) commands.State {
 
 func (c badFreeCmd) PreCondition(s commands.State) bool {
 	st := s.(*smState)
-	if !st.cfg.suite.cfg.detectsInvalidFree || c.stream >= st.cfg.views {
+	if !st.seq.s.cfg.detectsInvalidFree || c.stream >= st.seq.views {
 		return false
 	}
 	if c.kind == badNotHanded {
@@ -422,8 +480,8 @@ func (c tooBigCmd) Run(sut commands.SystemUnderTest) commands.Result {
 			return "", fmt.Errorf("%d bytes are live (each rounded up to 256), more than Options.Capacity %d", live, capacity)
 		}
 		n := capacity - live + c.extra
-		sys.cfg.tooBig++
-		before := in.observe()
+		sys.cfg.cov.BeyondCapacity++
+		before := sys.before()
 		p, err := in.mr.Allocate(n, sv)
 		desc := fmt.Sprintf(": Allocate(%d) = (%#x, %v)", n, uintptr(p), err)
 		if err == nil {
@@ -438,8 +496,8 @@ func (c tooBigCmd) Run(sut commands.SystemUnderTest) commands.Result {
 		if p != 0 {
 			return desc, fmt.Errorf("Allocate(%d) failed but returned %#x, not 0", n, uintptr(p))
 		}
-		sys.cfg.ooms++
-		return desc, unchangedAccounting(before, in.observe())
+		sys.cfg.cov.OutOfMemory++
+		return desc, unchangedAccounting(before, sys.after())
 	})
 }
 
@@ -447,7 +505,7 @@ func (c tooBigCmd) NextState(s commands.State) commands.State { return s }
 
 func (c tooBigCmd) PreCondition(s commands.State) bool {
 	st := s.(*smState)
-	return st.cfg.suite.cfg.capacity > 0 && c.stream < st.cfg.views
+	return st.seq.s.cfg.capacity > 0 && c.stream < st.seq.views
 }
 
 func (c tooBigCmd) PostCondition(_ commands.State, res commands.Result) *gopter.PropResult {
@@ -497,11 +555,20 @@ func (c releaseCmd) Run(sut commands.SystemUnderTest) commands.Result {
 			}
 		}
 		if c.release {
-			sys.cfg.releases++
+			if in.releaser == nil {
+				// This configuration's resource is not an rmm.Releaser, unlike the probe's.
+				return " (not an rmm.Releaser: nothing to release)", nil
+			}
+			sys.cfg.cov.Releases++
 			if err := in.releaser.Release(); err != nil {
 				return "", fmt.Errorf("Release: %w", err)
 			}
-			return "", in.checkReleased()
+			if err := in.checkReleased(); err != nil {
+				return "", err
+			}
+			if n, _ := in.liveCount(); n == 0 && in.holdsNothing() {
+				sys.cfg.cov.ReleasesToNothing++
+			}
 		}
 		return "", nil
 	})
@@ -554,15 +621,19 @@ func drawSize(r *rand.Rand, hi int) int {
 
 // drawCommand draws a command that is valid in state st.
 func drawCommand(r *rand.Rand, st *smState) commands.Command {
-	cfg := st.cfg
-	c := cfg.suite.cfg
-	stream := func() int { return r.Intn(cfg.views) }
+	cfg, views := st.cfg, st.seq.views
+	c := st.seq.s.cfg
+	stream := func() int { return r.Intn(views) }
+	size := func() int { return drawSize(r, c.maxSize) }
+	if c.drawSize != nil {
+		size = func() int { return c.drawSize(randv2.New(r)) }
+	}
 	type choice struct {
 		weight int
 		make   func() commands.Command
 	}
 	choices := []choice{
-		{30, func() commands.Command { return allocCmd{st.nextTag, drawSize(r, c.maxSize), stream()} }},
+		{30, func() commands.Command { return allocCmd{st.nextTag, size(), stream()} }},
 		{2, func() commands.Command { return zeroCmd{stream()} }},
 	}
 	if c.capacity > 0 {
@@ -579,8 +650,8 @@ func drawCommand(r *rand.Rand, st *smState) commands.Command {
 				return releaseCmd{all: true, mixed: r.Intn(2) == 0, release: cfg.releaser && r.Intn(2) == 0}
 			}},
 		)
-		if cfg.views > 1 {
-			other := (a.stream + 1 + r.Intn(cfg.views-1)) % cfg.views
+		if views > 1 {
+			other := (a.stream + 1 + r.Intn(views-1)) % views
 			choices = append(choices, choice{8, func() commands.Command { return freeCmd{a.tag, other} }})
 		}
 	}
@@ -680,19 +751,31 @@ func shrinkCommand(v any) gopter.Shrink {
 // ---------------------------------------------------------------------------------------------
 // Running the state machine.
 
+// testStateMachine is Run's StateMachine check: every sequence runs over a resource of s.
 func (s *suite) testStateMachine(t tester) {
-	c := s.cfg
+	seq := &smSeq{s: s, views: 1 + s.cfg.streams}
+	runMachine(t, s.cfg, func(*rand.Rand) *smSeq { return seq }, s, false)
+}
+
+// runMachine runs the state machine as run says (seed, number and length of the sequences), each
+// sequence over a resource in the configuration that next draws from the sequence's random source
+// (next must depend only on it: gopter draws the initial state again whenever it replays a
+// sequence). The resource probe builds, once, says whether the resources are rmm.Releasers;
+// with release set, Release is called in any case (where a resource is not one, that step does
+// nothing). It fails t on a failing sequence, and returns what the sequences exercised.
+func runMachine(t tester, run *config, next func(r *rand.Rand) *smSeq, probe *suite, release bool) Coverage {
 	// A probe says which optional commands apply.
-	probe := s.newInstanceNoCleanup(t, 0)
-	cfg := &smConfig{suite: s, t: t, views: 1 + c.streams, releaser: probe.releaser != nil}
-	if err := probe.finish(); err != nil {
+	in := probe.newInstanceNoCleanup(t, 0)
+	cfg := &smConfig{t: t, releaser: release || in.releaser != nil}
+	if err := in.finish(); err != nil {
 		t.Fatalf("tearing down a resource that was never used: %v", err)
 	}
 
 	proto := &commands.ProtoCommands{
-		NewSystemUnderTestFunc: func(commands.State) commands.SystemUnderTest {
-			cfg.sequences++
-			return &smSystem{cfg: cfg, in: s.newInstanceNoCleanup(t, c.streams), tags: map[int]smHandle{}}
+		NewSystemUnderTestFunc: func(initial commands.State) commands.SystemUnderTest {
+			cfg.cov.Sequences++
+			seq := initial.(*smState).seq
+			return &smSystem{cfg: cfg, seq: seq, in: seq.s.newInstanceNoCleanup(t, seq.s.cfg.streams), tags: map[int]smHandle{}}
 		},
 		DestroySystemUnderTestFunc: func(sut commands.SystemUnderTest) {
 			sys := sut.(*smSystem)
@@ -704,6 +787,9 @@ func (s *suite) testStateMachine(t tester) {
 				}()
 				return sys.in.finish()
 			}()
+			refusals, retries := sys.in.up.counts()
+			cfg.cov.UpstreamRefusals += refusals
+			cfg.cov.UpstreamRetries += retries
 			switch {
 			case sys.failed:
 				sys.trace.total = len(sys.steps)
@@ -712,11 +798,11 @@ func (s *suite) testStateMachine(t tester) {
 				}
 				cfg.last = sys.trace
 			case err != nil && cfg.cleanup == nil:
-				cfg.cleanup = &smTrace{steps: sys.steps, failure: err.Error(), at: -1}
+				cfg.cleanup = &smTrace{config: sys.seq.describe(), steps: sys.steps, failure: err.Error(), at: -1}
 			}
 		},
-		InitialStateGen: func(*gopter.GenParameters) *gopter.GenResult {
-			return gopter.NewGenResult(&smState{cfg: cfg}, gopter.NoShrinker)
+		InitialStateGen: func(p *gopter.GenParameters) *gopter.GenResult {
+			return gopter.NewGenResult(&smState{cfg: cfg, seq: next(p.Rng)}, gopter.NoShrinker)
 		},
 		GenCommandFunc: func(state commands.State) gopter.Gen {
 			st := state.(*smState)
@@ -725,34 +811,36 @@ func (s *suite) testStateMachine(t tester) {
 			}
 		},
 	}
-	params := gopter.DefaultTestParametersWithSeed(c.seed)
-	params.MinSuccessfulTests = c.sequences * c.scale
+	params := gopter.DefaultTestParametersWithSeed(run.seed)
+	params.MinSuccessfulTests = run.sequences * run.scale
 	params.MinSize = 1
-	params.MaxSize = c.maxCommands
+	params.MaxSize = run.maxCommands
 	params.MaxShrinkCount = 1000
 	params.Workers = 1
 	res := commands.Prop(proto).Check(params)
 
-	t.Logf("%d sequences (%d passed): %d allocations, %d out of memory, %d beyond the capacity, %d frees on another stream, %d invalid frees, %d releases",
-		cfg.sequences, res.Succeeded, cfg.allocs, cfg.ooms, cfg.tooBig, cfg.crossFrees, cfg.invalidFrees, cfg.releases)
-	hint := replayHint(t, c.seed)
+	c := cfg.cov
+	t.Logf("%d sequences (%d passed): %d allocations, %d out of memory, %d beyond the capacity, %d frees on another stream, %d invalid frees, %d releases (%d to nothing), %d upstream refusals (%d smaller retries granted)",
+		c.Sequences, res.Succeeded, c.Allocations, c.OutOfMemory, c.BeyondCapacity, c.CrossStreamFrees, c.InvalidFrees, c.Releases, c.ReleasesToNothing, c.UpstreamRefusals, c.UpstreamRetries)
+	hint := replayHint(t, run.seed)
 	switch {
 	case res.Status == gopter.TestError:
-		t.Fatalf("the state machine stopped after %d passing sequences: %v\n%s\nseed %d: %s", res.Succeeded, res.Error, res.ErrorStack, c.seed, hint)
+		t.Fatalf("the state machine stopped after %d passing sequences: %v\n%s\nseed %d: %s", res.Succeeded, res.Error, res.ErrorStack, run.seed, hint)
 	case !res.Passed() && cfg.last != nil:
 		shrinks := 0
 		if len(res.Args) > 0 {
 			shrinks = res.Args[0].Shrinks
 		}
 		t.Fatalf("a sequence of %s fails (found after %d passing sequences; shrunk from %s in %d steps):\n%s\nseed %d: %s",
-			plural(len(cfg.last.steps), "command"), res.Succeeded, plural(cfg.first.total, "command"), shrinks, cfg.last.format(s.describe()), c.seed, hint)
+			plural(len(cfg.last.steps), "command"), res.Succeeded, plural(cfg.first.total, "command"), shrinks, cfg.last.format(), run.seed, hint)
 	case !res.Passed():
-		t.Fatalf("the state machine failed (%v) after %d passing sequences: %v %v\nseed %d: %s", res.Status, res.Succeeded, res.Labels, res.Args, c.seed, hint)
+		t.Fatalf("the state machine failed (%v) after %d passing sequences: %v %v\nseed %d: %s", res.Status, res.Succeeded, res.Labels, res.Args, run.seed, hint)
 	case cfg.cleanup != nil:
-		t.Fatalf("after a passing sequence, tearing the resource down failed:\n%s\nseed %d: %s", cfg.cleanup.format(s.describe()), c.seed, hint)
-	case cfg.allocs == 0:
-		t.Fatalf("no allocation of a non-zero size succeeded in %d sequences", cfg.sequences)
+		t.Fatalf("after a passing sequence, tearing the resource down failed:\n%s\nseed %d: %s", cfg.cleanup.format(), run.seed, hint)
+	case c.Allocations == 0:
+		t.Fatalf("no allocation of a non-zero size succeeded in %d sequences", c.Sequences)
 	}
+	return c
 }
 
 func plural(n int, what string) string {
@@ -766,16 +854,23 @@ func plural(n int, what string) string {
 func (s *suite) describe() string {
 	c := s.cfg
 	capacity := "0 (does not run out)"
-	if c.capacity > 0 {
+	switch {
+	case c.strictCapacity:
+		capacity = fmt.Sprintf("%d (strict)", c.capacity)
+	case c.capacity > 0:
 		capacity = fmt.Sprint(c.capacity)
 	}
-	return fmt.Sprintf("DefaultStream + %d Streams, MaxAllocationSize %d, Capacity %s, DetectsInvalidFree %v", c.streams, c.maxAllocationSize, capacity, c.detectsInvalidFree)
+	sizes := fmt.Sprintf("MaxAllocationSize %d", c.maxAllocationSize)
+	if c.drawSize != nil {
+		sizes = "sizes from Options.DrawSize"
+	}
+	return fmt.Sprintf("DefaultStream + %d Streams, %s, Capacity %s, DetectsInvalidFree %v", c.streams, sizes, capacity, c.detectsInvalidFree)
 }
 
 // format lists the steps, marking the failing one.
-func (tr *smTrace) format(config string) string {
+func (tr *smTrace) format() string {
 	var b strings.Builder
-	fmt.Fprintf(&b, "    configuration: %s\n", config)
+	fmt.Fprintf(&b, "    configuration: %s\n", tr.config)
 	for i, st := range tr.steps {
 		mark := "  "
 		if i == tr.at {

@@ -486,7 +486,7 @@ func TestRecordingUpstream(t *testing.T) {
 func TestPatterns(t *testing.T) {
 	covered := func(size int) int {
 		n := 0
-		patternRegions(size, func(off, k int) error {
+		patternRegions(size, false, func(off, k int) error {
 			require.GreaterOrEqual(t, off, 0)
 			require.LessOrEqual(t, off+k, size)
 			n += k

@@ -38,6 +38,8 @@ type recordingUpstream struct {
 	held     map[rmm.DevicePtr]int
 	grants   int
 	refusals int
+	retries  int // grants right after a refusal of a larger request (a resource's back-off)
+	refused  int // the size of the last request if it was refused, else 0
 	misuse   error
 }
 
@@ -52,8 +54,13 @@ func (u *recordingUpstream) Allocate(n int, s rmm.StreamView) (rmm.DevicePtr, er
 	defer u.mu.Unlock()
 	if err != nil {
 		u.refusals++
+		u.refused = n
 		return p, err
 	}
+	if n < u.refused {
+		u.retries++
+	}
+	u.refused = 0
 	if n > 0 && p != 0 {
 		if _, dup := u.held[p]; dup && u.misuse == nil {
 			u.misuse = fmt.Errorf("the upstream %T handed out %#x twice", u.inner, uintptr(p))
@@ -110,6 +117,14 @@ func (u *recordingUpstream) used() bool {
 	u.mu.Lock()
 	defer u.mu.Unlock()
 	return u.grants > 0
+}
+
+// counts returns the requests refused, and the grants right after the refusal of a larger
+// request.
+func (u *recordingUpstream) counts() (refusals, retries int) {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	return u.refusals, u.retries
 }
 
 // blocks returns the blocks held, in address order, and the first misuse seen.

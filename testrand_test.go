@@ -1,0 +1,170 @@
+package rmm
+
+// Helpers of the package's own random tests (the adaptor stack's and the containers' state
+// machines, the VMM's, the pool's and the arena's stress tests). The contract checks of every
+// resource live in package rmmtest; property_test.go drives them.
+
+import (
+	"fmt"
+	"math"
+	"math/rand"
+	"os"
+	"slices"
+	"sort"
+	"strconv"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+)
+
+const (
+	kiB = 1 << 10
+	miB = 1 << 20
+	giB = 1 << 30
+)
+
+func roundUp(n int) int {
+	r, _ := AlignUp(n, Alignment)
+	return r
+}
+
+// propertySeed returns RMM_PROPERTY_SEED, or a fresh seed.
+func propertySeed(t *testing.T) int64 {
+	if s := os.Getenv("RMM_PROPERTY_SEED"); s != "" {
+		seed, err := strconv.ParseInt(s, 10, 64)
+		require.NoError(t, err, "RMM_PROPERTY_SEED")
+		return seed
+	}
+	return time.Now().UnixNano()
+}
+
+// propertyScale returns RMM_PROPERTY_SCALE (1 when unset): how many times as many random cases
+// to run.
+func propertyScale(t *testing.T) int {
+	if s := os.Getenv("RMM_PROPERTY_SCALE"); s != "" {
+		k, err := strconv.Atoi(s)
+		require.NoError(t, err, "RMM_PROPERTY_SCALE")
+		require.Positive(t, k, "RMM_PROPERTY_SCALE")
+		return k
+	}
+	return 1
+}
+
+// logUniform returns a size in [lo, hi) drawn uniformly in log scale.
+func logUniform(r *rand.Rand, lo, hi int) int {
+	e := math.Log2(float64(lo)) + r.Float64()*(math.Log2(float64(hi))-math.Log2(float64(lo)))
+	return max(lo, min(hi-1, int(math.Exp2(e))))
+}
+
+// smallSize draws from a mix of 0, 1..300, multiples of 256 up to 64 KiB, anything up to 64 KiB.
+func smallSize(r *rand.Rand) int {
+	switch k := r.Intn(100); {
+	case k < 4:
+		return 0
+	case k < 45:
+		return 1 + r.Intn(300)
+	case k < 75:
+		return Alignment * (1 + r.Intn(256))
+	default:
+		return 1 + r.Intn(64*kiB)
+	}
+}
+
+// upstreamBlock is an address range handed out.
+type upstreamBlock struct {
+	addr DevicePtr
+	size int
+}
+
+func (b upstreamBlock) String() string { return fmt.Sprintf("[%#x+%d]", uintptr(b.addr), b.size) }
+
+// recordingUpstream passes calls to inner and records the blocks handed out and not yet taken
+// back. A free of a block it did not hand out, or with another size, is recorded as misuse and
+// refused.
+type recordingUpstream struct {
+	inner MemoryResource
+
+	mu     sync.Mutex
+	live   map[DevicePtr]int
+	misuse error
+}
+
+func newRecordingUpstream(inner MemoryResource) *recordingUpstream {
+	return &recordingUpstream{inner: inner, live: map[DevicePtr]int{}}
+}
+
+func (u *recordingUpstream) Allocate(n int, s StreamView) (DevicePtr, error) {
+	p, err := u.inner.Allocate(n, s)
+	if err != nil || n == 0 {
+		return p, err
+	}
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	if _, dup := u.live[p]; dup && u.misuse == nil {
+		u.misuse = fmt.Errorf("the upstream handed out %#x twice", uintptr(p))
+	}
+	u.live[p] = n
+	return p, nil
+}
+
+func (u *recordingUpstream) Deallocate(p DevicePtr, n int, s StreamView) error {
+	if p != 0 {
+		u.mu.Lock()
+		size, ok := u.live[p]
+		if !ok || size != n {
+			err := fmt.Errorf("%w: recording upstream: Deallocate(%#x, %d): handed out with size %d (0: not handed out)", ErrInvalidFree, uintptr(p), n, size)
+			if u.misuse == nil {
+				u.misuse = err
+			}
+			u.mu.Unlock()
+			return err
+		}
+		delete(u.live, p)
+		u.mu.Unlock()
+	}
+	return u.inner.Deallocate(p, n, s)
+}
+
+func (u *recordingUpstream) Access() Access { return AccessOf(u.inner) }
+
+// blocks returns the blocks held, in address order, and the first misuse seen.
+func (u *recordingUpstream) blocks() ([]upstreamBlock, error) {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	bs := make([]upstreamBlock, 0, len(u.live))
+	for p, n := range u.live {
+		bs = append(bs, upstreamBlock{p, n})
+	}
+	sort.Slice(bs, func(i, j int) bool { return bs[i].addr < bs[j].addr })
+	return bs, u.misuse
+}
+
+// liveSet is the set of address ranges live at once across goroutines; a range is in it only
+// between Allocate's return and the call to Deallocate, so any overlap is the resource's fault.
+type liveSet struct {
+	mu    sync.Mutex
+	spans []upstreamBlock // sorted by address
+}
+
+func (l *liveSet) add(p DevicePtr, n int) error {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	i := sort.Search(len(l.spans), func(i int) bool { return l.spans[i].addr >= p })
+	if i < len(l.spans) && l.spans[i].addr < p+DevicePtr(n) {
+		return fmt.Errorf("[%#x, +%d) overlaps live %v", uintptr(p), n, l.spans[i])
+	}
+	if i > 0 && l.spans[i-1].addr+DevicePtr(l.spans[i-1].size) > p {
+		return fmt.Errorf("[%#x, +%d) overlaps live %v", uintptr(p), n, l.spans[i-1])
+	}
+	l.spans = slices.Insert(l.spans, i, upstreamBlock{p, n})
+	return nil
+}
+
+func (l *liveSet) remove(p DevicePtr) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	i := sort.Search(len(l.spans), func(i int) bool { return l.spans[i].addr >= p })
+	l.spans = slices.Delete(l.spans, i, i+1)
+}
