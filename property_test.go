@@ -373,15 +373,15 @@ func TestAdaptorsOverPoolProperty(t *testing.T) {
 
 // propExpandable is one configuration of an expandable pool over a VMM of granularity gran.
 type propExpandable struct {
-	streams                int
-	gran                   int
-	host                   bool // host memory, else addresses without memory
-	initial, maximum       int
-	physicalLimit          int // 0: none
-	carvePage              int // 0: no carving
-	capacity               int // the address range (the maximum when there is none)
-	size                   func(*rand.Rand) int
-	mayRunOut, fullPattern bool
+	streams          int
+	gran             int
+	host             bool // host memory, else addresses without memory
+	initial, maximum int
+	physicalLimit    int // 0: none
+	carvePage        int // 0: no carving
+	capacity         int // the address range (the maximum when there is none)
+	size             func(*rand.Rand) int
+	fullPattern      bool
 }
 
 func (c propExpandable) String() string {

@@ -497,11 +497,11 @@ func (in *instance) checkNow() error {
 	switch {
 	case !ok:
 	case st.FreeBytes != st.PoolSize-st.LiveBytes:
-		return fmt.Errorf("Stats: FreeBytes %d != PoolSize %d - LiveBytes %d", st.FreeBytes, st.PoolSize, st.LiveBytes)
+		return fmt.Errorf("rmmtest: Stats: FreeBytes %d != PoolSize %d - LiveBytes %d", st.FreeBytes, st.PoolSize, st.LiveBytes)
 	case st.LargestFreeBlock > st.FreeBytes || st.LargestFreeBlock < 0:
-		return fmt.Errorf("Stats: LargestFreeBlock %d outside [0, FreeBytes %d]", st.LargestFreeBlock, st.FreeBytes)
+		return fmt.Errorf("rmmtest: Stats: LargestFreeBlock %d outside [0, FreeBytes %d]", st.LargestFreeBlock, st.FreeBytes)
 	case st.MaximumPoolSize > 0 && st.PoolSize > st.MaximumPoolSize:
-		return fmt.Errorf("Stats: PoolSize %d exceeds MaximumPoolSize %d", st.PoolSize, st.MaximumPoolSize)
+		return fmt.Errorf("rmmtest: Stats: PoolSize %d exceeds MaximumPoolSize %d", st.PoolSize, st.MaximumPoolSize)
 	}
 	return nil
 }

@@ -478,7 +478,7 @@ func (in *instance) observe() observation {
 // zero-byte call).
 func unchanged(before, after observation) error {
 	if !reflect.DeepEqual(before.stats, after.stats) {
-		return fmt.Errorf("Stats changed: %+v -> %+v", before.stats, after.stats)
+		return fmt.Errorf("rmmtest: Stats changed: %+v -> %+v", before.stats, after.stats)
 	}
 	return unchangedUpstream(before, after)
 }
@@ -503,7 +503,7 @@ func unchangedAccounting(before, after observation) error {
 		if b.LiveBytes != a.LiveBytes || b.LiveAllocations != a.LiveAllocations || b.MaximumPoolSize != a.MaximumPoolSize ||
 			a.PoolSize > b.PoolSize || a.PoolSize-a.FreeBytes != b.PoolSize-b.FreeBytes ||
 			(a.PoolSize == b.PoolSize && (a.FreeBytes != b.FreeBytes || a.UpstreamBlocks != b.UpstreamBlocks)) {
-			return fmt.Errorf("Stats changed: %+v -> %+v", b, a)
+			return fmt.Errorf("rmmtest: Stats changed: %+v -> %+v", b, a)
 		}
 		shrank = a.PoolSize < b.PoolSize
 	} else {
@@ -595,7 +595,7 @@ func (in *instance) verifyObserved(o observation) error {
 		case o.maximum >= 0 && o.maximum != st.MaximumPoolSize:
 			return fmt.Errorf("MaximumPoolSize() = %d, but Stats reports MaximumPoolSize %d", o.maximum, st.MaximumPoolSize)
 		case in.initialMaximum >= 0 && st.MaximumPoolSize != in.initialMaximum:
-			return fmt.Errorf("Stats reports MaximumPoolSize %d; it was %d when the resource was built", st.MaximumPoolSize, in.initialMaximum)
+			return fmt.Errorf("rmmtest: Stats reports MaximumPoolSize %d; it was %d when the resource was built", st.MaximumPoolSize, in.initialMaximum)
 		}
 	}
 	for _, b := range bs {
@@ -614,17 +614,17 @@ func checkPoolStats(s rmm.PoolStats, count, liveBytes int, placed bool, held, ma
 	heldBytes := total(held) + total(mapped)
 	switch {
 	case s.LiveAllocations != count || s.LiveBytes != liveBytes:
-		return fmt.Errorf("Stats: %d live allocations of %d bytes, the suite holds %d of %d (each rounded up to 256)", s.LiveAllocations, s.LiveBytes, count, liveBytes)
+		return fmt.Errorf("rmmtest: Stats: %d live allocations of %d bytes, the suite holds %d of %d (each rounded up to 256)", s.LiveAllocations, s.LiveBytes, count, liveBytes)
 	case s.FreeBytes != s.PoolSize-s.LiveBytes:
-		return fmt.Errorf("Stats: FreeBytes %d != PoolSize %d - LiveBytes %d", s.FreeBytes, s.PoolSize, s.LiveBytes)
+		return fmt.Errorf("rmmtest: Stats: FreeBytes %d != PoolSize %d - LiveBytes %d", s.FreeBytes, s.PoolSize, s.LiveBytes)
 	case s.LargestFreeBlock > s.FreeBytes || s.LargestFreeBlock < 0:
-		return fmt.Errorf("Stats: LargestFreeBlock %d outside [0, FreeBytes %d]", s.LargestFreeBlock, s.FreeBytes)
+		return fmt.Errorf("rmmtest: Stats: LargestFreeBlock %d outside [0, FreeBytes %d]", s.LargestFreeBlock, s.FreeBytes)
 	case s.MaximumPoolSize > 0 && s.PoolSize > s.MaximumPoolSize:
-		return fmt.Errorf("Stats: PoolSize %d exceeds MaximumPoolSize %d", s.PoolSize, s.MaximumPoolSize)
+		return fmt.Errorf("rmmtest: Stats: PoolSize %d exceeds MaximumPoolSize %d", s.PoolSize, s.MaximumPoolSize)
 	case placed && hasMapped && s.PoolSize != heldBytes:
-		return fmt.Errorf("Stats: PoolSize %d; the upstream handed out %d bytes in %d blocks and the resource maps %d bytes in %d ranges", s.PoolSize, total(held), len(held), total(mapped), len(mapped))
+		return fmt.Errorf("rmmtest: Stats: PoolSize %d; the upstream handed out %d bytes in %d blocks and the resource maps %d bytes in %d ranges", s.PoolSize, total(held), len(held), total(mapped), len(mapped))
 	case placed && !hasMapped && (s.PoolSize != heldBytes || s.UpstreamBlocks != len(held)):
-		return fmt.Errorf("Stats: PoolSize %d in %d upstream blocks; the upstream handed out %d bytes in %d blocks", s.PoolSize, s.UpstreamBlocks, heldBytes, len(held))
+		return fmt.Errorf("rmmtest: Stats: PoolSize %d in %d upstream blocks; the upstream handed out %d bytes in %d blocks", s.PoolSize, s.UpstreamBlocks, heldBytes, len(held))
 	}
 	return nil
 }

@@ -159,24 +159,6 @@ func (b *bumpSub) Release() error {
 	return nil
 }
 
-func runBroken(t *testing.T, kind string, opts rmmtest.Options) {
-	opts.DetectsInvalidFree = true
-	if opts.Upstream == nil {
-		opts.Upstream = func() rmm.MemoryResource { return rmm.NewSystemMemoryResource() }
-	}
-	opts.Seed = 12345
-	err := rmmtest.Check(newBumpSub(kind), &opts)
-	if err == nil {
-		t.Errorf("rmmtest.Check accepted the broken resource %q", kind)
-	} else {
-		msg := err.Error()
-		if len(msg) > 1500 {
-			msg = msg[:1500]
-		}
-		t.Logf("%s: caught:\n%s", kind, msg)
-	}
-}
-
 // A first-fit resource that, given an aligned pointer inside a live block, frees that block:
 // the suite's interior-pointer frees must catch it on every seed. Over an address-only upstream,
 // so that the broken resource's early free touches no real memory.

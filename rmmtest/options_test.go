@@ -533,7 +533,7 @@ func (r poolSizeLying) PoolSize() int {
 type maximumMoving struct{ *brokenResource }
 
 func (r maximumMoving) Stats() rmm.PoolStats {
-	st := brokenWithStats{r.brokenResource}.Stats()
+	st := brokenWithStats(r).Stats()
 	st.MaximumPoolSize = 1 << 40
 	if st.LiveAllocations > 0 {
 		st.MaximumPoolSize++

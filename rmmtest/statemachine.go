@@ -238,7 +238,7 @@ func (c allocCmd) Run(sut commands.SystemUnderTest) commands.Result {
 
 func (c allocCmd) NextState(s commands.State) commands.State {
 	st := s.(*smState).clone()
-	st.allocs = append(st.allocs, smAlloc{c.tag, c.size, c.stream})
+	st.allocs = append(st.allocs, smAlloc(c))
 	st.nextTag = max(st.nextTag, c.tag+1)
 	return st
 }
@@ -561,7 +561,7 @@ func (c releaseCmd) Run(sut commands.SystemUnderTest) commands.Result {
 			}
 			sys.cfg.cov.Releases++
 			if err := in.releaser.Release(); err != nil {
-				return "", fmt.Errorf("Release: %w", err)
+				return "", fmt.Errorf("rmmtest: Release: %w", err)
 			}
 			if err := in.checkReleased(); err != nil {
 				return "", err
