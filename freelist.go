@@ -28,6 +28,8 @@ type block struct {
 	prio        uint32
 	free        bool
 	hole        bool      // an expandable pool's range whose memory was given back (not free)
+	lent        bool      // an expandable pool's chunk mapped into a live stitched block (pool_stitch.go)
+	stitched    bool      // a live block in a stitched range, outside every chain (pool_stitch.go)
 	list        *freeList // free and indexed: its list; nil otherwise
 	prev, next  *block    // address neighbours within the upstream allocation
 	req         int       // allocated: the size asked
