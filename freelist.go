@@ -302,6 +302,31 @@ func (l *freeList) each(f func(*block)) {
 	}
 }
 
+// eachAtLeast calls f for every block of the classes that may hold n bytes or more (some blocks
+// of n's own class may be smaller), in (size, address) order.
+func (l *freeList) eachAtLeast(n int, f func(*block)) {
+	var walk func(*block)
+	walk = func(t *block) {
+		if t == nil {
+			return
+		}
+		walk(t.left)
+		f(t)
+		walk(t.right)
+	}
+	level, class := freeClass(n)
+	for top := l.top &^ (1<<level - 1); top != 0; top &= top - 1 {
+		lv := bits.TrailingZeros64(top)
+		sub := l.sub[lv]
+		if lv == level {
+			sub &^= 1<<class - 1
+		}
+		for ; sub != 0; sub &= sub - 1 {
+			walk(l.levels[lv][bits.TrailingZeros64(sub)])
+		}
+	}
+}
+
 // check verifies the list and calls visit for every block in (size, address) order: each class
 // is a treap (order, heap order of priorities, parent links) holding only sizes of its class,
 // the bitmaps name exactly the classes holding blocks, and the count and bytes add up. It stops

@@ -22,7 +22,26 @@ import (
 // For free memory to hold whole chunks, growths map handles of at most stitchPiece bytes
 // (pieceSize); cuMemSetAccess covers the adjacent mappings of a growth in one call.
 //
-// What the option costs and gives: see stitchPieceDefault.
+// Stream order: the chunks come from free blocks of the allocating stream's own list that name no
+// other list among their deps, so the stitched block needs no wait, as a block taken from that
+// list would not; its free returns the chunks to the freeing stream's list as any free does. An
+// alias is unmapped (evicted, or before one of its handles is given back, or at Close) only after
+// a host wait for the work behind every free, as Release waits before it unmaps chunks: unmap
+// does not wait for the device.
+//
+// Why it is not on by default (TestStitchTraces, sixteen traces replayed over an address-only
+// device, peak mapped / peak live after 1, 3 and 10 passes): with 2 MiB pieces and stitchRest every
+// trace but two is at most 1.034 at every pass (LSTM 1.115 → 1.002, one-stream CuPy 1.545 →
+// 1.006 / 1.009, UNet 1.166 / 1.168 → 1.030, three-stream pipeline 1.291 → 1.027, ViT 1.069 /
+// 1.085 → 1.013, graph network 1.247 → 1.034), with no driver call after the first pass (one
+// trace maps 121 handles in its third); the two-stream CuPy trace (1.249 → 1.201) keeps its free
+// memory in blocks that name the other stream's list, which are not stitched, and the image
+// decoder stays at 1.089. But the first pass creates 10 to 70 times as many handles (T5: 19,401
+// instead of 273, about 1.4 s of cuMemCreate + cuMemMap at 71 µs each on the H200), and nothing
+// was measured on a device yet. With 8 MiB pieces the first pass creates about a quarter of that,
+// and LoRA, the three-stream pipeline and ViT stay at 1.002, 1.099 / 1.121 and 1.060; without
+// stitchRest, LoRA and GPT-2 training get worse than without stitching (1.071 / 1.083 at 2 MiB
+// against 1.006 / 1.019), and the LSTM is unchanged.
 
 // stitchAlias is a range of address space into which chunks of the pool are mapped back to back.
 // While its block is live the chunks are lent; once freed it is kept, for a later request that
@@ -38,20 +57,23 @@ type stitchAlias struct {
 }
 
 const (
-	// stitchMinDefault is the least request stitching serves (PoolOptions.stitchMin 0): below
-	// it, a growth maps little and a stitch would cost a reservation for a few pages.
+	// stitchMinDefault is the least request stitching serves (PoolOptions.stitchMin 0): one
+	// granule, the least a chunk can be; below it a growth maps little. See TestStitchTraces
+	// -rmm.stitchmin -1 for the piece size instead.
 	stitchMinDefault = 2 << 20
 	// stitchKeepDefault bounds the aliases kept (live or not; PoolOptions.stitchKeep 0). Past
 	// it, a new stitch first evicts the least recently used quarter of the aliases not live,
 	// after waiting (on the host) for the work behind every free: an unmap does not wait for the
-	// device. An alias holds address space only.
+	// device. An alias holds address space only. The sixteen traces keep at most 93 (T5, 2 MiB
+	// pieces; with 32 MiB pieces the UNet made 470 in ten passes, a new one at every pass).
 	stitchKeepDefault = 1024
 	// stitchReuseSlack: a kept alias serves requests down to its size less a sixteenth, less one
 	// granule (the model in bench/experiments/aliasmodel, whose footprints the option was
 	// measured against, used the same).
 	stitchReuseSlack = 16
 	// stitchRestMin: with PoolOptions.stitchRest, the free chunks must hold at least
-	// 1/stitchRestMin of the request for the rest to be grown and the whole stitched.
+	// 1/stitchRestMin of the request for the rest to be grown and the whole stitched: "most of
+	// it"; not tuned.
 	stitchRestMin = 2
 )
 
@@ -60,7 +82,8 @@ const (
 func (p *PoolMemoryResource) stitchCands(l *freeList) []chunkCand {
 	e := p.exp
 	var cs []chunkCand
-	l.each(func(b *block) {
+	// Only blocks of a granule or more can hold a chunk.
+	l.eachAtLeast(e.gran, func(b *block) {
 		if len(b.deps) == 0 {
 			cs = e.chunksIn(b, cs)
 		}
@@ -354,7 +377,7 @@ func (p *PoolMemoryResource) evictAliases() bool {
 	}
 	p.clearAllDeps() // every stream's work behind the frees is done
 	slices.SortFunc(idle, func(x, y *stitchAlias) int { return cmp.Compare(x.used, y.used) })
-	idle = idle[:max(1, len(e.aliases)/4)]
+	idle = idle[:min(len(idle), max(1, len(e.aliases)/4))]
 	var victims []*stitchAlias
 	for _, a := range idle {
 		if a.b == nil { // not stitched again while syncAll unlocked (it holds the token: never)

@@ -60,8 +60,8 @@ type stitchPropSUT struct {
 }
 
 type stitchPropStats struct {
-	mu                                    sync.Mutex
-	stitched, reused, ooms, releases, cmd int
+	mu                                        sync.Mutex
+	stitched, reused, ooms, releases, evicted int
 }
 
 // stitchPropVMM tells the model of every unmap: nothing freed may be unmapped before the work
@@ -405,6 +405,9 @@ func testStitchProperty(t *testing.T, host bool, piece int, rest bool) {
 	t.Logf("seed %d (replay with RMM_PROPERTY_SEED=%d)", seed, seed)
 	params := gopter.DefaultTestParametersWithSeed(seed)
 	params.MinSuccessfulTests = 300 * propertyScale(t)
+	if host {
+		params.MinSuccessfulTests = 80 * propertyScale(t) // each fill writes up to 12 MiB
+	}
 	params.MaxSize = 80
 	stats := &stitchPropStats{}
 	sizes := []int{256 << 10, 1 * mib, 2 * mib, 3 * mib, 4*mib + 512, 6 * mib, 8 * mib, 12 * mib}
@@ -443,6 +446,7 @@ func testStitchProperty(t *testing.T, host bool, piece int, rest bool) {
 					s.p.Deallocate(a.ptr, a.size, s.streams[a.stream])
 				}
 			}
+			stats.add(func(x *stitchPropStats) { x.evicted += s.p.exp.evicted })
 			if err := s.p.Close(); err != nil {
 				panic(err)
 			}
@@ -488,7 +492,7 @@ func testStitchProperty(t *testing.T, host bool, piece int, rest bool) {
 	if !props.Run(gopter.NewFormatedReporter(true, 160, &out)) {
 		t.Fatalf("%s\nseed %d: replay with RMM_PROPERTY_SEED=%d go test -run '^%s$'", out.String(), seed, seed, t.Name())
 	}
-	t.Logf("%d stitched blocks allocated (%d of them kept ranges reused), %d refused for want of memory, %d releases", stats.stitched, stats.reused, stats.ooms, stats.releases)
+	t.Logf("%d stitched blocks allocated (%d of them kept ranges reused), %d ranges evicted, %d refused for want of memory, %d releases", stats.stitched, stats.reused, stats.evicted, stats.ooms, stats.releases)
 	if stats.stitched == 0 || stats.reused == 0 {
 		t.Fatal("no allocation was stitched, or no kept range reused: the test exercised too little")
 	}

@@ -269,3 +269,33 @@ func TestStitchOptions(t *testing.T) {
 	require.Equal(t, 1, vm.counts().access)
 	require.NoError(t, p2.Deallocate(q, 64*mib, DefaultStream))
 }
+
+// Past stitchKeep ranges, a new stitch first unmaps the least recently used one not live (after
+// the host wait for the streams) and frees its reservation.
+func TestStitchEvictsLeastRecentlyUsed(t *testing.T) {
+	s := newStitchTestPool(t, PoolOptions{stitchKeep: 2}, false, 1, 3, 5, 7)
+	p, vm := s.p, s.vm
+	var vas []DevicePtr
+	for _, n := range []int{4 * mib, 6 * mib} {
+		q, err := p.Allocate(n, DefaultStream)
+		require.NoError(t, err)
+		require.False(t, s.inPrimary(q))
+		require.NoError(t, p.Deallocate(q, n, DefaultStream))
+		vas = append(vas, q)
+	}
+	require.Len(t, p.exp.aliases, 2)
+	c0 := vm.counts()
+	_, f0 := s.rv.counts()
+	q, err := p.Allocate(8*mib, DefaultStream)
+	require.NoError(t, err)
+	require.NoError(t, p.CheckInvariants())
+	require.Len(t, p.exp.aliases, 2)
+	require.Nil(t, p.exp.aliases[vas[0]], "the least recently used went")
+	require.NotNil(t, p.exp.aliases[vas[1]])
+	require.NotNil(t, p.exp.aliases[q])
+	require.Equal(t, 1, vm.counts().unmaps-c0.unmaps)
+	_, f1 := s.rv.counts()
+	require.Equal(t, f0+1, f1)
+	require.Equal(t, 1, p.exp.evicted)
+	require.NoError(t, p.Deallocate(q, 8*mib, DefaultStream))
+}

@@ -473,7 +473,10 @@ func (p *PoolMemoryResource) takeGrown(nb *block, n int, l *freeList) (*block, e
 func (p *PoolMemoryResource) releaseChunks(def *freeList, limit int, hold bool) error {
 	e := p.exp
 	cands := p.releaseCands(def, limit)
-	if p.dropAliasesOver(cands, hold) {
+	p.pin(def) // it may unlock
+	dropped := p.dropAliasesOver(cands, hold)
+	p.unpin(def)
+	if dropped {
 		// Unlocked without hold: the free blocks may have changed. A chunk mapped by an alias
 		// that is live now, or could not be unmapped, stays.
 		cands = e.unaliased(p.releaseCands(def, limit))
