@@ -27,9 +27,9 @@ var stitchKeepFlag = flag.Int("rmm.stitchkeep", 0, "with -rmm.stitchtraces: Pool
 //
 // Each line: a trace, then per variant the peak mapped / peak live after 1, 3 and 10 passes, the
 // handles created, mappings made and unmaps in passes 1, 3 and 10, the stitched ranges made and
-// kept at the end, and the least wall time per event of passes 2 to 10 (replay over the
-// address-only VMM on this host; the least, as the host is shared and the passes after the first
-// make the same calls).
+// kept at the end, and the least wall time and process CPU time per event of passes 2 to 10
+// (replay over the address-only VMM on this host; the least, as the host is shared and the
+// passes after the first make the same calls).
 func TestStitchTraces(t *testing.T) {
 	if *stitchTraces == "" {
 		t.Skip("a measurement: give -rmm.stitchtraces PIECE[,PIECE...]")
@@ -65,13 +65,16 @@ func TestStitchTraces(t *testing.T) {
 			p := newExpTestPool(t, vm, o)
 			peakLive := 0
 			var prev vmmCounts
-			var walls []time.Duration
+			var walls, cpus []time.Duration
 			line := fmt.Sprintf("%-40s piece %2d MiB rest %-5v", name, v.piece>>20, v.rest)
 			var ratios, calls []string
 			for pass := 1; pass <= report[len(report)-1]; pass++ {
 				start := time.Now()
+				c0, _ := processCPUTime()
 				r, err := Replay(events, p, nil)
 				walls = append(walls, time.Since(start))
+				c1, _ := processCPUTime()
+				cpus = append(cpus, c1-c0)
 				require.NoError(t, err)
 				require.Zero(t, r.Failures)
 				peakLive = max(peakLive, int(r.PeakLiveBytes))
@@ -83,14 +86,15 @@ func TestStitchTraces(t *testing.T) {
 				prev = c
 			}
 			require.NoError(t, p.CheckInvariants())
-			walls = walls[1:]
+			walls, cpus = walls[1:], cpus[1:]
 			slices.Sort(walls)
+			slices.Sort(cpus)
 			made, kept, evicted := 0, 0, 0
 			if p.exp.aliases != nil {
 				made, kept, evicted = p.exp.stitches, len(p.exp.aliases), p.exp.evicted
 			}
-			t.Logf("%s | p1/p3/p10 %s | create/map/unmap %s | stitched %d kept %d evicted %d | %d ns/event", line,
-				strings.Join(ratios, " "), strings.Join(calls, " "), made, kept, evicted, walls[0].Nanoseconds()/int64(len(events)))
+			t.Logf("%s | p1/p3/p10 %s | create/map/unmap %s | stitched %d kept %d evicted %d | %d ns/event (CPU %d)", line,
+				strings.Join(ratios, " "), strings.Join(calls, " "), made, kept, evicted, walls[0].Nanoseconds()/int64(len(events)), cpus[0].Nanoseconds()/int64(len(events)))
 			require.NoError(t, p.Close())
 		}
 	}
