@@ -65,7 +65,7 @@ type PoolOptions struct {
 	stitchPiece int
 	// stitchMin (with stitchPiece): the least request stitched; 0: stitchMinDefault.
 	stitchMin int
-	// stitchRest (with stitchPiece): also stitch when the free chunks hold at least half of the
+	// stitchRest (with stitchPiece): also stitch when the free chunks hold only part of the
 	// request, growing the rest first, when that maps less than growing for the request would.
 	stitchRest bool
 	// stitchKeep (with stitchPiece): the most stitched ranges kept; 0: stitchKeepDefault.
