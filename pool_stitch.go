@@ -35,7 +35,7 @@ import (
 // 1.055): LSTM 1.115 → 1.002, one-stream CuPy 1.545 → 1.007, UNet 1.166 / 1.168 → 1.006,
 // three-stream pipeline 1.291 → 1.027, ViT 1.069 / 1.085 → 1.012, graph network 1.247 → 1.041,
 // image decoder 1.089 → 1.001, the same at passes 3 and 10 within 0.007, with no driver call
-// after the first pass. But the first pass creates 10 to 300 times as many handles (T5: 19,394
+// after the first pass. But the first pass creates 10 to 600 times as many handles (T5: 19,394
 // instead of 273, about 1.4 s of cuMemCreate + cuMemMap at 71 µs each on the H200), and nothing
 // was measured on a device yet. With 8 MiB pieces the first pass creates about a quarter of that,
 // and the two multi-stream traces stay at 1.126 / 1.147 and 1.093 / 1.104; without stitchRest,
