@@ -28,6 +28,8 @@ type block struct {
 	prio        uint32
 	free        bool
 	hole        bool      // an expandable pool's range whose memory was given back (not free)
+	lent        bool      // an expandable pool's chunk mapped into a live stitched block (pool_stitch.go)
+	stitched    bool      // a live block in a stitched range, outside every chain (pool_stitch.go)
 	list        *freeList // free and indexed: its list; nil otherwise
 	prev, next  *block    // address neighbours within the upstream allocation
 	req         int       // allocated: the size asked
@@ -296,6 +298,31 @@ func (l *freeList) each(f func(*block)) {
 		level := bits.TrailingZeros64(top)
 		for sub := l.sub[level]; sub != 0; sub &= sub - 1 {
 			walk(l.levels[level][bits.TrailingZeros64(sub)])
+		}
+	}
+}
+
+// eachAtLeast calls f for every block of the classes that may hold n bytes or more (some blocks
+// of n's own class may be smaller), in (size, address) order.
+func (l *freeList) eachAtLeast(n int, f func(*block)) {
+	var walk func(*block)
+	walk = func(t *block) {
+		if t == nil {
+			return
+		}
+		walk(t.left)
+		f(t)
+		walk(t.right)
+	}
+	level, class := freeClass(n)
+	for top := l.top &^ (1<<level - 1); top != 0; top &= top - 1 {
+		lv := bits.TrailingZeros64(top)
+		sub := l.sub[lv]
+		if lv == level {
+			sub &^= 1<<class - 1
+		}
+		for ; sub != 0; sub &= sub - 1 {
+			walk(l.levels[lv][bits.TrailingZeros64(sub)])
 		}
 	}
 }

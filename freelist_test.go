@@ -125,3 +125,28 @@ func TestFreelistClasses(t *testing.T) {
 		require.LessOrEqual(t, order(a), order(b), "sizes %d and %d", a, b)
 	}
 }
+
+// eachAtLeast visits every block of at least n bytes, in (size, address) order.
+func TestFreeListEachAtLeast(t *testing.T) {
+	l := &freeList{rng: 1}
+	sizes := []int{256, 4096, 16 << 10, 1 << 20, 2<<20 - 256, 2 << 20, 2<<20 + 256, 3 << 20, 64 << 20, 1 << 30}
+	for i, s := range sizes {
+		l.insert(&block{addr: DevicePtr((i + 1) << 32), size: s, free: true})
+	}
+	for _, n := range []int{256, 2 << 20, 2<<20 + 1, 64 << 20, 2 << 30} {
+		var all, got []int
+		l.each(func(b *block) {
+			if b.size >= n {
+				all = append(all, b.size)
+			}
+		})
+		l.eachAtLeast(n, func(b *block) {
+			if b.size >= n {
+				got = append(got, b.size)
+			}
+		})
+		if !slices.Equal(all, got) {
+			t.Fatalf("n %d: each %v, eachAtLeast %v", n, all, got)
+		}
+	}
+}

@@ -120,7 +120,11 @@ func (p *PoolMemoryResource) exportVMM(ptr DevicePtr, n int) (*IPCHandle, error)
 	if err != nil {
 		return nil, fmt.Errorf("%s.ExportIPC: %w", name, err)
 	}
-	start, pieces, err := p.vmmPiecesCovering(ptr, n)
+	// A stitched block exports the handles mapped under its own range, in order.
+	start, pieces, err := p.stitchedPieces(ptr, n)
+	if err == nil && pieces == nil {
+		start, pieces, err = p.vmmPiecesCovering(ptr, n)
+	}
 	if err != nil {
 		return nil, err
 	}

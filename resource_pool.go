@@ -57,6 +57,19 @@ type PoolOptions struct {
 	// carveChurn (with carvePage): carve only while the bytes moved since the pool last passed
 	// its peak size are at most carveChurn × its size; 0: carveChurnDefault; < 0: no limit.
 	carveChurn float64
+
+	// stitchPiece (expandable pools, not yet exported; exclusive with carvePage): when > 0,
+	// growths map handles of at most stitchPiece bytes (rounded up to the granularity), and a
+	// request that no free block holds is served, when the chunks lying wholly in free memory
+	// hold it, by mapping them a second time back to back (pool_stitch.go).
+	stitchPiece int
+	// stitchMin (with stitchPiece): the least request stitched; 0: stitchMinDefault.
+	stitchMin int
+	// stitchRest (with stitchPiece): also stitch when the free chunks hold only part of the
+	// request, growing the rest first, when that maps less than growing for the request would.
+	stitchRest bool
+	// stitchKeep (with stitchPiece): the most stitched ranges kept; 0: stitchKeepDefault.
+	stitchKeep int
 }
 
 // PoolMemoryResource is a coalescing best-fit sub-allocator over an upstream resource, with
@@ -200,6 +213,9 @@ func NewPoolMemoryResource(upstream MemoryResource, opts *PoolOptions) (*PoolMem
 	if o.Exportable && !o.Expandable {
 		return nil, fmt.Errorf("%w: NewPoolMemoryResource: Exportable applies to expandable pools (a plain pool exports what its upstream can)", ErrInvalidArgument)
 	}
+	if o.stitchPiece != 0 && !o.Expandable {
+		return nil, fmt.Errorf("%w: NewPoolMemoryResource: stitching applies to expandable pools", ErrInvalidArgument)
+	}
 	if o.Expandable {
 		return newExpandablePool(given, nil, o)
 	}
@@ -259,9 +275,24 @@ func newExpandablePool(upstream MemoryResource, vm vmm, o PoolOptions) (*PoolMem
 	if upstream == nil {
 		upstream = CurrentDeviceResource()
 	}
+	switch {
+	case o.stitchPiece < 0 || o.stitchMin < 0 || o.stitchKeep < 0:
+		return nil, fmt.Errorf("%w: NewPoolMemoryResource: negative stitching option", ErrInvalidArgument)
+	case o.stitchPiece > 0 && o.carvePage > 0:
+		// Carving unmaps free chunks and maps them elsewhere, which an alias of them would have
+		// to follow; the two are not combined.
+		return nil, fmt.Errorf("%w: NewPoolMemoryResource: carving and stitching are exclusive", ErrInvalidArgument)
+	}
 	e, maximum, err := newExpandable(vm, dev, o.MaximumPoolSize, o.ReleaseThreshold, o.carvePage)
 	if err != nil {
 		return nil, err
+	}
+	if o.stitchPiece > 0 {
+		e.piece, _ = alignUpChecked(o.stitchPiece, e.gran)
+		e.stitchMin = cmp.Or(o.stitchMin, stitchMinDefault)
+		e.stitchRest = o.stitchRest
+		e.keepMax = cmp.Or(o.stitchKeep, stitchKeepDefault)
+		e.aliases = map[DevicePtr]*stitchAlias{}
 	}
 	switch e.churn = o.carveChurn; {
 	case e.churn == 0:
@@ -656,6 +687,12 @@ func (p *PoolMemoryResource) growAny(n int, s StreamView, l *freeList) (*block, 
 		// price is more, smaller growths in a first pass (MoE: 328 chunks instead of 51, none
 		// after it). Without the minimum: the same but the UNet 1.181 and MoE 439 chunks; with
 		// 16 MiB MoE rose to 1.062, with 32 MiB LoRA to 1.075.
+		if p.exp.piece > 0 && n >= p.exp.stitchMin {
+			// The chunks lying in free memory, mapped a second time back to back (pool_stitch.go).
+			if b, again := p.stitch(n, l); b != nil || again {
+				return b, nil
+			}
+		}
 		exact := 0
 		if p.size-p.liveBytes >= n {
 			exact = expandableFragmentedMin
@@ -970,6 +1007,14 @@ func (p *PoolMemoryResource) Deallocate(ptr DevicePtr, nbytes int, s StreamView)
 		l.dirty = true
 	}
 	p.live.del(ptr)
+	if b.stitched {
+		// Never cached: its chunks go back into l (pool_stitch.go).
+		b = p.freeStitched(l, b)
+		if p.exp.trimAt > 0 {
+			p.trimIfOver(b)
+		}
+		return nil
+	}
 	if p.cacheFree(l, b, s) {
 		return nil
 	}
@@ -1395,6 +1440,7 @@ func (p *PoolMemoryResource) Close() error {
 	p.closed = true
 	p.closedList = def
 	if p.exp != nil {
+		p.dropIdleAliases(true) // every free was waited for
 		if ferr := p.freeReservation(); ferr != nil && err == nil {
 			err = ferr
 		}
@@ -1425,8 +1471,15 @@ func (p *PoolMemoryResource) deallocateAfterClose(b *block, s StreamView) error 
 		}
 	}
 	p.live.del(b.addr)
-	p.liveBytes -= b.size
-	b = p.freeInto(p.closedList, b)
+	if b.stitched {
+		// Its stream is synchronised: the alias can go at once, before its chunks can.
+		a := p.exp.aliases[b.addr]
+		b = p.freeStitched(p.closedList, b)
+		p.dropAliases([]*stitchAlias{a}, true)
+	} else {
+		p.liveBytes -= b.size
+		b = p.freeInto(p.closedList, b)
+	}
 	if p.exp != nil {
 		if err := p.releaseChunks(p.closedList, -1, true); err != nil {
 			return err

@@ -143,6 +143,7 @@ func (p *PoolMemoryResource) CheckInvariants() error {
 		return fmt.Errorf("live table counts %d blocks, holds %d", p.live.len(), counted)
 	}
 	var lives []*block
+	stitched := 0 // live stitched blocks: outside every chain (pool_stitch.go)
 	p.live.each(func(b *block) { lives = append(lives, b) })
 	for _, b := range lives {
 		ptr := b.addr
@@ -157,12 +158,31 @@ func (p *PoolMemoryResource) CheckInvariants() error {
 		}
 		all[ptr] = b
 		liveBytes += b.size
+		if b.stitched {
+			stitched++
+		}
 	}
 	held, err := p.checkCaches(all)
 	if err != nil {
 		return err
 	}
 	liveBytes += held
+	if stitched > 0 && (p.exp == nil || p.exp.aliases == nil) {
+		return fmt.Errorf("%d stitched blocks in a pool that does not stitch", stitched)
+	}
+	lentSeen := map[*block]bool{}
+	if p.exp != nil {
+		for b := p.exp.head; b != nil; b = b.next {
+			if b.lent {
+				lentSeen[b] = true
+			}
+		}
+		slack, err := p.checkStitches(lentSeen)
+		if err != nil {
+			return err
+		}
+		liveBytes += slack // a live stitched block holds the whole of its chunks
+	}
 	if liveBytes != p.liveBytes {
 		return fmt.Errorf("live bytes counted %d, sum %d", p.liveBytes, liveBytes)
 	}
@@ -170,7 +190,7 @@ func (p *PoolMemoryResource) CheckInvariants() error {
 		return fmt.Errorf("free %d + live %d bytes != pool size %d", freeBytes, liveBytes, p.size)
 	}
 	if p.exp != nil {
-		return p.checkExpandable(all)
+		return p.checkExpandable(all, stitched)
 	}
 	total, visited := 0, 0
 	ups := make([]DevicePtr, 0, len(p.upstreams))
@@ -223,7 +243,7 @@ func (p *PoolMemoryResource) CheckInvariants() error {
 // checkExpandable verifies an expandable pool's chain: one run of blocks from the reservation's
 // base to top, each free, live or a hole, holes never adjacent, the chunks exactly the mapped
 // (non-hole) ranges, their sizes summing to PoolSize.
-func (p *PoolMemoryResource) checkExpandable(all map[DevicePtr]*block) error {
+func (p *PoolMemoryResource) checkExpandable(all map[DevicePtr]*block, stitched int) error {
 	e := p.exp
 	if (e.head == nil) != (e.tail == nil) || (e.head == nil && e.top != e.base) {
 		return fmt.Errorf("empty chain with head %p, tail %p, top %#x (base %#x)", e.head, e.tail, uintptr(e.top), uintptr(e.base))
@@ -258,9 +278,15 @@ func (p *PoolMemoryResource) checkExpandable(all map[DevicePtr]*block) error {
 				return fmt.Errorf("hole %#x of %d bytes is off the granularity %d", uintptr(b.addr), b.size, e.gran)
 			}
 		} else {
-			visited++
-			if all[b.addr] != b {
-				return fmt.Errorf("block %#x is linked but neither free in a list nor live", uintptr(b.addr))
+			if b.lent {
+				if b.free || b.list != nil || all[b.addr] != nil {
+					return fmt.Errorf("lent block %#x is free, listed or live", uintptr(b.addr))
+				}
+			} else {
+				visited++
+				if all[b.addr] != b {
+					return fmt.Errorf("block %#x is linked but neither free in a list nor live", uintptr(b.addr))
+				}
 			}
 			mapped += b.size
 			if n := len(mappedRanges); n > 0 && mappedRanges[n-1][1] == b.addr {
@@ -284,8 +310,8 @@ func (p *PoolMemoryResource) checkExpandable(all map[DevicePtr]*block) error {
 	if holes != len(e.holes) {
 		return fmt.Errorf("%d holes in the chain, %d indexed", holes, len(e.holes))
 	}
-	if visited != len(all) {
-		return fmt.Errorf("%d blocks, %d of them in the chain", len(all), visited)
+	if visited+stitched != len(all) {
+		return fmt.Errorf("%d blocks, %d of them in the chain and %d stitched", len(all), visited, stitched)
 	}
 	if mapped != p.size {
 		return fmt.Errorf("mapped blocks total %d bytes, pool size %d", mapped, p.size)

@@ -46,6 +46,18 @@ type expandable struct {
 	moved int       // bytes carved since the pool last passed its peak size
 	spare []vmChunk // unmapped handles; addr: where carving took each from
 
+	// Stitching (piece > 0; pool_stitch.go): growths map handles of at most piece bytes, and a
+	// request no free block holds may be served by mapping the chunks lying in free memory a
+	// second time, back to back, in an alias of their own.
+	piece      int
+	stitchMin  int  // the least request stitched
+	stitchRest bool // the free chunks may hold only most of a request: the rest is grown first
+	keepMax    int  // the most aliases kept
+	aliases    map[DevicePtr]*stitchAlias
+	stitchTick uint64
+	stitches   int // aliases made
+	evicted    int // aliases unmapped
+
 	threshold int // ReleaseThreshold; 0: never trim by itself
 	trimAt    int // free mapped bytes above which Deallocate trims
 }
@@ -118,9 +130,12 @@ func newExpandable(vm vmm, dev Device, maximum, threshold, page int) (*expandabl
 
 // pieceSize is the size of the handles a growth of k bytes maps when carving: at least the page,
 // a sixteenth of the growth up to 128 MiB (so that a large growth is not hundreds of driver
-// calls), and k itself without carving.
+// calls); when stitching, at most the stitch piece; else k itself.
 func (e *expandable) pieceSize(k int) int {
 	if e.page == 0 {
+		if e.piece > 0 {
+			return min(k, e.piece)
+		}
 		return k
 	}
 	return max(e.page, min(carveMaxPiece, k/carvePiecesPerGrowth/e.gran*e.gran))
@@ -457,6 +472,21 @@ func (p *PoolMemoryResource) takeGrown(nb *block, n int, l *freeList) (*block, e
 // the pool's size).
 func (p *PoolMemoryResource) releaseChunks(def *freeList, limit int, hold bool) error {
 	e := p.exp
+	cands := p.releaseCands(def, limit)
+	p.pin(def) // it may unlock
+	dropped := p.dropAliasesOver(cands, hold)
+	p.unpin(def)
+	if dropped {
+		// Unlocked without hold: the free blocks may have changed. A chunk mapped by an alias
+		// that is live now, or could not be unmapped, stays.
+		cands = e.unaliased(p.releaseCands(def, limit))
+	}
+	return p.unmapChunks(def, cands, hold, false)
+}
+
+// releaseCands returns the chunks releaseChunks gives back, highest address first.
+func (p *PoolMemoryResource) releaseCands(def *freeList, limit int) []chunkCand {
+	e := p.exp
 	var cands []chunkCand
 	def.each(func(b *block) { cands = e.chunksIn(b, cands) })
 	// Highest address first (see unmapChunks).
@@ -469,7 +499,7 @@ func (p *PoolMemoryResource) releaseChunks(def *freeList, limit int, hold bool) 
 		}
 		free -= c.c.size
 	}
-	return p.unmapChunks(def, cands, hold, false)
+	return cands
 }
 
 // carve, before a growth for an n-byte request in list l (into which every other list was

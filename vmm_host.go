@@ -15,7 +15,11 @@ import (
 // pages come from the kernel when first touched after setAccess (mprotect read/write), and
 // unmap gives them back (mprotect PROT_NONE, then madvise MADV_DONTNEED). So, unlike on the
 // device, a handle's contents are not kept across unmap, and a handle can be mapped at one
-// address at a time (a second mapping is ErrNotSupported).
+// address at a time (a second mapping is ErrNotSupported) — unless the hostVMM was made with
+// newHostVMMAliasing: each handle is then a memfd of its size, setAccess maps it there (mmap
+// MAP_SHARED over the reservation), and unmap puts the reservation's inaccessible placeholder
+// back; a handle then keeps its contents across unmap and may be mapped at several addresses,
+// which all see the same bytes, as on the device.
 //
 // It enforces the device's rules, so that tests catch misuse (each is ErrInvalidArgument naming
 // the operation and the addresses; a failed call changes nothing):
@@ -32,8 +36,9 @@ import (
 // create beyond physicalLimit is ErrOutOfMemory. Safe for concurrent use (one mutex). Only on
 // Linux; elsewhere newHostVMM returns ErrNotSupported.
 type hostVMM struct {
-	gran  int
-	limit int // bytes; 0: no limit
+	gran     int
+	limit    int  // bytes; 0: no limit
+	aliasing bool // handles are memfds (newHostVMMAliasing)
 
 	mu       sync.Mutex
 	res      []*hostVMMReservation // sorted by base
@@ -61,7 +66,8 @@ type hostVMMMapping struct {
 type hostVMMHandle struct {
 	size     int
 	released bool
-	mapped   bool
+	maps     int // mappings of it
+	fd       int // aliasing: its memfd
 }
 
 // hostVMMStats is a snapshot of a hostVMM, for tests.
@@ -96,6 +102,16 @@ func newHostVMM(granularity int, physicalLimit int) (*hostVMM, error) {
 		return nil, fmt.Errorf("%w: %s: negative physical limit %d", ErrInvalidArgument, hostVMMName, physicalLimit)
 	}
 	return &hostVMM{gran: granularity, limit: physicalLimit, handles: map[vmmHandle]*hostVMMHandle{}}, nil
+}
+
+// newHostVMMAliasing is newHostVMM whose handles are memfds: a handle may be mapped at several
+// addresses, all seeing its bytes, and keeps them across unmap (see hostVMM).
+func newHostVMMAliasing(granularity int, physicalLimit int) (*hostVMM, error) {
+	v, err := newHostVMM(granularity, physicalLimit)
+	if err == nil {
+		v.aliasing = true
+	}
+	return v, err
 }
 
 func (v *hostVMM) granularity() int { return v.gran }
@@ -156,8 +172,16 @@ func (v *hostVMM) create(size int) (vmmHandle, error) {
 	if v.limit > 0 && size > v.limit-v.physical {
 		return 0, fmt.Errorf("%w: %s.create(%d bytes): %d of the limit of %d bytes are already created", ErrOutOfMemory, hostVMMName, size, v.physical, v.limit)
 	}
+	hd := &hostVMMHandle{size: size, fd: -1}
+	if v.aliasing {
+		fd, err := hostVMMOSMemfd(size)
+		if err != nil {
+			return 0, fmt.Errorf("%s.create(%d bytes): %w", hostVMMName, size, err)
+		}
+		hd.fd = fd
+	}
 	v.next++
-	v.handles[v.next] = &hostVMMHandle{size: size}
+	v.handles[v.next] = hd
 	v.physical += size
 	v.counts.Creates++
 	return v.next, nil
@@ -235,13 +259,13 @@ func (v *hostVMM) mapAt(addr DevicePtr, size int, h vmmHandle) error {
 		m := r.maps[i]
 		return bad("overlaps the mapping [%#x, %#x)", uintptr(m.addr), uintptr(m.addr)+uintptr(m.size))
 	}
-	if hd.mapped {
+	if hd.maps > 0 && !v.aliasing {
 		return fmt.Errorf("%w: %s.mapAt(%#x, %d bytes, handle %d): the handle is already mapped, and host memory cannot show one handle at two addresses", ErrNotSupported, hostVMMName, uintptr(addr), size, uint64(h))
 	}
 	r.maps = append(r.maps, hostVMMMapping{})
 	copy(r.maps[i+1:], r.maps[i:])
 	r.maps[i] = hostVMMMapping{addr: addr, size: size, h: h}
-	hd.mapped = true
+	hd.maps++
 	v.nMaps++
 	v.counts.Maps++
 	return nil
@@ -262,7 +286,21 @@ func (v *hostVMM) setAccess(addr DevicePtr, size int) error {
 	if why != "" {
 		return fmt.Errorf("%w: %s.setAccess(%#x, %d bytes): not whole mappings: %s", ErrInvalidArgument, hostVMMName, uintptr(addr), size, why)
 	}
-	if err := hostVMMOSProtect(uintptr(addr), size, true); err != nil {
+	if v.aliasing {
+		// Each mapping shows its handle's memfd; one already shown is shown again (the same
+		// bytes).
+		for k := i; k < j; k++ {
+			m := r.maps[k]
+			if err := hostVMMOSMapShared(uintptr(m.addr), m.size, v.handles[m.h].fd); err != nil {
+				for _, m := range r.maps[i:k] {
+					if !m.access {
+						_ = hostVMMOSPlaceholder(uintptr(m.addr), m.size)
+					}
+				}
+				return fmt.Errorf("%s.setAccess(%#x, %d bytes): %w", hostVMMName, uintptr(addr), size, err)
+			}
+		}
+	} else if err := hostVMMOSProtect(uintptr(addr), size, true); err != nil {
 		// Put back the mappings that had no access.
 		for _, m := range r.maps[i:j] {
 			if !m.access {
@@ -299,16 +337,19 @@ func (v *hostVMM) unmap(addr DevicePtr, size int) error {
 		for k++; k < j && r.maps[k].addr == end; k++ {
 			end += DevicePtr(r.maps[k].size)
 		}
-		if err := hostVMMOSDrop(uintptr(start), int(end-start)); err != nil {
+		drop := hostVMMOSDrop
+		if v.aliasing {
+			drop = hostVMMOSPlaceholder
+		}
+		if err := drop(uintptr(start), int(end-start)); err != nil {
 			return fmt.Errorf("%s.unmap(%#x, %d bytes): %w", hostVMMName, uintptr(addr), size, err)
 		}
 	}
 	for _, m := range r.maps[i:j] {
 		hd := v.handles[m.h]
-		hd.mapped = false
-		if hd.released {
-			delete(v.handles, m.h)
-			v.physical -= hd.size
+		hd.maps--
+		if hd.released && hd.maps == 0 {
+			v.gone(m.h, hd)
 		}
 	}
 	r.maps = append(r.maps[:i], r.maps[j:]...)
@@ -325,14 +366,22 @@ func (v *hostVMM) release(h vmmHandle) error {
 	if hd == nil || hd.released {
 		return fmt.Errorf("%w: %s.release(handle %d): unknown or already released handle", ErrInvalidArgument, hostVMMName, uint64(h))
 	}
-	if hd.mapped {
+	if hd.maps > 0 {
 		hd.released = true
 	} else {
-		delete(v.handles, h)
-		v.physical -= hd.size
+		v.gone(h, hd)
 	}
 	v.counts.Releases++
 	return nil
+}
+
+// gone forgets the handle h, released and no longer mapped, and uncharges its bytes (mu held).
+func (v *hostVMM) gone(h vmmHandle, hd *hostVMMHandle) {
+	if hd.fd >= 0 {
+		_ = hostVMMOSClose(hd.fd)
+	}
+	delete(v.handles, h)
+	v.physical -= hd.size
 }
 
 // stats returns the counters.

@@ -7,6 +7,8 @@ import (
 	"fmt"
 	"syscall"
 	"unsafe"
+
+	"golang.org/x/sys/unix"
 )
 
 const hostVMMSupported = true
@@ -73,3 +75,40 @@ func hostVMMErrno(call string, err error) error {
 	}
 	return fmt.Errorf("%w: %s: %w", ErrInvalidArgument, call, err)
 }
+
+// hostVMMOSMemfd returns a memfd of size bytes (memfd_create, ftruncate): the memory of one handle
+// of an aliasing hostVMM, its pages taken when first touched.
+func hostVMMOSMemfd(size int) (int, error) {
+	fd, err := unix.MemfdCreate("rmm-hostvmm", unix.MFD_CLOEXEC)
+	if err != nil {
+		return -1, hostVMMErrno("memfd_create", err)
+	}
+	if err := unix.Ftruncate(fd, int64(size)); err != nil {
+		unix.Close(fd)
+		return -1, hostVMMErrno("ftruncate", err)
+	}
+	return fd, nil
+}
+
+// hostVMMOSMapShared maps the memfd fd, readable and writable, over [addr, addr+size) of a
+// reservation (mmap MAP_SHARED|MAP_FIXED).
+func hostVMMOSMapShared(addr uintptr, size, fd int) error {
+	_, _, errno := unix.Syscall6(unix.SYS_MMAP, addr, uintptr(size), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED|unix.MAP_FIXED, uintptr(fd), 0)
+	if errno != 0 {
+		return hostVMMErrno("mmap", errno)
+	}
+	return nil
+}
+
+// hostVMMOSPlaceholder puts the reservation's inaccessible anonymous placeholder back over
+// [addr, addr+size) (mmap PROT_NONE, MAP_FIXED), dropping whatever was mapped there.
+func hostVMMOSPlaceholder(addr uintptr, size int) error {
+	_, _, errno := unix.Syscall6(unix.SYS_MMAP, addr, uintptr(size), unix.PROT_NONE, unix.MAP_PRIVATE|unix.MAP_ANON|unix.MAP_FIXED|unix.MAP_NORESERVE, ^uintptr(0), 0)
+	if errno != 0 {
+		return hostVMMErrno("mmap", errno)
+	}
+	return nil
+}
+
+// hostVMMOSClose closes a handle's memfd.
+func hostVMMOSClose(fd int) error { return unix.Close(fd) }

@@ -1,0 +1,570 @@
+package rmm
+
+import (
+	"cmp"
+	"fmt"
+	"slices"
+	"sort"
+)
+
+// Stitching (expandable pools with PoolOptions.stitchPiece > 0, off by default).
+//
+// An expandable pool's free memory ends up scattered between live blocks: a request that no free
+// block holds makes the pool grow although its free bytes may hold the request several times. A
+// physical chunk can be mapped at a second address, and both addresses see the same bytes; so
+// stitching serves such a request from the chunks that lie wholly in free memory: it maps them a
+// second time, back to back, into a range of their own (an alias), and hands out the start of
+// that range. Their ranges in the pool's chain become lent blocks, which are neither free nor
+// holes, never coalesce and are never taken, until the stitched block is freed: they then return
+// to the freeing stream's list as a free of that size would. The alias stays mapped, and serves a
+// later request its chunks hold (when they are all free again) with no driver call at all.
+//
+// For free memory to hold whole chunks, growths map handles of at most stitchPiece bytes
+// (pieceSize); cuMemSetAccess covers the adjacent mappings of a growth in one call.
+//
+// Stream order: the chunks come from free blocks of the allocating stream's own list that name no
+// other list among their deps, so the stitched block needs no wait, as a block taken from that
+// list would not; its free returns the chunks to the freeing stream's list as any free does. An
+// alias is unmapped (evicted, or before one of its handles is given back, or at Close) only after
+// a host wait for the work behind every free, as Release waits before it unmaps chunks: unmap
+// does not wait for the device.
+//
+// Why it is not on by default (TestStitchTraces, sixteen traces replayed over an address-only
+// device, peak mapped / peak live after 1, 3 and 10 passes): with 2 MiB pieces and stitchRest
+// every trace is at most 1.049 at every pass but the two-stream CuPy trace (1.249 → 1.048 /
+// 1.055): LSTM 1.115 → 1.002, one-stream CuPy 1.545 → 1.007, UNet 1.166 / 1.168 → 1.006,
+// three-stream pipeline 1.291 → 1.027, ViT 1.069 / 1.085 → 1.012, graph network 1.247 → 1.041,
+// image decoder 1.089 → 1.001, the same at passes 3 and 10 within 0.007, with no driver call
+// after the first pass. But the first pass creates 10 to 600 times as many handles (T5: 19,394
+// instead of 273, about 1.4 s of cuMemCreate + cuMemMap at 71 µs each on the H200), and nothing
+// was measured on a device yet. With 8 MiB pieces the first pass creates about a quarter of that,
+// and the two multi-stream traces stay at 1.126 / 1.147 and 1.093 / 1.104; without stitchRest,
+// LoRA and GPT-2 training get worse than without stitching (1.071 / 1.083 at 2 MiB against 1.006
+// / 1.019), and the LSTM and the image decoder are unchanged.
+
+// stitchAlias is a range of address space into which chunks of the pool are mapped back to back.
+// While its block is live the chunks are lent; once freed it is kept, for a later request that
+// its chunks hold when they are free again, until evicted or until one of its chunks is given
+// back.
+type stitchAlias struct {
+	va     DevicePtr // the start of its own reservation, of size bytes
+	size   int       // the bytes of its chunks
+	chunks []vmChunk // mapped from va on, in order; addr: where the chunk lies in the chain
+	lent   []*block  // while live: the chain's lent block over each chunk, in the same order
+	b      *block    // while live: the stitched block (in the live table); nil when kept
+	used   uint64    // when last stitched (expandable.stitchTick)
+}
+
+const (
+	// stitchMinDefault is the least request stitching serves (PoolOptions.stitchMin 0): one
+	// granule, the least a chunk can be; below it a growth maps little. See TestStitchTraces
+	// -rmm.stitchmin -1: the piece size instead gave the same footprints and driver calls on every
+	// trace with 8 MiB pieces.
+	stitchMinDefault = 2 << 20
+	// stitchKeepDefault bounds the aliases kept (live or not; PoolOptions.stitchKeep 0). Past
+	// it, a new stitch first evicts the least recently used quarter of the aliases not live,
+	// after waiting (on the host) for the work behind every free: an unmap does not wait for the
+	// device. An alias holds address space only. The sixteen traces keep at most 93 (T5, 2 MiB
+	// pieces; with 32 MiB pieces the UNet made 470 in ten passes, a new one at every pass).
+	stitchKeepDefault = 1024
+	// stitchReuseSlack: a kept alias serves requests down to its size less a sixteenth, less one
+	// granule (the model in bench/experiments/aliasmodel, whose footprints the option was
+	// measured against, used the same).
+	stitchReuseSlack = 16
+)
+
+// stitchCands returns the chunks lying wholly in free blocks of l that name no other list among
+// their deps (taking those would need waits on the device; they are left to ordinary growth).
+func (p *PoolMemoryResource) stitchCands(l *freeList) []chunkCand {
+	e := p.exp
+	var cs []chunkCand
+	// Only blocks of a granule or more can hold a chunk.
+	l.eachAtLeast(e.gran, func(b *block) {
+		if len(b.deps) == 0 {
+			cs = e.chunksIn(b, cs)
+		}
+	})
+	return cs
+}
+
+// stitch serves an n-byte request on l's stream with a stitched block when no free block holds
+// it (every list was merged into l and the caches flushed before: see growAny): it returns the
+// block (size n, outside the chain, not free yet; liveBytes already counts the bytes of its
+// chunks beyond n) or nil when the pool should grow instead. again reports that it grew the rest
+// of the request at the end of the chain: the caller searches again, and stitches the next time.
+//
+// Pool locked, busy token held, l pinned; it may unlock and relock.
+func (p *PoolMemoryResource) stitch(n int, l *freeList) (b *block, again bool) {
+	e := p.exp
+	cands := p.stitchCands(l)
+	if a := p.keptFor(n, cands); a != nil {
+		return p.lendAlias(a, n, l, cands), false
+	}
+	if len(e.aliases) >= e.keepMax && p.evictAliases() {
+		cands = p.stitchCands(l) // the pool was unlocked
+	}
+	pick, sum := pickChunks(cands, n)
+	if sum < n {
+		if !e.stitchRest || sum == 0 {
+			return nil, false
+		}
+		// Grow only the rest, when that maps less than a growth for the whole request would
+		// (what it lacks beyond the free block at the end), however little the free chunks
+		// hold: requiring them to hold half of the request left the image decoder at 1.089 (its
+		// peak is a 3.4 GiB request with 0.9 GiB of free chunks, 0.3 GiB of them at the end)
+		// and the two-stream CuPy trace at 1.201 (2 MiB pieces); without that bound they reach
+		// 1.001 and 1.048 / 1.055, and the UNet 1.030 → 1.006 (TestStitchTraces).
+		k, _ := alignUpChecked(n-sum, e.gran)
+		need := n
+		if t := e.tail; t != nil && t.free && t.list == l {
+			need -= t.size
+		}
+		kNeed, _ := alignUpChecked(need, e.gran)
+		if k >= kNeed {
+			return nil, false
+		}
+		return nil, p.growTail(k, l)
+	}
+	return p.newAlias(pick, n, l), false
+}
+
+// pickChunks chooses chunks among cands holding at least n bytes: the largest first while they
+// fit in n, then the smallest of the others that covers what is left; sum < n when all of them
+// hold less.
+func pickChunks(cands []chunkCand, n int) ([]chunkCand, int) {
+	sort.Slice(cands, func(x, y int) bool {
+		if cands[x].c.size != cands[y].c.size {
+			return cands[x].c.size > cands[y].c.size
+		}
+		return cands[x].c.addr < cands[y].c.addr
+	})
+	var pick []chunkCand
+	sum, over := 0, -1
+	for i, c := range cands {
+		if sum+c.c.size <= n {
+			pick = append(pick, c)
+			sum += c.c.size
+		} else if over < 0 || c.c.size < cands[over].c.size {
+			over = i
+		}
+	}
+	if sum < n && over >= 0 {
+		// Every chunk left out is larger than what was left then, so covers what is left now.
+		pick = append(pick, cands[over])
+		sum += cands[over].c.size
+	}
+	return pick, sum
+}
+
+// keptFor returns the smallest kept alias (not live) that serves n bytes and whose chunks are all
+// among cands, or nil.
+func (p *PoolMemoryResource) keptFor(n int, cands []chunkCand) *stitchAlias {
+	e := p.exp
+	if len(e.aliases) == 0 || len(cands) == 0 {
+		return nil
+	}
+	free := make(map[DevicePtr]vmmHandle, len(cands))
+	for _, c := range cands {
+		free[c.c.addr] = c.c.h
+	}
+	var best *stitchAlias
+	for _, a := range e.aliases {
+		if a.b != nil || a.size < n || a.size > n+n/stitchReuseSlack+e.gran {
+			continue
+		}
+		if best != nil && (a.size > best.size || (a.size == best.size && a.va > best.va)) {
+			continue
+		}
+		ok := true
+		for _, c := range a.chunks {
+			if h, in := free[c.addr]; !in || h != c.h {
+				ok = false
+				break
+			}
+		}
+		if ok {
+			best = a
+		}
+	}
+	return best
+}
+
+// lendAlias makes the kept alias a live again for an n-byte request on l: its chunks, all among
+// cands, are lent out of l. No driver call.
+func (p *PoolMemoryResource) lendAlias(a *stitchAlias, n int, l *freeList, cands []chunkCand) *block {
+	in := make(map[DevicePtr]chunkCand, len(cands))
+	for _, c := range cands {
+		in[c.c.addr] = c
+	}
+	pick := make([]chunkCand, len(a.chunks))
+	for i, c := range a.chunks {
+		pick[i] = in[c.addr]
+	}
+	a.lent = p.lendChunks(pick, l)
+	return p.stitchedBlock(a, n)
+}
+
+// stitchedBlock makes the block of the alias a, whose chunks were just lent, for n bytes.
+func (p *PoolMemoryResource) stitchedBlock(a *stitchAlias, n int) *block {
+	e := p.exp
+	b := p.newBlock(a.va, n)
+	b.free, b.stitched = false, true
+	a.b = b
+	e.stitchTick++
+	a.used = e.stitchTick
+	// Allocate counts n: the chunks' bytes beyond it are held too (PoolSize = free + live).
+	p.liveBytes += a.size - n
+	return b
+}
+
+// lendChunks takes the chunks pick (each wholly in the free block of l given beside it, as
+// listed when chosen, with no unlock since) out of l and returns the lent block over each, in
+// the order of pick. The parts of their free blocks around them stay free in l.
+func (p *PoolMemoryResource) lendChunks(pick []chunkCand, l *freeList) []*block {
+	order := make([]int, len(pick))
+	for i := range order {
+		order[i] = i
+	}
+	// Highest address first: lending a chunk out of a free block leaves the block's lower part,
+	// with its lower chunks, in the same block (as unmapChunks does).
+	slices.SortFunc(order, func(x, y int) int { return cmp.Compare(pick[y].c.addr, pick[x].c.addr) })
+	lent := make([]*block, len(pick))
+	for _, i := range order {
+		c, b := pick[i].c, pick[i].b
+		l.remove(b)
+		if end := c.end(); end < b.end() {
+			r := p.newBlock(end, int(b.end()-end))
+			b.size -= r.size
+			p.linkAfter(b, r)
+			l.insert(r)
+		}
+		h := b
+		if c.addr > b.addr {
+			h = p.newBlock(c.addr, c.size)
+			b.size = int(c.addr - b.addr)
+			p.linkAfter(b, h)
+			l.insert(b)
+		}
+		h.free, h.lent = false, true
+		lent[i] = h
+	}
+	return lent
+}
+
+// unlend frees the lent blocks into l, as a free of their memory on l's stream.
+func (p *PoolMemoryResource) unlend(lent []*block, l *freeList) *block {
+	var last *block
+	for _, h := range lent {
+		h.lent = false
+		last = p.freeInto(l, h)
+	}
+	return last
+}
+
+// newAlias lends the chunks pick (holding at least n bytes) out of l, maps them back to back into
+// a new reservation and returns the stitched block over it; nil when a driver call failed (the
+// chunks are then free in l again and the caller grows). The driver calls are made unlocked,
+// the lent blocks out of every list meanwhile.
+func (p *PoolMemoryResource) newAlias(pick []chunkCand, n int, l *freeList) *block {
+	e := p.exp
+	chunks := make([]vmChunk, len(pick))
+	size := 0
+	for i, c := range pick {
+		chunks[i] = c.c
+		size += c.c.size
+	}
+	lent := p.lendChunks(pick, l)
+	p.mu.Unlock()
+	va, err := e.vm.reserve(size)
+	if err == nil {
+		at := va
+		for _, c := range chunks {
+			if err = e.vm.mapAt(at, c.size, c.h); err != nil {
+				break
+			}
+			at += DevicePtr(c.size)
+		}
+		if err == nil {
+			err = e.vm.setAccess(va, size)
+		}
+		if err != nil {
+			if at > va {
+				if uerr := e.vm.unmap(va, int(at-va)); uerr != nil {
+					// The handles stay mapped there: the reservation cannot be freed either, and
+					// both are lost to the pool (the memory itself stays in the chain).
+					DebugLogger().Warn("rmm: PoolMemoryResource (expandable): a stitched range could not be unmapped after a failed stitch", "address", fmt.Sprintf("%#x", uintptr(va)), "bytes", size, "err", uerr)
+					at = va
+				}
+			}
+			if at > va || e.vm.free(va, size) != nil {
+				va = 0
+			}
+		}
+	}
+	p.mu.Lock()
+	if err != nil {
+		DebugLogger().Debug("rmm: PoolMemoryResource (expandable): stitching failed; growing instead", "request", n, "bytes", size, "err", err)
+		p.unlend(lent, l)
+		return nil
+	}
+	a := &stitchAlias{va: va, size: size, chunks: chunks, lent: lent}
+	e.aliases[va] = a
+	e.stitches++
+	return p.stitchedBlock(a, n)
+}
+
+// freeStitched frees the stitched block b on l's stream (out of the live table; Deallocate has
+// made the event or dirty flag cover the free): its chunks return to l as free memory, the alias
+// is kept. It returns the last block freed into l.
+func (p *PoolMemoryResource) freeStitched(l *freeList, b *block) *block {
+	e := p.exp
+	a := e.aliases[b.addr]
+	p.liveBytes -= a.size // b.size, and the chunks' bytes beyond it (stitchedBlock)
+	lent := a.lent
+	a.lent, a.b = nil, nil
+	p.recycle(b)
+	return p.unlend(lent, l)
+}
+
+// growTail maps k more bytes at the end of the chain (within the reservation and the maximum)
+// and frees them into l, where they coalesce with a free block at the end. It reports whether
+// it did. Pool locked, busy token held, l pinned; the driver calls are made unlocked.
+func (p *PoolMemoryResource) growTail(k int, l *freeList) bool {
+	e := p.exp
+	if room := min(int(e.base+DevicePtr(e.reserved)-e.top), p.maximum-p.size); k > room {
+		return false
+	}
+	at, size := e.top, p.size
+	p.mu.Unlock()
+	cs, err := p.mapChunkUnlocked(at, k, size)
+	p.mu.Lock()
+	if err != nil {
+		DebugLogger().Debug("rmm: PoolMemoryResource (expandable): growing the rest of a stitch failed", "bytes", k, "err", err)
+		return false
+	}
+	nb := p.addChunk(at, k, cs)
+	p.logGrowth(nb)
+	nb.prev = e.tail
+	if e.tail != nil {
+		e.tail.next = nb
+	} else {
+		e.head = nb
+	}
+	e.tail = nb
+	e.top = nb.end()
+	p.freeInto(l, nb)
+	return true
+}
+
+// evictAliases unmaps the least recently used quarter of the kept aliases that are not live,
+// after waiting (on the host) for the work behind every free, since an unmap does not wait for
+// the device and the work of the stream that freed a stitched block may still use its range. It
+// reports whether it unlocked the pool. Pool locked, busy token held.
+func (p *PoolMemoryResource) evictAliases() bool {
+	e := p.exp
+	var idle []*stitchAlias
+	for _, a := range e.aliases {
+		if a.b == nil {
+			idle = append(idle, a)
+		}
+	}
+	if len(idle) == 0 {
+		return false
+	}
+	if err := p.syncAll(false); err != nil {
+		DebugLogger().Debug("rmm: PoolMemoryResource (expandable): waiting for the streams before evicting stitched ranges failed; keeping them", "err", err)
+		return true
+	}
+	p.clearAllDeps() // every stream's work behind the frees is done
+	slices.SortFunc(idle, func(x, y *stitchAlias) int { return cmp.Compare(x.used, y.used) })
+	idle = idle[:min(len(idle), max(1, len(e.aliases)/4))]
+	var victims []*stitchAlias
+	for _, a := range idle {
+		if a.b == nil { // not stitched again while syncAll unlocked (it holds the token: never)
+			victims = append(victims, a)
+		}
+	}
+	p.dropAliases(victims, false)
+	return true
+}
+
+// dropAliases unmaps the aliases as (none live; the work behind their last frees known done) and
+// frees their reservations; without hold the calls are made unlocked (busy token held). An alias
+// that cannot be unmapped stays, kept.
+func (p *PoolMemoryResource) dropAliases(as []*stitchAlias, hold bool) {
+	e := p.exp
+	if len(as) == 0 {
+		return
+	}
+	for _, a := range as {
+		delete(e.aliases, a.va)
+	}
+	p.unlockUnless(hold)
+	failed := make([]bool, len(as))
+	for i, a := range as {
+		err := e.vm.unmap(a.va, a.size)
+		if err == nil {
+			err = e.vm.free(a.va, a.size)
+			if err != nil {
+				// Unmapped: the handles are no longer in it, only the address space is lost.
+				DebugLogger().Warn("rmm: PoolMemoryResource (expandable): freeing a stitched range's reservation failed", "address", fmt.Sprintf("%#x", uintptr(a.va)), "bytes", a.size, "err", err)
+			}
+			continue
+		}
+		failed[i] = true
+		DebugLogger().Warn("rmm: PoolMemoryResource (expandable): unmapping a stitched range failed; it stays", "address", fmt.Sprintf("%#x", uintptr(a.va)), "bytes", a.size, "err", err)
+	}
+	p.relockUnless(hold)
+	for i, a := range as {
+		if failed[i] {
+			e.aliases[a.va] = a
+		} else {
+			e.evicted++
+		}
+	}
+}
+
+// dropAliasesOver drops the aliases (not live) that map one of the chunks cands, before those are
+// given back: a handle goes back only once every alias of it is unmapped. The work behind every
+// free must be known done. It reports whether it dropped any (unlocking the pool without hold).
+func (p *PoolMemoryResource) dropAliasesOver(cands []chunkCand, hold bool) bool {
+	e := p.exp
+	if len(e.aliases) == 0 || len(cands) == 0 {
+		return false
+	}
+	in := make(map[vmmHandle]bool, len(cands))
+	for _, c := range cands {
+		in[c.c.h] = true
+	}
+	var as []*stitchAlias
+	for _, a := range e.aliases {
+		if a.b != nil {
+			continue
+		}
+		for _, c := range a.chunks {
+			if in[c.h] {
+				as = append(as, a)
+				break
+			}
+		}
+	}
+	p.dropAliases(as, hold)
+	return len(as) > 0
+}
+
+// unaliased returns cands less the chunks an alias still maps.
+func (e *expandable) unaliased(cands []chunkCand) []chunkCand {
+	if len(e.aliases) == 0 {
+		return cands
+	}
+	mapped := map[vmmHandle]bool{}
+	for _, a := range e.aliases {
+		for _, c := range a.chunks {
+			mapped[c.h] = true
+		}
+	}
+	return slices.DeleteFunc(cands, func(c chunkCand) bool { return mapped[c.c.h] })
+}
+
+// dropIdleAliases drops every alias not live (Close; the work behind every free waited for).
+func (p *PoolMemoryResource) dropIdleAliases(hold bool) {
+	var as []*stitchAlias
+	for _, a := range p.exp.aliases {
+		if a.b == nil {
+			as = append(as, a)
+		}
+	}
+	p.dropAliases(as, hold)
+}
+
+// stitchedPieces returns, for [ptr, ptr+n) inside a live stitched block, where its alias starts
+// and the handles mapped there (for ExportIPC); nil pieces when ptr is in no stitched range.
+func (p *PoolMemoryResource) stitchedPieces(ptr DevicePtr, n int) (DevicePtr, []vmmPiece, error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	e := p.exp
+	for _, a := range e.aliases {
+		if ptr < a.va || ptr >= a.va+DevicePtr(a.size) {
+			continue
+		}
+		if err := p.checkLiveRange(ptr, n); err != nil {
+			return 0, nil, err
+		}
+		pieces := make([]vmmPiece, len(a.chunks))
+		off := 0
+		for i, c := range a.chunks {
+			pieces[i] = vmmPiece{offset: off, size: c.size, h: c.h}
+			off += c.size
+		}
+		return a.va, pieces, nil
+	}
+	return 0, nil, nil
+}
+
+// checkStitches verifies the stitched blocks and the lent blocks (CheckInvariants): every live
+// alias's block is live and stitched, its lent blocks are in the chain exactly over its chunks,
+// no chunk is lent twice, every lent block of the chain belongs to a live alias, every chunk of
+// an alias is a chunk of the pool; it returns the bytes live aliases hold beyond their blocks.
+func (p *PoolMemoryResource) checkStitches(lentSeen map[*block]bool) (int, error) {
+	e := p.exp
+	owner := map[*block]*stitchAlias{}
+	slack := 0
+	chunkAt := make(map[DevicePtr]vmChunk, len(e.chunks))
+	for _, c := range e.chunks {
+		chunkAt[c.addr] = c
+	}
+	stitchedLive := 0
+	for va, a := range e.aliases {
+		if a.va != va {
+			return 0, fmt.Errorf("stitched range %#x indexed at %#x", uintptr(a.va), uintptr(va))
+		}
+		sum := 0
+		for _, c := range a.chunks {
+			if pc, ok := chunkAt[c.addr]; !ok || pc.h != c.h || pc.size != c.size {
+				return 0, fmt.Errorf("stitched range %#x maps a handle at %#x that is not the pool's chunk there", uintptr(va), uintptr(c.addr))
+			}
+			sum += c.size
+		}
+		if sum != a.size {
+			return 0, fmt.Errorf("stitched range %#x holds %d bytes of chunks, says %d", uintptr(va), sum, a.size)
+		}
+		if a.b == nil {
+			if a.lent != nil {
+				return 0, fmt.Errorf("kept stitched range %#x has lent blocks", uintptr(va))
+			}
+			continue
+		}
+		stitchedLive++
+		if p.live.get(va) != a.b || !a.b.stitched || a.b.size > a.size {
+			return 0, fmt.Errorf("stitched range %#x: its block is not live, not stitched or larger than it", uintptr(va))
+		}
+		slack += a.size - a.b.size
+		if len(a.lent) != len(a.chunks) {
+			return 0, fmt.Errorf("stitched range %#x has %d lent blocks for %d chunks", uintptr(va), len(a.lent), len(a.chunks))
+		}
+		for i, h := range a.lent {
+			if owner[h] != nil {
+				return 0, fmt.Errorf("block %#x is lent to two stitched ranges", uintptr(h.addr))
+			}
+			owner[h] = a
+			if !h.lent || h.free || h.addr != a.chunks[i].addr || h.size != a.chunks[i].size || !lentSeen[h] {
+				return 0, fmt.Errorf("stitched range %#x: lent block %#x is not its chunk's, or not in the chain", uintptr(va), uintptr(h.addr))
+			}
+		}
+	}
+	for h := range lentSeen {
+		if owner[h] == nil {
+			return 0, fmt.Errorf("lent block %#x belongs to no live stitched range", uintptr(h.addr))
+		}
+	}
+	stitchedBlocks := 0
+	p.live.each(func(b *block) {
+		if b.stitched {
+			stitchedBlocks++
+		}
+	})
+	if stitchedBlocks != stitchedLive {
+		return 0, fmt.Errorf("%d stitched blocks live, %d stitched ranges live", stitchedBlocks, stitchedLive)
+	}
+	return slack, nil
+}

@@ -1,0 +1,301 @@
+package rmm
+
+import (
+	"sync"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+)
+
+// reserveCountingVMM counts reservations made and freed on top of what countingVMM counts.
+type reserveCountingVMM struct {
+	vmm
+	mu              sync.Mutex
+	reserves, frees int
+}
+
+func (v *reserveCountingVMM) reserve(n int) (DevicePtr, error) {
+	a, err := v.vmm.reserve(n)
+	if err == nil {
+		v.mu.Lock()
+		v.reserves++
+		v.mu.Unlock()
+	}
+	return a, err
+}
+
+func (v *reserveCountingVMM) free(a DevicePtr, n int) error {
+	err := v.vmm.free(a, n)
+	if err == nil {
+		v.mu.Lock()
+		v.frees++
+		v.mu.Unlock()
+	}
+	return err
+}
+
+func (v *reserveCountingVMM) counts() (reserves, frees int) {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	return v.reserves, v.frees
+}
+
+// stitchTestPool is an expandable pool that stitches with 2 MiB pieces over an address-only VMM
+// (or host memory), filled with sixteen 2 MiB blocks (one first growth of 32 MiB, sixteen
+// handles), of which those at the indices free are freed.
+type stitchTestPool struct {
+	p    *PoolMemoryResource
+	vm   *countingVMM
+	rv   *reserveCountingVMM
+	sim  *simVMM
+	ptrs []DevicePtr
+}
+
+func newStitchTestPool(t *testing.T, o PoolOptions, host bool, free ...int) *stitchTestPool {
+	t.Helper()
+	var inner vmm
+	var sim *simVMM
+	if host {
+		hv, err := newHostVMMAliasing(hostVMMGranularity, 0)
+		if err != nil {
+			t.Skip("host VMM:", err)
+		}
+		inner = hv
+	} else {
+		sim = newSimVMM(hostVMMGranularity, 0)
+		inner = sim
+	}
+	rv := &reserveCountingVMM{vmm: inner}
+	vm := newCountingVMM(rv)
+	if o.MaximumPoolSize == 0 {
+		o.MaximumPoolSize = 1 << 30
+	}
+	if o.stitchPiece == 0 {
+		o.stitchPiece = 2 * mib
+	}
+	p := newExpTestPool(t, vm, o)
+	t.Cleanup(func() { p.Close() })
+	var ptrs []DevicePtr
+	for range 16 {
+		q, err := p.Allocate(2*mib, DefaultStream)
+		require.NoError(t, err)
+		ptrs = append(ptrs, q)
+	}
+	require.Equal(t, 32*mib, p.PoolSize(), "one growth of the minimum chunk")
+	require.Equal(t, 16, vm.counts().creates, "in 2 MiB handles")
+	for _, i := range free {
+		require.NoError(t, p.Deallocate(ptrs[i], 2*mib, DefaultStream))
+	}
+	require.NoError(t, p.CheckInvariants())
+	return &stitchTestPool{p: p, vm: vm, rv: rv, sim: sim, ptrs: ptrs}
+}
+
+func (s *stitchTestPool) inPrimary(q DevicePtr) bool {
+	e := s.p.exp
+	return q >= e.base && q < e.base+DevicePtr(e.reserved)
+}
+
+// An 8 MiB request that no free block holds is served by the four free 2 MiB handles, mapped a
+// second time back to back: no memory is created, the pool stays at 32 MiB; freed, the alias is
+// kept and the next request of that size takes it again with no driver call at all.
+func TestStitchServesAndReuses(t *testing.T) {
+	s := newStitchTestPool(t, PoolOptions{}, false, 1, 3, 5, 7)
+	p, vm := s.p, s.vm
+	before := vm.counts()
+	r0, _ := s.rv.counts()
+	q, err := p.Allocate(8*mib, DefaultStream)
+	require.NoError(t, err)
+	require.NoError(t, p.CheckInvariants())
+	require.False(t, s.inPrimary(q), "the stitched range is a reservation of its own")
+	require.Equal(t, 32*mib, p.PoolSize(), "no new memory")
+	require.Equal(t, before.creates, vm.counts().creates)
+	require.Equal(t, 4, vm.counts().maps-before.maps, "each free handle mapped once more")
+	require.Equal(t, 1, vm.counts().access-before.access, "access over the four mappings in one call")
+	r1, _ := s.rv.counts()
+	require.Equal(t, r0+1, r1)
+	st := p.Stats()
+	require.Equal(t, 32*mib, st.LiveBytes)
+	require.Zero(t, st.FreeBytes)
+	require.Equal(t, 13, st.LiveAllocations)
+	// The stitched range maps exactly the freed handles, in the order chosen (same size: by
+	// address).
+	for i, idx := range []int{1, 3, 5, 7} {
+		ma := s.sim.maps[q+DevicePtr(i*2*mib)]
+		mp := s.sim.maps[s.ptrs[idx]]
+		require.Equal(t, mp.h, ma.h, "piece %d", i)
+		require.True(t, ma.access)
+	}
+
+	require.NoError(t, p.Deallocate(q, 8*mib, DefaultStream))
+	require.NoError(t, p.CheckInvariants())
+	require.Equal(t, 8*mib, p.Stats().FreeBytes)
+	require.Equal(t, 1, len(p.exp.aliases), "kept")
+	c0 := vm.counts()
+	q2, err := p.Allocate(8*mib, DefaultStream)
+	require.NoError(t, err)
+	require.Equal(t, q, q2, "the kept alias again")
+	require.Equal(t, c0, vm.counts(), "no driver call")
+	r2, _ := s.rv.counts()
+	require.Equal(t, r1, r2)
+	require.NoError(t, p.CheckInvariants())
+
+	// Smaller than 2 MiB, or held by a free block: never stitched.
+	require.NoError(t, p.Deallocate(q2, 8*mib, DefaultStream))
+	x, err := p.Allocate(2*mib, DefaultStream)
+	require.NoError(t, err)
+	require.True(t, s.inPrimary(x))
+	require.NoError(t, p.Deallocate(x, 2*mib, DefaultStream))
+}
+
+// The same over host memory: bytes written through the stitched range are those of the handles'
+// own addresses, and the other way round.
+func TestStitchHostAliases(t *testing.T) {
+	s := newStitchTestPool(t, PoolOptions{}, true, 2, 9, 12)
+	p := s.p
+	q, err := p.Allocate(6*mib, DefaultStream)
+	require.NoError(t, err)
+	require.False(t, s.inPrimary(q))
+	require.Equal(t, 32*mib, p.PoolSize())
+	b := hostBytes(q, 6*mib)
+	for i := range b {
+		b[i] = byte(i*7 + i>>21)
+	}
+	for i, idx := range []int{2, 9, 12} {
+		prim := hostBytes(s.ptrs[idx], 2*mib)
+		for j := 0; j < 2*mib; j += 4093 {
+			require.Equal(t, b[i*2*mib+j], prim[j], "piece %d byte %d", i, j)
+		}
+		prim[5] = 0xA5
+		require.Equal(t, byte(0xA5), b[i*2*mib+5])
+	}
+	require.NoError(t, p.CheckInvariants())
+	require.NoError(t, p.Deallocate(q, 6*mib, DefaultStream))
+	require.NoError(t, p.CheckInvariants())
+}
+
+// Release gives back the free handles only after unmapping the kept alias that maps them; Close
+// frees every reservation.
+func TestStitchReleaseWithKeptAlias(t *testing.T) {
+	s := newStitchTestPool(t, PoolOptions{}, false, 1, 3, 5, 7)
+	p, vm := s.p, s.vm
+	q, err := p.Allocate(8*mib, DefaultStream)
+	require.NoError(t, err)
+	// With the block live, Release gives nothing back: its handles are lent.
+	require.NoError(t, p.Release())
+	require.Equal(t, 32*mib, p.PoolSize())
+	require.Len(t, p.exp.aliases, 1)
+	require.NoError(t, p.Deallocate(q, 8*mib, DefaultStream))
+	c0 := vm.counts()
+	require.NoError(t, p.Release())
+	require.NoError(t, p.CheckInvariants())
+	require.Equal(t, 24*mib, p.PoolSize())
+	require.Empty(t, p.exp.aliases)
+	require.Equal(t, 1+4, vm.counts().unmaps-c0.unmaps, "the alias, then the four handles")
+	require.Equal(t, 4, vm.counts().releases-c0.releases)
+	charged, mappings, _, _ := s.sim.stats()
+	require.Equal(t, 24*mib, charged, "the handles' memory is gone")
+	require.Equal(t, 12, mappings)
+	r, f := s.rv.counts()
+	require.Equal(t, r-1, f, "only the pool's own reservation is left")
+
+	// A new stitch after the release, then Close with it live and a free after Close.
+	for _, i := range []int{0, 2, 4} {
+		require.NoError(t, p.Deallocate(s.ptrs[i], 2*mib, DefaultStream))
+	}
+	q, err = p.Allocate(6*mib, DefaultStream)
+	require.NoError(t, err)
+	require.False(t, s.inPrimary(q))
+	require.NoError(t, p.CheckInvariants())
+	require.NoError(t, p.Close())
+	for _, i := range []int{6, 8, 9, 10, 11, 12, 13, 14, 15} {
+		require.NoError(t, p.Deallocate(s.ptrs[i], 2*mib, DefaultStream))
+	}
+	require.NoError(t, p.Deallocate(q, 6*mib, DefaultStream))
+	charged, mappings, _, _ = s.sim.stats()
+	require.Zero(t, charged)
+	require.Zero(t, mappings)
+	r, f = s.rv.counts()
+	require.Equal(t, r, f, "every reservation freed")
+}
+
+// With stitchRest, free handles holding 6 MiB of an 8 MiB request: 2 MiB is grown at the end and
+// the four handles stitched (34 MiB), where the pool would otherwise grow a step (64 MiB).
+func TestStitchRest(t *testing.T) {
+	for _, rest := range []bool{false, true} {
+		s := newStitchTestPool(t, PoolOptions{stitchRest: rest}, false, 1, 3, 5)
+		p, vm := s.p, s.vm
+		c0 := vm.counts()
+		q, err := p.Allocate(8*mib, DefaultStream)
+		require.NoError(t, err)
+		require.NoError(t, p.CheckInvariants())
+		if !rest {
+			require.True(t, s.inPrimary(q))
+			require.Equal(t, 64*mib, p.PoolSize())
+			continue
+		}
+		require.False(t, s.inPrimary(q))
+		require.Equal(t, 34*mib, p.PoolSize())
+		require.Equal(t, 1, vm.counts().creates-c0.creates)
+		require.Equal(t, 1+4, vm.counts().maps-c0.maps, "the new handle at the end, then four into the alias")
+		require.NoError(t, p.Deallocate(q, 8*mib, DefaultStream))
+		require.NoError(t, p.CheckInvariants())
+		require.Equal(t, 8*mib, p.Stats().FreeBytes)
+	}
+}
+
+func TestStitchOptions(t *testing.T) {
+	_, err := newExpandablePool(NewSystemMemoryResource(), newSimVMM(hostVMMGranularity, 0),
+		PoolOptions{Expandable: true, MaximumPoolSize: 1 << 30, stitchPiece: 8 * mib, carvePage: 8 * mib})
+	require.ErrorIs(t, err, ErrInvalidArgument)
+	require.ErrorContains(t, err, "exclusive")
+	_, err = NewPoolMemoryResource(NewSystemMemoryResource(), &PoolOptions{stitchPiece: 8 * mib})
+	require.ErrorIs(t, err, ErrInvalidArgument)
+	// Off by default: one handle per growth.
+	vm := newCountingVMM(newSimVMM(hostVMMGranularity, 0))
+	p := newExpTestPool(t, vm, PoolOptions{MaximumPoolSize: 1 << 30})
+	defer p.Close()
+	q, err := p.Allocate(64*mib, DefaultStream)
+	require.NoError(t, err)
+	require.Equal(t, 1, vm.counts().creates)
+	require.Nil(t, p.exp.aliases)
+	require.NoError(t, p.Deallocate(q, 64*mib, DefaultStream))
+	// On: handles of at most the piece.
+	vm = newCountingVMM(newSimVMM(hostVMMGranularity, 0))
+	p2 := newExpTestPool(t, vm, PoolOptions{MaximumPoolSize: 1 << 30, stitchPiece: 8 * mib})
+	defer p2.Close()
+	q, err = p2.Allocate(64*mib, DefaultStream)
+	require.NoError(t, err)
+	require.Equal(t, 8, vm.counts().creates)
+	require.Equal(t, 1, vm.counts().access)
+	require.NoError(t, p2.Deallocate(q, 64*mib, DefaultStream))
+}
+
+// Past stitchKeep ranges, a new stitch first unmaps the least recently used one not live (after
+// the host wait for the streams) and frees its reservation.
+func TestStitchEvictsLeastRecentlyUsed(t *testing.T) {
+	s := newStitchTestPool(t, PoolOptions{stitchKeep: 2}, false, 1, 3, 5, 7)
+	p, vm := s.p, s.vm
+	var vas []DevicePtr
+	for _, n := range []int{4 * mib, 6 * mib} {
+		q, err := p.Allocate(n, DefaultStream)
+		require.NoError(t, err)
+		require.False(t, s.inPrimary(q))
+		require.NoError(t, p.Deallocate(q, n, DefaultStream))
+		vas = append(vas, q)
+	}
+	require.Len(t, p.exp.aliases, 2)
+	c0 := vm.counts()
+	_, f0 := s.rv.counts()
+	q, err := p.Allocate(8*mib, DefaultStream)
+	require.NoError(t, err)
+	require.NoError(t, p.CheckInvariants())
+	require.Len(t, p.exp.aliases, 2)
+	require.Nil(t, p.exp.aliases[vas[0]], "the least recently used went")
+	require.NotNil(t, p.exp.aliases[vas[1]])
+	require.NotNil(t, p.exp.aliases[q])
+	require.Equal(t, 1, vm.counts().unmaps-c0.unmaps)
+	_, f1 := s.rv.counts()
+	require.Equal(t, f0+1, f1)
+	require.Equal(t, 1, p.exp.evicted)
+	require.NoError(t, p.Deallocate(q, 8*mib, DefaultStream))
+}

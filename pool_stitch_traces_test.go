@@ -1,0 +1,101 @@
+package rmm
+
+import (
+	"flag"
+	"fmt"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+)
+
+var stitchTraces = flag.String("rmm.stitchtraces", "", "comma-separated stitch piece sizes in bytes: replay every trace in testdata/traces (or those matching -rmm.stitchmatch) on an address-only expandable pool without stitching and with each piece size, with and without growing the rest, and log the footprints at passes 1, 3 and 10 with the driver calls of those passes (a measurement, not a check; skipped without it)")
+
+var stitchMatch = flag.String("rmm.stitchmatch", "", "with -rmm.stitchtraces: only the traces whose name contains this")
+
+var stitchMinFlag = flag.Int("rmm.stitchmin", 0, "with -rmm.stitchtraces: PoolOptions.stitchMin (0: the default; -1: the piece size)")
+
+var stitchKeepFlag = flag.Int("rmm.stitchkeep", 0, "with -rmm.stitchtraces: PoolOptions.stitchKeep (0: the default)")
+
+// TestStitchTraces is the measurement behind stitching's figures:
+//
+//	go test -run TestStitchTraces -rmm.stitchtraces 8388608,2097152,33554432 -v -timeout 1h
+//
+// Each line: a trace, then per variant the peak mapped / peak live after 1, 3 and 10 passes, the
+// handles created, mappings made and unmaps in passes 1, 3 and 10, the stitched ranges made and
+// kept at the end, and the least wall time and process CPU time per event of passes 2 to 10
+// (replay over the address-only VMM on this host; the least, as the host is shared and the
+// passes after the first make the same calls).
+func TestStitchTraces(t *testing.T) {
+	if *stitchTraces == "" {
+		t.Skip("a measurement: give -rmm.stitchtraces PIECE[,PIECE...]")
+	}
+	type variant struct {
+		piece int
+		rest  bool
+	}
+	vs := []variant{{0, false}}
+	for _, x := range strings.Split(*stitchTraces, ",") {
+		v, err := strconv.Atoi(x)
+		require.NoError(t, err)
+		vs = append(vs, variant{v, false}, variant{v, true})
+	}
+	files, err := filepath.Glob(filepath.Join("testdata", "traces", "*.csv.gz"))
+	require.NoError(t, err)
+	report := []int{1, 3, 10}
+	for _, f := range files {
+		name := strings.TrimSuffix(filepath.Base(f), ".csv.gz")
+		if !strings.Contains(name, *stitchMatch) {
+			continue
+		}
+		events, err := ReadLogFile(f)
+		require.NoError(t, err)
+		for _, v := range vs {
+			vm := newCountingVMM(newSimVMM(hostVMMGranularity, 0))
+			o := PoolOptions{MaximumPoolSize: 1 << 40, stitchPiece: v.piece, stitchRest: v.rest, stitchKeep: *stitchKeepFlag}
+			if *stitchMinFlag < 0 {
+				o.stitchMin = v.piece
+			} else {
+				o.stitchMin = *stitchMinFlag
+			}
+			p := newExpTestPool(t, vm, o)
+			peakLive := 0
+			var prev vmmCounts
+			var walls, cpus []time.Duration
+			line := fmt.Sprintf("%-40s piece %2d MiB rest %-5v", name, v.piece>>20, v.rest)
+			var ratios, calls []string
+			for pass := 1; pass <= report[len(report)-1]; pass++ {
+				start := time.Now()
+				c0, _ := processCPUTime()
+				r, err := Replay(events, p, nil)
+				walls = append(walls, time.Since(start))
+				c1, _ := processCPUTime()
+				cpus = append(cpus, c1-c0)
+				require.NoError(t, err)
+				require.Zero(t, r.Failures)
+				peakLive = max(peakLive, int(r.PeakLiveBytes))
+				c := vm.counts()
+				if slices.Contains(report, pass) {
+					ratios = append(ratios, fmt.Sprintf("%.3f", float64(p.Stats().PeakPoolSize)/float64(peakLive)))
+					calls = append(calls, fmt.Sprintf("%d/%d/%d", c.creates-prev.creates, c.maps-prev.maps, c.unmaps-prev.unmaps))
+				}
+				prev = c
+			}
+			require.NoError(t, p.CheckInvariants())
+			walls, cpus = walls[1:], cpus[1:]
+			slices.Sort(walls)
+			slices.Sort(cpus)
+			made, kept, evicted := 0, 0, 0
+			if p.exp.aliases != nil {
+				made, kept, evicted = p.exp.stitches, len(p.exp.aliases), p.exp.evicted
+			}
+			t.Logf("%s | p1/p3/p10 %s | create/map/unmap %s | stitched %d kept %d evicted %d | %d ns/event (CPU %d)", line,
+				strings.Join(ratios, " "), strings.Join(calls, " "), made, kept, evicted, walls[0].Nanoseconds()/int64(len(events)), cpus[0].Nanoseconds()/int64(len(events)))
+			require.NoError(t, p.Close())
+		}
+	}
+}
