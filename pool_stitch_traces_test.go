@@ -19,6 +19,12 @@ var stitchMatch = flag.String("rmm.stitchmatch", "", "with -rmm.stitchtraces: on
 
 var stitchMinFlag = flag.Int("rmm.stitchmin", 0, "with -rmm.stitchtraces: PoolOptions.stitchMin (0: the default; -1: the piece size)")
 
+var stitchDevice = flag.Bool("rmm.stitchdevice", false, "with -rmm.stitchtraces: replay over the device's virtual memory (GPU 0) instead of an address-only one")
+
+var stitchPassesFlag = flag.Int("rmm.stitchpasses", 10, "with -rmm.stitchtraces: the passes to replay (footprints are logged after 1, 3 and the last)")
+
+var stitchRestOnly = flag.Bool("rmm.stitchrestonly", false, "with -rmm.stitchtraces: only the variants that grow the rest")
+
 var stitchKeepFlag = flag.Int("rmm.stitchkeep", 0, "with -rmm.stitchtraces: PoolOptions.stitchKeep (0: the default)")
 
 // TestStitchTraces is the measurement behind stitching's figures:
@@ -42,11 +48,27 @@ func TestStitchTraces(t *testing.T) {
 	for _, x := range strings.Split(*stitchTraces, ",") {
 		v, err := strconv.Atoi(x)
 		require.NoError(t, err)
-		vs = append(vs, variant{v, false}, variant{v, true})
+		if !*stitchRestOnly {
+			vs = append(vs, variant{v, false})
+		}
+		vs = append(vs, variant{v, true})
 	}
 	files, err := filepath.Glob(filepath.Join("testdata", "traces", "*.csv.gz"))
 	require.NoError(t, err)
-	report := []int{1, 3, 10}
+	report := []int{1, 3, *stitchPassesFlag}
+	maximum := 1 << 40
+	newVMM := func() vmm { return newSimVMM(hostVMMGranularity, 0) }
+	if *stitchDevice {
+		requireGPU(t)
+		free, _, err := Device(0).MemoryInfo()
+		require.NoError(t, err)
+		maximum = free / 16 * 15 / hostVMMGranularity * hostVMMGranularity
+		newVMM = func() vmm {
+			vm, err := newDeviceVMM(0)
+			require.NoError(t, err)
+			return vm
+		}
+	}
 	for _, f := range files {
 		name := strings.TrimSuffix(filepath.Base(f), ".csv.gz")
 		if !strings.Contains(name, *stitchMatch) {
@@ -55,8 +77,8 @@ func TestStitchTraces(t *testing.T) {
 		events, err := ReadLogFile(f)
 		require.NoError(t, err)
 		for _, v := range vs {
-			vm := newCountingVMM(newSimVMM(hostVMMGranularity, 0))
-			o := PoolOptions{MaximumPoolSize: 1 << 40, stitchPiece: v.piece, stitchRest: v.rest, stitchKeep: *stitchKeepFlag}
+			vm := newCountingVMM(newVMM())
+			o := PoolOptions{MaximumPoolSize: maximum, stitchPiece: v.piece, stitchRest: v.rest, stitchKeep: *stitchKeepFlag}
 			if *stitchMinFlag < 0 {
 				o.stitchMin = v.piece
 			} else {
@@ -86,6 +108,7 @@ func TestStitchTraces(t *testing.T) {
 				prev = c
 			}
 			require.NoError(t, p.CheckInvariants())
+			first := walls[0]
 			walls, cpus = walls[1:], cpus[1:]
 			slices.Sort(walls)
 			slices.Sort(cpus)
@@ -93,8 +116,8 @@ func TestStitchTraces(t *testing.T) {
 			if p.exp.aliases != nil {
 				made, kept, evicted = p.exp.stitches, len(p.exp.aliases), p.exp.evicted
 			}
-			t.Logf("%s | p1/p3/p10 %s | create/map/unmap %s | stitched %d kept %d evicted %d | %d ns/event (CPU %d)", line,
-				strings.Join(ratios, " "), strings.Join(calls, " "), made, kept, evicted, walls[0].Nanoseconds()/int64(len(events)), cpus[0].Nanoseconds()/int64(len(events)))
+			t.Logf("%s | p1/p3/p%d %s | create/map/unmap %s | stitched %d kept %d evicted %d | pass 1 %d ns/event | later %d ns/event (CPU %d)", line, report[2],
+				strings.Join(ratios, " "), strings.Join(calls, " "), made, kept, evicted, first.Nanoseconds()/int64(len(events)), walls[0].Nanoseconds()/int64(len(events)), cpus[0].Nanoseconds()/int64(len(events)))
 			require.NoError(t, p.Close())
 		}
 	}
