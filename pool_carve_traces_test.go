@@ -36,19 +36,7 @@ func TestCarveTraces(t *testing.T) {
 		require.NoError(t, err)
 		carvePasses = append(carvePasses, v)
 	}
-	maximum := 1 << 40
-	newVMM := func() vmm { return newSimVMM(hostVMMGranularity, 0) }
-	if *carveDevice {
-		requireGPU(t)
-		free, _, err := Device(0).MemoryInfo()
-		require.NoError(t, err)
-		maximum = free / 16 * 15 / hostVMMGranularity * hostVMMGranularity
-		newVMM = func() vmm {
-			vm, err := newDeviceVMM(0)
-			require.NoError(t, err)
-			return vm
-		}
-	}
+	maximum, newVMM := traceReplayVMM(t, *carveDevice)
 	files, err := filepath.Glob(filepath.Join("testdata", "traces", "*.csv.gz"))
 	require.NoError(t, err)
 	for _, f := range files {
@@ -97,5 +85,22 @@ func TestCarveTraces(t *testing.T) {
 			}
 		}
 		t.Log(line)
+	}
+}
+
+// traceReplayVMM returns the maximum pool size and a maker of VMMs for the trace measurements:
+// an address-only VMM under 1 TiB, or with device the device's virtual memory under 15/16 of its
+// free memory (GPU 0; skipped without one).
+func traceReplayVMM(t *testing.T, device bool) (int, func() vmm) {
+	if !device {
+		return 1 << 40, func() vmm { return newSimVMM(hostVMMGranularity, 0) }
+	}
+	requireGPU(t)
+	free, _, err := Device(0).MemoryInfo()
+	require.NoError(t, err)
+	return free / 16 * 15 / hostVMMGranularity * hostVMMGranularity, func() vmm {
+		vm, err := newDeviceVMM(0)
+		require.NoError(t, err)
+		return vm
 	}
 }

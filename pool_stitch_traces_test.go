@@ -56,19 +56,7 @@ func TestStitchTraces(t *testing.T) {
 	files, err := filepath.Glob(filepath.Join("testdata", "traces", "*.csv.gz"))
 	require.NoError(t, err)
 	report := []int{1, 3, *stitchPassesFlag}
-	maximum := 1 << 40
-	newVMM := func() vmm { return newSimVMM(hostVMMGranularity, 0) }
-	if *stitchDevice {
-		requireGPU(t)
-		free, _, err := Device(0).MemoryInfo()
-		require.NoError(t, err)
-		maximum = free / 16 * 15 / hostVMMGranularity * hostVMMGranularity
-		newVMM = func() vmm {
-			vm, err := newDeviceVMM(0)
-			require.NoError(t, err)
-			return vm
-		}
-	}
+	maximum, newVMM := traceReplayVMM(t, *stitchDevice)
 	for _, f := range files {
 		name := strings.TrimSuffix(filepath.Base(f), ".csv.gz")
 		if !strings.Contains(name, *stitchMatch) {
