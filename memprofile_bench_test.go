@@ -58,27 +58,7 @@ func BenchmarkW1Profiled(b *testing.B) {
 						}
 						mr = prof
 					}
-					s := benchStream(b)
-					if p, err := mr.Allocate(size, s); err == nil {
-						mr.Deallocate(p, size, s)
-					}
-					b.ResetTimer()
-					cpu0, cpuOK := processCPUTime()
-					for i := 0; i < b.N; i++ {
-						p, err := mr.Allocate(size, s)
-						if err != nil {
-							b.Fatal(err)
-						}
-						if err := mr.Deallocate(p, size, s); err != nil {
-							b.Fatal(err)
-						}
-					}
-					cpu1, _ := processCPUTime()
-					b.StopTimer()
-					s.Synchronize()
-					if cpuOK {
-						b.ReportMetric(float64((cpu1-cpu0).Nanoseconds())/float64(b.N), "cpu-ns/op")
-					}
+					benchW1Loop(b, mr, size, true)
 				})
 			}
 		}
