@@ -65,25 +65,38 @@ func BenchmarkW1Profiled(b *testing.B) {
 	}
 }
 
-// The parts of a sampled allocation's cost: every allocation sampled (rate 1) over an upstream
-// that does nothing, on one goroutine and from all of them.
+// The parts of a sampled allocation's cost: every allocation sampled (rate 1) or few of them (the
+// default rate) over an upstream that does nothing, beside that upstream alone ("upstream"), on
+// one goroutine and from all of them.
 func BenchmarkMemoryProfileSampled(b *testing.B) {
-	for _, rate := range []int{1, DefaultMemoryProfileRate} {
-		b.Run(fmt.Sprintf("rate=%d", rate), func(b *testing.B) {
-			prof, _ := NewMemoryProfileResourceAdaptor(&adpNullUpstream{}, &MemoryProfileOptions{Rate: rate})
+	for _, rate := range []int{0, 1, DefaultMemoryProfileRate} {
+		name := fmt.Sprintf("rate=%d", rate)
+		mr := func() MemoryResource {
+			up := &adpNullUpstream{}
+			if rate == 0 {
+				return up
+			}
+			prof, _ := NewMemoryProfileResourceAdaptor(up, &MemoryProfileOptions{Rate: rate})
+			return prof
+		}
+		if rate == 0 {
+			name = "upstream"
+		}
+		b.Run(name, func(b *testing.B) {
+			mr := mr()
 			b.ReportAllocs()
 			for b.Loop() {
-				p, _ := prof.Allocate(4096, DefaultStream)
-				_ = prof.Deallocate(p, 4096, DefaultStream)
+				p, _ := mr.Allocate(4096, DefaultStream)
+				_ = mr.Deallocate(p, 4096, DefaultStream)
 			}
 		})
-		b.Run(fmt.Sprintf("rate=%d-parallel", rate), func(b *testing.B) {
-			prof, _ := NewMemoryProfileResourceAdaptor(&adpNullUpstream{}, &MemoryProfileOptions{Rate: rate})
+		b.Run(name+"-parallel", func(b *testing.B) {
+			mr := mr()
 			b.ReportAllocs()
 			b.RunParallel(func(pb *testing.PB) {
 				for pb.Next() {
-					p, _ := prof.Allocate(4096, DefaultStream)
-					_ = prof.Deallocate(p, 4096, DefaultStream)
+					p, _ := mr.Allocate(4096, DefaultStream)
+					_ = mr.Deallocate(p, 4096, DefaultStream)
 				}
 			})
 		})

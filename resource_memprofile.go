@@ -3,11 +3,13 @@ package rmm
 import (
 	"fmt"
 	"math"
+	"math/bits"
 	"math/rand/v2"
 	"runtime"
 	"slices"
 	"sync"
 	"sync/atomic"
+	"unsafe"
 )
 
 // DefaultMemoryProfileRate is the sampling rate, in bytes, of a MemoryProfileResourceAdaptor made
@@ -41,19 +43,19 @@ type MemoryProfileOptions struct {
 // MemoryProfileHandler serves it over HTTP; TopSites and Report sum it by call site.
 //
 // What is recorded. Allocations are sampled by size, as Go's heap profiler samples its own: an
-// allocation of n bytes is recorded with probability 1-exp(-n/rate) (MemoryProfileOptions.Rate,
-// in bytes). As in Go's runtime, a countdown holds the bytes left to the next sample, drawn from
-// an exponential distribution of mean rate; an allocation of n bytes takes n off it, and is
-// recorded when the countdown is n or less, which draws a new one. Go keeps a countdown per
-// processor; this adaptor keeps 32, each allocation using the one its pointer hashes to, so
-// goroutines allocating at once seldom share one (the exponential distribution is memoryless, so
-// any countdown gives every allocation the same probability). A sampled allocation records its
-// call stack (up to 64 frames, starting at the caller of Allocate) and its size; the profile sums
-// the samples by stack and size and scales them back to estimates of all allocations exactly as
-// Go's heap profile does (each figure multiplied by 1/(1-exp(-size/rate))). A sampled block's free
-// is counted when it is freed through the adaptor; the in-use figures are those of blocks
-// allocated and not yet freed, now (Go's heap profile reports them as of its last garbage
-// collection). Unsampled allocations leave no record: the adaptor keeps no entry per block.
+// allocation of n bytes is recorded with probability p = 1-exp(-n/rate)
+// (MemoryProfileOptions.Rate, in bytes), independently of every other allocation (Go's runtime
+// counts down the bytes to the next sample instead, which gives each allocation the same
+// probability). A sampled allocation records its call stack (up to 64 frames, starting at the
+// caller of Allocate) and its size; the profile sums the samples by stack and size and scales
+// them back to estimates of all allocations exactly as Go's heap profile does (each figure
+// multiplied by 1/p), which makes every estimate unbiased. Its error: N allocations of n bytes
+// are estimated with a standard deviation of sqrt(N(1-p)/p) allocations, about 1/sqrt(Np) of N
+// (one over the square root of the number of samples expected), and exactly once n is many
+// times the rate (p is then 1). A sampled block's free is counted when it is freed through the
+// adaptor; the in-use figures are those of blocks allocated and not yet freed, now (Go's heap
+// profile reports them as of its last garbage collection). Unsampled allocations leave no record:
+// the adaptor keeps no entry per block.
 //
 // Units: bytes as asked of Allocate (not rounded up to the alignment); counts of allocations.
 // Zero-byte allocations are never sampled.
@@ -70,19 +72,21 @@ type MemoryProfileOptions struct {
 // counted as in use until its address is allocated and sampled again or freed through the
 // adaptor.
 //
-// Cost. An allocation that is not sampled costs one atomic compare-and-swap on its countdown,
-// and its free one atomic load from a table of counters indexed by the pointer's hash, which
-// tells pointers that cannot have been sampled from those that may have been (those then look
-// their record up under a lock): 5-10 ns a pair in all on one goroutine, against a pool's
-// 25-40 ns. A sampled allocation costs the capture of its stack (runtime.Callers, in proportion
-// to its depth), a lookup of its stack in a table under a lock, and a map entry until it is
-// freed: about 0.5 µs a pair on the benchmark host, so that through a pool allocations as large
-// as the rate (mostly sampled) cost several times what they cost without the adaptor. Since at
-// most one allocation is sampled per rate bytes on average, sampling costs at most that 0.5 µs
-// per rate bytes allocated (4 ns per MiB at the default rate), whatever the sizes.
-// Each distinct stack and size that is ever sampled keeps a record (about 100 bytes plus 8 per
-// frame) for the life of the adaptor, as Go's heap profiler keeps its own; the adaptor itself
-// takes about 24 KiB.
+// Cost. An allocation that is not sampled costs, besides passing the call on, a random draw (an
+// atomic addition and a multiplication) and its test (a multiplication), and its free a load from
+// a table of counters indexed by the pointer's hash, which tells pointers that cannot have been
+// sampled from those that may have been (those then look their record up under a lock): about
+// 6.5 ns a pair over the upstream's own cost on the benchmark host (an AMD EPYC virtual machine;
+// BenchmarkMemoryProfileSampled), of which about 5 ns is what passing two calls through any
+// adaptor costs, against 30-35 ns a pair for a pool there. A sampled allocation costs the capture
+// of its stack (runtime.Callers, in proportion to its depth), a lookup of its stack in a table
+// under a lock, and a map entry until it is freed: about 0.5 µs a pair on the benchmark host, so
+// that through a pool allocations as large as the rate (mostly sampled) cost several times what
+// they cost without the adaptor. Since at most one allocation is sampled per rate bytes on
+// average, sampling costs at most that 0.5 µs per rate bytes allocated (4 ns per MiB at the
+// default rate), whatever the sizes. Each distinct stack and size that is ever sampled keeps a
+// record (about 100 bytes plus 8 per frame) for the life of the adaptor, as Go's heap profiler
+// keeps its own; the adaptor itself takes about 21 KiB.
 //
 // Why an adaptor of its own rather than an option of TrackingResourceAdaptor: the tracking
 // adaptor's purpose is an entry for every outstanding allocation (to list leaks exactly), which
@@ -93,12 +97,19 @@ type MemoryProfileOptions struct {
 type MemoryProfileResourceAdaptor struct {
 	upstream MemoryResource
 	rate     int
+	// step is ceil(2^64/rate) (MaxUint64 at rate 1): n*step bounds 2^64 times the probability
+	// with which an allocation of n bytes is sampled, for n up to fastMax, MaxUint64/step,
+	// beyond which the product overflows (see sample).
+	step, fastMax uint64
 
 	// testRand, when set (by tests, before any allocation), replaces the per-thread random
 	// source so that a test's samples are reproducible. It is not safe for concurrent use.
 	testRand *rand.Rand
 
-	// shards hold the countdowns and the sampled blocks not yet freed, by pointer hash.
+	// gens are the random generators that sample allocations (see draw).
+	gens [1 << memProfGenBits]memProfGen
+
+	// shards hold the sampled blocks not yet freed, by pointer hash.
 	shards [1 << memProfShardBits]memProfShard
 
 	// maybe counts, for each slot (the top memProfFilterBits bits of a pointer's hash), the
@@ -112,17 +123,45 @@ type MemoryProfileResourceAdaptor struct {
 }
 
 const (
-	memProfShardBits  = 5  // 32 shards of 128 bytes
+	memProfGenBits    = 5  // 32 generators of 64 bytes
+	memProfShardBits  = 5  // 32 shards of 64 bytes
 	memProfFilterBits = 12 // 4096 counters of 4 bytes
 )
 
-// memProfShard is one shard of the sampling state, on a cache line pair of its own, so that
-// goroutines allocating pointers of different shards do not share a line.
+// memProfShard is one shard of the sampled blocks, on a cache line of its own, so that goroutines
+// recording or freeing sampled blocks of different shards do not share a line.
 type memProfShard struct {
-	left atomic.Int64 // bytes left to the next sample
-	mu   sync.Mutex   // guards live
+	mu   sync.Mutex // guards live
 	live map[DevicePtr]*memProfBucket
-	_    [128 - 24]byte
+	_    [64 - 16]byte
+}
+
+// memProfGen is one of the adaptor's random generators, on a cache line of its own: wyrand, a
+// Weyl sequence (a counter advanced by an odd constant, here by one atomic addition, so that
+// goroutines sharing a generator each get a value of their own) mixed by a 128-bit product.
+//
+// Why not the runtime's per-thread generator (math/rand/v2's rand.Uint64), which needs no
+// atomic operation: it cost 7 ns a call on the benchmark host, against 2.5 ns for the atomic
+// addition, most of what an unsampled allocation costs beyond passing the call on. And why not
+// Go's countdown of bytes to the next sample: shared between goroutines, it needs a
+// compare-and-swap loop (the value written depends on the value read), no cheaper than the
+// addition and retried under contention, where the addition never is.
+type memProfGen struct {
+	seq atomic.Uint64
+	_   [64 - 8]byte
+}
+
+// draw returns a uniform 64-bit variate from the generator of the calling goroutine's stack.
+func (r *MemoryProfileResourceAdaptor) draw() uint64 {
+	// The generator is picked by the address of a local variable, so that a goroutine keeps to
+	// one (while its stack stays where it is) and goroutines running at once seldom share one's
+	// cache line. Any generator would give a correct draw.
+	var local byte
+	sp := uint64(uintptr(unsafe.Pointer(&local)))
+	g := &r.gens[(sp>>12)*0x9e3779b97f4a7c15>>(64-memProfGenBits)]
+	x := g.seq.Add(0xa0761d6478bd642f)
+	hi, lo := bits.Mul64(x, x^0xe7037ed1a0b428db)
+	return hi ^ lo
 }
 
 // memProfBucket sums the samples of one call stack and size.
@@ -150,10 +189,19 @@ func NewMemoryProfileResourceAdaptor(upstream MemoryResource, opts *MemoryProfil
 	r := &MemoryProfileResourceAdaptor{
 		upstream: resourceOrCurrent(upstream),
 		rate:     rate,
+		step:     math.MaxUint64,
 		buckets:  map[uint64]*memProfBucket{},
 	}
+	if rate > 1 {
+		// ceil(2^64/rate) = floor((2^64-1)/rate) + 1, for rate > 1: where rate divides 2^64 (a
+		// power of two) the floor is one less than the quotient, elsewhere it is the quotient's.
+		r.step = math.MaxUint64/uint64(rate) + 1
+	}
+	r.fastMax = math.MaxUint64 / r.step
+	for i := range r.gens {
+		r.gens[i].seq.Store(rand.Uint64())
+	}
 	for i := range r.shards {
-		r.shards[i].left.Store(r.draw())
 		r.shards[i].live = map[DevicePtr]*memProfBucket{}
 	}
 	return r, nil
@@ -177,64 +225,65 @@ func (r *MemoryProfileResourceAdaptor) Allocate(nbytes int, s StreamView) (Devic
 	if err != nil || nbytes == 0 {
 		return p, err
 	}
-	h := memProfHash(p)
-	sh := &r.shards[h>>(64-memProfShardBits)]
-	n := int64(nbytes)
-	if left := sh.left.Load(); n < left && sh.left.CompareAndSwap(left, left-n) {
-		return p, nil // not sampled: the common case, countDown's first attempt
+	var u uint64
+	if r.testRand == nil {
+		u = r.draw()
+	} else {
+		u = r.testRand.Uint64()
 	}
-	if r.countDown(sh, n) {
-		r.record(p, nbytes, h)
+	if r.sample(uint64(nbytes), u) {
+		r.record(p, nbytes)
 	}
 	return p, nil
 }
 
-// countDown takes an allocation of n > 0 bytes off shard sh's countdown and reports whether it is
-// sampled: when the countdown is n or less, which then starts again from a new draw. At rate 1
-// every allocation is. (Allocate makes the first attempt of the common case itself.)
-func (r *MemoryProfileResourceAdaptor) countDown(sh *memProfShard, n int64) bool {
+// sample reports whether an allocation of n > 0 bytes is sampled when the uniform 64-bit variate
+// drawn for it is u: when u < t(n) = floor(2^64 p(n)), p(n) = 1-exp(-n/rate), so with
+// probability p(n) to within 2^-64, independently of every other allocation. At rate 1 every
+// allocation is.
+func (r *MemoryProfileResourceAdaptor) sample(n, u uint64) bool {
+	// p(n) <= n/rate, so t(n) <= n*step: a u above n*step, the common case, is not sampled, at
+	// the cost of a multiplication. Where n*step would overflow, the bound says nothing.
+	if n <= r.fastMax && u > n*r.step {
+		return false
+	}
+	return r.sampleExact(n, u)
+}
+
+// sampleExact is sample's test of a variate u that the bound did not reject.
+func (r *MemoryProfileResourceAdaptor) sampleExact(n, u uint64) bool {
 	if r.rate == 1 {
 		return true
 	}
-	for {
-		left := sh.left.Load()
-		if n < left {
-			if sh.left.CompareAndSwap(left, left-n) {
-				return false
-			}
-			continue
-		}
-		if sh.left.CompareAndSwap(left, r.draw()) {
-			return true
-		}
+	// p(n) >= x - x^2/2, x = n/rate: a u below that, less a margin for the roundings, is
+	// sampled without math.Expm1 (10 ns), which is then needed with probability about x^2/2
+	// rather than x.
+	x := float64(n) / float64(r.rate)
+	if lb := x * (1 - 0.5*x) * (1 - 0x1p-50); lb > 0 && u < uint64(lb*0x1p64) {
+		return true
 	}
-}
-
-// draw returns a distance in bytes to the next sample: an exponential variate of mean rate (by
-// inversion of a uniform variate of 53 bits), rounded up, so that it is at most n, a whole number
-// of bytes, with probability 1-exp(-n/rate); at most 2^62. At rate 1 it is 0.
-func (r *MemoryProfileResourceAdaptor) draw() int64 {
-	if r.rate == 1 {
-		return 0
+	p := -math.Expm1(-x)
+	if p >= 1 { // n is over 37 times the rate
+		return true
 	}
-	var u uint64
-	if r.testRand == nil {
-		u = rand.Uint64() // the calling thread's source
-	} else {
-		u = r.testRand.Uint64()
+	t := uint64(p * 0x1p64) // p < 1, so t < 2^64
+	if n <= r.fastMax {
+		// Never above the bound, which p's rounding might pass when n/rate is tiny, so that
+		// sample's fast rejection is exact.
+		t = min(t, n*r.step)
 	}
-	v := float64(u>>11+1) * 0x1p-53 // uniform in (0, 1]
-	return int64(min(math.Ceil(-math.Log(v)*float64(r.rate)), 1<<62))
+	return u < t
 }
 
 // record records the sampled allocation p of nbytes with the stack of Allocate's caller.
 //
 //go:noinline
-func (r *MemoryProfileResourceAdaptor) record(p DevicePtr, nbytes int, h uint64) {
+func (r *MemoryProfileResourceAdaptor) record(p DevicePtr, nbytes int) {
 	var pcs [maxTrackedFrames]uintptr
 	n := runtime.Callers(3, pcs[:]) // runtime.Callers, record, Allocate
 	b := r.bucket(pcs[:n], int64(nbytes))
 	b.allocs.Add(1)
+	h := memProfHash(p)
 	sh := &r.shards[h>>(64-memProfShardBits)]
 	sh.mu.Lock()
 	old, dup := sh.live[p]

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"fmt"
 	"math"
+	"math/bits"
 	"math/rand/v2"
 	"sync"
 	"testing"
@@ -21,9 +22,6 @@ func memProfNew(t testing.TB, up MemoryResource, rate int, seed uint64) *MemoryP
 	require.NoError(t, err)
 	if seed != 0 {
 		r.testRand = rand.New(rand.NewPCG(seed, seed^0x5eed))
-		for i := range r.shards {
-			r.shards[i].left.Store(r.draw())
-		}
 	}
 	return r
 }
@@ -79,9 +77,9 @@ func memProfEmpty(t *testing.T, r *MemoryProfileResourceAdaptor) {
 	}
 }
 
-// A shard fills two cache lines exactly, so that shards used by different goroutines share none.
+// A shard fills a cache line exactly, so that shards used by different goroutines share none.
 func TestMemoryProfileShardSize(t *testing.T) {
-	require.Equal(t, uintptr(128), unsafe.Sizeof(memProfShard{}))
+	require.Equal(t, uintptr(64), unsafe.Sizeof(memProfShard{}))
 }
 
 func TestMemoryProfileOptions(t *testing.T) {
@@ -295,9 +293,71 @@ func TestMemoryProfileLargeAlwaysSampled(t *testing.T) {
 	require.Equal(t, [4]int64{1000, 1000 * 64 << 10, 1000, 1000 * 64 << 10}, memProfTotals(memProfParse(t, r), 0))
 }
 
-// The countdown samples an allocation of n bytes with probability 1-exp(-n/rate) whatever came
-// before it: over a mix of sizes in a seeded random order, each size's sampled count stays within
-// six standard deviations of its expectation.
+// An allocation of n bytes is sampled when its variate u is below a threshold t(n), and t(n) is
+// floor(2^64 p(n)), p(n) = 1-exp(-n/rate), to within float64's rounding of p(n): found by
+// bisection over u, for rates and sizes from 1 byte to far beyond the rate, so that the bounds
+// sample and sampleExact test before computing p(n) agree with it. Every u above
+// n*ceil(2^64/rate) is above t(n). At rate 1 every u samples.
+func TestMemoryProfileSampleThreshold(t *testing.T) {
+	r1 := memProfNew(t, &adpNullUpstream{}, 1, 0)
+	for _, n := range []uint64{1, 2, 256, 1 << 40, math.MaxInt64} {
+		for _, u := range []uint64{0, 1 << 63, math.MaxUint64} {
+			require.True(t, r1.sample(n, u), "rate 1, n %d, u %#x", n, u)
+		}
+	}
+	for _, rate := range []int{2, 3, 1000, 64 << 10, 1<<20 + 1, 128 << 20, 1 << 40, 1<<62 + 12345} {
+		r := memProfNew(t, &adpNullUpstream{}, rate, 0)
+		step, rem := bits.Div64(1, 0, uint64(rate)) // 2^64/rate
+		if rem != 0 {
+			step++
+		}
+		require.Equal(t, step, r.step, "rate %d", rate)
+		for _, n := range []uint64{1, 2, 255, 256, 4096, 1 << 20, 64 << 20, uint64(rate) / 16, uint64(rate) / 2, uint64(rate) - 1, uint64(rate), 2 * uint64(rate), 36 * uint64(rate), 40 * uint64(rate), math.MaxInt64} {
+			if n == 0 || n > math.MaxInt64 {
+				continue
+			}
+			// The least u not sampled, lo (got: 1 when all are).
+			lo, hi := uint64(0), uint64(math.MaxUint64)
+			got := 1.0
+			if !r.sample(n, hi) {
+				for lo < hi { // sample(n, hi) is false
+					mid := lo + (hi-lo)/2
+					if r.sample(n, mid) {
+						lo = mid + 1
+					} else {
+						hi = mid
+					}
+				}
+				got = float64(lo) * 0x1p-64
+			}
+			want := -math.Expm1(-float64(n) / float64(rate))
+			require.InDelta(t, want, got, want*0x1p-50+0x1p-63, "rate %d, n %d", rate, n)
+			if got == 1 {
+				continue
+			}
+			// Monotone below and above the threshold.
+			for _, d := range []uint64{1, 2, 1 << 20, 1 << 40} {
+				if lo >= d {
+					require.True(t, r.sample(n, lo-d), "rate %d, n %d, u t-%d", rate, n, d)
+				}
+				if lo+d > lo {
+					require.False(t, r.sample(n, lo+d), "rate %d, n %d, u t+%d", rate, n, d)
+				}
+			}
+			// The bound: nothing above n*step is sampled.
+			if h, l := bits.Mul64(n, step); h == 0 {
+				require.LessOrEqual(t, lo, l+1, "rate %d, n %d", rate, n)
+				require.LessOrEqual(t, n, r.fastMax)
+			} else {
+				require.Greater(t, n, r.fastMax)
+			}
+		}
+	}
+}
+
+// Each allocation of n bytes is sampled with probability 1-exp(-n/rate) whatever came before
+// it: over a mix of sizes in a seeded random order, each size's sampled count stays within six
+// standard deviations of its expectation.
 func TestMemoryProfileSamplingProbability(t *testing.T) {
 	const rate = 1 << 20
 	r := memProfNew(t, &adpNullUpstream{}, rate, 7)
@@ -308,7 +368,7 @@ func TestMemoryProfileSamplingProbability(t *testing.T) {
 	for range 300_000 {
 		i := order.IntN(len(sizes))
 		counts[i]++
-		if r.countDown(&r.shards[order.IntN(len(r.shards))], int64(sizes[i])) {
+		if r.sample(uint64(sizes[i]), r.testRand.Uint64()) {
 			sampled[i]++
 		}
 	}
@@ -472,4 +532,33 @@ func TestMemorySitesErrors(t *testing.T) {
 	report, err := r.Report(0, "")
 	require.NoError(t, err)
 	require.Equal(t, "Device Memory by Call Site\n==========================\n\nSampling: every allocation\nOrdered by: inuse_space\n\nNo samples", report)
+}
+
+// The adaptor's own generator (draw, as Allocate uses it on one goroutine) gives variates below
+// 2^64 q with frequency q, and two in a row both below it with frequency q^2, within six
+// standard deviations, for q from 1/2 to 1/1000.
+func TestMemoryProfileDraw(t *testing.T) {
+	r := memProfNew(t, &adpNullUpstream{}, 1<<20, 0)
+	const draws = 1 << 20
+	us := make([]uint64, draws)
+	for i := range us {
+		us[i] = r.draw()
+	}
+	for _, q := range []float64{0.5, 0.1, 0.01, 0.001} {
+		th := uint64(q * 0x1p64)
+		var below, pairs int
+		for i, u := range us {
+			if u < th {
+				below++
+				if i > 0 && us[i-1] < th {
+					pairs++
+				}
+			}
+		}
+		sd := math.Sqrt(draws * q * (1 - q))
+		require.InDelta(t, q*draws, below, 6*sd, "q %g", q)
+		q2 := q * q
+		sd2 := math.Sqrt((draws - 1) * q2 * (1 - q2))
+		require.InDelta(t, q2*(draws-1), pairs, 6*sd2+1, "q %g: pairs", q)
+	}
 }
