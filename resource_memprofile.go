@@ -10,6 +10,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"unsafe"
+
+	"github.com/gormm/rmm/internal/fpwalk"
 )
 
 // DefaultMemoryProfileRate is the sampling rate, in bytes, of a MemoryProfileResourceAdaptor made
@@ -78,15 +80,16 @@ type MemoryProfileOptions struct {
 // sampled from those that may have been (those then look their record up under a lock): about
 // 6.5 ns a pair over the upstream's own cost on the benchmark host (an AMD EPYC virtual machine;
 // BenchmarkMemoryProfileSampled), of which about 5 ns is what passing two calls through any
-// adaptor costs, against 30-35 ns a pair for a pool there. A sampled allocation costs the capture
-// of its stack (runtime.Callers, in proportion to its depth), a lookup of its stack in a table
-// under a lock, and a map entry until it is freed: about 0.5 µs a pair on the benchmark host, so
-// that through a pool allocations as large as the rate (mostly sampled) cost several times what
-// they cost without the adaptor. Since at most one allocation is sampled per rate bytes on
-// average, sampling costs at most that 0.5 µs per rate bytes allocated (4 ns per MiB at the
+// adaptor costs, against 30-35 ns a pair for a pool there. A sampled allocation costs the walk
+// of its stack by frame pointers (on amd64; elsewhere, and in Go called back from C, the stack
+// is taken with runtime.Callers, several times slower), a lookup of the stack in a table that
+// needs no lock, and an entry in a table under a lock until it is freed: about 60 ns a pair more
+// there (a pool's pairs of 64 MiB cost 100-120 ns). Since one allocation is sampled per rate
+// bytes on average, sampling costs at most that per rate bytes allocated (0.5 ns per MiB at the
 // default rate), whatever the sizes. Each distinct stack and size that is ever sampled keeps a
 // record (about 100 bytes plus 8 per frame) for the life of the adaptor, as Go's heap profiler
-// keeps its own; the adaptor itself takes about 21 KiB.
+// keeps its own; each sampled block not yet freed, an entry of 32 to 64 bytes; the adaptor itself
+// takes about 21 KiB.
 //
 // Why an adaptor of its own rather than an option of TrackingResourceAdaptor: the tracking
 // adaptor's purpose is an entry for every outstanding allocation (to list leaks exactly), which
@@ -117,8 +120,10 @@ type MemoryProfileResourceAdaptor struct {
 	// not sampled.
 	maybe [1 << memProfFilterBits]atomic.Uint32
 
-	mu      sync.Mutex // guards buckets and all
-	buckets map[uint64]*memProfBucket
+	// buckets finds a bucket by its stack and size without a lock (see bucket); mu guards its
+	// changes and all.
+	buckets atomic.Pointer[memProfTable]
+	mu      sync.Mutex
 	all     []*memProfBucket // in the order they were made
 }
 
@@ -132,8 +137,8 @@ const (
 // recording or freeing sampled blocks of different shards do not share a line.
 type memProfShard struct {
 	mu   sync.Mutex // guards live
-	live map[DevicePtr]*memProfBucket
-	_    [64 - 16]byte
+	live memProfLive
+	_    [64 - 8 - unsafe.Sizeof(memProfLive{})]byte
 }
 
 // memProfGen is one of the adaptor's random generators, on a cache line of its own: wyrand, a
@@ -166,11 +171,11 @@ func (r *MemoryProfileResourceAdaptor) draw() uint64 {
 
 // memProfBucket sums the samples of one call stack and size.
 type memProfBucket struct {
-	stack  []uintptr // return PCs, innermost first, as runtime.Callers gives them
+	stack  []uintptr // return PCs, innermost first, as fpwalk.Callers or runtime.Callers gives them
 	size   int64
-	next   *memProfBucket // the next bucket with the same hash
-	allocs atomic.Int64   // sampled allocations
-	frees  atomic.Int64   // of which freed
+	hash   uint64       // of stack and size
+	allocs atomic.Int64 // sampled allocations
+	frees  atomic.Int64 // of which freed
 }
 
 // NewMemoryProfileResourceAdaptor returns an adaptor that samples the allocations made through it
@@ -190,8 +195,8 @@ func NewMemoryProfileResourceAdaptor(upstream MemoryResource, opts *MemoryProfil
 		upstream: resourceOrCurrent(upstream),
 		rate:     rate,
 		step:     math.MaxUint64,
-		buckets:  map[uint64]*memProfBucket{},
 	}
+	r.buckets.Store(&memProfTable{slots: make([]atomic.Pointer[memProfBucket], 64)})
 	if rate > 1 {
 		// ceil(2^64/rate) = floor((2^64-1)/rate) + 1, for rate > 1: where rate divides 2^64 (a
 		// power of two) the floor is one less than the quotient, elsewhere it is the quotient's.
@@ -200,9 +205,6 @@ func NewMemoryProfileResourceAdaptor(upstream MemoryResource, opts *MemoryProfil
 	r.fastMax = math.MaxUint64 / r.step
 	for i := range r.gens {
 		r.gens[i].seq.Store(rand.Uint64())
-	}
-	for i := range r.shards {
-		r.shards[i].live = map[DevicePtr]*memProfBucket{}
 	}
 	return r, nil
 }
@@ -217,7 +219,10 @@ func memProfHash(p DevicePtr) uint64 { return uint64(p) * 0x9e3779b97f4a7c15 }
 // records its call stack (see the type's comment). A negative size returns an error wrapping
 // ErrInvalidArgument without calling the upstream; the upstream's errors are returned unchanged
 // and nothing is recorded then.
+//
+//go:noinline
 func (r *MemoryProfileResourceAdaptor) Allocate(nbytes int, s StreamView) (DevicePtr, error) {
+	// Never inlined: record's stack starts two frames up, at Allocate's caller.
 	if nbytes < 0 {
 		return 0, invalidSize("MemoryProfileResourceAdaptor", "Allocate", nbytes)
 	}
@@ -280,16 +285,23 @@ func (r *MemoryProfileResourceAdaptor) sampleExact(n, u uint64) bool {
 //go:noinline
 func (r *MemoryProfileResourceAdaptor) record(p DevicePtr, nbytes int) {
 	var pcs [maxTrackedFrames]uintptr
-	n := runtime.Callers(3, pcs[:]) // runtime.Callers, record, Allocate
+	// Frames 1, 2 and 3: record, Allocate, Allocate's caller. The walk by frame pointers gives
+	// physical frames (see memProfLocations.stack); runtime.Callers, when the walk stopped
+	// short, logical ones. Both start at Allocate's caller: neither record nor Allocate is
+	// inlined, and a wrapper between Allocate and its caller, which runtime.Callers skips and
+	// the walk does not, is left out of the profile.
+	n, complete := fpwalk.Callers(3, pcs[:])
+	if !complete {
+		n = runtime.Callers(3, pcs[:])
+	}
 	b := r.bucket(pcs[:n], int64(nbytes))
 	b.allocs.Add(1)
 	h := memProfHash(p)
 	sh := &r.shards[h>>(64-memProfShardBits)]
 	sh.mu.Lock()
-	old, dup := sh.live[p]
-	sh.live[p] = b
+	old := sh.live.put(p, h, b)
 	sh.mu.Unlock()
-	if dup {
+	if old != nil {
 		// The upstream handed out a sampled block that was never freed through the adaptor: it
 		// was freed behind its back. Count it freed now.
 		old.frees.Add(1)
@@ -304,16 +316,140 @@ func (r *MemoryProfileResourceAdaptor) bucket(stk []uintptr, size int64) *memPro
 	for _, pc := range stk {
 		h = (h ^ uint64(pc)) * 0x100000001b3
 	}
+	if b := r.buckets.Load().find(h, stk, size); b != nil {
+		return b // the common case: without a lock
+	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	for b := r.buckets[h]; b != nil; b = b.next {
-		if b.size == size && slices.Equal(b.stack, stk) {
+	t := r.buckets.Load()
+	if b := t.find(h, stk, size); b != nil {
+		return b
+	}
+	b := &memProfBucket{stack: slices.Clone(stk), size: size, hash: h}
+	r.all = append(r.all, b)
+	if 2*len(r.all) > len(t.slots) {
+		// Kept at most half full. Lookups running meanwhile in the old table, which is left as
+		// it is, miss only the buckets made since, and come here for them.
+		t = &memProfTable{slots: make([]atomic.Pointer[memProfBucket], 2*len(t.slots))}
+		for _, b := range r.all {
+			t.insert(b)
+		}
+		r.buckets.Store(t)
+		return b
+	}
+	t.insert(b)
+	return b
+}
+
+// memProfTable is a hash table of buckets by stack and size, with open addressing and linear
+// probing, that buckets are only ever added to: a lookup needs no lock, since a slot, once set,
+// holds the same bucket for the life of the table, and a bucket is set in a slot (atomically)
+// only once it is complete.
+type memProfTable struct {
+	slots []atomic.Pointer[memProfBucket] // a power of two of them
+}
+
+// find returns the bucket of hash h, stack stk and size, or nil.
+func (t *memProfTable) find(h uint64, stk []uintptr, size int64) *memProfBucket {
+	mask := uint64(len(t.slots) - 1)
+	for i := h >> (64 - bits.Len64(mask)); ; i = (i + 1) & mask {
+		b := t.slots[i].Load()
+		if b == nil || b.hash == h && b.size == size && slices.Equal(b.stack, stk) {
 			return b
 		}
 	}
-	b := &memProfBucket{stack: slices.Clone(stk), size: size, next: r.buckets[h]}
-	r.buckets[h] = b
-	r.all = append(r.all, b)
+}
+
+// insert puts b into the table (with mu held, and room left in the table).
+func (t *memProfTable) insert(b *memProfBucket) {
+	mask := uint64(len(t.slots) - 1)
+	i := b.hash >> (64 - bits.Len64(mask))
+	for t.slots[i].Load() != nil {
+		i = (i + 1) & mask
+	}
+	t.slots[i].Store(b)
+}
+
+// memProfLive is one shard's table of the sampled blocks not yet freed, by pointer: open
+// addressing with linear probing, from the pointer hash's bits below those that pick the shard,
+// kept at most half full; a deletion shifts the entries after it back, so that it leaves no
+// mark. (A Go map serves too, but costs more: an emptied map draws a new hash seed.) Its user
+// holds the shard's lock.
+type memProfLive struct {
+	slots []memProfLiveSlot // a power of two of them, or none
+	n     int               // entries
+}
+
+type memProfLiveSlot struct {
+	p DevicePtr
+	b *memProfBucket // nil: the slot is empty
+}
+
+// home returns the slot where the entry of a pointer whose hash is h starts its probe.
+func (t *memProfLive) home(h uint64) uint64 {
+	return h << memProfShardBits >> (64 - bits.Len64(uint64(len(t.slots)-1)))
+}
+
+// find returns the slot of p (hash h), or the empty slot where it would go.
+func (t *memProfLive) find(p DevicePtr, h uint64) uint64 {
+	mask := uint64(len(t.slots) - 1)
+	i := t.home(h)
+	for t.slots[i].b != nil && t.slots[i].p != p {
+		i = (i + 1) & mask
+	}
+	return i
+}
+
+// put records p (hash h) in b and returns the bucket it was recorded in before, or nil.
+func (t *memProfLive) put(p DevicePtr, h uint64, b *memProfBucket) *memProfBucket {
+	if 2*(t.n+1) > len(t.slots) {
+		old := t.slots
+		t.slots, t.n = make([]memProfLiveSlot, max(16, 2*len(old))), 0
+		for _, e := range old {
+			if e.b != nil {
+				t.put(e.p, memProfHash(e.p), e.b)
+			}
+		}
+	}
+	i := t.find(p, h)
+	old := t.slots[i].b
+	if old == nil {
+		t.n++
+	}
+	t.slots[i] = memProfLiveSlot{p, b}
+	return old
+}
+
+// get returns the bucket p (hash h) is recorded in, or nil.
+func (t *memProfLive) get(p DevicePtr, h uint64) *memProfBucket {
+	if t.n == 0 {
+		return nil
+	}
+	return t.slots[t.find(p, h)].b
+}
+
+// delete drops p's entry (hash h) and returns its bucket, or nil when it has none.
+func (t *memProfLive) delete(p DevicePtr, h uint64) *memProfBucket {
+	if t.n == 0 {
+		return nil
+	}
+	i := t.find(p, h)
+	b := t.slots[i].b
+	if b == nil {
+		return nil
+	}
+	t.n--
+	// Shift back each entry of the run after i that may move into the hole: one whose home is
+	// not cyclically in (i, j].
+	mask := uint64(len(t.slots) - 1)
+	for j := (i + 1) & mask; t.slots[j].b != nil; j = (j + 1) & mask {
+		k := t.home(memProfHash(t.slots[j].p))
+		if (j-k)&mask >= (j-i)&mask {
+			t.slots[i] = t.slots[j]
+			i = j
+		}
+	}
+	t.slots[i] = memProfLiveSlot{}
 	return b
 }
 
@@ -336,12 +472,9 @@ func (r *MemoryProfileResourceAdaptor) Deallocate(p DevicePtr, nbytes int, s Str
 func (r *MemoryProfileResourceAdaptor) deallocateSampled(p DevicePtr, nbytes int, s StreamView, h uint64) error {
 	sh := &r.shards[h>>(64-memProfShardBits)]
 	sh.mu.Lock()
-	b, found := sh.live[p]
-	if found {
-		delete(sh.live, p)
-	}
+	b := sh.live.delete(p, h)
 	sh.mu.Unlock()
-	if !found {
+	if b == nil {
 		return r.upstream.Deallocate(p, nbytes, s)
 	}
 	// Dropped before the upstream's free, so that an address it hands out again at once is
@@ -352,8 +485,8 @@ func (r *MemoryProfileResourceAdaptor) deallocateSampled(p DevicePtr, nbytes int
 	err := r.upstream.Deallocate(p, nbytes, s)
 	if err != nil {
 		sh.mu.Lock()
-		if _, dup := sh.live[p]; !dup { // a broken upstream may have handed p out again
-			sh.live[p] = b
+		if sh.live.get(p, h) == nil { // a broken upstream may have handed p out again
+			sh.live.put(p, h, b)
 			slot.Add(1)
 			b.frees.Add(-1)
 		}
