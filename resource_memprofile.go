@@ -15,18 +15,20 @@ import (
 )
 
 // DefaultMemoryProfileRate is the sampling rate, in bytes, of a MemoryProfileResourceAdaptor made
-// without one: on average one allocation is recorded per 128 MiB allocated, 256 times Go's own
+// without one: on average one allocation is recorded per GiB allocated, 2048 times Go's own
 // default (runtime.MemProfileRate, 512 KiB). Device programs allocate far more bytes than Go
-// programs do on their heap, and a resource hands out a block of any size for about the same
-// cost, while recording a sampled allocation (its call stack) costs about 0.5 µs whatever its
-// size. 128 MiB is the smallest power of two at which benchmark W1 over host memory
-// (SystemMemoryResource, 130-200 ns a pair below 64 MiB) cost at most 10% more through the
-// adaptor at each of W1's sizes, 256 B to 64 MiB; at 64 MiB the pairs of 1 MiB cost 11% more
-// (BenchmarkW1Profiled, which gives the figures). Over a sub-allocator (25-40 ns a pair) the
-// adaptor costs more: 5-10 ns a pair that is not sampled, and allocations of tens of MiB are
-// sampled often (see the type's comment). A profile at this rate holds about 8 samples per GiB
-// in use; set MemoryProfileOptions.Rate lower for more detail.
-const DefaultMemoryProfileRate = 128 << 20
+// programs do on their heap, and a sub-allocator hands out a block of any size in tens of
+// nanoseconds, while recording a sampled allocation costs about 60 ns whatever its size (on the
+// benchmark host; see the type's comment). 1 GiB is the smallest power of two at which sampling
+// and the cost of the allocations not sampled together add at most 10% to benchmark W1's pairs
+// of 64 MiB over the pools and the arena (100-120 ns a pair there): 6% of these allocations are
+// sampled at 1 GiB, 12% at 512 MiB, which comes to about 9% and 12% more in all (from the two
+// costs measured apart; BenchmarkW1Profiled's own differences at these rates are within its
+// noise on that host). W1's smaller sizes are sampled at most 0.1% of the time at 1 GiB; what
+// the adaptor adds to them, about 6.5 ns a pair (20% of a pool's 30-35 ns there), is the same at
+// every rate. A profile at this rate holds about one sample per GiB in use; set
+// MemoryProfileOptions.Rate lower for more detail.
+const DefaultMemoryProfileRate = 1 << 30
 
 // MemoryProfileOptions configures a MemoryProfileResourceAdaptor. nil means the defaults.
 type MemoryProfileOptions struct {
@@ -85,7 +87,7 @@ type MemoryProfileOptions struct {
 // is taken with runtime.Callers, several times slower), a lookup of the stack in a table that
 // needs no lock, and an entry in a table under a lock until it is freed: about 60 ns a pair more
 // there (a pool's pairs of 64 MiB cost 100-120 ns). Since one allocation is sampled per rate
-// bytes on average, sampling costs at most that per rate bytes allocated (0.5 ns per MiB at the
+// bytes on average, sampling costs at most that per rate bytes allocated (0.06 ns per MiB at the
 // default rate), whatever the sizes. Each distinct stack and size that is ever sampled keeps a
 // record (about 100 bytes plus 8 per frame) for the life of the adaptor, as Go's heap profiler
 // keeps its own; each sampled block not yet freed, an entry of 32 to 64 bytes; the adaptor itself
