@@ -155,25 +155,37 @@ func BenchmarkW1(b *testing.B) {
 			b.Run(fmt.Sprintf("%s/%s", r.name, sizeName(size)), func(b *testing.B) {
 				mr, closeMR := r.make(b)
 				defer closeMR()
-				s := benchStream(b)
-				// Warm up once (a pool takes its first block from another stream's list).
-				if p, err := mr.Allocate(size, s); err == nil {
-					mr.Deallocate(p, size, s)
-				}
-				b.ResetTimer()
-				for i := 0; i < b.N; i++ {
-					p, err := mr.Allocate(size, s)
-					if err != nil {
-						b.Fatal(err)
-					}
-					if err := mr.Deallocate(p, size, s); err != nil {
-						b.Fatal(err)
-					}
-				}
-				b.StopTimer()
-				s.Synchronize()
+				benchW1Loop(b, mr, size, false)
 			})
 		}
+	}
+}
+
+// benchW1Loop is W1's loop over mr: b.N pairs of an allocation of size bytes and its free, on a
+// new non-blocking stream, after one pair to warm up; with cpuNs, it also reports the process's
+// CPU time per pair as cpu-ns/op.
+func benchW1Loop(b *testing.B, mr MemoryResource, size int, cpuNs bool) {
+	s := benchStream(b)
+	// Warm up once (a pool takes its first block from another stream's list).
+	if p, err := mr.Allocate(size, s); err == nil {
+		mr.Deallocate(p, size, s)
+	}
+	b.ResetTimer()
+	cpu0, cpuOK := processCPUTime()
+	for i := 0; i < b.N; i++ {
+		p, err := mr.Allocate(size, s)
+		if err != nil {
+			b.Fatal(err)
+		}
+		if err := mr.Deallocate(p, size, s); err != nil {
+			b.Fatal(err)
+		}
+	}
+	cpu1, _ := processCPUTime()
+	b.StopTimer()
+	s.Synchronize()
+	if cpuNs && cpuOK {
+		b.ReportMetric(float64((cpu1-cpu0).Nanoseconds())/float64(b.N), "cpu-ns/op")
 	}
 }
 

@@ -5,17 +5,20 @@ import (
 	"testing"
 )
 
-// memProfBenchRates are the sampling rates BenchmarkW1Profiled measures ("none": no adaptor).
+// memProfBenchRates are the sampling rates BenchmarkW1Profiled measures ("none": no adaptor; "1B":
+// every allocation sampled).
 var memProfBenchRates = []struct {
 	name string
 	rate int // 0: no adaptor
 }{
 	{"none", 0},
+	{"1B", 1}, // every allocation sampled
 	{"512KiB", 512 << 10},
-	{"8MiB", 8 << 20},
-	{"32MiB", 32 << 20},
-	{"64MiB", 64 << 20},
 	{"128MiB", 128 << 20},
+	{"256MiB", 256 << 20},
+	{"512MiB", 512 << 20},
+	{"1GiB", 1 << 30},
+	{"2GiB", 2 << 30},
 }
 
 // W1 (one allocate+free pair in a loop on one stream) through a MemoryProfileResourceAdaptor
@@ -26,23 +29,26 @@ var memProfBenchRates = []struct {
 //	go test -run '^$' -bench W1Profiled -count 10 > w1prof.txt
 //	benchstat -col /rate w1prof.txt
 //
-// On a host without a GPU (AMD EPYC, two virtual cores shared with other work, where wall times
-// scattered by 30-90%), the medians of cpu-ns/op over 10 interleaved runs, adaptor against the
-// resource alone:
+// On a host without a GPU (AMD EPYC, two virtual cores shared with other work, where cpu-ns/op
+// still scatters by 10-30%), the medians of cpu-ns/op over 6 interleaved runs, adaptor against
+// the resource alone; the pools (plain and expandable) cost 30-35 ns a pair alone below 64 MiB
+// and 100-120 ns at 64 MiB, the arena 65-85 ns and 90-100 ns, SystemMemoryResource 170-190 ns and
+// 13 µs:
 //
-//   - SystemMemoryResource (130-200 ns a pair up to 1 MiB, 11-13 µs at 64 MiB): at 128 MiB no
-//     size cost significantly more (-13% to +4%; in 30 runs of none against 128 MiB: +11%, -1%,
-//     +9% and +5% for 256 B, 64 KiB, 1 MiB and 64 MiB, only the last significant, and the wall
-//     times +2%, -2%, +1%, +7%). At 64 MiB the 1 MiB pairs cost 11% more (+11.5% in 30 runs, p <
-//     0.001), at 32 MiB 15%, at 8 MiB 62%, at Go's 512 KiB 387%. Hence
-//     DefaultMemoryProfileRate.
-//   - The sub-allocators (pool, expandable pool, arena, binning; 25-40 ns a pair, 60-135 ns for
-//     arena and binning): 5-10 ns more a pair at 256 B at every rate (the cost of an allocation
-//     not sampled), and about 0.5 µs per sampled allocation: at 128 MiB, +20% to +37% at 1 MiB
-//     and +230% to +370% at 64 MiB (two allocations of 64 MiB in five are sampled).
+//   - every allocation sampled (1B): 50-70 ns more a pair over the pools, 55-85 ns over the arena,
+//     60-75 ns over host memory below 64 MiB;
+//   - at 512 MiB, 1 GiB and 2 GiB: 3-10 ns more a pair over the pools at the sizes below 64 MiB
+//     (7 ns in the median, +10% to +30%), the cost of an allocation not sampled, the same at every
+//     rate; over the arena and host memory within the noise; at 64 MiB 0% to +25% over the pools
+//     and the arena, not significant at this noise (the costs measured apart put them at about
+//     12%, 9% and 7%);
+//   - at 256 MiB, +19% to +52% at 64 MiB; at 128 MiB, +47% to +76%; at Go's 512 KiB, +50% to
+//     +60% at 64 KiB and +270% to +365% at 1 MiB over the pools.
 //
-// BenchmarkMemoryProfileSampled gives the two costs apart: about 10 ns a pair through the
-// adaptor over an upstream that does nothing (5 ns without it), 420-540 ns a pair at rate 1.
+// Before the stack was walked by frame pointers (runtime.Callers), a sample cost 0.77-0.87 µs in
+// W1 on that host (1.4 µs on an H200's), and at 128 MiB the pairs of 64 MiB cost 250-385% more;
+// a sample now costs about 60 ns there, which puts it near 0.1 µs on the H200's host.
+// BenchmarkMemoryProfileSampled gives the costs apart, over an upstream that does nothing.
 func BenchmarkW1Profiled(b *testing.B) {
 	for _, r := range benchResources(b) {
 		for _, size := range []int{256, 64 << 10, 1 << 20, 64 << 20} {
@@ -58,52 +64,45 @@ func BenchmarkW1Profiled(b *testing.B) {
 						}
 						mr = prof
 					}
-					s := benchStream(b)
-					if p, err := mr.Allocate(size, s); err == nil {
-						mr.Deallocate(p, size, s)
-					}
-					b.ResetTimer()
-					cpu0, cpuOK := processCPUTime()
-					for i := 0; i < b.N; i++ {
-						p, err := mr.Allocate(size, s)
-						if err != nil {
-							b.Fatal(err)
-						}
-						if err := mr.Deallocate(p, size, s); err != nil {
-							b.Fatal(err)
-						}
-					}
-					cpu1, _ := processCPUTime()
-					b.StopTimer()
-					s.Synchronize()
-					if cpuOK {
-						b.ReportMetric(float64((cpu1-cpu0).Nanoseconds())/float64(b.N), "cpu-ns/op")
-					}
+					benchW1Loop(b, mr, size, true)
 				})
 			}
 		}
 	}
 }
 
-// The parts of a sampled allocation's cost: every allocation sampled (rate 1) over an upstream
-// that does nothing, on one goroutine and from all of them.
+// The parts of a sampled allocation's cost: every allocation sampled (rate 1) or few of them (the
+// default rate) over an upstream that does nothing, beside that upstream alone ("upstream"), on
+// one goroutine and from all of them.
 func BenchmarkMemoryProfileSampled(b *testing.B) {
-	for _, rate := range []int{1, DefaultMemoryProfileRate} {
-		b.Run(fmt.Sprintf("rate=%d", rate), func(b *testing.B) {
-			prof, _ := NewMemoryProfileResourceAdaptor(&adpNullUpstream{}, &MemoryProfileOptions{Rate: rate})
+	for _, rate := range []int{0, 1, DefaultMemoryProfileRate} {
+		name := fmt.Sprintf("rate=%d", rate)
+		mr := func() MemoryResource {
+			up := &adpNullUpstream{}
+			if rate == 0 {
+				return up
+			}
+			prof, _ := NewMemoryProfileResourceAdaptor(up, &MemoryProfileOptions{Rate: rate})
+			return prof
+		}
+		if rate == 0 {
+			name = "upstream"
+		}
+		b.Run(name, func(b *testing.B) {
+			mr := mr()
 			b.ReportAllocs()
 			for b.Loop() {
-				p, _ := prof.Allocate(4096, DefaultStream)
-				_ = prof.Deallocate(p, 4096, DefaultStream)
+				p, _ := mr.Allocate(4096, DefaultStream)
+				_ = mr.Deallocate(p, 4096, DefaultStream)
 			}
 		})
-		b.Run(fmt.Sprintf("rate=%d-parallel", rate), func(b *testing.B) {
-			prof, _ := NewMemoryProfileResourceAdaptor(&adpNullUpstream{}, &MemoryProfileOptions{Rate: rate})
+		b.Run(name+"-parallel", func(b *testing.B) {
+			mr := mr()
 			b.ReportAllocs()
 			b.RunParallel(func(pb *testing.PB) {
 				for pb.Next() {
-					p, _ := prof.Allocate(4096, DefaultStream)
-					_ = prof.Deallocate(p, 4096, DefaultStream)
+					p, _ := mr.Allocate(4096, DefaultStream)
+					_ = mr.Deallocate(p, 4096, DefaultStream)
 				}
 			})
 		})

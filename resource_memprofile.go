@@ -3,26 +3,32 @@ package rmm
 import (
 	"fmt"
 	"math"
+	"math/bits"
 	"math/rand/v2"
 	"runtime"
 	"slices"
 	"sync"
 	"sync/atomic"
+	"unsafe"
+
+	"github.com/gormm/rmm/internal/fpwalk"
 )
 
 // DefaultMemoryProfileRate is the sampling rate, in bytes, of a MemoryProfileResourceAdaptor made
-// without one: on average one allocation is recorded per 128 MiB allocated, 256 times Go's own
+// without one: on average one allocation is recorded per GiB allocated, 2048 times Go's own
 // default (runtime.MemProfileRate, 512 KiB). Device programs allocate far more bytes than Go
-// programs do on their heap, and a resource hands out a block of any size for about the same
-// cost, while recording a sampled allocation (its call stack) costs about 0.5 µs whatever its
-// size. 128 MiB is the smallest power of two at which benchmark W1 over host memory
-// (SystemMemoryResource, 130-200 ns a pair below 64 MiB) cost at most 10% more through the
-// adaptor at each of W1's sizes, 256 B to 64 MiB; at 64 MiB the pairs of 1 MiB cost 11% more
-// (BenchmarkW1Profiled, which gives the figures). Over a sub-allocator (25-40 ns a pair) the
-// adaptor costs more: 5-10 ns a pair that is not sampled, and allocations of tens of MiB are
-// sampled often (see the type's comment). A profile at this rate holds about 8 samples per GiB
-// in use; set MemoryProfileOptions.Rate lower for more detail.
-const DefaultMemoryProfileRate = 128 << 20
+// programs do on their heap, and a sub-allocator hands out a block of any size in tens of
+// nanoseconds, while recording a sampled allocation costs about 60 ns whatever its size (on the
+// benchmark host; see the type's comment). 1 GiB is the smallest power of two at which sampling
+// and the cost of the allocations not sampled together add at most 10% to benchmark W1's pairs
+// of 64 MiB over the pools and the arena (100-120 ns a pair there): 6% of these allocations are
+// sampled at 1 GiB, 12% at 512 MiB, which comes to about 9% and 12% more in all (from the two
+// costs measured apart; BenchmarkW1Profiled's own differences at these rates are within its
+// noise on that host). W1's smaller sizes are sampled at most 0.1% of the time at 1 GiB; what
+// the adaptor adds to them, about 6.5 ns a pair (20% of a pool's 30-35 ns there), is the same at
+// every rate. A profile at this rate holds about one sample per GiB in use; set
+// MemoryProfileOptions.Rate lower for more detail.
+const DefaultMemoryProfileRate = 1 << 30
 
 // MemoryProfileOptions configures a MemoryProfileResourceAdaptor. nil means the defaults.
 type MemoryProfileOptions struct {
@@ -41,19 +47,19 @@ type MemoryProfileOptions struct {
 // MemoryProfileHandler serves it over HTTP; TopSites and Report sum it by call site.
 //
 // What is recorded. Allocations are sampled by size, as Go's heap profiler samples its own: an
-// allocation of n bytes is recorded with probability 1-exp(-n/rate) (MemoryProfileOptions.Rate,
-// in bytes). As in Go's runtime, a countdown holds the bytes left to the next sample, drawn from
-// an exponential distribution of mean rate; an allocation of n bytes takes n off it, and is
-// recorded when the countdown is n or less, which draws a new one. Go keeps a countdown per
-// processor; this adaptor keeps 32, each allocation using the one its pointer hashes to, so
-// goroutines allocating at once seldom share one (the exponential distribution is memoryless, so
-// any countdown gives every allocation the same probability). A sampled allocation records its
-// call stack (up to 64 frames, starting at the caller of Allocate) and its size; the profile sums
-// the samples by stack and size and scales them back to estimates of all allocations exactly as
-// Go's heap profile does (each figure multiplied by 1/(1-exp(-size/rate))). A sampled block's free
-// is counted when it is freed through the adaptor; the in-use figures are those of blocks
-// allocated and not yet freed, now (Go's heap profile reports them as of its last garbage
-// collection). Unsampled allocations leave no record: the adaptor keeps no entry per block.
+// allocation of n bytes is recorded with probability p = 1-exp(-n/rate)
+// (MemoryProfileOptions.Rate, in bytes), independently of every other allocation (Go's runtime
+// counts down the bytes to the next sample instead, which gives each allocation the same
+// probability). A sampled allocation records its call stack (up to 64 frames, starting at the
+// caller of Allocate) and its size; the profile sums the samples by stack and size and scales
+// them back to estimates of all allocations exactly as Go's heap profile does (each figure
+// multiplied by 1/p), which makes every estimate unbiased. Its error: N allocations of n bytes
+// are estimated with a standard deviation of sqrt(N(1-p)/p) allocations, about 1/sqrt(Np) of N
+// (one over the square root of the number of samples expected), and exactly once n is many
+// times the rate (p is then 1). A sampled block's free is counted when it is freed through the
+// adaptor; the in-use figures are those of blocks allocated and not yet freed, now (Go's heap
+// profile reports them as of its last garbage collection). Unsampled allocations leave no record:
+// the adaptor keeps no entry per block.
 //
 // Units: bytes as asked of Allocate (not rounded up to the alignment); counts of allocations.
 // Zero-byte allocations are never sampled.
@@ -70,19 +76,22 @@ type MemoryProfileOptions struct {
 // counted as in use until its address is allocated and sampled again or freed through the
 // adaptor.
 //
-// Cost. An allocation that is not sampled costs one atomic compare-and-swap on its countdown,
-// and its free one atomic load from a table of counters indexed by the pointer's hash, which
-// tells pointers that cannot have been sampled from those that may have been (those then look
-// their record up under a lock): 5-10 ns a pair in all on one goroutine, against a pool's
-// 25-40 ns. A sampled allocation costs the capture of its stack (runtime.Callers, in proportion
-// to its depth), a lookup of its stack in a table under a lock, and a map entry until it is
-// freed: about 0.5 µs a pair on the benchmark host, so that through a pool allocations as large
-// as the rate (mostly sampled) cost several times what they cost without the adaptor. Since at
-// most one allocation is sampled per rate bytes on average, sampling costs at most that 0.5 µs
-// per rate bytes allocated (4 ns per MiB at the default rate), whatever the sizes.
-// Each distinct stack and size that is ever sampled keeps a record (about 100 bytes plus 8 per
-// frame) for the life of the adaptor, as Go's heap profiler keeps its own; the adaptor itself
-// takes about 24 KiB.
+// Cost. An allocation that is not sampled costs, besides passing the call on, a random draw (an
+// atomic addition and a multiplication) and its test (a multiplication), and its free a load from
+// a table of counters indexed by the pointer's hash, which tells pointers that cannot have been
+// sampled from those that may have been (those then look their record up under a lock): about
+// 6.5 ns a pair over the upstream's own cost on the benchmark host (an AMD EPYC virtual machine;
+// BenchmarkMemoryProfileSampled), of which about 5 ns is what passing two calls through any
+// adaptor costs, against 30-35 ns a pair for a pool there. A sampled allocation costs the walk
+// of its stack by frame pointers (on amd64; elsewhere, and in Go called back from C, the stack
+// is taken with runtime.Callers, several times slower), a lookup of the stack in a table that
+// needs no lock, and an entry in a table under a lock until it is freed: about 60 ns a pair more
+// there (a pool's pairs of 64 MiB cost 100-120 ns). Since one allocation is sampled per rate
+// bytes on average, sampling costs at most that per rate bytes allocated (0.06 ns per MiB at the
+// default rate), whatever the sizes. Each distinct stack and size that is ever sampled keeps a
+// record (about 100 bytes plus 8 per frame) for the life of the adaptor, as Go's heap profiler
+// keeps its own; each sampled block not yet freed, an entry of 32 to 64 bytes; the adaptor itself
+// takes about 21 KiB.
 //
 // Why an adaptor of its own rather than an option of TrackingResourceAdaptor: the tracking
 // adaptor's purpose is an entry for every outstanding allocation (to list leaks exactly), which
@@ -93,12 +102,19 @@ type MemoryProfileOptions struct {
 type MemoryProfileResourceAdaptor struct {
 	upstream MemoryResource
 	rate     int
+	// step is ceil(2^64/rate) (MaxUint64 at rate 1): n*step bounds 2^64 times the probability
+	// with which an allocation of n bytes is sampled, for n up to fastMax, MaxUint64/step,
+	// beyond which the product overflows (see sample).
+	step, fastMax uint64
 
 	// testRand, when set (by tests, before any allocation), replaces the per-thread random
 	// source so that a test's samples are reproducible. It is not safe for concurrent use.
 	testRand *rand.Rand
 
-	// shards hold the countdowns and the sampled blocks not yet freed, by pointer hash.
+	// gens are the random generators that sample allocations (see draw).
+	gens [1 << memProfGenBits]memProfGen
+
+	// shards hold the sampled blocks not yet freed, by pointer hash.
 	shards [1 << memProfShardBits]memProfShard
 
 	// maybe counts, for each slot (the top memProfFilterBits bits of a pointer's hash), the
@@ -106,32 +122,62 @@ type MemoryProfileResourceAdaptor struct {
 	// not sampled.
 	maybe [1 << memProfFilterBits]atomic.Uint32
 
-	mu      sync.Mutex // guards buckets and all
-	buckets map[uint64]*memProfBucket
+	// buckets finds a bucket by its stack and size without a lock (see bucket); mu guards its
+	// changes and all.
+	buckets atomic.Pointer[memProfTable]
+	mu      sync.Mutex
 	all     []*memProfBucket // in the order they were made
 }
 
 const (
-	memProfShardBits  = 5  // 32 shards of 128 bytes
+	memProfGenBits    = 5  // 32 generators of 64 bytes
+	memProfShardBits  = 5  // 32 shards of 64 bytes
 	memProfFilterBits = 12 // 4096 counters of 4 bytes
 )
 
-// memProfShard is one shard of the sampling state, on a cache line pair of its own, so that
-// goroutines allocating pointers of different shards do not share a line.
+// memProfShard is one shard of the sampled blocks, on a cache line of its own, so that goroutines
+// recording or freeing sampled blocks of different shards do not share a line.
 type memProfShard struct {
-	left atomic.Int64 // bytes left to the next sample
-	mu   sync.Mutex   // guards live
-	live map[DevicePtr]*memProfBucket
-	_    [128 - 24]byte
+	mu   sync.Mutex // guards live
+	live memProfLive
+	_    [64 - 8 - unsafe.Sizeof(memProfLive{})]byte
+}
+
+// memProfGen is one of the adaptor's random generators, on a cache line of its own: wyrand, a
+// Weyl sequence (a counter advanced by an odd constant, here by one atomic addition, so that
+// goroutines sharing a generator each get a value of their own) mixed by a 128-bit product.
+//
+// Why not the runtime's per-thread generator (math/rand/v2's rand.Uint64), which needs no
+// atomic operation: it cost 7 ns a call on the benchmark host, against 2.5 ns for the atomic
+// addition, most of what an unsampled allocation costs beyond passing the call on. And why not
+// Go's countdown of bytes to the next sample: shared between goroutines, it needs a
+// compare-and-swap loop (the value written depends on the value read), no cheaper than the
+// addition and retried under contention, where the addition never is.
+type memProfGen struct {
+	seq atomic.Uint64
+	_   [64 - 8]byte
+}
+
+// draw returns a uniform 64-bit variate from the generator of the calling goroutine's stack.
+func (r *MemoryProfileResourceAdaptor) draw() uint64 {
+	// The generator is picked by the address of a local variable, so that a goroutine keeps to
+	// one (while its stack stays where it is) and goroutines running at once seldom share one's
+	// cache line. Any generator would give a correct draw.
+	var local byte
+	sp := uint64(uintptr(unsafe.Pointer(&local)))
+	g := &r.gens[(sp>>12)*0x9e3779b97f4a7c15>>(64-memProfGenBits)]
+	x := g.seq.Add(0xa0761d6478bd642f)
+	hi, lo := bits.Mul64(x, x^0xe7037ed1a0b428db)
+	return hi ^ lo
 }
 
 // memProfBucket sums the samples of one call stack and size.
 type memProfBucket struct {
-	stack  []uintptr // return PCs, innermost first, as runtime.Callers gives them
+	stack  []uintptr // return PCs, innermost first, as fpwalk.Callers or runtime.Callers gives them
 	size   int64
-	next   *memProfBucket // the next bucket with the same hash
-	allocs atomic.Int64   // sampled allocations
-	frees  atomic.Int64   // of which freed
+	hash   uint64       // of stack and size
+	allocs atomic.Int64 // sampled allocations
+	frees  atomic.Int64 // of which freed
 }
 
 // NewMemoryProfileResourceAdaptor returns an adaptor that samples the allocations made through it
@@ -150,11 +196,17 @@ func NewMemoryProfileResourceAdaptor(upstream MemoryResource, opts *MemoryProfil
 	r := &MemoryProfileResourceAdaptor{
 		upstream: resourceOrCurrent(upstream),
 		rate:     rate,
-		buckets:  map[uint64]*memProfBucket{},
+		step:     math.MaxUint64,
 	}
-	for i := range r.shards {
-		r.shards[i].left.Store(r.draw())
-		r.shards[i].live = map[DevicePtr]*memProfBucket{}
+	r.buckets.Store(&memProfTable{slots: make([]atomic.Pointer[memProfBucket], 64)})
+	if rate > 1 {
+		// ceil(2^64/rate) = floor((2^64-1)/rate) + 1, for rate > 1: where rate divides 2^64 (a
+		// power of two) the floor is one less than the quotient, elsewhere it is the quotient's.
+		r.step = math.MaxUint64/uint64(rate) + 1
+	}
+	r.fastMax = math.MaxUint64 / r.step
+	for i := range r.gens {
+		r.gens[i].seq.Store(rand.Uint64())
 	}
 	return r, nil
 }
@@ -169,7 +221,10 @@ func memProfHash(p DevicePtr) uint64 { return uint64(p) * 0x9e3779b97f4a7c15 }
 // records its call stack (see the type's comment). A negative size returns an error wrapping
 // ErrInvalidArgument without calling the upstream; the upstream's errors are returned unchanged
 // and nothing is recorded then.
+//
+//go:noinline
 func (r *MemoryProfileResourceAdaptor) Allocate(nbytes int, s StreamView) (DevicePtr, error) {
+	// Never inlined: record's stack starts two frames up, at Allocate's caller.
 	if nbytes < 0 {
 		return 0, invalidSize("MemoryProfileResourceAdaptor", "Allocate", nbytes)
 	}
@@ -177,70 +232,78 @@ func (r *MemoryProfileResourceAdaptor) Allocate(nbytes int, s StreamView) (Devic
 	if err != nil || nbytes == 0 {
 		return p, err
 	}
-	h := memProfHash(p)
-	sh := &r.shards[h>>(64-memProfShardBits)]
-	n := int64(nbytes)
-	if left := sh.left.Load(); n < left && sh.left.CompareAndSwap(left, left-n) {
-		return p, nil // not sampled: the common case, countDown's first attempt
+	var u uint64
+	if r.testRand == nil {
+		u = r.draw()
+	} else {
+		u = r.testRand.Uint64()
 	}
-	if r.countDown(sh, n) {
-		r.record(p, nbytes, h)
+	if r.sample(uint64(nbytes), u) {
+		r.record(p, nbytes)
 	}
 	return p, nil
 }
 
-// countDown takes an allocation of n > 0 bytes off shard sh's countdown and reports whether it is
-// sampled: when the countdown is n or less, which then starts again from a new draw. At rate 1
-// every allocation is. (Allocate makes the first attempt of the common case itself.)
-func (r *MemoryProfileResourceAdaptor) countDown(sh *memProfShard, n int64) bool {
+// sample reports whether an allocation of n > 0 bytes is sampled when the uniform 64-bit variate
+// drawn for it is u: when u < t(n) = floor(2^64 p(n)), p(n) = 1-exp(-n/rate), so with
+// probability p(n) to within 2^-64, independently of every other allocation. At rate 1 every
+// allocation is.
+func (r *MemoryProfileResourceAdaptor) sample(n, u uint64) bool {
+	// p(n) <= n/rate, so t(n) <= n*step: a u above n*step, the common case, is not sampled, at
+	// the cost of a multiplication. Where n*step would overflow, the bound says nothing.
+	if n <= r.fastMax && u > n*r.step {
+		return false
+	}
+	return r.sampleExact(n, u)
+}
+
+// sampleExact is sample's test of a variate u that the bound did not reject.
+func (r *MemoryProfileResourceAdaptor) sampleExact(n, u uint64) bool {
 	if r.rate == 1 {
 		return true
 	}
-	for {
-		left := sh.left.Load()
-		if n < left {
-			if sh.left.CompareAndSwap(left, left-n) {
-				return false
-			}
-			continue
-		}
-		if sh.left.CompareAndSwap(left, r.draw()) {
-			return true
-		}
+	// p(n) >= x - x^2/2, x = n/rate: a u below that, less a margin for the roundings, is
+	// sampled without math.Expm1 (10 ns), which is then needed with probability about x^2/2
+	// rather than x.
+	x := float64(n) / float64(r.rate)
+	if lb := x * (1 - 0.5*x) * (1 - 0x1p-50); lb > 0 && u < uint64(lb*0x1p64) {
+		return true
 	}
-}
-
-// draw returns a distance in bytes to the next sample: an exponential variate of mean rate (by
-// inversion of a uniform variate of 53 bits), rounded up, so that it is at most n, a whole number
-// of bytes, with probability 1-exp(-n/rate); at most 2^62. At rate 1 it is 0.
-func (r *MemoryProfileResourceAdaptor) draw() int64 {
-	if r.rate == 1 {
-		return 0
+	p := -math.Expm1(-x)
+	if p >= 1 { // n is over 37 times the rate
+		return true
 	}
-	var u uint64
-	if r.testRand == nil {
-		u = rand.Uint64() // the calling thread's source
-	} else {
-		u = r.testRand.Uint64()
+	t := uint64(p * 0x1p64) // p < 1, so t < 2^64
+	if n <= r.fastMax {
+		// Never above the bound, which p's rounding might pass when n/rate is tiny, so that
+		// sample's fast rejection is exact.
+		t = min(t, n*r.step)
 	}
-	v := float64(u>>11+1) * 0x1p-53 // uniform in (0, 1]
-	return int64(min(math.Ceil(-math.Log(v)*float64(r.rate)), 1<<62))
+	return u < t
 }
 
 // record records the sampled allocation p of nbytes with the stack of Allocate's caller.
 //
 //go:noinline
-func (r *MemoryProfileResourceAdaptor) record(p DevicePtr, nbytes int, h uint64) {
+func (r *MemoryProfileResourceAdaptor) record(p DevicePtr, nbytes int) {
 	var pcs [maxTrackedFrames]uintptr
-	n := runtime.Callers(3, pcs[:]) // runtime.Callers, record, Allocate
+	// Frames 1, 2 and 3: record, Allocate, Allocate's caller. The walk by frame pointers gives
+	// physical frames (see memProfLocations.stack); runtime.Callers, when the walk stopped
+	// short, logical ones. Both start at Allocate's caller: neither record nor Allocate is
+	// inlined, and a wrapper between Allocate and its caller, which runtime.Callers skips and
+	// the walk does not, is left out of the profile.
+	n, complete := fpwalk.Callers(3, pcs[:])
+	if !complete {
+		n = runtime.Callers(3, pcs[:])
+	}
 	b := r.bucket(pcs[:n], int64(nbytes))
 	b.allocs.Add(1)
+	h := memProfHash(p)
 	sh := &r.shards[h>>(64-memProfShardBits)]
 	sh.mu.Lock()
-	old, dup := sh.live[p]
-	sh.live[p] = b
+	old := sh.live.put(p, h, b)
 	sh.mu.Unlock()
-	if dup {
+	if old != nil {
 		// The upstream handed out a sampled block that was never freed through the adaptor: it
 		// was freed behind its back. Count it freed now.
 		old.frees.Add(1)
@@ -255,16 +318,140 @@ func (r *MemoryProfileResourceAdaptor) bucket(stk []uintptr, size int64) *memPro
 	for _, pc := range stk {
 		h = (h ^ uint64(pc)) * 0x100000001b3
 	}
+	if b := r.buckets.Load().find(h, stk, size); b != nil {
+		return b // the common case: without a lock
+	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	for b := r.buckets[h]; b != nil; b = b.next {
-		if b.size == size && slices.Equal(b.stack, stk) {
+	t := r.buckets.Load()
+	if b := t.find(h, stk, size); b != nil {
+		return b
+	}
+	b := &memProfBucket{stack: slices.Clone(stk), size: size, hash: h}
+	r.all = append(r.all, b)
+	if 2*len(r.all) > len(t.slots) {
+		// Kept at most half full. Lookups running meanwhile in the old table, which is left as
+		// it is, miss only the buckets made since, and come here for them.
+		t = &memProfTable{slots: make([]atomic.Pointer[memProfBucket], 2*len(t.slots))}
+		for _, b := range r.all {
+			t.insert(b)
+		}
+		r.buckets.Store(t)
+		return b
+	}
+	t.insert(b)
+	return b
+}
+
+// memProfTable is a hash table of buckets by stack and size, with open addressing and linear
+// probing, that buckets are only ever added to: a lookup needs no lock, since a slot, once set,
+// holds the same bucket for the life of the table, and a bucket is set in a slot (atomically)
+// only once it is complete.
+type memProfTable struct {
+	slots []atomic.Pointer[memProfBucket] // a power of two of them
+}
+
+// find returns the bucket of hash h, stack stk and size, or nil.
+func (t *memProfTable) find(h uint64, stk []uintptr, size int64) *memProfBucket {
+	mask := uint64(len(t.slots) - 1)
+	for i := h >> (64 - bits.Len64(mask)); ; i = (i + 1) & mask {
+		b := t.slots[i].Load()
+		if b == nil || b.hash == h && b.size == size && slices.Equal(b.stack, stk) {
 			return b
 		}
 	}
-	b := &memProfBucket{stack: slices.Clone(stk), size: size, next: r.buckets[h]}
-	r.buckets[h] = b
-	r.all = append(r.all, b)
+}
+
+// insert puts b into the table (with mu held, and room left in the table).
+func (t *memProfTable) insert(b *memProfBucket) {
+	mask := uint64(len(t.slots) - 1)
+	i := b.hash >> (64 - bits.Len64(mask))
+	for t.slots[i].Load() != nil {
+		i = (i + 1) & mask
+	}
+	t.slots[i].Store(b)
+}
+
+// memProfLive is one shard's table of the sampled blocks not yet freed, by pointer: open
+// addressing with linear probing, from the pointer hash's bits below those that pick the shard,
+// kept at most half full; a deletion shifts the entries after it back, so that it leaves no
+// mark. (A Go map serves too, but costs more: an emptied map draws a new hash seed.) Its user
+// holds the shard's lock.
+type memProfLive struct {
+	slots []memProfLiveSlot // a power of two of them, or none
+	n     int               // entries
+}
+
+type memProfLiveSlot struct {
+	p DevicePtr
+	b *memProfBucket // nil: the slot is empty
+}
+
+// home returns the slot where the entry of a pointer whose hash is h starts its probe.
+func (t *memProfLive) home(h uint64) uint64 {
+	return h << memProfShardBits >> (64 - bits.Len64(uint64(len(t.slots)-1)))
+}
+
+// find returns the slot of p (hash h), or the empty slot where it would go.
+func (t *memProfLive) find(p DevicePtr, h uint64) uint64 {
+	mask := uint64(len(t.slots) - 1)
+	i := t.home(h)
+	for t.slots[i].b != nil && t.slots[i].p != p {
+		i = (i + 1) & mask
+	}
+	return i
+}
+
+// put records p (hash h) in b and returns the bucket it was recorded in before, or nil.
+func (t *memProfLive) put(p DevicePtr, h uint64, b *memProfBucket) *memProfBucket {
+	if 2*(t.n+1) > len(t.slots) {
+		old := t.slots
+		t.slots, t.n = make([]memProfLiveSlot, max(16, 2*len(old))), 0
+		for _, e := range old {
+			if e.b != nil {
+				t.put(e.p, memProfHash(e.p), e.b)
+			}
+		}
+	}
+	i := t.find(p, h)
+	old := t.slots[i].b
+	if old == nil {
+		t.n++
+	}
+	t.slots[i] = memProfLiveSlot{p, b}
+	return old
+}
+
+// get returns the bucket p (hash h) is recorded in, or nil.
+func (t *memProfLive) get(p DevicePtr, h uint64) *memProfBucket {
+	if t.n == 0 {
+		return nil
+	}
+	return t.slots[t.find(p, h)].b
+}
+
+// delete drops p's entry (hash h) and returns its bucket, or nil when it has none.
+func (t *memProfLive) delete(p DevicePtr, h uint64) *memProfBucket {
+	if t.n == 0 {
+		return nil
+	}
+	i := t.find(p, h)
+	b := t.slots[i].b
+	if b == nil {
+		return nil
+	}
+	t.n--
+	// Shift back each entry of the run after i that may move into the hole: one whose home is
+	// not cyclically in (i, j].
+	mask := uint64(len(t.slots) - 1)
+	for j := (i + 1) & mask; t.slots[j].b != nil; j = (j + 1) & mask {
+		k := t.home(memProfHash(t.slots[j].p))
+		if (j-k)&mask >= (j-i)&mask {
+			t.slots[i] = t.slots[j]
+			i = j
+		}
+	}
+	t.slots[i] = memProfLiveSlot{}
 	return b
 }
 
@@ -287,12 +474,9 @@ func (r *MemoryProfileResourceAdaptor) Deallocate(p DevicePtr, nbytes int, s Str
 func (r *MemoryProfileResourceAdaptor) deallocateSampled(p DevicePtr, nbytes int, s StreamView, h uint64) error {
 	sh := &r.shards[h>>(64-memProfShardBits)]
 	sh.mu.Lock()
-	b, found := sh.live[p]
-	if found {
-		delete(sh.live, p)
-	}
+	b := sh.live.delete(p, h)
 	sh.mu.Unlock()
-	if !found {
+	if b == nil {
 		return r.upstream.Deallocate(p, nbytes, s)
 	}
 	// Dropped before the upstream's free, so that an address it hands out again at once is
@@ -303,8 +487,8 @@ func (r *MemoryProfileResourceAdaptor) deallocateSampled(p DevicePtr, nbytes int
 	err := r.upstream.Deallocate(p, nbytes, s)
 	if err != nil {
 		sh.mu.Lock()
-		if _, dup := sh.live[p]; !dup { // a broken upstream may have handed p out again
-			sh.live[p] = b
+		if sh.live.get(p, h) == nil { // a broken upstream may have handed p out again
+			sh.live.put(p, h, b)
 			slot.Add(1)
 			b.frees.Add(-1)
 		}

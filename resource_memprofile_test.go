@@ -4,12 +4,17 @@ import (
 	"bytes"
 	"fmt"
 	"math"
+	"math/bits"
 	"math/rand/v2"
+	"runtime"
+	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"unsafe"
 
 	"github.com/google/pprof/profile"
+	"github.com/gormm/rmm/internal/fpwalk"
 	"github.com/stretchr/testify/require"
 )
 
@@ -21,9 +26,6 @@ func memProfNew(t testing.TB, up MemoryResource, rate int, seed uint64) *MemoryP
 	require.NoError(t, err)
 	if seed != 0 {
 		r.testRand = rand.New(rand.NewPCG(seed, seed^0x5eed))
-		for i := range r.shards {
-			r.shards[i].left.Store(r.draw())
-		}
 	}
 	return r
 }
@@ -70,7 +72,7 @@ func memProfEmpty(t *testing.T, r *MemoryProfileResourceAdaptor) {
 	for i := range r.shards {
 		sh := &r.shards[i]
 		sh.mu.Lock()
-		n := len(sh.live)
+		n := sh.live.n
 		sh.mu.Unlock()
 		require.Zero(t, n, "shard %d", i)
 	}
@@ -79,9 +81,9 @@ func memProfEmpty(t *testing.T, r *MemoryProfileResourceAdaptor) {
 	}
 }
 
-// A shard fills two cache lines exactly, so that shards used by different goroutines share none.
+// A shard fills a cache line exactly, so that shards used by different goroutines share none.
 func TestMemoryProfileShardSize(t *testing.T) {
-	require.Equal(t, uintptr(128), unsafe.Sizeof(memProfShard{}))
+	require.Equal(t, uintptr(64), unsafe.Sizeof(memProfShard{}))
 }
 
 func TestMemoryProfileOptions(t *testing.T) {
@@ -295,9 +297,71 @@ func TestMemoryProfileLargeAlwaysSampled(t *testing.T) {
 	require.Equal(t, [4]int64{1000, 1000 * 64 << 10, 1000, 1000 * 64 << 10}, memProfTotals(memProfParse(t, r), 0))
 }
 
-// The countdown samples an allocation of n bytes with probability 1-exp(-n/rate) whatever came
-// before it: over a mix of sizes in a seeded random order, each size's sampled count stays within
-// six standard deviations of its expectation.
+// An allocation of n bytes is sampled when its variate u is below a threshold t(n), and t(n) is
+// floor(2^64 p(n)), p(n) = 1-exp(-n/rate), to within float64's rounding of p(n): found by
+// bisection over u, for rates and sizes from 1 byte to far beyond the rate, so that the bounds
+// sample and sampleExact test before computing p(n) agree with it. Every u above
+// n*ceil(2^64/rate) is above t(n). At rate 1 every u samples.
+func TestMemoryProfileSampleThreshold(t *testing.T) {
+	r1 := memProfNew(t, &adpNullUpstream{}, 1, 0)
+	for _, n := range []uint64{1, 2, 256, 1 << 40, math.MaxInt64} {
+		for _, u := range []uint64{0, 1 << 63, math.MaxUint64} {
+			require.True(t, r1.sample(n, u), "rate 1, n %d, u %#x", n, u)
+		}
+	}
+	for _, rate := range []int{2, 3, 1000, 64 << 10, 1<<20 + 1, 128 << 20, 1 << 40, 1<<62 + 12345} {
+		r := memProfNew(t, &adpNullUpstream{}, rate, 0)
+		step, rem := bits.Div64(1, 0, uint64(rate)) // 2^64/rate
+		if rem != 0 {
+			step++
+		}
+		require.Equal(t, step, r.step, "rate %d", rate)
+		for _, n := range []uint64{1, 2, 255, 256, 4096, 1 << 20, 64 << 20, uint64(rate) / 16, uint64(rate) / 2, uint64(rate) - 1, uint64(rate), 2 * uint64(rate), 36 * uint64(rate), 40 * uint64(rate), math.MaxInt64} {
+			if n == 0 || n > math.MaxInt64 {
+				continue
+			}
+			// The least u not sampled, lo (got: 1 when all are).
+			lo, hi := uint64(0), uint64(math.MaxUint64)
+			got := 1.0
+			if !r.sample(n, hi) {
+				for lo < hi { // sample(n, hi) is false
+					mid := lo + (hi-lo)/2
+					if r.sample(n, mid) {
+						lo = mid + 1
+					} else {
+						hi = mid
+					}
+				}
+				got = float64(lo) * 0x1p-64
+			}
+			want := -math.Expm1(-float64(n) / float64(rate))
+			require.InDelta(t, want, got, want*0x1p-50+0x1p-63, "rate %d, n %d", rate, n)
+			if got == 1 {
+				continue
+			}
+			// Monotone below and above the threshold.
+			for _, d := range []uint64{1, 2, 1 << 20, 1 << 40} {
+				if lo >= d {
+					require.True(t, r.sample(n, lo-d), "rate %d, n %d, u t-%d", rate, n, d)
+				}
+				if lo+d > lo {
+					require.False(t, r.sample(n, lo+d), "rate %d, n %d, u t+%d", rate, n, d)
+				}
+			}
+			// The bound: nothing above n*step is sampled.
+			if h, l := bits.Mul64(n, step); h == 0 {
+				require.LessOrEqual(t, lo, l+1, "rate %d, n %d", rate, n)
+				require.LessOrEqual(t, n, r.fastMax)
+			} else {
+				require.Greater(t, n, r.fastMax)
+			}
+		}
+	}
+}
+
+// Each allocation of n bytes is sampled with probability 1-exp(-n/rate) whatever came before
+// it: over a mix of sizes in a seeded random order, each size's sampled count stays within six
+// standard deviations of its expectation.
 func TestMemoryProfileSamplingProbability(t *testing.T) {
 	const rate = 1 << 20
 	r := memProfNew(t, &adpNullUpstream{}, rate, 7)
@@ -308,7 +372,7 @@ func TestMemoryProfileSamplingProbability(t *testing.T) {
 	for range 300_000 {
 		i := order.IntN(len(sizes))
 		counts[i]++
-		if r.countDown(&r.shards[order.IntN(len(r.shards))], int64(sizes[i])) {
+		if r.sample(uint64(sizes[i]), r.testRand.Uint64()) {
 			sampled[i]++
 		}
 	}
@@ -472,4 +536,210 @@ func TestMemorySitesErrors(t *testing.T) {
 	report, err := r.Report(0, "")
 	require.NoError(t, err)
 	require.Equal(t, "Device Memory by Call Site\n==========================\n\nSampling: every allocation\nOrdered by: inuse_space\n\nNo samples", report)
+}
+
+// memProfTake takes its caller's stack by frame pointers (fp) or with runtime.Callers, from one
+// call site for both, so that the two differ only in how they were taken.
+//
+//go:noinline
+func memProfTake(fp bool) []uintptr {
+	pcs := make([]uintptr, maxTrackedFrames)
+	if !fp {
+		return pcs[:runtime.Callers(2, pcs)]
+	}
+	n, complete := fpwalk.Callers(2, pcs)
+	if !complete {
+		panic("incomplete walk on a goroutine's stack")
+	}
+	return pcs[:n]
+}
+
+type memProfChain struct{}
+
+func (memProfChain) inlined(fp bool) []uintptr { return memProfTake(fp) }
+
+//go:noinline
+func (c memProfChain) outer(fp bool) []uintptr { return c.inlined(fp) }
+
+// memProfEmbeds's outer, promoted from memProfChain, is a wrapper when called through an
+// interface.
+type memProfEmbeds struct{ memProfChain }
+
+type memProfOuter interface{ outer(bool) []uintptr }
+
+// memProfRun calls o.outer through a method value (another wrapper); started with a go
+// statement with arguments, it runs under a third wrapper.
+func memProfRun(o memProfOuter, fp bool, out chan<- []uintptr) {
+	f := o.outer
+	out <- f(fp)
+}
+
+// A stack taken by frame pointers and the same stack taken by runtime.Callers give the same
+// profile locations: the same functions, files and lines, an inlined call in its caller's
+// location, and none of the wrappers the compiler generated (a promoted method called through
+// an interface, a method value, a go statement's closure), which runtime.Callers leaves out and
+// the walk does not.
+func TestMemoryProfileStackBothWays(t *testing.T) {
+	stacks := map[bool][]uintptr{}
+	for _, fp := range []bool{true, false} {
+		out := make(chan []uintptr)
+		go memProfRun(memProfEmbeds{}, fp, out)
+		stacks[fp] = <-out
+	}
+	lb := memProfLocations{p: &profile.Profile{}, locs: map[string]*profile.Location{}, funcs: map[[2]string]*profile.Function{}}
+	byFP, byCallers := lb.stack(stacks[true]), lb.stack(stacks[false])
+	describe := func(locs []*profile.Location) (out [][]string) {
+		for _, l := range locs {
+			var lines []string
+			for _, line := range l.Line {
+				lines = append(lines, fmt.Sprintf("%s %s:%d", line.Function.Name, line.Function.Filename, line.Line))
+			}
+			out = append(out, lines)
+		}
+		return out
+	}
+	t.Logf("by frame pointers, %d PCs: %q", len(stacks[true]), describe(byFP))
+	t.Logf("by runtime.Callers, %d PCs: %q", len(stacks[false]), describe(byCallers))
+	require.Equal(t, describe(byCallers), describe(byFP))
+	require.Equal(t, byCallers, byFP) // the very same locations
+	var names [][]string
+	for _, l := range byFP {
+		var fs []string
+		for _, line := range l.Line {
+			fs = append(fs, strings.TrimPrefix(line.Function.Name, "github.com/gormm/rmm."))
+		}
+		names = append(names, fs)
+	}
+	want := [][]string{{"memProfChain.inlined", "memProfChain.outer"}, {"memProfRun"}}
+	if len(byFP[0].Line) == 1 { // not inlined (-gcflags=-l)
+		want = [][]string{{"memProfChain.inlined"}, {"memProfChain.outer"}, {"memProfRun"}}
+	}
+	require.Equal(t, want, names)
+	// The logical frames are runtime.Callers's, less runtime.goexit.
+	var logical []string
+	it := runtime.CallersFrames(stacks[false])
+	for more := true; more; {
+		var f runtime.Frame
+		f, more = it.Next()
+		if f.Function != "runtime.goexit" {
+			logical = append(logical, fmt.Sprintf("%s %s:%d", f.Function, f.File, f.Line))
+		}
+	}
+	require.Equal(t, logical, slices.Concat(describe(byFP)...))
+}
+
+// Allocate's caller starts the stack also when Allocate is called through wrappers: a method
+// promoted from an embedded field, called through an interface, and a method value.
+func TestMemoryProfileStackThroughWrappers(t *testing.T) {
+	r := memProfNew(t, &adpNullUpstream{}, 1, 0)
+	var mr MemoryResource = struct{ *MemoryProfileResourceAdaptor }{r}
+	memProfAllocHere(t, mr, 1000)
+	alloc := r.Allocate
+	memProfAllocValue(alloc, 2000)
+	prof := memProfParse(t, r)
+	require.Len(t, prof.Sample, 2)
+	for _, s := range prof.Sample {
+		names := memProfFunctions(s)
+		fn := map[int64]string{1000: "github.com/gormm/rmm.memProfAllocHere", 2000: "github.com/gormm/rmm.memProfAllocValue"}[s.NumLabel["bytes"][0]]
+		require.Equal(t, fn, names[0])
+		require.Contains(t, names, "github.com/gormm/rmm.TestMemoryProfileStackThroughWrappers")
+		for _, l := range s.Location {
+			for _, line := range l.Line {
+				require.NotEqual(t, "<autogenerated>", line.Function.Filename, line.Function.Name)
+			}
+		}
+	}
+}
+
+//go:noinline
+func memProfAllocValue(alloc func(int, StreamView) (DevicePtr, error), n int) DevicePtr {
+	p, _ := alloc(n, DefaultStream)
+	return p
+}
+
+// The table of sampled blocks gives what a map gives, over a seeded random mix of insertions,
+// replacements and deletions of pointers that collide often (few distinct ones, multiples of
+// 256 as blocks are), through its growth and the back shifts of its deletions.
+func TestMemoryProfileLiveTable(t *testing.T) {
+	buckets := make([]*memProfBucket, 4)
+	for i := range buckets {
+		buckets[i] = &memProfBucket{size: int64(i)}
+	}
+	for _, distinct := range []int{3, 40, 1000} {
+		var live memProfLive
+		want := map[DevicePtr]*memProfBucket{}
+		rnd := rand.New(rand.NewPCG(uint64(distinct), 1))
+		for i := range 50_000 {
+			p := DevicePtr(rnd.IntN(distinct)) << 8
+			h := memProfHash(p)
+			switch op := rnd.IntN(3); op {
+			case 0, 1:
+				b := buckets[rnd.IntN(len(buckets))]
+				require.Same(t, want[p], live.put(p, h, b), "op %d: put %#x", i, p)
+				want[p] = b
+			case 2:
+				require.Same(t, want[p], live.delete(p, h), "op %d: delete %#x", i, p)
+				delete(want, p)
+			}
+			require.Same(t, want[p], live.get(p, h), "op %d: get %#x", i, p)
+			require.Equal(t, len(want), live.n, "op %d", i)
+			if i%1000 == 0 {
+				for q, b := range want {
+					require.Same(t, b, live.get(q, memProfHash(q)), "op %d: get %#x", i, q)
+				}
+				require.LessOrEqual(t, 2*live.n, len(live.slots))
+			}
+		}
+	}
+}
+
+// Each stack and size has one bucket, found again by later samples through the table's growth.
+func TestMemoryProfileBuckets(t *testing.T) {
+	r := memProfNew(t, &adpNullUpstream{}, 1, 0)
+	const sizes = 300
+	for round := range 3 {
+		for n := 1; n <= sizes; n++ {
+			memProfAllocHere(t, r, n)
+		}
+		require.Len(t, r.snapshot(), sizes, "round %d", round)
+	}
+	require.GreaterOrEqual(t, len(r.buckets.Load().slots), 2*sizes)
+	got := memProfTotals(memProfParse(t, r), 0)
+	require.Equal(t, [4]int64{3 * sizes, 3 * sizes * (sizes + 1) / 2, 3 * sizes, 3 * sizes * (sizes + 1) / 2}, got)
+	for _, b := range r.snapshot() {
+		require.Equal(t, int64(3), b.allocs.Load(), "size %d", b.size)
+	}
+}
+
+// The adaptor's own generator (draw, as Allocate uses it on one goroutine) gives variates below
+// 2^64 q with frequency q, and two in a row both below it with frequency q^2, within six
+// standard deviations, for q from 1/2 to 1/1000. All generators start from the same seed here,
+// so that the draws are the same whichever the goroutine's stack picks.
+func TestMemoryProfileDraw(t *testing.T) {
+	r := memProfNew(t, &adpNullUpstream{}, 1<<20, 0)
+	for i := range r.gens {
+		r.gens[i].seq.Store(0x5eed)
+	}
+	const draws = 1 << 20
+	us := make([]uint64, draws)
+	for i := range us {
+		us[i] = r.draw()
+	}
+	for _, q := range []float64{0.5, 0.1, 0.01, 0.001} {
+		th := uint64(q * 0x1p64)
+		var below, pairs int
+		for i, u := range us {
+			if u < th {
+				below++
+				if i > 0 && us[i-1] < th {
+					pairs++
+				}
+			}
+		}
+		sd := math.Sqrt(draws * q * (1 - q))
+		require.InDelta(t, q*draws, below, 6*sd, "q %g", q)
+		q2 := q * q
+		sd2 := math.Sqrt((draws - 1) * q2 * (1 - q2))
+		require.InDelta(t, q2*(draws-1), pairs, 6*sd2+1, "q %g: pairs", q)
+	}
 }
