@@ -265,8 +265,11 @@ func depSeqWalkF(t *testing.T, e *poolSyncEnv, seed uint64, ops int, withRelease
 
 func TestDepCoalesceSeqWalk(t *testing.T) {
 	remaps := 0 // pages carving moved, over every seed
+	// Stitched ranges made, and how many of their blocks named other streams' lists (so that
+	// Allocate waited for them), over every seed.
+	stitched, stitchedDeps := 0, 0
 	for seed := uint64(0); seed < 60; seed++ {
-		for _, mode := range []string{"plain", "exp", "carve"} {
+		for _, mode := range []string{"plain", "exp", "carve", "stitch"} {
 			t.Run(fmt.Sprintf("seed%d-%s", seed, mode), func(t *testing.T) {
 				var p *PoolMemoryResource
 				if mode != "plain" {
@@ -276,8 +279,11 @@ func TestDepCoalesceSeqWalk(t *testing.T) {
 					cv := newCountingVMM(vm.vmm)
 					vm.vmm = cv
 					o := PoolOptions{MaximumPoolSize: 64 * mib}
-					if mode == "carve" {
+					switch mode {
+					case "carve":
 						o.carvePage = 2 * mib
+					case "stitch":
+						o.stitchPiece, o.stitchRest = 2*mib, true
 					}
 					p = newExpTestPool(t, vm, o)
 					e := newPoolSyncEnv(t, p)
@@ -285,6 +291,8 @@ func TestDepCoalesceSeqWalk(t *testing.T) {
 					depSeqWalk(t, e, seed, 400, seed%2 == 0)
 					require.Empty(t, vm.errs)
 					remaps += cv.counts().remaps
+					stitched += p.exp.stitches
+					stitchedDeps += p.exp.stitchedDeps
 				} else {
 					u := newGatedUpstream(t, 1<<30)
 					var err error
@@ -300,6 +308,8 @@ func TestDepCoalesceSeqWalk(t *testing.T) {
 		}
 	}
 	require.Positive(t, remaps, "no growth carved")
+	require.Positive(t, stitched, "nothing stitched")
+	require.Positive(t, stitchedDeps, "no stitched block named another stream's list")
 }
 
 func TestDepCoalesceSeqWalkTrim(t *testing.T) {
@@ -470,7 +480,7 @@ func depConcWalk(t *testing.T, e *poolSyncEnv, workers, rounds, ops int, seed ui
 
 func TestDepCoalesceConcWalk(t *testing.T) {
 	for seed := uint64(0); seed < 12; seed++ {
-		for _, mode := range []string{"plain", "exp", "trim", "plain-faults", "exp-faults", "carve", "carve-faults"} {
+		for _, mode := range []string{"plain", "exp", "trim", "plain-faults", "exp-faults", "carve", "carve-faults", "stitch"} {
 			t.Run(fmt.Sprintf("%s-seed%d", mode, seed), func(t *testing.T) {
 				var p *PoolMemoryResource
 				var vm *gatedVMM
@@ -485,12 +495,15 @@ func TestDepCoalesceConcWalk(t *testing.T) {
 					if mode == "trim" || mode == "exp-faults" {
 						thr = 8 * mib
 					}
-					page := 0
+					page, piece := 0, 0
 					if strings.HasPrefix(mode, "carve") {
 						page = 2 * mib
 					}
+					if strings.HasPrefix(mode, "stitch") {
+						piece = 2 * mib
+					}
 					vm = newGatedVMM(0)
-					p = newExpTestPool(t, vm, PoolOptions{MaximumPoolSize: 96 * mib, ReleaseThreshold: thr, carvePage: page})
+					p = newExpTestPool(t, vm, PoolOptions{MaximumPoolSize: 96 * mib, ReleaseThreshold: thr, carvePage: page, stitchPiece: piece, stitchRest: piece > 0})
 				}
 				e := newPoolSyncEnv(t, p)
 				var faults *atomic.Bool

@@ -22,12 +22,14 @@ import (
 // For free memory to hold whole chunks, growths map handles of at most stitchPiece bytes
 // (pieceSize); cuMemSetAccess covers the adjacent mappings of a growth in one call.
 //
-// Stream order: the chunks come from free blocks of the allocating stream's own list that name no
-// other list among their deps, so the stitched block needs no wait, as a block taken from that
-// list would not; its free returns the chunks to the freeing stream's list as any free does. An
-// alias is unmapped (evicted, or before one of its handles is given back, or at Close) only after
-// a host wait for the work behind every free, as Release waits before it unmaps chunks: unmap
-// does not wait for the device.
+// Stream order: the chunks come from free blocks of the allocating stream's own list (every list
+// was merged into it before the pool grows). Where such a block names other streams' lists among
+// its deps (memory coalesced across streams, pool_deps.go), the stitched block names them too,
+// and Allocate makes the allocating stream wait for them before it returns the block, as for a
+// block taken whole; its free returns the chunks to the freeing stream's list as any free does.
+// An alias is unmapped (evicted, or before one of its handles is given back, or at Close) only
+// after a host wait for the work behind every free, as Release waits before it unmaps chunks:
+// unmap does not wait for the device.
 //
 // Why it is not on by default (TestStitchTraces, sixteen traces replayed over an address-only
 // device, peak mapped / peak live after 1, 3 and 10 passes): with 2 MiB pieces and stitchRest
@@ -73,14 +75,16 @@ const (
 	stitchReuseSlack = 16
 )
 
-// stitchCands returns the chunks lying wholly in free blocks of l that name no other list among
-// their deps (taking those would need waits on the device; they are left to ordinary growth).
+// stitchCands returns the chunks lying wholly in free blocks of l. Those of blocks that name
+// other lists among their deps are lent too: the stitched block then names those lists, and
+// Allocate makes the allocating stream wait for them before it hands the block out, as it does
+// for a block taken whole.
 func (p *PoolMemoryResource) stitchCands(l *freeList) []chunkCand {
 	e := p.exp
 	var cs []chunkCand
 	// Only blocks of a granule or more can hold a chunk.
 	l.eachAtLeast(e.gran, func(b *block) {
-		if len(b.deps) == 0 {
+		if len(b.deps) == 0 || !e.noDepLend {
 			cs = e.chunksIn(b, cs)
 		}
 	})
@@ -204,11 +208,20 @@ func (p *PoolMemoryResource) lendAlias(a *stitchAlias, n int, l *freeList, cands
 	return p.stitchedBlock(a, n)
 }
 
-// stitchedBlock makes the block of the alias a, whose chunks were just lent, for n bytes.
+// stitchedBlock makes the block of the alias a, whose chunks were just lent, for n bytes. The
+// lent blocks' deps pass to it (Allocate waits for them; restoreLentDeps gives them back if a
+// wait fails).
 func (p *PoolMemoryResource) stitchedBlock(a *stitchAlias, n int) *block {
 	e := p.exp
 	b := p.newBlock(a.va, n)
 	b.free, b.stitched = false, true
+	for _, h := range a.lent {
+		p.forgetDropped(h)
+		p.mergeDeps(b, h)
+	}
+	if len(b.deps) > 0 {
+		e.stitchedDeps++
+	}
 	a.b = b
 	e.stitchTick++
 	a.used = e.stitchTick
@@ -236,6 +249,7 @@ func (p *PoolMemoryResource) lendChunks(pick []chunkCand, l *freeList) []*block 
 			r := p.newBlock(end, int(b.end()-end))
 			b.size -= r.size
 			p.linkAfter(b, r)
+			p.copyDeps(r, b)
 			l.insert(r)
 		}
 		h := b
@@ -243,12 +257,21 @@ func (p *PoolMemoryResource) lendChunks(pick []chunkCand, l *freeList) []*block 
 			h = p.newBlock(c.addr, c.size)
 			b.size = int(c.addr - b.addr)
 			p.linkAfter(b, h)
+			p.copyDeps(h, b)
 			l.insert(b)
 		}
 		h.free, h.lent = false, true
 		lent[i] = h
 	}
 	return lent
+}
+
+// restoreLentDeps gives the blocks lent under the stitched block b the deps in deps that are still
+// lists of the pool (Allocate's wait for them failed: the chunks go back unused).
+func (p *PoolMemoryResource) restoreLentDeps(b *block, deps []*freeList) {
+	for _, h := range p.exp.aliases[b.addr].lent {
+		p.restoreDeps(h, deps)
+	}
 }
 
 // unlend frees the lent blocks into l, as a free of their memory on l's stream.

@@ -25,6 +25,10 @@ var stitchPassesFlag = flag.Int("rmm.stitchpasses", 10, "with -rmm.stitchtraces:
 
 var stitchRestOnly = flag.Bool("rmm.stitchrestonly", false, "with -rmm.stitchtraces: only the variants that grow the rest")
 
+var stitchFracFlag = flag.Int("rmm.stitchfrac", 0, "with -rmm.stitchtraces: PoolOptions.stitchFrac")
+
+var stitchNoDepsFlag = flag.Bool("rmm.stitchnodeps", false, "with -rmm.stitchtraces: PoolOptions.stitchNoDeps")
+
 var stitchKeepFlag = flag.Int("rmm.stitchkeep", 0, "with -rmm.stitchtraces: PoolOptions.stitchKeep (0: the default)")
 
 // TestStitchTraces is the measurement behind stitching's figures:
@@ -66,7 +70,7 @@ func TestStitchTraces(t *testing.T) {
 		require.NoError(t, err)
 		for _, v := range vs {
 			vm := newCountingVMM(newVMM())
-			o := PoolOptions{MaximumPoolSize: maximum, stitchPiece: v.piece, stitchRest: v.rest, stitchKeep: *stitchKeepFlag}
+			o := PoolOptions{MaximumPoolSize: maximum, stitchPiece: v.piece, stitchRest: v.rest, stitchKeep: *stitchKeepFlag, stitchFrac: *stitchFracFlag, stitchNoDeps: *stitchNoDepsFlag}
 			if *stitchMinFlag < 0 {
 				o.stitchMin = v.piece
 			} else {

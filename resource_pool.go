@@ -70,6 +70,12 @@ type PoolOptions struct {
 	stitchRest bool
 	// stitchKeep (with stitchPiece): the most stitched ranges kept; 0: stitchKeepDefault.
 	stitchKeep int
+	// stitchFrac (with stitchPiece): a growth of k bytes maps handles of at least k/stitchFrac
+	// bytes (and of at least stitchPiece); 0: of stitchPiece.
+	stitchFrac int
+	// stitchNoDeps (with stitchPiece; measurements): lend no chunk of a free block that names
+	// other lists among its deps.
+	stitchNoDeps bool
 }
 
 // PoolMemoryResource is a coalescing best-fit sub-allocator over an upstream resource, with
@@ -292,6 +298,7 @@ func newExpandablePool(upstream MemoryResource, vm vmm, o PoolOptions) (*PoolMem
 		e.stitchMin = cmp.Or(o.stitchMin, stitchMinDefault)
 		e.stitchRest = o.stitchRest
 		e.keepMax = cmp.Or(o.stitchKeep, stitchKeepDefault)
+		e.pieceFrac, e.noDepLend = o.stitchFrac, o.stitchNoDeps
 		e.aliases = map[DevicePtr]*stitchAlias{}
 	}
 	switch e.churn = o.carveChurn; {
@@ -446,9 +453,14 @@ func (p *PoolMemoryResource) Allocate(nbytes int, s StreamView) (DevicePtr, erro
 	p.mu.Lock()
 	if werr != nil {
 		p.live.del(ptr)
-		p.liveBytes -= n
-		p.restoreDeps(b, deps)
-		p.freeInto(home, b) // home is pinned until endWait (or unpin): it still exists
+		if b.stitched {
+			p.restoreLentDeps(b, deps)
+			p.freeStitched(home, b)
+		} else {
+			p.liveBytes -= n
+			p.restoreDeps(b, deps)
+			p.freeInto(home, b) // home is pinned until endWait (or unpin): it still exists
+		}
 	}
 	if werr == nil && l.lazy && p.byStream[s.id] == l {
 		// s now runs after the frees those waits covered: the blocks in its own list need not

@@ -53,10 +53,14 @@ type expandable struct {
 	stitchMin  int  // the least request stitched
 	stitchRest bool // the free chunks may hold only most of a request: the rest is grown first
 	keepMax    int  // the most aliases kept
-	aliases    map[DevicePtr]*stitchAlias
-	stitchTick uint64
-	stitches   int // aliases made
-	evicted    int // aliases unmapped
+	pieceFrac  int
+	noDepLend  bool
+	// stitchedDeps counts the stitched blocks that named other lists (Allocate waited for them).
+	stitchedDeps int
+	aliases      map[DevicePtr]*stitchAlias
+	stitchTick   uint64
+	stitches     int // aliases made
+	evicted      int // aliases unmapped
 
 	threshold int // ReleaseThreshold; 0: never trim by itself
 	trimAt    int // free mapped bytes above which Deallocate trims
@@ -130,10 +134,13 @@ func newExpandable(vm vmm, dev Device, maximum, threshold, page int) (*expandabl
 
 // pieceSize is the size of the handles a growth of k bytes maps when carving: at least the page,
 // a sixteenth of the growth up to 128 MiB (so that a large growth is not hundreds of driver
-// calls); when stitching, at most the stitch piece; else k itself.
+// calls); when stitching, the stitch piece, or k/pieceFrac where that is more; else k itself.
 func (e *expandable) pieceSize(k int) int {
 	if e.page == 0 {
 		if e.piece > 0 {
+			if e.pieceFrac > 0 {
+				return min(k, max(e.piece, k/e.pieceFrac/e.gran*e.gran))
+			}
 			return min(k, e.piece)
 		}
 		return k
