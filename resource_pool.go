@@ -10,6 +10,76 @@ import (
 	"sync/atomic"
 )
 
+// How the pool works (see the type's doc for the contract).
+//
+// A freed block also coalesces at once with free neighbours in other streams' lists when the two
+// make at least 1 MiB: the merged block goes to the list of the stream that freed it, and whoever
+// takes it (on any stream) first waits, on the device, for an event recorded on each of the other
+// streams whose memory it holds (cuEventRecord, cuStreamWaitEvent), as for a take from another
+// stream's list.
+//
+// Allocate rounds the size up to 256 bytes and then, in order: (1) takes the best fit (smallest
+// free block that is large enough, lowest address among equals) from the stream's own free list;
+// (2) else takes a block that fits from another stream's list, after making the allocating stream
+// wait (on the device, the host does not block) for an event recorded on that stream; (3) else
+// merges other streams' whole lists into its own one by one, after the same wait, retrying after
+// each; (4) else grows the pool by taking a new block from the upstream (growth policy as librmm:
+// without a maximum, at least double the pool; with one, half the remaining headroom; a failing
+// upstream is retried with halved sizes down to the request); (5) else, when the upstream refused
+// even the request for want of memory or the maximum stopped the pool, gives every wholly free
+// upstream block back (as Release does, after waiting on the host for the streams' work behind the
+// frees) and tries (4) once more before it fails. Blocks from different upstream allocations never
+// coalesce.
+//
+// Per-stream caches: the default stream and each of our own Streams have a small cache (up to 16
+// blocks) under a lock of their own, so that goroutines allocating and freeing on their own
+// streams do not contend for the pool's mutex. The rule: a freed block goes to the stream's cache
+// when it is at most 1 MiB and the stream recently asked for that size (one of the last four
+// sizes its cache could not serve); a request on that stream of exactly that rounded size takes
+// it back. For example, a loop that allocates and frees 64 KiB on one stream takes the pool's
+// mutex for its first allocation and free only. A cached block is free memory that has not
+// coalesced yet: an allocation on the stream that its cache cannot serve first returns the
+// stream's cached blocks to its list, so best fit sees them; before the pool looks at other
+// streams' lists (so before it grows or fails), and in Release and Close, every cache returns its
+// blocks; a Stream's Close returns its cache's blocks and moves its free list to DefaultStream's.
+// Stats counts cached blocks as free (PoolStats.CachedBlocks).
+//
+// Events: on the default stream and on our own Streams, whose lifetime the package knows, the
+// event is recorded only when another stream takes the blocks (Stream.Close records it first if
+// needed); on streams made from foreign handles (NewStreamView) it is recorded at every free.
+// Best fit is O(log n) in the number of free blocks (a treap per stream ordered by size and
+// address); coalescing is O(1) plus the treap updates, since every block links to its address
+// neighbours within its upstream allocation; a free finds its block in one map lookup.
+//
+// Expandable pools (PoolOptions.Expandable) keep all of the above but take their memory from one
+// virtual address range reserved for the maximum size: growth maps a chunk of physical memory
+// right after the end of what is mapped (or into a hole that Release left), so the free block at
+// the end simply grows and free neighbours coalesce across growth steps. A growth maps one chunk
+// of what the request needs beyond the free block it extends, but at least 32 MiB and at least a
+// sixteenth of the pool (at most 1 GiB unless the request needs more), rounded up to the
+// granularity (2 MiB on current GPUs) — or, when the pool's free bytes already hold the request
+// (no free block is large enough), only what the request needs, at least 8 MiB; when the device
+// refuses, the chunk is halved down to what the request needs. Release waits for the work behind
+// every free, then unmaps and releases each
+// chunk that lies wholly in free memory, leaving a hole (a hole at the end shortens the range);
+// ReleaseThreshold does the same by itself past a threshold. Out-of-memory errors are
+// *OutOfMemoryError with the pool's figures, and say whether the pool is exhausted or fragmented.
+//
+// Deallocate detects a pointer the pool never handed out, a double free and a size different from
+// the one allocated, and returns ErrInvalidFree without changing anything. Safe for concurrent use
+// (one mutex, plus one per stream cache; no CUDA call is made under them on the common path).
+//
+// The slow driver calls are made with the mutex unlocked: growth (the upstream's Allocate, or the
+// expandable pool's cuMemCreate, cuMemMap and cuMemSetAccess), the record and wait of a
+// cross-stream take or merge, and Release's and the trim's host synchronisation and frees
+// (cuMemFree, cuMemUnmap, cuMemRelease). Allocations and frees that fit in free memory go on
+// meanwhile; one growth or release runs at a time, and an allocation that needs to grow waits
+// for the one in flight, then searches again. Still made under the mutex, being short or rare:
+// the event record of each free on a stream made with NewStreamView, the first use of a stream
+// (cuEventCreate) and the end of its list (cuEventDestroy), a Stream's Close (one record and
+// wait), frees after Close (synchronisation), Close itself, and the synchronisation of a cached
+// block's stream when it has no list.
+
 // PoolOptions configures NewPoolMemoryResource. nil means the defaults.
 type PoolOptions struct {
 	// InitialPoolSize is the number of bytes taken from the upstream at construction, in one
@@ -78,77 +148,31 @@ type PoolOptions struct {
 	stitchNoDeps bool
 }
 
-// PoolMemoryResource is a coalescing best-fit sub-allocator over an upstream resource, with
-// librmm's pool semantics: memory taken from the upstream in large blocks is cut into
-// allocations and coalesced again as they are freed, with free lists kept per stream so that
-// memory freed on a stream is reused on that stream at once, without synchronisation.
+// PoolMemoryResource is a coalescing best-fit sub-allocator over an upstream [MemoryResource],
+// with librmm's pool semantics: memory taken from the upstream in large blocks is cut into
+// allocations and coalesced again as they are freed. Memory freed on a stream is reused on that
+// stream at once, without synchronisation; memory freed on another stream is handed out only after
+// the allocating stream waits, on the device, for an event recorded on the freeing stream
+// (cuEventRecord, cuStreamWaitEvent; the host does not block).
 //
-// A freed block also coalesces at once with free neighbours in other streams' lists when the two
-// make at least 1 MiB: the merged block goes to the list of the stream that freed it, and whoever takes it (on any stream) first
-// waits, on the device, for an event recorded on each of the other streams whose memory it holds
-// (cuEventRecord, cuStreamWaitEvent), as for a take from another stream's list.
+// Allocate rounds sizes up to [Alignment] (256 bytes) and returns addresses aligned to it. When no
+// free block holds a request the pool grows ([PoolOptions] gives the sizes; librmm's policy by
+// default); before it fails it gives every wholly free upstream block back and tries once more. A
+// failure is an *[OutOfMemoryError] (errors.Is [ErrOutOfMemory]) with the pool's figures, saying
+// whether the pool is exhausted or fragmented; after [PoolMemoryResource.Close], Allocate returns
+// [ErrClosed] (a block freed then is still taken back). Deallocate returns [ErrInvalidFree] for a
+// pointer the pool did not hand out, a second free or a size other than the one allocated, and
+// changes nothing.
 //
-// Allocate rounds the size up to 256 bytes and then, in order: (1) takes the best fit (smallest
-// free block that is large enough, lowest address among equals) from the stream's own free list;
-// (2) else takes a block that fits from another stream's list, after making the allocating stream
-// wait (on the device, the host does not block) for an event recorded on that stream; (3) else
-// merges other streams' whole lists into its own one by one, after the same wait, retrying after
-// each; (4) else grows the pool by
-// taking a new block from the upstream (growth policy as librmm: without a maximum, at least
-// double the pool; with one, half the remaining headroom; a failing upstream is retried with
-// halved sizes down to the request); (5) else, when the upstream refused even the request for
-// want of memory or the maximum stopped the pool, gives every wholly free upstream block back (as
-// Release does, after waiting on the host for the streams' work behind the frees) and tries (4)
-// once more before it fails. Blocks
-// from different upstream allocations never coalesce.
+// An expandable pool ([PoolOptions].Expandable) takes its memory from one virtual address range
+// by mapping chunks of physical memory (cuMemAddressReserve, cuMemCreate, cuMemMap,
+// cuMemSetAccess), so that free neighbours coalesce across growths; [PoolMemoryResource.Release]
+// and [PoolOptions].ReleaseThreshold give whole chunks back (cuMemUnmap, cuMemRelease) once the
+// work behind their frees is done.
 //
-// Per-stream caches: the default stream and each of our own Streams have a small cache (up to 16
-// blocks) under a lock of their own, so that goroutines allocating and freeing on their own
-// streams do not contend for the pool's mutex. The rule: a freed block goes to the stream's cache
-// when it is at most 1 MiB and the stream recently asked for that size (one of the last four
-// sizes its cache could not serve); a request on that stream of exactly that rounded size takes
-// it back. For example, a loop that allocates and frees 64 KiB on one stream takes the pool's
-// mutex for its first allocation and free only. A cached block is free memory that has not
-// coalesced yet: an allocation on the stream that its cache cannot serve first returns the
-// stream's cached blocks to its list, so best fit sees them; before the pool looks at other
-// streams' lists (so before it grows or fails), and in Release and Close, every cache returns its
-// blocks; a Stream's Close returns its cache's blocks and moves its free list to DefaultStream's.
-// Stats counts cached blocks as free (PoolStats.CachedBlocks).
-//
-// Events: on the default stream and on our own Streams, whose lifetime the package knows, the
-// event is recorded only when another stream takes the blocks (Stream.Close records it first if
-// needed); on streams made from foreign handles (NewStreamView) it is recorded at every free.
-// Best fit is O(log n) in the number of free blocks (a treap per stream ordered by size and
-// address); coalescing is O(1) plus the treap updates, since every block links to its address
-// neighbours within its upstream allocation; a free finds its block in one map lookup.
-//
-// Expandable pools (PoolOptions.Expandable) keep all of the above but take their memory from one
-// virtual address range reserved for the maximum size: growth maps a chunk of physical memory
-// right after the end of what is mapped (or into a hole that Release left), so the free block at
-// the end simply grows and free neighbours coalesce across growth steps. A growth maps one chunk
-// of what the request needs beyond the free block it extends, but at least 32 MiB and at least a
-// sixteenth of the pool (at most 1 GiB unless the request needs more), rounded up to the
-// granularity (2 MiB on current GPUs) — or, when the pool's free bytes already hold the request
-// (no free block is large enough), only what the request needs, at least 8 MiB;
-// when the device refuses, the chunk is halved down to what the request needs. Release waits for the work behind every free, then unmaps and releases each
-// chunk that lies wholly in free memory, leaving a hole (a hole at the end shortens the range);
-// ReleaseThreshold does the same by itself past a threshold. Out-of-memory errors are
-// *OutOfMemoryError with the pool's figures, and say whether the pool is exhausted or fragmented.
-//
-// Deallocate detects a pointer the pool never handed out, a double free and a size different from
-// the one allocated, and returns ErrInvalidFree without changing anything. Safe for concurrent use
-// (one mutex, plus one per stream cache; no CUDA call is made under them on the common path).
-//
-// The slow driver calls are made with the mutex unlocked: growth (the upstream's Allocate, or the
-// expandable pool's cuMemCreate, cuMemMap and cuMemSetAccess), the record and wait of a
-// cross-stream take or merge, and Release's and the trim's host synchronisation and frees
-// (cuMemFree, cuMemUnmap, cuMemRelease). Allocations and frees that fit in free memory go on
-// meanwhile; one growth or release runs at a time, and an allocation that needs to grow waits
-// for the one in flight, then searches again. Still made under the mutex, being short or rare:
-// the event record of each free on a stream made with NewStreamView, the first use of a stream
-// (cuEventCreate) and the end of its list (cuEventDestroy), a Stream's Close (one record and
-// wait), frees after Close (synchronisation), Close itself, and the synchronisation of a cached
-// block's stream when it has no list.
+// Safe for concurrent use; the driver's slow calls (growth, releases, cross-stream waits) are
+// made without holding the pool's lock. [PoolMemoryResource.Stats] counts blocks held in the
+// per-stream caches as free.
 type PoolMemoryResource struct {
 	upstream MemoryResource
 	dev      Device
