@@ -73,6 +73,14 @@ const (
 	// granule (the model in bench/experiments/aliasmodel, whose footprints the option was
 	// measured against, used the same).
 	stitchReuseSlack = 16
+	// stitchFracDefault: with PoolOptions.Stitch, a growth of k bytes maps pieces of at least
+	// k/stitchFracDefault (and at least a granule). Replayed over the address-only VMM (sixteen
+	// traces, TestStitchTraces -rmm.stitchfrac; passes 1 / 3), 64 keeps every trace at or below
+	// 1.05 but the two-thread CuPy trace (1.048 / 1.055, its page floor 1.055), as 2 MiB pieces
+	// do, with 2-8 × fewer handles and mappings in the first pass (T5 8,617 / 11,788 instead of
+	// 19,394 / 25,102); 32 and 16 take 1.5-3 × fewer again, but leave the CuPy trace at 1.072 and
+	// 1.079 and the LSTM at 1.046 (16).
+	stitchFracDefault = 64
 )
 
 // stitchCands returns the chunks lying wholly in free blocks of l. Those of blocks that name

@@ -270,6 +270,50 @@ func TestStitchOptions(t *testing.T) {
 	require.NoError(t, p2.Deallocate(q, 64*mib, DefaultStream))
 }
 
+// PoolOptions.Stitch: refused without Expandable; on an expandable pool, growths map pieces of a
+// granule or a 64th of the growth, and a request that no free block holds is stitched from them.
+func TestStitchPublicOption(t *testing.T) {
+	_, err := NewPoolMemoryResource(NewSystemMemoryResource(), &PoolOptions{Stitch: true})
+	require.ErrorIs(t, err, ErrInvalidArgument)
+	require.ErrorContains(t, err, "Stitch applies to expandable pools")
+	_, err = newExpandablePool(NewSystemMemoryResource(), newSimVMM(hostVMMGranularity, 0),
+		PoolOptions{Expandable: true, MaximumPoolSize: 1 << 30, Stitch: true, carvePage: 8 * mib})
+	require.ErrorContains(t, err, "exclusive")
+
+	vm := newCountingVMM(newSimVMM(hostVMMGranularity, 0))
+	p := newExpTestPool(t, vm, PoolOptions{MaximumPoolSize: 1 << 30, Stitch: true})
+	defer p.Close()
+	// A first growth of 32 MiB: sixteen granules (a 64th of it is less than one).
+	var ptrs []DevicePtr
+	for range 16 {
+		q, err := p.Allocate(2*mib, DefaultStream)
+		require.NoError(t, err)
+		ptrs = append(ptrs, q)
+	}
+	require.Equal(t, 16, vm.counts().creates)
+	for _, i := range []int{2, 6, 10, 14} {
+		require.NoError(t, p.Deallocate(ptrs[i], 2*mib, DefaultStream))
+	}
+	before := vm.counts()
+	q, err := p.Allocate(8*mib, DefaultStream)
+	require.NoError(t, err)
+	require.Equal(t, before.creates, vm.counts().creates, "stitched from the four free pieces")
+	require.Equal(t, 32*mib, p.PoolSize())
+	require.Equal(t, 1, p.exp.stitches)
+	require.NoError(t, p.CheckInvariants())
+	require.NoError(t, p.Deallocate(q, 8*mib, DefaultStream))
+	// A growth of nearly 1 GiB (952 MiB: what the request lacks beyond the free tail) maps
+	// pieces of a 64th of it, rounded down to the granule: 14 MiB.
+	before = vm.counts()
+	big, err := p.Allocate(1<<30-64*mib, DefaultStream)
+	require.NoError(t, err)
+	grown := p.PoolSize() - 32*mib
+	require.Equal(t, 952*mib, grown)
+	require.Equal(t, 68, vm.counts().creates-before.creates, "952 MiB in 14 MiB pieces")
+	require.NoError(t, p.Deallocate(big, 1<<30-64*mib, DefaultStream))
+	require.NoError(t, p.CheckInvariants())
+}
+
 // Past stitchKeep ranges, a new stitch first unmaps the least recently used one not live (after
 // the host wait for the streams) and frees its reservation.
 func TestStitchEvictsLeastRecentlyUsed(t *testing.T) {

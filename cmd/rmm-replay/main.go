@@ -12,7 +12,8 @@
 //
 // -mr takes several resources, separated by commas (-mr plain,expandable,async): each is made
 // fresh and replayed in turn on the same trace, and the report is one table with a row per
-// resource (with -json, a list of objects). -plot draws the bytes the trace holds live and each
+// resource (with -json, a list of objects); those that need a GPU are left out, with a note on
+// standard error, where there is none. -plot draws the bytes the trace holds live and each
 // resource's reserved bytes along the trace.
 //
 // Flags:
@@ -32,6 +33,9 @@
 //	-expandable       with -mr pool: an expandable pool (PoolOptions.Expandable), whose peak
 //	                  mapped size is reported as its peak upstream (default true: false gives
 //	                  librmm's pool, whose peak upstream is the most it held from the upstream)
+//	-stitch           the expandable pools stitch (PoolOptions.Stitch): free pieces of physical
+//	                  memory are mapped again, back to back, to serve a request that no free
+//	                  block holds, instead of growing
 //	-device N         CUDA device (default 0)
 //	-passes N         replay N times on the same resource (a pool keeps what it grew in earlier
 //	                  passes); report each wall time and the median (default 1)
@@ -138,6 +142,7 @@ func run(args []string, stdout, stderr io.Writer) error {
 	fs.Var(&maximum, "maximum", "pool maximum size (default none)")
 	fs.Var(&simulate, "simulate", "replay the pools over an address-only upstream of this many bytes")
 	expandable := fs.Bool("expandable", true, "with -mr pool: an expandable pool (one virtual range grown by mapped chunks); false: librmm's pool")
+	stitch := fs.Bool("stitch", false, "the expandable pools stitch (PoolOptions.Stitch): free pieces of physical memory mapped again under a new range serve a request no free block holds")
 	device := fs.Int("device", 0, "CUDA device")
 	passes := fs.Int("passes", 1, "replay this many times on the same resource (a pool keeps what it grew); report the median")
 	verbose := fs.Bool("v", false, "print every allocation that fails during the replay")
@@ -181,6 +186,9 @@ func run(args []string, stdout, stderr io.Writer) error {
 			return usagef("-simulate works with the pools only: -mr pool, plain or expandable (got -mr %s)", n)
 		}
 	}
+	if *stitch && !slices.Contains(names, mrExpandable) && !(slices.Contains(names, mrPool) && *expandable) {
+		return usagef("-stitch works with the expandable pool only: -mr expandable, or pool without -expandable=false (got -mr %s)", *mrList)
+	}
 	if expSet && *expandable && !slices.Contains(names, mrPool) {
 		return usagef("-expandable works with -mr pool only (got -mr %s)", *mrList)
 	}
@@ -198,7 +206,7 @@ func run(args []string, stdout, stderr io.Writer) error {
 	}
 
 	s := &setup{dev: rmm.Device(*device), cudaErr: rmm.CUDAAvailable(),
-		initial: initial, maximum: maximum, simulate: simulate, expandable: *expandable, expSet: expSet}
+		initial: initial, maximum: maximum, simulate: simulate, expandable: *expandable, expSet: expSet, stitch: *stitch}
 	if s.cudaErr != nil {
 		s.where = "no CUDA device: " + strings.TrimPrefix(s.cudaErr.Error(), rmm.ErrNoDevice.Error()+": ")
 	}
@@ -209,12 +217,22 @@ func run(args []string, stdout, stderr io.Writer) error {
 		name, _ := s.dev.Name()
 		s.where = fmt.Sprintf("device %d (%s)", *device, name)
 	}
-	// A resource that cannot be made here fails the run before the trace is read.
+	// A resource that cannot be made here (it needs a GPU) is left out with a note when others
+	// can run; alone, it fails the run before the trace is read.
+	var runnable []string
+	var skipped error
 	for _, n := range names {
 		if err := s.unavailable(n); err != nil {
-			return err
+			skipped = err
+			fmt.Fprintf(stderr, "rmm-replay: left out: %v\n", err)
+			continue
 		}
+		runnable = append(runnable, n)
 	}
+	if len(runnable) == 0 {
+		return skipped
+	}
+	names = runnable
 	path := fs.Arg(0)
 	events, err := rmm.ReadLogFile(path)
 	if err != nil {

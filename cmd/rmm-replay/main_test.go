@@ -341,19 +341,32 @@ func TestReplaySeveralCapped(t *testing.T) {
 	require.Contains(t, out.String(), fmt.Sprintf("plain: %d allocations failed", list[0].Failures))
 }
 
-// Without a GPU, a resource that needs one fails the run before anything is replayed (before the
-// trace is read: here there is none), naming it; the others run on host memory.
+// Without a GPU, a resource that needs one, alone, fails the run before anything is replayed
+// (before the trace is read: here there is none), naming it; among others it is left out with a
+// note on standard error and the others run on host memory.
 func TestReplayNeedsGPU(t *testing.T) {
 	if rmm.CUDAAvailable() == nil {
 		t.Skip("a CUDA device is here")
 	}
+	msg := func(name string) string {
+		return `-mr ` + name + `: \w+MemoryResource needs a CUDA device, and there is none \(.+\); pool, plain, expandable and system run on host memory`
+	}
 	for _, name := range []string{"cuda", "async", "managed"} {
 		var out, errOut bytes.Buffer
-		err := run([]string{"-mr", "pool," + name, "no-such-trace.csv"}, &out, &errOut)
+		err := run([]string{"-mr", name, "no-such-trace.csv"}, &out, &errOut)
 		require.Error(t, err)
 		require.Equal(t, 1, exitStatus(err))
-		require.Regexp(t, `^-mr `+name+`: \w+MemoryResource needs a CUDA device, and there is none \(.+\); pool, plain, expandable and system run on host memory$`, err.Error())
+		require.Regexp(t, "^"+msg(name)+"$", err.Error())
 		require.Empty(t, out.String(), "nothing replayed")
+
+		out.Reset()
+		errOut.Reset()
+		err = run([]string{"-mr", "plain," + name + ",expandable", cupy}, &out, &errOut)
+		require.NoError(t, err)
+		require.Regexp(t, "^rmm-replay: left out: "+msg(name)+"\n", errOut.String())
+		require.Contains(t, out.String(), "plain")
+		require.Contains(t, out.String(), "expandable")
+		require.NotContains(t, out.String(), name+" ")
 	}
 }
 
@@ -408,4 +421,16 @@ func TestShortBytes(t *testing.T) {
 	require.Equal(t, "0", shortBytes(0))
 	require.Equal(t, "1.25 GiB", binaryBytes(1.25*(1<<30)))
 	require.Equal(t, "3 MiB", binaryBytes(3<<20))
+}
+
+// -stitch: the expandable pool stitches (named in its description); refused without one.
+func TestReplayStitch(t *testing.T) {
+	var out, errOut bytes.Buffer
+	err := run([]string{"-simulate", "4GiB", "-mr", "expandable", "-stitch", cupy}, &out, &errOut)
+	require.NoError(t, err)
+	require.Contains(t, out.String(), "stitching expandable PoolMemoryResource")
+	out.Reset()
+	err = run([]string{"-mr", "plain", "-stitch", cupy}, &out, &errOut)
+	require.Equal(t, 2, exitStatus(err))
+	require.ErrorContains(t, err, "-stitch works with the expandable pool only")
 }

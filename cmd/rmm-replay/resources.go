@@ -87,6 +87,7 @@ type setup struct {
 	simulate   sizeFlag
 	expandable bool // what pool means: -expandable
 	expSet     bool // -expandable was given
+	stitch     bool // -stitch
 }
 
 // target is one resource of the run, built fresh for its turn.
@@ -228,14 +229,14 @@ func (s *setup) buildPool(t *target) error {
 		up, over = rmm.NewSystemMemoryResource(), "SystemMemoryResource (host memory; "+s.where+")"
 	}
 	expandable := t.name == mrExpandable || t.name == mrPool && s.expandable
-	opts := &rmm.PoolOptions{InitialPoolSize: s.initial.n, MaximumPoolSize: s.maximum.n, Expandable: expandable}
+	opts := &rmm.PoolOptions{InitialPoolSize: s.initial.n, MaximumPoolSize: s.maximum.n, Expandable: expandable, Stitch: expandable && s.stitch}
 	// An expandable pool maps its own memory: its peak size is what it reserved. A plain pool's
 	// peak size (Stats) is the most it took from the upstream: no counting wrapper, whose type
 	// name would show in the pool's errors.
 	pool, err := rmm.NewPoolMemoryResource(up, opts)
 	if expandable && err != nil && t.name == mrPool && !s.expSet && errors.Is(err, rmm.ErrNotSupported) {
 		// The default, on a GPU without virtual memory management: librmm's pool.
-		expandable, opts.Expandable = false, false
+		expandable, opts.Expandable, opts.Stitch = false, false, false
 		pool, err = rmm.NewPoolMemoryResource(up, opts)
 	}
 	if err != nil {
@@ -244,6 +245,9 @@ func (s *setup) buildPool(t *target) error {
 	t.desc = "PoolMemoryResource over " + over
 	if expandable {
 		t.desc = "expandable " + t.desc
+		if opts.Stitch {
+			t.desc = "stitching " + t.desc
+		}
 	}
 	t.pool, t.mr, t.close = pool, pool, pool.Close
 	return nil
