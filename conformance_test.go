@@ -54,6 +54,8 @@ var conformanceCases = []confCase{
 	{"AlignedOverSystem", false, confAligned(4096, 0), rmmtest.Options{IgnoresStreams: true, Upstream: confSystem}},
 	{"AlignedOverSimulated", false, confAligned(1<<20, 64<<10), rmmtest.Options{IgnoresStreams: true, Upstream: confSimulated(100 * confGiB), MaxAllocationSize: 4 * confGiB}},
 	{"ThreadSafeOverPool", false, confAdaptorOverPool(confThreadSafe), rmmtest.Options{DetectsInvalidFree: true, Upstream: confSystem}},
+	{"StreamStatisticsOverPool", false, confAdaptorOverPool(confStreamStatistics), rmmtest.Options{DetectsInvalidFree: true, Upstream: confSystem}},
+	{"StreamStatisticsOverSimulated", false, confStreamStatistics, rmmtest.Options{IgnoresStreams: true, Upstream: confSimulated(100 * confGiB), MaxAllocationSize: 40 * confGiB, Capacity: 100 * confGiB}},
 	{"MemoryProfileEveryAllocationOverPool", false, confAdaptorOverPool(confMemoryProfile(1)), rmmtest.Options{DetectsInvalidFree: true, Upstream: confSystem}},
 	{"MemoryProfileSampledOverPool", false, confAdaptorOverPool(confMemoryProfile(64 << 10)), rmmtest.Options{DetectsInvalidFree: true, Upstream: confSystem}},
 
@@ -257,6 +259,10 @@ func confAligned(alignment, threshold int) func(rmm.MemoryResource) (rmm.MemoryR
 
 func confThreadSafe(up rmm.MemoryResource) (rmm.MemoryResource, error) {
 	return rmm.NewThreadSafeResourceAdaptor(up)
+}
+
+func confStreamStatistics(up rmm.MemoryResource) (rmm.MemoryResource, error) {
+	return rmm.NewStreamStatisticsResourceAdaptor(up)
 }
 
 type confDiscard struct{}

@@ -17,6 +17,7 @@
 //     Replay (and the rmm-replay command) replays against any resource.
 //     StatisticsResourceAdaptor counts current, peak and total bytes on a stack of levels
 //     (EnableStatistics, WithStatistics, and Profiler for named blocks of code);
+//     StreamStatisticsResourceAdaptor counts the same figures stream by stream;
 //     TrackingResourceAdaptor lists what was never freed; MemoryProfileResourceAdaptor samples
 //     the call stacks of allocations into a pprof profile of device memory (go tool pprof,
 //     MemoryProfileHandler); LimitingResourceAdaptor caps the bytes

@@ -157,3 +157,33 @@ func ExampleFailureCallbackResourceAdaptor() {
 	// true <nil>
 	// true
 }
+
+// See which stream's work holds the memory: each allocation is charged to the stream it was made
+// on, until it is freed (on whichever stream).
+func ExampleStreamStatisticsResourceAdaptor() {
+	sim, _ := rmm.NewSimulatedMemoryResource(1 << 30)
+	byStream, err := rmm.NewStreamStatisticsResourceAdaptor(sim)
+	if err != nil {
+		log.Fatal(err)
+	}
+	copies, _ := rmm.NewStream(rmm.CurrentDevice(), nil)
+	defer copies.Close()
+	compute, _ := rmm.NewStream(rmm.CurrentDevice(), nil)
+	defer compute.Close()
+
+	in, _ := byStream.Allocate(64<<20, copies.View())
+	a, _ := byStream.Allocate(8<<20, compute.View())
+	b, _ := byStream.Allocate(8<<20, compute.View())
+	_ = byStream.Deallocate(a, 8<<20, compute.View())
+	for _, st := range byStream.ByStream() {
+		fmt.Printf("current %d, peak %d, allocations %d\n", st.CurrentBytes, st.PeakBytes, st.TotalCount)
+	}
+	// Handed to compute (after an Event, on a GPU) and freed there: still taken off copies.
+	_ = byStream.Deallocate(in, 64<<20, compute.View())
+	fmt.Println(byStream.StreamStats(copies.View()).CurrentBytes, byStream.StreamStats(compute.View()).CurrentBytes)
+	_ = byStream.Deallocate(b, 8<<20, compute.View())
+	// Output:
+	// current 67108864, peak 67108864, allocations 1
+	// current 8388608, peak 16777216, allocations 2
+	// 0 8388608
+}

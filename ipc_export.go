@@ -22,9 +22,9 @@ type IPCExporter interface {
 
 // ExportIPC exports [p, p+nbytes) of memory from mr (nil: the current device resource), which
 // must lie in one live allocation of mr. Adaptors that hand out their upstream's pointers
-// unchanged (Statistics, Logging, Tracking, Limiting, FailureCallback, ThreadSafe, Prefetch,
-// MemoryProfile) export through their upstream. A resource that cannot export gives an error wrapping
-// ErrNotExportable that names it. See IPCExporter.
+// unchanged (Statistics, StreamStatistics, Logging, Tracking, Limiting, FailureCallback,
+// ThreadSafe, Prefetch, MemoryProfile) export through their upstream. A resource that cannot
+// export gives an error wrapping ErrNotExportable that names it. See IPCExporter.
 func ExportIPC(mr MemoryResource, p DevicePtr, nbytes int) (*IPCHandle, error) {
 	mr = resourceOrCurrent(mr)
 	chain := ""
@@ -63,6 +63,8 @@ func ipcPassThrough(mr MemoryResource) MemoryResource {
 	case *PrefetchResourceAdaptor:
 		return r.Upstream()
 	case *MemoryProfileResourceAdaptor:
+		return r.Upstream()
+	case *StreamStatisticsResourceAdaptor:
 		return r.Upstream()
 	}
 	return nil

@@ -94,7 +94,7 @@ func prefetchModeOf(mr MemoryResource, pageable bool) prefetchMode {
 		case *ArenaMemoryResource, *FixedSizeMemoryResource, *PrefetchResourceAdaptor,
 			*LimitingResourceAdaptor, *StatisticsResourceAdaptor, *TrackingResourceAdaptor,
 			*LoggingResourceAdaptor, *ThreadSafeResourceAdaptor, *FailureCallbackResourceAdaptor,
-			*AlignedResourceAdaptor:
+			*AlignedResourceAdaptor, *StreamStatisticsResourceAdaptor:
 			// These hand out their upstream's memory (or ranges inside it). Another package's
 			// Upstreamer is not trusted to do the same: it is asked about per allocation.
 			mr = r.(Upstreamer).Upstream()
