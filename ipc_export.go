@@ -47,24 +47,7 @@ func ExportIPC(mr MemoryResource, p DevicePtr, nbytes int) (*IPCHandle, error) {
 
 // ipcPassThrough returns the upstream of an adaptor whose pointers are its upstream's, else nil.
 func ipcPassThrough(mr MemoryResource) MemoryResource {
-	switch r := mr.(type) {
-	case *StatisticsResourceAdaptor:
-		return r.Upstream()
-	case *LoggingResourceAdaptor:
-		return r.Upstream()
-	case *TrackingResourceAdaptor:
-		return r.Upstream()
-	case *LimitingResourceAdaptor:
-		return r.Upstream()
-	case *FailureCallbackResourceAdaptor:
-		return r.Upstream()
-	case *ThreadSafeResourceAdaptor:
-		return r.Upstream()
-	case *PrefetchResourceAdaptor:
-		return r.Upstream()
-	case *MemoryProfileResourceAdaptor:
-		return r.Upstream()
-	case *StreamStatisticsResourceAdaptor:
+	if r, ok := mr.(passThrough); ok {
 		return r.Upstream()
 	}
 	return nil

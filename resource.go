@@ -70,6 +70,25 @@ type Upstreamer interface {
 	Upstream() MemoryResource
 }
 
+// insideUpstream is implemented by this package's resources whose every allocation lies inside
+// memory their upstream handed out (the adaptors, the arena, the fixed-size resource): a
+// PrefetchResourceAdaptor asks their upstream what kind of memory they hand out. Another
+// package's Upstreamer is not trusted to do the same: the prefetcher asks about each allocation.
+// A new adaptor of this package that sub-allocates from its upstream or passes its pointers on
+// implements it (a method with an empty body).
+type insideUpstream interface {
+	Upstreamer
+	insideUpstream()
+}
+
+// passThrough is implemented by this package's adaptors that hand out their upstream's pointers
+// unchanged, each allocation being exactly one of the upstream's: ExportIPC exports through
+// them. A new adaptor that passes allocations through implements it (and insideUpstream).
+type passThrough interface {
+	insideUpstream
+	passesPointersThrough()
+}
+
 // Access says where memory from a resource can be read and written.
 type Access uint8
 

@@ -165,6 +165,8 @@ func (r *AlignedResourceAdaptor) Threshold() int { return r.threshold }
 // Upstream returns the resource the adaptor forwards to.
 func (r *AlignedResourceAdaptor) Upstream() MemoryResource { return r.upstream }
 
+func (*AlignedResourceAdaptor) insideUpstream() {}
+
 // Access reports the upstream's accessibility (AccessOf(Upstream())).
 func (r *AlignedResourceAdaptor) Access() Access { return AccessOf(r.upstream) }
 

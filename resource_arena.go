@@ -361,6 +361,8 @@ func NewArenaMemoryResource(upstream MemoryResource, opts *ArenaOptions) (*Arena
 // Upstream returns the resource the arena took its memory from.
 func (r *ArenaMemoryResource) Upstream() MemoryResource { return r.upstream }
 
+func (*ArenaMemoryResource) insideUpstream() {}
+
 // Device returns the device the arena belongs to (its upstream's).
 func (r *ArenaMemoryResource) Device() Device { return r.dev }
 

@@ -76,6 +76,10 @@ func (r *FailureCallbackResourceAdaptor) Deallocate(p DevicePtr, nbytes int, s S
 // Upstream returns the resource the adaptor forwards to.
 func (r *FailureCallbackResourceAdaptor) Upstream() MemoryResource { return r.upstream }
 
+func (*FailureCallbackResourceAdaptor) insideUpstream() {}
+
+func (*FailureCallbackResourceAdaptor) passesPointersThrough() {}
+
 // Access reports the upstream's accessibility (AccessOf(Upstream())).
 func (r *FailureCallbackResourceAdaptor) Access() Access { return AccessOf(r.upstream) }
 

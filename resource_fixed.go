@@ -128,6 +128,8 @@ func NewFixedSizeMemoryResource(upstream MemoryResource, opts *FixedSizeOptions)
 // Upstream returns the resource the blocks come from.
 func (f *FixedSizeMemoryResource) Upstream() MemoryResource { return f.upstream }
 
+func (*FixedSizeMemoryResource) insideUpstream() {}
+
 // Device returns the device the resource belongs to (its upstream's).
 func (f *FixedSizeMemoryResource) Device() Device { return f.dev }
 

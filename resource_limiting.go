@@ -139,6 +139,10 @@ func (r *LimitingResourceAdaptor) Alignment() int { return r.alignment }
 // Upstream returns the resource the adaptor forwards to.
 func (r *LimitingResourceAdaptor) Upstream() MemoryResource { return r.upstream }
 
+func (*LimitingResourceAdaptor) insideUpstream() {}
+
+func (*LimitingResourceAdaptor) passesPointersThrough() {}
+
 // Access reports the upstream's accessibility (AccessOf(Upstream())).
 func (r *LimitingResourceAdaptor) Access() Access { return AccessOf(r.upstream) }
 

@@ -195,6 +195,10 @@ func (r *LoggingResourceAdaptor) Header() string { return LogHeader }
 // Upstream returns the resource the adaptor forwards to.
 func (r *LoggingResourceAdaptor) Upstream() MemoryResource { return r.upstream }
 
+func (*LoggingResourceAdaptor) insideUpstream() {}
+
+func (*LoggingResourceAdaptor) passesPointersThrough() {}
+
 // Access reports the upstream's accessibility (AccessOf(Upstream())).
 func (r *LoggingResourceAdaptor) Access() Access { return AccessOf(r.upstream) }
 

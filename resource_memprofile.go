@@ -500,6 +500,10 @@ func (r *MemoryProfileResourceAdaptor) deallocateSampled(p DevicePtr, nbytes int
 // Upstream returns the resource the adaptor forwards to.
 func (r *MemoryProfileResourceAdaptor) Upstream() MemoryResource { return r.upstream }
 
+func (*MemoryProfileResourceAdaptor) insideUpstream() {}
+
+func (*MemoryProfileResourceAdaptor) passesPointersThrough() {}
+
 // Access reports the upstream's accessibility (AccessOf(Upstream())).
 func (r *MemoryProfileResourceAdaptor) Access() Access { return AccessOf(r.upstream) }
 

@@ -91,13 +91,10 @@ func prefetchModeOf(mr MemoryResource, pageable bool) prefetchMode {
 				return prefetchNever
 			}
 			mr = r.upstream
-		case *ArenaMemoryResource, *FixedSizeMemoryResource, *PrefetchResourceAdaptor,
-			*LimitingResourceAdaptor, *StatisticsResourceAdaptor, *TrackingResourceAdaptor,
-			*LoggingResourceAdaptor, *ThreadSafeResourceAdaptor, *FailureCallbackResourceAdaptor,
-			*AlignedResourceAdaptor, *StreamStatisticsResourceAdaptor:
+		case insideUpstream:
 			// These hand out their upstream's memory (or ranges inside it). Another package's
 			// Upstreamer is not trusted to do the same: it is asked about per allocation.
-			mr = r.(Upstreamer).Upstream()
+			mr = r.Upstream()
 		default:
 			return prefetchIfManaged
 		}
@@ -191,6 +188,10 @@ func (r *PrefetchResourceAdaptor) Prefetching() bool { return r.mode != prefetch
 
 // Upstream returns the resource the adaptor forwards to.
 func (r *PrefetchResourceAdaptor) Upstream() MemoryResource { return r.upstream }
+
+func (*PrefetchResourceAdaptor) insideUpstream() {}
+
+func (*PrefetchResourceAdaptor) passesPointersThrough() {}
 
 // Access reports the upstream's accessibility (AccessOf(Upstream())).
 func (r *PrefetchResourceAdaptor) Access() Access { return AccessOf(r.upstream) }

@@ -75,6 +75,7 @@ func TestPrefetchModeOf(t *testing.T) {
 	logging := func(up MemoryResource) MemoryResource { return must(NewLoggingResourceAdaptor(up, io.Discard, nil)) }
 	safe := func(up MemoryResource) MemoryResource { return must(NewThreadSafeResourceAdaptor(up)) }
 	byStream := func(up MemoryResource) MemoryResource { return must(NewStreamStatisticsResourceAdaptor(up)) }
+	profile := func(up MemoryResource) MemoryResource { return must(NewMemoryProfileResourceAdaptor(up, nil)) }
 	aligned := func(up MemoryResource) MemoryResource {
 		return must(NewAlignedResourceAdaptor(up, &AlignedOptions{Alignment: 4096}))
 	}
@@ -103,7 +104,7 @@ func TestPrefetchModeOf(t *testing.T) {
 		{"pool/managed", over(managed, pool), false, prefetchAlways},
 		{"arena/managed", over(managed, arena), false, prefetchAlways},
 		{"fixed/pool/managed", over(managed, pool, fixed), false, prefetchAlways},
-		{"every adaptor/pool/managed", over(managed, pool, stats, limit, track, logging, safe, aligned, failure, prefetch, byStream), false, prefetchAlways},
+		{"every adaptor/pool/managed", over(managed, pool, stats, limit, track, logging, safe, aligned, failure, prefetch, byStream, profile), false, prefetchAlways},
 		{"cuda", cuda, true, prefetchNever},
 		{"pool/cuda", over(cuda, pool), false, prefetchNever},
 		{"stats/arena/cuda", over(cuda, arena, stats), false, prefetchNever},

@@ -260,6 +260,10 @@ func (r *StatisticsResourceAdaptor) popAt(scope uint64) (Statistics, error) {
 // Upstream returns the resource the adaptor forwards to.
 func (r *StatisticsResourceAdaptor) Upstream() MemoryResource { return r.upstream }
 
+func (*StatisticsResourceAdaptor) insideUpstream() {}
+
+func (*StatisticsResourceAdaptor) passesPointersThrough() {}
+
 // Access reports the upstream's accessibility (AccessOf(Upstream())).
 func (r *StatisticsResourceAdaptor) Access() Access { return AccessOf(r.upstream) }
 

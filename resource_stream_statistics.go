@@ -164,6 +164,10 @@ func (r *StreamStatisticsResourceAdaptor) ByStream() []StreamStatistics {
 // Upstream returns the resource the adaptor forwards to.
 func (r *StreamStatisticsResourceAdaptor) Upstream() MemoryResource { return r.upstream }
 
+func (*StreamStatisticsResourceAdaptor) insideUpstream() {}
+
+func (*StreamStatisticsResourceAdaptor) passesPointersThrough() {}
+
 // Access reports the upstream's accessibility (AccessOf(Upstream())).
 func (r *StreamStatisticsResourceAdaptor) Access() Access { return AccessOf(r.upstream) }
 

@@ -36,6 +36,10 @@ func (r *ThreadSafeResourceAdaptor) Deallocate(p DevicePtr, nbytes int, s Stream
 // Upstream returns the resource the adaptor forwards to.
 func (r *ThreadSafeResourceAdaptor) Upstream() MemoryResource { return r.upstream }
 
+func (*ThreadSafeResourceAdaptor) insideUpstream() {}
+
+func (*ThreadSafeResourceAdaptor) passesPointersThrough() {}
+
 // Access reports the upstream's accessibility (AccessOf(Upstream())).
 func (r *ThreadSafeResourceAdaptor) Access() Access { return AccessOf(r.upstream) }
 

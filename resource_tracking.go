@@ -253,6 +253,10 @@ func (r *TrackingResourceAdaptor) LogOutstandingAllocations() {
 // Upstream returns the resource the adaptor forwards to.
 func (r *TrackingResourceAdaptor) Upstream() MemoryResource { return r.upstream }
 
+func (*TrackingResourceAdaptor) insideUpstream() {}
+
+func (*TrackingResourceAdaptor) passesPointersThrough() {}
+
 // Access reports the upstream's accessibility (AccessOf(Upstream())).
 func (r *TrackingResourceAdaptor) Access() Access { return AccessOf(r.upstream) }
 
