@@ -29,10 +29,9 @@ func BenchmarkAdaptors(b *testing.B) {
 	}{
 		{"upstream", func(up MemoryResource) MemoryResource { return up }},
 		{"statistics", func(up MemoryResource) MemoryResource { return NewStatisticsResourceAdaptor(up) }},
-		{"tracking", func(up MemoryResource) MemoryResource { r, _ := NewTrackingResourceAdaptor(up, nil); return r }},
+		{"tracking", func(up MemoryResource) MemoryResource { return NewTrackingResourceAdaptor(up, nil) }},
 		{"tracking-stacks", func(up MemoryResource) MemoryResource {
-			r, _ := NewTrackingResourceAdaptor(up, &TrackingOptions{CaptureStacks: true})
-			return r
+			return NewTrackingResourceAdaptor(up, &TrackingOptions{CaptureStacks: true})
 		}},
 		{"memory-profile", func(up MemoryResource) MemoryResource { r, _ := NewMemoryProfileResourceAdaptor(up, nil); return r }},
 		{"limiting", func(up MemoryResource) MemoryResource { r, _ := NewLimitingResourceAdaptor(up, 1<<62, nil); return r }},
@@ -45,7 +44,7 @@ func BenchmarkAdaptors(b *testing.B) {
 			return r
 		}},
 		{"prefetch", func(up MemoryResource) MemoryResource { r, _ := NewPrefetchResourceAdaptor(up); return r }},
-		{"threadsafe", func(up MemoryResource) MemoryResource { r, _ := NewThreadSafeResourceAdaptor(up); return r }},
+		{"threadsafe", func(up MemoryResource) MemoryResource { return NewThreadSafeResourceAdaptor(up) }},
 	}
 	const n = 4096
 	for _, a := range adaptors {

@@ -124,7 +124,7 @@ func newAdpPropSystem(cfg adpPropConfig, cov *adpPropCoverage) *adpPropSystem {
 	if sys.lim, err = NewLimitingResourceAdaptor(sys.aligned, cfg.limit, nil); err != nil {
 		panic(err)
 	}
-	sys.track, _ = NewTrackingResourceAdaptor(sys.lim, nil)
+	sys.track = NewTrackingResourceAdaptor(sys.lim, nil)
 	sys.stats = NewStatisticsResourceAdaptor(sys.track)
 	return sys
 }

@@ -503,8 +503,7 @@ func TestBrkPoolExpandableTrimLevelRisesPastThreshold(t *testing.T) {
 func TestBrkPoolCacheUnderAdaptors(t *testing.T) {
 	const n = 4096
 	p, _ := newSimPool(t, 1<<30, nil)
-	tr, err := NewTrackingResourceAdaptor(p, nil)
-	require.NoError(t, err)
+	tr := NewTrackingResourceAdaptor(p, nil)
 	var logBuf brkSyncBuffer
 	lg, err := NewLoggingResourceAdaptor(tr, &logBuf, nil)
 	require.NoError(t, err)

@@ -228,7 +228,7 @@ func (h confHideStats) Access() rmm.Access           { return h.r.Access() }
 func (h confHideStats) Device() rmm.Device           { return h.r.Device() }
 
 func confTracking(up rmm.MemoryResource) (rmm.MemoryResource, error) {
-	return rmm.NewTrackingResourceAdaptor(up, &rmm.TrackingOptions{CaptureStacks: true})
+	return rmm.NewTrackingResourceAdaptor(up, &rmm.TrackingOptions{CaptureStacks: true}), nil
 }
 
 func confMemoryProfile(rate int) func(rmm.MemoryResource) (rmm.MemoryResource, error) {
@@ -258,11 +258,11 @@ func confAligned(alignment, threshold int) func(rmm.MemoryResource) (rmm.MemoryR
 }
 
 func confThreadSafe(up rmm.MemoryResource) (rmm.MemoryResource, error) {
-	return rmm.NewThreadSafeResourceAdaptor(up)
+	return rmm.NewThreadSafeResourceAdaptor(up), nil
 }
 
 func confStreamStatistics(up rmm.MemoryResource) (rmm.MemoryResource, error) {
-	return rmm.NewStreamStatisticsResourceAdaptor(up)
+	return rmm.NewStreamStatisticsResourceAdaptor(up), nil
 }
 
 type confDiscard struct{}

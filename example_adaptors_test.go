@@ -75,10 +75,7 @@ func ExampleLimitingResourceAdaptor() {
 // the same on every machine.)
 func ExampleTrackingResourceAdaptor() {
 	sim, _ := rmm.NewSimulatedMemoryResource(1 << 30)
-	tr, err := rmm.NewTrackingResourceAdaptor(sim, nil) // &rmm.TrackingOptions{CaptureStacks: true} records who allocated
-	if err != nil {
-		log.Fatal(err)
-	}
+	tr := rmm.NewTrackingResourceAdaptor(sim, nil) // &rmm.TrackingOptions{CaptureStacks: true} records who allocated
 	a, _ := tr.Allocate(4096, rmm.DefaultStream)
 	_, _ = tr.Allocate(100, rmm.DefaultStream) // leaked
 	_, _ = tr.Allocate(1<<20, rmm.DefaultStream)
@@ -162,10 +159,7 @@ func ExampleFailureCallbackResourceAdaptor() {
 // on, until it is freed (on whichever stream).
 func ExampleStreamStatisticsResourceAdaptor() {
 	sim, _ := rmm.NewSimulatedMemoryResource(1 << 30)
-	byStream, err := rmm.NewStreamStatisticsResourceAdaptor(sim)
-	if err != nil {
-		log.Fatal(err)
-	}
+	byStream := rmm.NewStreamStatisticsResourceAdaptor(sim)
 	copies, _ := rmm.NewStream(rmm.CurrentDevice(), nil)
 	defer copies.Close()
 	compute, _ := rmm.NewStream(rmm.CurrentDevice(), nil)

@@ -142,8 +142,7 @@ func TestGPUAlignedAndTracking(t *testing.T) {
 	requireGPU(t)
 	cuda, err := NewCudaMemoryResource(0)
 	require.NoError(t, err)
-	tr, err := NewTrackingResourceAdaptor(cuda, &TrackingOptions{CaptureStacks: true})
-	require.NoError(t, err)
+	tr := NewTrackingResourceAdaptor(cuda, &TrackingOptions{CaptureStacks: true})
 	al, err := NewAlignedResourceAdaptor(tr, &AlignedOptions{Alignment: 1 << 20})
 	require.NoError(t, err)
 	const n = 5<<20 + 3

@@ -346,13 +346,13 @@ func TestIPCExportThroughAdaptors(t *testing.T) {
 	passThrough := map[string]MemoryResource{
 		"StatisticsResourceAdaptor":       NewStatisticsResourceAdaptor(up),
 		"LoggingResourceAdaptor":          must(NewLoggingResourceAdaptor(up, io.Discard, nil)),
-		"TrackingResourceAdaptor":         must(NewTrackingResourceAdaptor(up, nil)),
+		"TrackingResourceAdaptor":         NewTrackingResourceAdaptor(up, nil),
 		"LimitingResourceAdaptor":         must(NewLimitingResourceAdaptor(up, 1<<30, nil)),
 		"FailureCallbackResourceAdaptor":  must(NewFailureCallbackResourceAdaptor(up, func(int, error) bool { return false }, nil)),
-		"ThreadSafeResourceAdaptor":       must(NewThreadSafeResourceAdaptor(up)),
+		"ThreadSafeResourceAdaptor":       NewThreadSafeResourceAdaptor(up),
 		"PrefetchResourceAdaptor":         must(NewPrefetchResourceAdaptor(up)),
 		"MemoryProfileResourceAdaptor":    must(NewMemoryProfileResourceAdaptor(up, &MemoryProfileOptions{Rate: 1})),
-		"StreamStatisticsResourceAdaptor": must(NewStreamStatisticsResourceAdaptor(up)),
+		"StreamStatisticsResourceAdaptor": NewStreamStatisticsResourceAdaptor(up),
 	}
 	for name, r := range passThrough {
 		t.Run(name, func(t *testing.T) {

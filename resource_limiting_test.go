@@ -462,10 +462,7 @@ func TestLimitingOutOfMemoryError(t *testing.T) {
 // takes the count below zero; the limit check must still not overflow, so that under a limit of
 // MaxInt a later allocation is not refused.
 func TestLimitingNegativeCountDoesNotOverflow(t *testing.T) {
-	up, err := NewTrackingResourceAdaptor(NewSystemMemoryResource(), nil)
-	if err != nil {
-		t.Fatal(err)
-	}
+	up := NewTrackingResourceAdaptor(NewSystemMemoryResource(), nil)
 	lim, err := NewLimitingResourceAdaptor(up, math.MaxInt, nil)
 	if err != nil {
 		t.Fatal(err)

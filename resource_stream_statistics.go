@@ -59,14 +59,14 @@ type StreamStatisticsResourceAdaptor struct {
 }
 
 // NewStreamStatisticsResourceAdaptor returns an adaptor that counts, stream by stream, the
-// allocations made through it from upstream (nil: the current device resource). The error is
-// always nil; it is there so that every adaptor constructor has the same shape.
-func NewStreamStatisticsResourceAdaptor(upstream MemoryResource) (*StreamStatisticsResourceAdaptor, error) {
+// allocations made through it from upstream (nil: the current device resource). It cannot fail,
+// and returns no error, as NewStatisticsResourceAdaptor.
+func NewStreamStatisticsResourceAdaptor(upstream MemoryResource) *StreamStatisticsResourceAdaptor {
 	return &StreamStatisticsResourceAdaptor{
 		upstream: resourceOrCurrent(upstream),
 		live:     map[DevicePtr]streamRecord{},
 		streams:  map[StreamView]*statLevel{},
-	}, nil
+	}
 }
 
 // level returns the counters of stream s, making them on first use. r.mu must be held.

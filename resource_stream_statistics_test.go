@@ -12,9 +12,7 @@ import (
 
 func adpNewStreamStats(t *testing.T, up MemoryResource) *StreamStatisticsResourceAdaptor {
 	t.Helper()
-	r, err := NewStreamStatisticsResourceAdaptor(up)
-	require.NoError(t, err)
-	return r
+	return NewStreamStatisticsResourceAdaptor(up)
 }
 
 // sstStreams makes n streams on the current device (host streams without CUDA), closed when the

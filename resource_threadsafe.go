@@ -13,10 +13,10 @@ type ThreadSafeResourceAdaptor struct {
 }
 
 // NewThreadSafeResourceAdaptor returns an adaptor that serialises the calls to upstream (nil: the
-// current device resource). The error is always nil; it is there so that every adaptor
-// constructor has the same shape.
-func NewThreadSafeResourceAdaptor(upstream MemoryResource) (*ThreadSafeResourceAdaptor, error) {
-	return &ThreadSafeResourceAdaptor{upstream: resourceOrCurrent(upstream)}, nil
+// current device resource). It cannot fail, and returns no error, as
+// NewStatisticsResourceAdaptor.
+func NewThreadSafeResourceAdaptor(upstream MemoryResource) *ThreadSafeResourceAdaptor {
+	return &ThreadSafeResourceAdaptor{upstream: resourceOrCurrent(upstream)}
 }
 
 // Allocate calls the upstream's Allocate under the adaptor's mutex and returns its results.

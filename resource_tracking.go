@@ -107,14 +107,14 @@ type TrackingResourceAdaptor struct {
 }
 
 // NewTrackingResourceAdaptor returns an adaptor that records the allocations made through it from
-// upstream (nil: the current device resource). The error is always nil; it is there so that every
-// adaptor constructor has the same shape.
-func NewTrackingResourceAdaptor(upstream MemoryResource, opts *TrackingOptions) (*TrackingResourceAdaptor, error) {
+// upstream (nil: the current device resource). It cannot fail, and returns no error, as
+// NewStatisticsResourceAdaptor.
+func NewTrackingResourceAdaptor(upstream MemoryResource, opts *TrackingOptions) *TrackingResourceAdaptor {
 	r := &TrackingResourceAdaptor{upstream: resourceOrCurrent(upstream), allocations: map[DevicePtr]trackedInfo{}}
 	if opts != nil {
 		r.captureStacks = opts.CaptureStacks
 	}
-	return r, nil
+	return r
 }
 
 // Allocate allocates nbytes from the upstream on stream s and records the allocation (see the

@@ -14,9 +14,7 @@ import (
 
 func adpNewTracking(t *testing.T, up MemoryResource, stacks bool) *TrackingResourceAdaptor {
 	t.Helper()
-	r, err := NewTrackingResourceAdaptor(up, &TrackingOptions{CaptureStacks: stacks})
-	require.NoError(t, err)
-	return r
+	return NewTrackingResourceAdaptor(up, &TrackingOptions{CaptureStacks: stacks})
 }
 
 // adpCaptureLog sends the debug log to a recordHandler for the rest of the test.
