@@ -93,7 +93,9 @@
 //     first and last 4 KiB and 64 bytes of every 64 KiB between (every byte with
 //     Options.FullPatterns);
 //   - a failed call changes nothing: after an invalid free nothing observable changes (the value
-//     of any Stats() method, what the upstream holds, what the resource maps, the patterns);
+//     of any Stats() method with no arguments and one result, found by reflection whatever its
+//     type, so a resource whose Stats counts zero-byte or refused calls fails here: name such a
+//     method otherwise; what the upstream holds, what the resource maps, the patterns);
 //     after an out-of-memory error PoolStats' live figures are the same and the upstream holds
 //     the same blocks, or (when PoolSize shrank, or without PoolStats the upstream holds fewer
 //     blocks: a pool, or a pool under an adaptor, may give wholly free blocks back before it gives
