@@ -1,7 +1,11 @@
 package rmm
 
+// The helpers the package's tests share: upstreams that script, fail, limit or count calls,
+// and the GPU guards.
+
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"sync"
@@ -135,4 +139,314 @@ func (h *recordHandler) all() []map[string]any {
 		out = append(out, m)
 	}
 	return out
+}
+
+// limitedUpstream hands out address-only memory (a SimulatedMemoryResource) but refuses any
+// allocation that would take its charged total above limit, charging each allocation rounded up
+// to 256 bytes, as librmm's limiting adaptor does. It records every call.
+type limitedUpstream struct {
+	mu      sync.Mutex
+	inner   *SimulatedMemoryResource
+	limit   int
+	charged int
+	asked   []int // every size asked, granted or not
+	granted []int
+}
+
+func newLimitedUpstream(limit int) *limitedUpstream {
+	sim, _ := NewSimulatedMemoryResource(1 << 60)
+	return &limitedUpstream{inner: sim, limit: limit}
+}
+
+func (u *limitedUpstream) Allocate(n int, s StreamView) (DevicePtr, error) {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	u.asked = append(u.asked, n)
+	c, _ := AlignUp(n, 256)
+	if u.charged+c > u.limit {
+		return 0, fmt.Errorf("%w: limited upstream: %d + %d > %d", ErrOutOfMemory, u.charged, c, u.limit)
+	}
+	p, err := u.inner.Allocate(n, s)
+	if err != nil {
+		return 0, err
+	}
+	u.charged += c
+	u.granted = append(u.granted, n)
+	return p, nil
+}
+
+func (u *limitedUpstream) Deallocate(p DevicePtr, n int, s StreamView) error {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	if err := u.inner.Deallocate(p, n, s); err != nil {
+		return err
+	}
+	c, _ := AlignUp(n, 256)
+	u.charged -= c
+	return nil
+}
+
+func (u *limitedUpstream) Access() Access { return 0 }
+
+// Test upstreams for the adaptors' tests: one that hands out chosen addresses and records every
+// call, one that fails on demand, and one that reuses freed addresses at once and can hold a free
+// inside the upstream, to force the interleavings librmm provokes with its delayed resource.
+
+// adpCall is one call an upstream saw.
+type adpCall struct {
+	ptr    DevicePtr
+	nbytes int
+}
+
+// adpScriptUpstream hands out the addresses queued in next (then, when none are queued, 256-byte
+// aligned addresses of its own from 1<<40 up), with no memory behind them, and records every call.
+// Frees of addresses it did not hand out, or with another size, are ErrInvalidFree.
+type adpScriptUpstream struct {
+	mu     sync.Mutex
+	next   []DevicePtr
+	bump   DevicePtr
+	live   map[DevicePtr]int
+	allocs []adpCall
+	frees  []adpCall
+	access Access
+}
+
+func newAdpScriptUpstream(next ...DevicePtr) *adpScriptUpstream {
+	return &adpScriptUpstream{next: next, bump: 1 << 40, live: map[DevicePtr]int{}, access: DeviceAccessible}
+}
+
+func (u *adpScriptUpstream) Allocate(n int, s StreamView) (DevicePtr, error) {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	u.allocs = append(u.allocs, adpCall{0, n})
+	if n == 0 {
+		return 0, nil
+	}
+	var p DevicePtr
+	if len(u.next) > 0 {
+		p, u.next = u.next[0], u.next[1:]
+	} else {
+		p = u.bump
+		u.bump += DevicePtr(roundUp(n))
+	}
+	u.allocs[len(u.allocs)-1].ptr = p
+	u.live[p] = n
+	return p, nil
+}
+
+func (u *adpScriptUpstream) Deallocate(p DevicePtr, n int, s StreamView) error {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	u.frees = append(u.frees, adpCall{p, n})
+	if p == 0 && n == 0 {
+		return nil
+	}
+	if size, ok := u.live[p]; !ok || size != n {
+		return fmt.Errorf("%w: adpScriptUpstream: free of %#x with %d bytes (live %v, size %d)", ErrInvalidFree, uintptr(p), n, ok, size)
+	}
+	delete(u.live, p)
+	return nil
+}
+
+func (u *adpScriptUpstream) Access() Access { return u.access }
+
+func (u *adpScriptUpstream) calls() (allocs, frees []adpCall) {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	return append([]adpCall(nil), u.allocs...), append([]adpCall(nil), u.frees...)
+}
+
+func (u *adpScriptUpstream) liveCount() int {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	return len(u.live)
+}
+
+// errAdpInjected is the non-memory error adpFaultUpstream returns when asked for one.
+var errAdpInjected = errors.New("injected upstream failure")
+
+// adpFaultUpstream forwards to inner but fails the next failAllocs allocations with allocErr
+// (default: an ErrOutOfMemory error) and the next failFrees frees with errAdpInjected (the free
+// is then not made). It counts the calls that reached it.
+type adpFaultUpstream struct {
+	inner MemoryResource
+
+	mu           sync.Mutex
+	failAllocs   int
+	allocErr     error
+	failFrees    int
+	allocCalls   int
+	deallocCalls int
+}
+
+func newAdpFaultUpstream(inner MemoryResource) *adpFaultUpstream {
+	return &adpFaultUpstream{inner: inner}
+}
+
+func (u *adpFaultUpstream) failNextAllocs(n int, err error) {
+	u.mu.Lock()
+	u.failAllocs, u.allocErr = n, err
+	u.mu.Unlock()
+}
+
+func (u *adpFaultUpstream) failNextFrees(n int) {
+	u.mu.Lock()
+	u.failFrees = n
+	u.mu.Unlock()
+}
+
+func (u *adpFaultUpstream) Allocate(n int, s StreamView) (DevicePtr, error) {
+	u.mu.Lock()
+	u.allocCalls++
+	if u.failAllocs > 0 {
+		u.failAllocs--
+		err := u.allocErr
+		u.mu.Unlock()
+		if err == nil {
+			err = outOfMemory("adpFaultUpstream", n, nil)
+		}
+		return 0, err
+	}
+	u.mu.Unlock()
+	return u.inner.Allocate(n, s)
+}
+
+func (u *adpFaultUpstream) Deallocate(p DevicePtr, n int, s StreamView) error {
+	u.mu.Lock()
+	u.deallocCalls++
+	if u.failFrees > 0 {
+		u.failFrees--
+		u.mu.Unlock()
+		return errAdpInjected
+	}
+	u.mu.Unlock()
+	return u.inner.Deallocate(p, n, s)
+}
+
+func (u *adpFaultUpstream) Upstream() MemoryResource { return u.inner }
+
+func (u *adpFaultUpstream) callCounts() (allocs, deallocs int) {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	return u.allocCalls, u.deallocCalls
+}
+
+// adpReuseUpstream hands out addresses without memory and reuses a freed address at once for
+// the next allocation (last freed, first reused), as a pool does. A free is made (the address
+// becomes reusable) before onFree, when set, is called, still inside Deallocate: a hook that
+// blocks holds the freeing goroutine in the window where the address can already be handed out
+// again but the adaptor above has not returned from the free (librmm's delayed_memory_resource,
+// without timing). It rejects frees of addresses that are not live, so an adaptor that forwards a
+// free twice or with a wrong pointer is caught.
+type adpReuseUpstream struct {
+	mu     sync.Mutex
+	free   []DevicePtr
+	next   DevicePtr
+	live   map[DevicePtr]int
+	onFree func(p DevicePtr)
+	reused int
+}
+
+func newAdpReuseUpstream() *adpReuseUpstream {
+	return &adpReuseUpstream{next: 1<<41 + 256, live: map[DevicePtr]int{}}
+}
+
+// adpReuseSlot is the size of every address range handed out: enough for the tests'
+// allocations. Ranges start 256 bytes past a 16 MiB boundary: 256-aligned, and no more.
+const adpReuseSlot = 16 << 20
+
+func (u *adpReuseUpstream) Allocate(n int, s StreamView) (DevicePtr, error) {
+	if n == 0 {
+		return 0, nil
+	}
+	if n > adpReuseSlot {
+		return 0, outOfMemory("adpReuseUpstream", n, nil)
+	}
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	var p DevicePtr
+	if k := len(u.free); k > 0 {
+		p, u.free = u.free[k-1], u.free[:k-1]
+		u.reused++
+	} else {
+		p = u.next
+		u.next += adpReuseSlot
+	}
+	u.live[p] = n
+	return p, nil
+}
+
+func (u *adpReuseUpstream) Deallocate(p DevicePtr, n int, s StreamView) error {
+	if p == 0 {
+		return nil
+	}
+	u.mu.Lock()
+	size, ok := u.live[p]
+	if !ok || size != n {
+		u.mu.Unlock()
+		return fmt.Errorf("%w: adpReuseUpstream: free of %#x with %d bytes (live %v, size %d)", ErrInvalidFree, uintptr(p), n, ok, size)
+	}
+	delete(u.live, p)
+	u.free = append(u.free, p)
+	hook := u.onFree
+	u.mu.Unlock()
+	if hook != nil {
+		hook(p)
+	}
+	return nil
+}
+
+func (u *adpReuseUpstream) Access() Access { return 0 }
+
+func (u *adpReuseUpstream) setOnFree(f func(DevicePtr)) {
+	u.mu.Lock()
+	u.onFree = f
+	u.mu.Unlock()
+}
+
+func (u *adpReuseUpstream) counts() (live, reused int) {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	return len(u.live), u.reused
+}
+
+// adpInterleave runs librmm's two-thread interleaving over mr, without timing:
+//
+//	goroutine 0: allocate; ... free (held inside the upstream after the address is freed) ...
+//	goroutine 1:            allocate (gets the address back); free; done
+//	goroutine 0: ... free returns
+//
+// up must be mr's upstream at the bottom (the one whose frees are held). It returns the two
+// pointers and the errors of the four calls. check, when set, runs while goroutine 0 is held.
+func adpInterleave(mr MemoryResource, up *adpReuseUpstream, nbytes int, check func()) (p0, p1 DevicePtr, errs [4]error) {
+	held := make(chan struct{})
+	release := make(chan struct{})
+	var first atomic.Bool
+	up.setOnFree(func(DevicePtr) {
+		if first.CompareAndSwap(false, true) {
+			close(held)
+			<-release
+		}
+	})
+	defer up.setOnFree(nil)
+	done0 := make(chan struct{})
+	p0, errs[0] = mr.Allocate(nbytes, DefaultStream)
+	go func() {
+		defer close(done0)
+		errs[1] = mr.Deallocate(p0, nbytes, DefaultStream)
+	}()
+	if nbytes > 0 {
+		<-held // goroutine 0 is inside the upstream's free, after the address was freed
+	} else {
+		// A zero-byte free never reaches the upstream's hook: let goroutine 0 finish.
+		<-done0
+	}
+	p1, errs[2] = mr.Allocate(nbytes, DefaultStream)
+	errs[3] = mr.Deallocate(p1, nbytes, DefaultStream)
+	if check != nil {
+		check()
+	}
+	close(release)
+	<-done0
+	return p0, p1, errs
 }

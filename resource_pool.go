@@ -144,7 +144,7 @@ type PoolOptions struct {
 	// stitchPiece (expandable pools, not yet exported; exclusive with carvePage): when > 0,
 	// growths map handles of at most stitchPiece bytes (rounded up to the granularity), and a
 	// request that no free block holds is served, when the chunks lying wholly in free memory
-	// hold it, by mapping them a second time back to back (pool_stitch.go).
+	// hold it, by mapping them a second time back to back (resource_pool_stitch.go).
 	stitchPiece int
 	// stitchMin (with stitchPiece): the least request stitched; 0: stitchMinDefault.
 	stitchMin int
@@ -207,7 +207,7 @@ type PoolMemoryResource struct {
 	closedList *freeList // after Close: the one list left
 	exp        *expandable
 
-	// The slow paths that unlock the mutex for driver calls (pool_unlock.go).
+	// The slow paths that unlock the mutex for driver calls (resource_pool_unlock.go).
 	busy    bool // a growth or release is in flight
 	busyQ   []*busyWaiter
 	pinned  int       // pins over all lists
@@ -222,7 +222,7 @@ type PoolMemoryResource struct {
 	// it are written under mu. The pads keep it on a line of its own, so that the slow path of
 	// one stream does not take that line from the cores running the fast paths of the others.
 	_      [64]byte
-	caches atomic.Pointer[streamSet[*poolCache]] // per-stream caches (pool_cache.go)
+	caches atomic.Pointer[streamSet[*poolCache]] // per-stream caches (resource_pool_cache.go)
 	_      [56]byte
 }
 
@@ -742,7 +742,7 @@ func (p *PoolMemoryResource) growAny(n int, s StreamView, l *freeList) (*block, 
 		// after it). Without the minimum: the same but the UNet 1.181 and MoE 439 chunks; with
 		// 16 MiB MoE rose to 1.062, with 32 MiB LoRA to 1.075.
 		if p.exp.piece > 0 && n >= p.exp.stitchMin {
-			// The chunks lying in free memory, mapped a second time back to back (pool_stitch.go).
+			// The chunks lying in free memory, mapped a second time back to back (resource_pool_stitch.go).
 			if b, again := p.stitch(n, l); b != nil || again {
 				return b, nil
 			}
@@ -1062,7 +1062,7 @@ func (p *PoolMemoryResource) Deallocate(ptr DevicePtr, nbytes int, s StreamView)
 	}
 	p.live.del(ptr)
 	if b.stitched {
-		// Never cached: its chunks go back into l (pool_stitch.go).
+		// Never cached: its chunks go back into l (resource_pool_stitch.go).
 		b = p.freeStitched(l, b)
 		if p.exp.trimAt > 0 {
 			p.trimIfOver(b)
@@ -1085,7 +1085,7 @@ func (p *PoolMemoryResource) Deallocate(ptr DevicePtr, nbytes int, s StreamView)
 //
 // A neighbour free in another stream's list coalesces too when the two hold at least
 // poolCrossCoalesceMin bytes: the merged block lands in l and names that list among its deps,
-// which its taker waits for (pool_deps.go). Blocks free but in no list (in flight between lists,
+// which its taker waits for (resource_pool_deps.go). Blocks free but in no list (in flight between lists,
 // or held out while the pool is unlocked) are left alone.
 func (p *PoolMemoryResource) freeInto(l *freeList, b *block) *block {
 	b.free, b.req = true, 0

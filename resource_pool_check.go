@@ -143,7 +143,7 @@ func (p *PoolMemoryResource) CheckInvariants() error {
 		return fmt.Errorf("live table counts %d blocks, holds %d", p.live.len(), counted)
 	}
 	var lives []*block
-	stitched := 0 // live stitched blocks: outside every chain (pool_stitch.go)
+	stitched := 0 // live stitched blocks: outside every chain (resource_pool_stitch.go)
 	p.live.each(func(b *block) { lives = append(lives, b) })
 	for _, b := range lives {
 		ptr := b.addr

@@ -46,7 +46,7 @@ type expandable struct {
 	moved int       // bytes carved since the pool last passed its peak size
 	spare []vmChunk // unmapped handles; addr: where carving took each from
 
-	// Stitching (piece > 0; pool_stitch.go): growths map handles of at most piece bytes, and a
+	// Stitching (piece > 0; resource_pool_stitch.go): growths map handles of at most piece bytes, and a
 	// request no free block holds may be served by mapping the chunks lying in free memory a
 	// second time, back to back, in an alias of their own.
 	piece      int

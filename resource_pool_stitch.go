@@ -24,7 +24,7 @@ import (
 //
 // Stream order: the chunks come from free blocks of the allocating stream's own list (every list
 // was merged into it before the pool grows). Where such a block names other streams' lists among
-// its deps (memory coalesced across streams, pool_deps.go), the stitched block names them too,
+// its deps (memory coalesced across streams, resource_pool_deps.go), the stitched block names them too,
 // and Allocate makes the allocating stream wait for them before it returns the block, as for a
 // block taken whole; its free returns the chunks to the freeing stream's list as any free does.
 // An alias is unmapped (evicted, or before one of its handles is given back, or at Close) only

@@ -28,13 +28,13 @@ type block struct {
 	prio        uint32
 	free        bool
 	hole        bool      // an expandable pool's range whose memory was given back (not free)
-	lent        bool      // an expandable pool's chunk mapped into a live stitched block (pool_stitch.go)
-	stitched    bool      // a live block in a stitched range, outside every chain (pool_stitch.go)
+	lent        bool      // an expandable pool's chunk mapped into a live stitched block (resource_pool_stitch.go)
+	stitched    bool      // a live block in a stitched range, outside every chain (resource_pool_stitch.go)
 	list        *freeList // free and indexed: its list; nil otherwise
 	prev, next  *block    // address neighbours within the upstream allocation
 	req         int       // allocated: the size asked
 	// deps: free, listed: other lists whose events a taker must also wait on (memory freed on
-	// their streams coalesced into this block; pool_deps.go). Nil almost always.
+	// their streams coalesced into this block; resource_pool_deps.go). Nil almost always.
 	deps []*freeList
 }
 
@@ -82,14 +82,14 @@ type freeList struct {
 	// after the synchronisation it made unlocked, to know whether it covered every block.
 	frees uint64
 	// depRefs counts the blocks whose deps name this list: it is dropped while a listed block
-	// does only once its stream's work behind the frees was waited for (pool_deps.go).
+	// does only once its stream's work behind the frees was waited for (resource_pool_deps.go).
 	depRefs int
 	dropped bool // the pool forgot the list (dropList)
 	count   int  // blocks
 	bytes   int  // free bytes
 	rng     uint32
 	// The sizes (rounded) of the stream's last allocations that its cache could not serve; a
-	// free of one of these sizes goes to the stream's cache (pool_cache.go).
+	// free of one of these sizes goes to the stream's cache (resource_pool_cache.go).
 	recent     [poolCacheRecent]int
 	recentNext int
 
