@@ -313,7 +313,7 @@ func brkShardOps(n int) int {
 // while garbage collections empty the hints, GOMAXPROCS changes, and Stats, CheckInvariants and
 // Release run: no block is handed out twice, every figure adds up, and every byte is free again
 // at the end, for 1, 2, the default and 65536 shards.
-func TestBrkShardStorm(t *testing.T) {
+func TestShardStorm(t *testing.T) {
 	for _, shards := range []int{1, 2, 0, 65536} {
 		t.Run(fmt.Sprint(shards), func(t *testing.T) {
 			brkShardStorm(t, brkShardStormOpts{
@@ -326,7 +326,7 @@ func TestBrkShardStorm(t *testing.T) {
 
 // The same without observers and GOMAXPROCS changes: only garbage collections, so that the
 // shards are not emptied by Release while the workers run.
-func TestBrkShardStormGCOnly(t *testing.T) {
+func TestShardStormGCOnly(t *testing.T) {
 	for _, shards := range []int{1, 2, 65536} {
 		t.Run(fmt.Sprint(shards), func(t *testing.T) {
 			brkShardStorm(t, brkShardStormOpts{
@@ -340,7 +340,7 @@ func TestBrkShardStormGCOnly(t *testing.T) {
 // Goroutines that hold default-stream shards at once each get their own: with k of n shards
 // held, the next lockShard takes a free one (never waits), whatever shard its hint starts at,
 // across garbage collections and GOMAXPROCS changes.
-func TestBrkShardHeldShardsSpread(t *testing.T) {
+func TestShardHeldShardsSpread(t *testing.T) {
 	defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(0))
 	for _, shards := range []int{1, 2, 3, 16, 65536} {
 		t.Run(fmt.Sprint(shards), func(t *testing.T) {
@@ -392,7 +392,7 @@ func TestBrkShardHeldShardsSpread(t *testing.T) {
 
 // A goroutine that moved off a busy shard keeps the shard it moved to: garbage collections
 // (new hints start at settled) and GOMAXPROCS changes do not send it back or on.
-func TestBrkShardMovedGoroutineStays(t *testing.T) {
+func TestShardMovedGoroutineStays(t *testing.T) {
 	defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(0))
 	for _, shards := range []int{2, 7, 65536} {
 		t.Run(fmt.Sprint(shards), func(t *testing.T) {
@@ -433,7 +433,7 @@ func TestBrkShardMovedGoroutineStays(t *testing.T) {
 // Close while goroutines allocate and free on DefaultStream (with garbage collections): every
 // Allocate after Close fails with ErrClosed, every block allocated before frees cleanly, none is
 // handed out twice, and the last free gives the arena back to the upstream.
-func TestBrkShardCloseWhileRunning(t *testing.T) {
+func TestShardCloseWhileRunning(t *testing.T) {
 	for _, shards := range []int{1, 2, 65536} {
 		t.Run(fmt.Sprint(shards), func(t *testing.T) {
 			sim, err := NewSimulatedMemoryResource(1 << 40)
@@ -527,7 +527,7 @@ func TestBrkShardCloseWhileRunning(t *testing.T) {
 // Goroutines that take default-stream shards at the same time, each holding its shard until all
 // have one, get distinct shards (none waits: fewer are held than there are), while garbage
 // collections keep emptying the hints, so that every new hint starts at the same shard.
-func TestBrkShardConcurrentHoldersSpread(t *testing.T) {
+func TestShardConcurrentHoldersSpread(t *testing.T) {
 	defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(8))
 	for _, shards := range []int{1, 2, 5, 16, 65536} {
 		t.Run(fmt.Sprint(shards), func(t *testing.T) {
@@ -577,7 +577,7 @@ func TestBrkShardConcurrentHoldersSpread(t *testing.T) {
 
 // One goroutine alone allocating and freeing on DefaultStream keeps one shard, with a garbage
 // collection before every fourth allocation and GOMAXPROCS changing, for 1, 2 and 65536 shards.
-func TestBrkShardLoneGoroutineOneShard(t *testing.T) {
+func TestShardLoneGoroutineOneShard(t *testing.T) {
 	defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(0))
 	for _, shards := range []int{1, 2, 65536} {
 		t.Run(fmt.Sprint(shards), func(t *testing.T) {
@@ -618,7 +618,7 @@ func TestBrkShardLoneGoroutineOneShard(t *testing.T) {
 
 // A lone goroutine that finds its shard held by Stats (which locks every arena in turn) waits
 // for it instead of moving: its memory stays in one shard while a monitor reads the figures.
-func TestBrkShardStatsMovesLoneGoroutine(t *testing.T) {
+func TestShardStatsMovesLoneGoroutine(t *testing.T) {
 	a, _ := arenaSim(t, 1<<30, &ArenaOptions{DefaultStreamArenas: 4})
 	const n = 768 << 10 // one superblock each
 	var ptrs []DevicePtr

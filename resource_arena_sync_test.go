@@ -29,7 +29,7 @@ type brkArenaModelStream struct {
 
 // Bad sizes, double frees and frees of unknown pointers on every kind of stream make no driver
 // call and change nothing.
-func TestBrkArenaSyncBadFreesMakeNoCalls(t *testing.T) {
+func TestArenaSyncBadFreesMakeNoCalls(t *testing.T) {
 	const mb = ArenaMinSuperblockSize
 	a, f := arenaSyncSim(t, 32*mb)
 	sa, _ := arenaSyncStream(t, f, 0xa, "A")
@@ -78,7 +78,7 @@ func TestBrkArenaSyncBadFreesMakeNoCalls(t *testing.T) {
 // Six streams free large blocks of one superblock (more than arenaPendingMax); whatever the
 // order of frees and merges, a seventh stream (and each of the first six) that takes the whole
 // superblock is ordered after every one of them, in the model of stream order.
-func TestBrkArenaSyncManyPendingStreams(t *testing.T) {
+func TestArenaSyncManyPendingStreams(t *testing.T) {
 	const mb = ArenaMinSuperblockSize
 	for seed := range uint64(12) {
 		t.Run(fmt.Sprint(seed), func(t *testing.T) {
@@ -139,7 +139,7 @@ func TestBrkArenaSyncManyPendingStreams(t *testing.T) {
 // A foreign view of one of our Streams (the same handle under another identity): frees on both
 // are waited for by a third stream, and the view outliving its Stream's Close names no
 // destroyed stream.
-func TestBrkArenaSyncForeignViewOfOwnStream(t *testing.T) {
+func TestArenaSyncForeignViewOfOwnStream(t *testing.T) {
 	const n = 4 << 20
 	a, f := arenaSyncSim(t, 4*n)
 	m := newArenaSyncModel()
@@ -190,7 +190,7 @@ func TestBrkArenaSyncForeignViewOfOwnStream(t *testing.T) {
 // streams, foreign views of our Streams, frees on closed Streams, double frees and wrong sizes
 // (rejected without a call), Release, Streams closing: every block handed out is ordered after
 // the work behind every earlier free of its bytes, and no call names a destroyed stream.
-func TestBrkArenaSyncRandomWalk(t *testing.T) {
+func TestArenaSyncRandomWalk(t *testing.T) {
 	for seed := range uint64(6) {
 		t.Run(fmt.Sprint(seed), func(t *testing.T) { brkArenaWalk(t, seed, 1500) })
 	}
@@ -387,7 +387,7 @@ func brkArenaWalk(t *testing.T, seed uint64, ops int) {
 // Goroutines sharing streams (the default one among them) allocate and free large and small
 // blocks on any stream while another goroutine calls Release, Stats and CheckInvariants; every
 // allocation is checked against the model of stream order.
-func TestBrkArenaSyncConcurrentAgainstModel(t *testing.T) {
+func TestArenaSyncConcurrentAgainstModel(t *testing.T) {
 	const mb = ArenaMinSuperblockSize
 	a, f := arenaSyncSim(t, 64*mb)
 	f.quiet = true
@@ -513,7 +513,7 @@ func TestBrkArenaSyncConcurrentAgainstModel(t *testing.T) {
 
 // Streams close while other goroutines free blocks of theirs into the global arena and others
 // take that memory; afterwards no call names a destroyed stream and the arena is consistent.
-func TestBrkArenaSyncStreamCloseRacesFrees(t *testing.T) {
+func TestArenaSyncStreamCloseRacesFrees(t *testing.T) {
 	const mb = ArenaMinSuperblockSize
 	for round := range 4 {
 		a, f := arenaSyncSim(t, 64*mb)

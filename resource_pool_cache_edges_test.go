@@ -59,7 +59,7 @@ func brkCached(p *PoolMemoryResource, s StreamView) (blocks, issued int) {
 // Sizes at the cache's edges: 0, negative, overflowing, 1 MiB exactly (cached), 1 MiB + 1 and
 // 1 MiB + 256 (not cached), sizes that round to the same 256 multiple (served by one cached
 // block; the free must give the size asked for that allocation, not the other one).
-func TestBrkPoolCacheSizeEdges(t *testing.T) {
+func TestPoolCacheSizeEdges(t *testing.T) {
 	p, _ := newSimPool(t, 1<<30, &PoolOptions{InitialPoolSize: 16 << 20})
 	s, _ := brkStream(t)
 
@@ -147,7 +147,7 @@ func TestBrkPoolCacheSizeEdges(t *testing.T) {
 
 // Double frees and frees on other streams, in every order relative to the cache, with a
 // check after each step that a rejected call changed nothing.
-func TestBrkPoolCacheDoubleFreeOrders(t *testing.T) {
+func TestPoolCacheDoubleFreeOrders(t *testing.T) {
 	const n = 4096
 	type step struct {
 		stream int // 0: A, 1: B, 2: DefaultStream
@@ -212,7 +212,7 @@ func TestBrkPoolCacheDoubleFreeOrders(t *testing.T) {
 
 // A full cache (16 blocks) sends the free of a block it handed out down the slow path, which
 // must find it in the cache's table, check the size there, and detect a second free.
-func TestBrkPoolCacheFullCacheSlowPathFree(t *testing.T) {
+func TestPoolCacheFullCacheSlowPathFree(t *testing.T) {
 	const n = 8192
 	p, _ := newSimPool(t, 1<<30, &PoolOptions{InitialPoolSize: 4 << 20})
 	s, _ := brkStream(t)
@@ -246,7 +246,7 @@ func TestBrkPoolCacheFullCacheSlowPathFree(t *testing.T) {
 
 // Frees after Close, of blocks that were cached, handed out by a cache, or live; double frees
 // after Close; the upstream gets everything back.
-func TestBrkPoolCacheFreesAfterClose(t *testing.T) {
+func TestPoolCacheFreesAfterClose(t *testing.T) {
 	const n = 2048
 	p, sim := newSimPool(t, 1<<30, nil)
 	a, _ := brkStream(t)
@@ -285,7 +285,7 @@ func TestBrkPoolCacheFreesAfterClose(t *testing.T) {
 // A Stream's Close empties its cache; its blocks (cached or handed out) stay consistent; frees
 // on the closed stream go to the default stream; Allocate on it fails even when the cache had
 // the size; the stream's next frees do not make a cache again.
-func TestBrkPoolCacheStreamClose(t *testing.T) {
+func TestPoolCacheStreamClose(t *testing.T) {
 	const n = 4096
 	p, sim := newSimPool(t, 1<<30, nil)
 	a, sta := brkStream(t)
@@ -329,7 +329,7 @@ func TestBrkPoolCacheStreamClose(t *testing.T) {
 
 // A capped pool whose memory sits in many streams' caches: a request that needs all of it
 // coalesces them before failing, and a failure's figures match Stats.
-func TestBrkPoolCacheCappedFindsCachedMemory(t *testing.T) {
+func TestPoolCacheCappedFindsCachedMemory(t *testing.T) {
 	const total = 4 << 20
 	p, sim := newSimPool(t, 1<<30, &PoolOptions{MaximumPoolSize: total})
 	var streams []StreamView
@@ -381,7 +381,7 @@ func TestBrkPoolCacheCappedFindsCachedMemory(t *testing.T) {
 
 // After any out-of-memory error (not one of a size that overflows), no free block of the
 // pool, cached or not, could have served the request.
-func TestBrkPoolCacheCappedOOMLeavesNothingUsable(t *testing.T) {
+func TestPoolCacheCappedOOMLeavesNothingUsable(t *testing.T) {
 	for seed := range uint64(3) {
 		p, _ := newSimPool(t, 1<<30, &PoolOptions{MaximumPoolSize: 8 << 20})
 		r := rand.New(rand.NewPCG(seed, 11))
@@ -435,7 +435,7 @@ func TestBrkPoolCacheCappedOOMLeavesNothingUsable(t *testing.T) {
 // first: with 1 MiB + 256 bytes (too large for a cache) a trim gives the upper chunk back and
 // 32 MiB stay mapped; with 1 MiB every block waits in a cache, no free reaches the trim, and all
 // 64 MiB stay mapped with ReleaseThreshold 1.
-func TestBrkPoolCacheReleaseThresholdCountsCachedMemory(t *testing.T) {
+func TestPoolCacheReleaseThresholdCountsCachedMemory(t *testing.T) {
 	for _, n := range []int{1<<20 + 256, 1 << 20} {
 		t.Run(fmt.Sprint(n), func(t *testing.T) {
 			sim, err := NewSimulatedMemoryResource(1 << 40)
@@ -474,7 +474,7 @@ func TestBrkPoolCacheReleaseThresholdCountsCachedMemory(t *testing.T) {
 // documentation say. Here (no cache involved: the blocks are too large for one) both 32 MiB
 // chunks end wholly free and stay mapped with ReleaseThreshold 1, although the last free left
 // 64 MiB free, more than the threshold plus one chunk, with two whole chunks free.
-func TestBrkPoolExpandableTrimLevelRisesPastThreshold(t *testing.T) {
+func TestPoolExpandableTrimLevelRisesPastThreshold(t *testing.T) {
 	const n = 1<<20 + 256
 	sim, err := NewSimulatedMemoryResource(1 << 40)
 	require.NoError(t, err)
@@ -500,7 +500,7 @@ func TestBrkPoolExpandableTrimLevelRisesPastThreshold(t *testing.T) {
 // Adaptors stacked on a pool: wrong sizes and double frees through the stack are rejected by
 // the pool (the tracking adaptor frees with the size it recorded), and the statistics adaptor's
 // counters come back to what they were after a rejected free.
-func TestBrkPoolCacheUnderAdaptors(t *testing.T) {
+func TestPoolCacheUnderAdaptors(t *testing.T) {
 	const n = 4096
 	p, _ := newSimPool(t, 1<<30, nil)
 	tr := NewTrackingResourceAdaptor(p, nil)
@@ -554,7 +554,7 @@ func (b *brkSyncBuffer) Write(p []byte) (int, error) {
 // closed), double frees, wrong sizes, Release, stream closes and new streams, for a plain pool,
 // a capped one and expandable ones; the invariants and Stats are checked against a shadow after
 // every operation.
-func TestBrkPoolCacheRandomWalk(t *testing.T) {
+func TestPoolCacheRandomWalk(t *testing.T) {
 	configs := []struct {
 		name string
 		opts *PoolOptions
@@ -694,7 +694,7 @@ func brkRandomWalk(t *testing.T, opts *PoolOptions, seed uint64, ops int) {
 // Many goroutines sharing streams (the default one among them) and a pool, while others call
 // Stats, CheckInvariants and Release, and streams close under the users' feet; in two of the
 // runs the pool itself is closed midway. Run with -race.
-func TestBrkPoolCacheConcurrentChaos(t *testing.T) {
+func TestPoolCacheConcurrentChaos(t *testing.T) {
 	for _, opts := range []*PoolOptions{nil, {MaximumPoolSize: 64 << 20}, {Expandable: true, ReleaseThreshold: 4 << 20}} {
 		brkChaos(t, opts, false)
 	}
@@ -859,7 +859,7 @@ func brkChaos(t *testing.T, opts *PoolOptions, closeMidway bool) {
 // on any stream; at the end the counters are back to zero and every call was logged. (A
 // tracking adaptor is left out: it corrects a wrong size, so a double free that meets another
 // goroutine's reuse of the address would free that allocation, as documented.)
-func TestBrkPoolCacheAdaptorStackConcurrent(t *testing.T) {
+func TestPoolCacheAdaptorStackConcurrent(t *testing.T) {
 	p, sim := newSimPool(t, 1<<40, nil)
 	var sink brkSyncBuffer
 	lg, err := NewLoggingResourceAdaptor(p, &sink, &LoggingOptions{AutoFlush: true})

@@ -10,7 +10,7 @@ import (
 // A device that refuses a chunk makes a capped expandable pool give back its wholly free chunks
 // and try again; on a stream other than the default one the retry must still extend the free
 // block at the end of the chain (which the release left in the default stream's list).
-func TestExpBreakReleaseRetryOnOtherStream(t *testing.T) {
+func TestExpandableReleaseRetryOnOtherStream(t *testing.T) {
 	for _, onDefault := range []bool{true, false} {
 		vm := newSimVMM(4*kiB, 64*miB)
 		p := newExpTestPool(t, vm, PoolOptions{MaximumPoolSize: 1 << 30})
@@ -43,7 +43,7 @@ func TestExpBreakReleaseRetryOnOtherStream(t *testing.T) {
 
 // A request too large for any state of the pool is an out-of-memory error naming it TooLarge,
 // whatever its size (no overflow when rounding to the granularity), and changes nothing.
-func TestExpBreakHugeRequests(t *testing.T) {
+func TestExpandableHugeRequests(t *testing.T) {
 	vm := newSimVMM(2*miB, 0)
 	p := newExpTestPool(t, vm, PoolOptions{MaximumPoolSize: 64 * miB})
 	for _, n := range []int{64*miB + 1, 1 << 40, math.MaxInt - 2*miB, math.MaxInt - 255 - 256, math.MaxInt - 300, math.MaxInt} {
@@ -64,7 +64,7 @@ func TestExpBreakHugeRequests(t *testing.T) {
 // Holes left by Release, with free memory between them: once everything is freed, a capped pool
 // still reaches its cap (the free chunks between the holes are given back so that the holes
 // merge, and growth maps the whole range again).
-func TestExpBreakCapAcrossHoles(t *testing.T) {
+func TestExpandableCapAcrossHoles(t *testing.T) {
 	runExpCases(t, expFakeVMMs(), func(t *testing.T, vm vmm, g int) {
 		const c = 32 * miB // one chunk per allocation
 		p := newExpTestPool(t, vm, PoolOptions{MaximumPoolSize: 5 * c})
@@ -95,7 +95,7 @@ func TestExpBreakCapAcrossHoles(t *testing.T) {
 
 // Over a SimulatedMemoryResource without MaximumPoolSize, the range is the simulated capacity,
 // however little memory the machine replaying it has.
-func TestExpBreakSimulatedDefaultMaximum(t *testing.T) {
+func TestExpandableSimulatedDefaultMaximum(t *testing.T) {
 	const capacity = 1 << 50 // 1 PiB of addresses
 	sim, err := NewSimulatedMemoryResource(capacity)
 	require.NoError(t, err)
