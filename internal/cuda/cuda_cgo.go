@@ -619,7 +619,7 @@ static rmm_res rmm_ipc_open_event_handle(uintptr_t ctx, const unsigned char *in)
 }
 
 // Kernel launches. The parameter array lives on the C stack; cuLaunchKernel copies the values.
-// Every kernel of kernels/*.cu takes (dst, src_or_pattern..., n) as below.
+// Every kernel of internal/kernels/*.cu takes (dst, src_or_pattern..., n) as below.
 typedef struct { unsigned char b[RMM_PATTERN_BYTES]; } rmm_pattern;
 static CUresult rmm_launch_fill(uintptr_t ctx, uintptr_t fn, unsigned int grid, unsigned int block, uintptr_t s,
 		uintptr_t dst, size_t n, unsigned int period, unsigned int phase, const void *pattern, size_t patlen) {
