@@ -4,7 +4,7 @@ import (
 	"encoding/binary"
 	"fmt"
 
-	"github.com/gormm/rmm/kernels"
+	"github.com/gormm/rmm/internal/kernels"
 )
 
 // kernelSet is the loaded fill and copy kernels of one device context.

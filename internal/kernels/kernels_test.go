@@ -29,7 +29,7 @@ func TestPTXMatchesSource(t *testing.T) {
 			}
 		}
 		if !found {
-			t.Errorf("%s.ptx is stale: %s.cu changed since it was generated; run kernels/gen.sh with nvcc (header: %q, source: %s)", name, name, header[:4], want)
+			t.Errorf("%s.ptx is stale: %s.cu changed since it was generated; run internal/kernels/gen.sh with nvcc (header: %q, source: %s)", name, name, header[:4], want)
 		}
 		if !strings.Contains(header[1], "nvcc: release") || !strings.Contains(header[2], "flags: -ptx") {
 			t.Errorf("%s.ptx header lacks the nvcc version or flags: %q", name, header[:4])

@@ -11,7 +11,7 @@ for k in fill copy; do
   sum=$(sha256sum "$k.cu" | cut -d' ' -f1)
   nvcc $flags "$k.cu" -o "/tmp/$k.ptx"
   {
-    echo "// Generated from $k.cu by kernels/gen.sh. Do not edit."
+    echo "// Generated from $k.cu by internal/kernels/gen.sh. Do not edit."
     echo "// nvcc: $ver"
     echo "// flags: $flags"
     echo "// source-sha256: $sum"

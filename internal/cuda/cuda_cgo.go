@@ -1,6 +1,6 @@
 //go:build cgo
 
-package rmm
+package cuda
 
 /*
 #cgo LDFLAGS: -ldl
@@ -619,7 +619,7 @@ static rmm_res rmm_ipc_open_event_handle(uintptr_t ctx, const unsigned char *in)
 }
 
 // Kernel launches. The parameter array lives on the C stack; cuLaunchKernel copies the values.
-// Every kernel of kernels/*.cu takes (dst, src_or_pattern..., n) as below.
+// Every kernel of internal/kernels/*.cu takes (dst, src_or_pattern..., n) as below.
 typedef struct { unsigned char b[RMM_PATTERN_BYTES]; } rmm_pattern;
 static CUresult rmm_launch_fill(uintptr_t ctx, uintptr_t fn, unsigned int grid, unsigned int block, uintptr_t s,
 		uintptr_t dst, size_t n, unsigned int period, unsigned int phase, const void *pattern, size_t patlen) {
@@ -650,495 +650,410 @@ static void rmm_host_free(uintptr_t p) { free((void *)p); }
 */
 import "C"
 
-import (
-	"fmt"
-	"sync"
-	"unsafe"
-)
+import "unsafe"
 
-// patternBytes is the largest fill pattern passed by value to the fill kernels; larger element
-// types are filled by doubling device copies.
-const patternBytes = C.RMM_PATTERN_BYTES
+// Enabled: this build can load the CUDA driver.
+const Enabled = true
 
-const cgoEnabled = true
+// PatternBytes is the largest fill pattern LaunchFill passes by value to the fill kernels.
+const PatternBytes = C.RMM_PATTERN_BYTES
 
-var (
-	errNameMu    sync.Mutex
-	errNameCache = map[int][2]string{}
-)
-
-// loadDriver dlopens libcuda.so.1 and binds its symbols; "" on success, else why not.
-func loadDriver() string {
+// Load dlopens libcuda.so.1 and binds its symbols; "" on success, else why not.
+func Load() string {
 	if e := C.rmm_load(); e != nil {
 		return C.GoString(e)
 	}
 	return ""
 }
 
-// cuErr converts a CUresult into nil or a *CUDAError naming op.
-func cuErr(op string, r C.CUresult) error {
-	if r == 0 {
-		return nil
+// ErrorName returns the driver's name for r (cuGetErrorName); false when the driver has none.
+// Only after a successful Load.
+func ErrorName(r Result) (string, bool) {
+	if s := C.rmm_error_name(C.CUresult(r)); s != nil {
+		return C.GoString(s), true
 	}
-	code := int(r)
-	errNameMu.Lock()
-	names, ok := errNameCache[code]
-	if !ok {
-		names[0], names[1] = cuErrorNames[code], ""
-		if driverLoaded {
-			if s := C.rmm_error_name(r); s != nil {
-				names[0] = C.GoString(s)
-			}
-			if s := C.rmm_error_string(r); s != nil {
-				names[1] = C.GoString(s)
-			}
-		}
-		if names[0] == "" {
-			names[0] = "CUDA_ERROR_UNKNOWN"
-		}
-		if code == C.RMM_MISSING && names[1] == "" {
-			names[1] = "operation not supported"
-		}
-		errNameCache[code] = names
-	}
-	errNameMu.Unlock()
-	return &CUDAError{Op: op, Code: code, Name: names[0], Message: names[1]}
+	return "", false
 }
 
-func cuInit() error { return cuErr("cuInit", C.rmm_init()) }
+// ErrorString returns the driver's description of r (cuGetErrorString); false when the driver
+// has none. Only after a successful Load.
+func ErrorString(r Result) (string, bool) {
+	if s := C.rmm_error_string(C.CUresult(r)); s != nil {
+		return C.GoString(s), true
+	}
+	return "", false
+}
 
-func cuDriverVersion() (int, error) {
+func Init() Result { return Result(C.rmm_init()) }
+
+func DriverVersion() (int, Result) {
 	r := C.rmm_driver_version()
-	return int(r.v), cuErr("cuDriverGetVersion", r.r)
+	return int(r.v), Result(r.r)
 }
 
-func cuDeviceCount() (int, error) {
+func DeviceCount() (int, Result) {
 	r := C.rmm_device_count()
-	return int(r.v), cuErr("cuDeviceGetCount", r.r)
+	return int(r.v), Result(r.r)
 }
 
-func cuDeviceName(ord int) (string, error) {
+func DeviceName(ord int) (string, Result) {
 	var buf [256]C.char
-	if err := cuErr("cuDeviceGetName", C.rmm_device_name(C.int(ord), &buf[0], C.int(len(buf)))); err != nil {
-		return "", err
+	if r := C.rmm_device_name(C.int(ord), &buf[0], C.int(len(buf))); r != 0 {
+		return "", Result(r)
 	}
-	return C.GoString(&buf[0]), nil
+	return C.GoString(&buf[0]), 0
 }
 
-func cuDeviceAttribute(ord, attr int) (int, error) {
+func DeviceAttribute(ord, attr int) (int, Result) {
 	r := C.rmm_device_attribute(C.int(ord), C.int(attr))
-	return int(int32(r.v)), cuErr("cuDeviceGetAttribute", r.r)
+	return int(int32(r.v)), Result(r.r)
 }
 
-func cuDeviceTotalMem(ord int) (int, error) {
+func DeviceTotalMem(ord int) (int, Result) {
 	r := C.rmm_device_total_mem(C.int(ord))
-	return int(r.v), cuErr("cuDeviceTotalMem_v2", r.r)
+	return int(r.v), Result(r.r)
 }
 
-func cuPrimaryCtxRetain(ord int) (uintptr, error) {
+func PrimaryCtxRetain(ord int) (uintptr, Result) {
 	r := C.rmm_primary_ctx_retain(C.int(ord))
-	return uintptr(r.v), cuErr("cuDevicePrimaryCtxRetain", r.r)
+	return uintptr(r.v), Result(r.r)
 }
 
-func cuCtxSynchronize(ctx uintptr) error {
-	return cuErr("cuCtxSynchronize", C.rmm_ctx_synchronize(C.uintptr_t(ctx)))
+func CtxSynchronize(ctx uintptr) Result {
+	return Result(C.rmm_ctx_synchronize(C.uintptr_t(ctx)))
 }
 
-func cuMemGetInfo(ctx uintptr) (free, total int, err error) {
-	r := C.rmm_mem_get_info(C.uintptr_t(ctx))
-	return int(r.a), int(r.b), cuErr("cuMemGetInfo_v2", r.r)
+func MemGetInfo(ctx uintptr) (free, total int, r Result) {
+	o := C.rmm_mem_get_info(C.uintptr_t(ctx))
+	return int(o.a), int(o.b), Result(o.r)
 }
 
-func cuMemAlloc(ctx uintptr, n int) (DevicePtr, error) {
+func MemAlloc(ctx uintptr, n int) (uintptr, Result) {
 	r := C.rmm_mem_alloc(C.uintptr_t(ctx), C.size_t(n))
-	return DevicePtr(r.v), cuErr("cuMemAlloc_v2", r.r)
+	return uintptr(r.v), Result(r.r)
 }
 
-func cuMemFree(ctx uintptr, p DevicePtr) error {
-	return cuErr("cuMemFree_v2", C.rmm_mem_free(C.uintptr_t(ctx), C.uintptr_t(p)))
+func MemFree(ctx, p uintptr) Result {
+	return Result(C.rmm_mem_free(C.uintptr_t(ctx), C.uintptr_t(p)))
 }
 
-func cuMemAllocManaged(ctx uintptr, n int, flags uint) (DevicePtr, error) {
+func MemAllocManaged(ctx uintptr, n int, flags uint) (uintptr, Result) {
 	r := C.rmm_mem_alloc_managed(C.uintptr_t(ctx), C.size_t(n), C.uint(flags))
-	return DevicePtr(r.v), cuErr("cuMemAllocManaged", r.r)
+	return uintptr(r.v), Result(r.r)
 }
 
-func cuMemHostAlloc(ctx uintptr, n int, flags uint) (uintptr, error) {
+func MemHostAlloc(ctx uintptr, n int, flags uint) (uintptr, Result) {
 	r := C.rmm_mem_host_alloc(C.uintptr_t(ctx), C.size_t(n), C.uint(flags))
-	return uintptr(r.v), cuErr("cuMemHostAlloc", r.r)
+	return uintptr(r.v), Result(r.r)
 }
 
-func cuMemFreeHost(ctx uintptr, p uintptr) error {
-	return cuErr("cuMemFreeHost", C.rmm_mem_free_host(C.uintptr_t(ctx), C.uintptr_t(p)))
+func MemFreeHost(ctx, p uintptr) Result {
+	return Result(C.rmm_mem_free_host(C.uintptr_t(ctx), C.uintptr_t(p)))
 }
 
-func cuMemPoolCreate(ctx uintptr, ord int, handleTypes int) (uintptr, error) {
+func MemPoolCreate(ctx uintptr, ord, handleTypes int) (uintptr, Result) {
 	r := C.rmm_mem_pool_create(C.uintptr_t(ctx), C.int(ord), C.int(handleTypes))
-	return uintptr(r.v), cuErr("cuMemPoolCreate", r.r)
+	return uintptr(r.v), Result(r.r)
 }
 
-func cuMemPoolDestroy(ctx, pool uintptr) error {
-	return cuErr("cuMemPoolDestroy", C.rmm_mem_pool_destroy(C.uintptr_t(ctx), C.uintptr_t(pool)))
+func MemPoolDestroy(ctx, pool uintptr) Result {
+	return Result(C.rmm_mem_pool_destroy(C.uintptr_t(ctx), C.uintptr_t(pool)))
 }
 
-func cuMemPoolSetAttributeU64(ctx, pool uintptr, attr int, v uint64) error {
-	return cuErr("cuMemPoolSetAttribute", C.rmm_mem_pool_set_u64(C.uintptr_t(ctx), C.uintptr_t(pool), C.int(attr), C.ulonglong(v)))
+func MemPoolSetAttributeU64(ctx, pool uintptr, attr int, v uint64) Result {
+	return Result(C.rmm_mem_pool_set_u64(C.uintptr_t(ctx), C.uintptr_t(pool), C.int(attr), C.ulonglong(v)))
 }
 
-func cuMemPoolGetAttributeU64(ctx, pool uintptr, attr int) (uint64, error) {
+func MemPoolGetAttributeU64(ctx, pool uintptr, attr int) (uint64, Result) {
 	r := C.rmm_mem_pool_get_u64(C.uintptr_t(ctx), C.uintptr_t(pool), C.int(attr))
-	return uint64(r.v), cuErr("cuMemPoolGetAttribute", r.r)
+	return uint64(r.v), Result(r.r)
 }
 
-func cuMemPoolTrimTo(ctx, pool uintptr, keep int) error {
-	return cuErr("cuMemPoolTrimTo", C.rmm_mem_pool_trim(C.uintptr_t(ctx), C.uintptr_t(pool), C.size_t(keep)))
+func MemPoolTrimTo(ctx, pool uintptr, keep int) Result {
+	return Result(C.rmm_mem_pool_trim(C.uintptr_t(ctx), C.uintptr_t(pool), C.size_t(keep)))
 }
 
-// cuDeviceGetDefaultMemPool returns the handle of device ord's default memory pool.
-func cuDeviceGetDefaultMemPool(ctx uintptr, ord int) (uintptr, error) {
+func DeviceGetDefaultMemPool(ctx uintptr, ord int) (uintptr, Result) {
 	r := C.rmm_device_default_mem_pool(C.uintptr_t(ctx), C.int(ord))
-	return uintptr(r.v), cuErr("cuDeviceGetDefaultMemPool", r.r)
+	return uintptr(r.v), Result(r.r)
 }
 
-func cuMemAllocFromPoolAsync(ctx uintptr, n int, pool, stream uintptr) (DevicePtr, error) {
+func MemAllocFromPoolAsync(ctx uintptr, n int, pool, stream uintptr) (uintptr, Result) {
 	r := C.rmm_mem_alloc_from_pool(C.uintptr_t(ctx), C.size_t(n), C.uintptr_t(pool), C.uintptr_t(stream))
-	return DevicePtr(r.v), cuErr("cuMemAllocFromPoolAsync", r.r)
+	return uintptr(r.v), Result(r.r)
 }
 
-func cuMemFreeAsync(ctx uintptr, p DevicePtr, stream uintptr) error {
-	return cuErr("cuMemFreeAsync", C.rmm_mem_free_async(C.uintptr_t(ctx), C.uintptr_t(p), C.uintptr_t(stream)))
+func MemFreeAsync(ctx, p, stream uintptr) Result {
+	return Result(C.rmm_mem_free_async(C.uintptr_t(ctx), C.uintptr_t(p), C.uintptr_t(stream)))
 }
 
-// cuMemcpyAsync copies n bytes between any two CUDA-known addresses (unified addressing infers
-// the direction), ordered on stream.
-func cuMemcpyAsync(ctx uintptr, dst, src uintptr, n int, stream uintptr) error {
-	return cuErr("cuMemcpyAsync", C.rmm_memcpy_async(C.uintptr_t(ctx), C.uintptr_t(dst), C.uintptr_t(src), C.size_t(n), C.uintptr_t(stream)))
+func MemcpyAsync(ctx, dst, src uintptr, n int, stream uintptr) Result {
+	return Result(C.rmm_memcpy_async(C.uintptr_t(ctx), C.uintptr_t(dst), C.uintptr_t(src), C.size_t(n), C.uintptr_t(stream)))
 }
 
-func cuMemcpyDtoDAsync(ctx uintptr, dst, src DevicePtr, n int, stream uintptr) error {
-	return cuErr("cuMemcpyDtoDAsync_v2", C.rmm_memcpy_dtod_async(C.uintptr_t(ctx), C.uintptr_t(dst), C.uintptr_t(src), C.size_t(n), C.uintptr_t(stream)))
+func MemcpyDtoDAsync(ctx, dst, src uintptr, n int, stream uintptr) Result {
+	return Result(C.rmm_memcpy_dtod_async(C.uintptr_t(ctx), C.uintptr_t(dst), C.uintptr_t(src), C.size_t(n), C.uintptr_t(stream)))
 }
 
-// cuMemcpyHtoDSync copies n bytes of Go memory at src to dst in stream order and returns when
-// stream has finished the copy.
-func cuMemcpyHtoDSync(ctx uintptr, dst DevicePtr, src unsafe.Pointer, n int, stream uintptr) error {
-	return cuErr("cuMemcpyHtoDAsync_v2", C.rmm_memcpy_htod_sync(C.uintptr_t(ctx), C.uintptr_t(dst), src, C.size_t(n), C.uintptr_t(stream)))
+// MemcpyHtoDSync copies n bytes of Go memory at src to dst on stream and waits for stream.
+func MemcpyHtoDSync(ctx, dst uintptr, src unsafe.Pointer, n int, stream uintptr) Result {
+	return Result(C.rmm_memcpy_htod_sync(C.uintptr_t(ctx), C.uintptr_t(dst), src, C.size_t(n), C.uintptr_t(stream)))
 }
 
-// cuMemcpyDtoHSync copies n bytes at src into Go memory at dst in stream order and returns when
-// stream has finished the copy.
-func cuMemcpyDtoHSync(ctx uintptr, dst unsafe.Pointer, src DevicePtr, n int, stream uintptr) error {
-	return cuErr("cuMemcpyDtoHAsync_v2", C.rmm_memcpy_dtoh_sync(C.uintptr_t(ctx), dst, C.uintptr_t(src), C.size_t(n), C.uintptr_t(stream)))
+// MemcpyDtoHSync copies n bytes at src into Go memory at dst on stream and waits for stream.
+func MemcpyDtoHSync(ctx uintptr, dst unsafe.Pointer, src uintptr, n int, stream uintptr) Result {
+	return Result(C.rmm_memcpy_dtoh_sync(C.uintptr_t(ctx), dst, C.uintptr_t(src), C.size_t(n), C.uintptr_t(stream)))
 }
 
-// cuMemcpyHtoDAsyncPtr / cuMemcpyDtoHAsyncPtr copy to or from host memory outside the Go heap
-// (pinned or malloc'd), without waiting.
-func cuMemcpyHtoDAsyncPtr(ctx uintptr, dst DevicePtr, src uintptr, n int, stream uintptr) error {
-	return cuErr("cuMemcpyHtoDAsync_v2", C.rmm_memcpy_htod_async_ptr(C.uintptr_t(ctx), C.uintptr_t(dst), C.uintptr_t(src), C.size_t(n), C.uintptr_t(stream)))
+func MemcpyHtoDAsyncPtr(ctx, dst, src uintptr, n int, stream uintptr) Result {
+	return Result(C.rmm_memcpy_htod_async_ptr(C.uintptr_t(ctx), C.uintptr_t(dst), C.uintptr_t(src), C.size_t(n), C.uintptr_t(stream)))
 }
 
-func cuMemcpyDtoHAsyncPtr(ctx uintptr, dst uintptr, src DevicePtr, n int, stream uintptr) error {
-	return cuErr("cuMemcpyDtoHAsync_v2", C.rmm_memcpy_dtoh_async_ptr(C.uintptr_t(ctx), C.uintptr_t(dst), C.uintptr_t(src), C.size_t(n), C.uintptr_t(stream)))
+func MemcpyDtoHAsyncPtr(ctx, dst, src uintptr, n int, stream uintptr) Result {
+	return Result(C.rmm_memcpy_dtoh_async_ptr(C.uintptr_t(ctx), C.uintptr_t(dst), C.uintptr_t(src), C.size_t(n), C.uintptr_t(stream)))
 }
 
-// cuMemsetAsync sets n values of width 1, 2 or 4 bytes at dst to v.
-func cuMemsetAsync(ctx uintptr, dst DevicePtr, v uint32, n int, width int, stream uintptr) error {
-	op := "cuMemsetD32Async"
-	switch width {
-	case 1:
-		op = "cuMemsetD8Async"
-	case 2:
-		op = "cuMemsetD16Async"
-	}
-	return cuErr(op, C.rmm_memset_async(C.uintptr_t(ctx), C.uintptr_t(dst), C.uint(v), C.size_t(n), C.int(width), C.uintptr_t(stream)))
+// MemsetAsync sets n values of width 1, 2 or 4 bytes at dst to v (cuMemsetD8/D16/D32Async).
+func MemsetAsync(ctx, dst uintptr, v uint32, n, width int, stream uintptr) Result {
+	return Result(C.rmm_memset_async(C.uintptr_t(ctx), C.uintptr_t(dst), C.uint(v), C.size_t(n), C.int(width), C.uintptr_t(stream)))
 }
 
-// cuMemPrefetchAsync prefetches managed memory to a device (locType 1) or the host (locType 2).
-func cuMemPrefetchAsync(ctx uintptr, p DevicePtr, n int, locType, locID int, stream uintptr) error {
-	return cuErr("cuMemPrefetchAsync_v2", C.rmm_mem_prefetch(C.uintptr_t(ctx), C.uintptr_t(p), C.size_t(n), C.int(locType), C.int(locID), C.uintptr_t(stream)))
+func MemPrefetchAsync(ctx, p uintptr, n, locType, locID int, stream uintptr) Result {
+	return Result(C.rmm_mem_prefetch(C.uintptr_t(ctx), C.uintptr_t(p), C.size_t(n), C.int(locType), C.int(locID), C.uintptr_t(stream)))
 }
 
-// cuMemAdvise gives the driver advice (a CUmem_advise value) about [p, p+n) for a device
-// (locType 1, locID the ordinal) or the host (locType 2).
-func cuMemAdvise(ctx uintptr, p DevicePtr, n int, advice, locType, locID int) error {
-	return cuErr("cuMemAdvise_v2", C.rmm_mem_advise(C.uintptr_t(ctx), C.uintptr_t(p), C.size_t(n), C.int(advice), C.int(locType), C.int(locID)))
+func MemAdvise(ctx, p uintptr, n, advice, locType, locID int) Result {
+	return Result(C.rmm_mem_advise(C.uintptr_t(ctx), C.uintptr_t(p), C.size_t(n), C.int(advice), C.int(locType), C.int(locID)))
 }
 
-// cuMemPrefetchBound reports whether the driver exports cuMemPrefetchAsync_v2 (CUDA 12.2); without
-// it cuMemPrefetchAsync answers CUDA_ERROR_NOT_SUPPORTED without calling the driver.
-func cuMemPrefetchBound() bool { return driverLoaded && C.rmm_prefetch_bound() != 0 }
+// PrefetchBound reports whether the loaded driver exports cuMemPrefetchAsync_v2.
+func PrefetchBound() bool { return C.rmm_prefetch_bound() != 0 }
 
-// cuPointerIsManaged reports whether p lies in managed memory (CU_POINTER_ATTRIBUTE_IS_MANAGED,
-// read with cuPointerGetAttributes, which answers false without an error for an address the
-// driver does not know).
-func cuPointerIsManaged(ctx uintptr, p DevicePtr) (bool, error) {
+func PointerIsManaged(ctx, p uintptr) (bool, Result) {
 	r := C.rmm_pointer_is_managed(C.uintptr_t(ctx), C.uintptr_t(p))
-	return r.v != 0, cuErr("cuPointerGetAttributes", r.r)
+	return r.v != 0, Result(r.r)
 }
 
-// cuMemRangeGetAttributeInt reads a 4-byte attribute (a CUmem_range_attribute) of the managed
-// range [p, p+n) with cuMemRangeGetAttribute.
-func cuMemRangeGetAttributeInt(ctx uintptr, p DevicePtr, n, attr int) (int, error) {
+func MemRangeGetAttributeInt(ctx, p uintptr, n, attr int) (int, Result) {
 	r := C.rmm_mem_range_attribute_int(C.uintptr_t(ctx), C.uintptr_t(p), C.size_t(n), C.int(attr))
-	return int(int32(r.v)), cuErr("cuMemRangeGetAttribute", r.r)
+	return int(int32(r.v)), Result(r.r)
 }
 
-func cuStreamCreate(ctx uintptr, flags uint) (uintptr, error) {
+func StreamCreate(ctx uintptr, flags uint) (uintptr, Result) {
 	r := C.rmm_stream_create(C.uintptr_t(ctx), C.uint(flags))
-	return uintptr(r.v), cuErr("cuStreamCreate", r.r)
+	return uintptr(r.v), Result(r.r)
 }
 
-func cuStreamDestroy(ctx, s uintptr) error {
-	return cuErr("cuStreamDestroy_v2", C.rmm_stream_destroy(C.uintptr_t(ctx), C.uintptr_t(s)))
+func StreamDestroy(ctx, s uintptr) Result {
+	return Result(C.rmm_stream_destroy(C.uintptr_t(ctx), C.uintptr_t(s)))
 }
 
-func cuStreamSynchronize(ctx, s uintptr) error {
-	return cuErr("cuStreamSynchronize", C.rmm_stream_synchronize(C.uintptr_t(ctx), C.uintptr_t(s)))
+func StreamSynchronize(ctx, s uintptr) Result {
+	return Result(C.rmm_stream_synchronize(C.uintptr_t(ctx), C.uintptr_t(s)))
 }
 
-// cuStreamQuery reports whether all work on s is done.
-func cuStreamQuery(ctx, s uintptr) (bool, error) {
-	r := C.rmm_stream_query(C.uintptr_t(ctx), C.uintptr_t(s))
-	if r == cudaErrorNotReady {
-		return false, nil
-	}
-	return r == 0, cuErr("cuStreamQuery", r)
+func StreamQuery(ctx, s uintptr) Result {
+	return Result(C.rmm_stream_query(C.uintptr_t(ctx), C.uintptr_t(s)))
 }
 
-func cuStreamWaitEvent(ctx, s, e uintptr) error {
-	return cuErr("cuStreamWaitEvent", C.rmm_stream_wait_event(C.uintptr_t(ctx), C.uintptr_t(s), C.uintptr_t(e)))
+func StreamWaitEvent(ctx, s, e uintptr) Result {
+	return Result(C.rmm_stream_wait_event(C.uintptr_t(ctx), C.uintptr_t(s), C.uintptr_t(e)))
 }
 
-// cuRecordAndWait records e on from and makes to wait on it, in one cgo call.
-func cuRecordAndWait(ctx, e, from, to uintptr) error {
-	return cuErr("cuEventRecord/cuStreamWaitEvent", C.rmm_record_and_wait(C.uintptr_t(ctx), C.uintptr_t(e), C.uintptr_t(from), C.uintptr_t(to)))
+// RecordAndWait records e on from and makes to wait on it, in one cgo call.
+func RecordAndWait(ctx, e, from, to uintptr) Result {
+	return Result(C.rmm_record_and_wait(C.uintptr_t(ctx), C.uintptr_t(e), C.uintptr_t(from), C.uintptr_t(to)))
 }
 
-func cuStreamGetID(ctx, s uintptr) (uint64, error) {
+func StreamGetID(ctx, s uintptr) (uint64, Result) {
 	r := C.rmm_stream_get_id(C.uintptr_t(ctx), C.uintptr_t(s))
-	return uint64(r.v), cuErr("cuStreamGetId", r.r)
+	return uint64(r.v), Result(r.r)
 }
 
-func cuEventCreate(ctx uintptr, flags uint) (uintptr, error) {
+func EventCreate(ctx uintptr, flags uint) (uintptr, Result) {
 	r := C.rmm_event_create(C.uintptr_t(ctx), C.uint(flags))
-	return uintptr(r.v), cuErr("cuEventCreate", r.r)
+	return uintptr(r.v), Result(r.r)
 }
 
-func cuEventRecord(ctx, e, s uintptr) error {
-	return cuErr("cuEventRecord", C.rmm_event_record(C.uintptr_t(ctx), C.uintptr_t(e), C.uintptr_t(s)))
+func EventRecord(ctx, e, s uintptr) Result {
+	return Result(C.rmm_event_record(C.uintptr_t(ctx), C.uintptr_t(e), C.uintptr_t(s)))
 }
 
-func cuEventSynchronize(ctx, e uintptr) error {
-	return cuErr("cuEventSynchronize", C.rmm_event_synchronize(C.uintptr_t(ctx), C.uintptr_t(e)))
+func EventSynchronize(ctx, e uintptr) Result {
+	return Result(C.rmm_event_synchronize(C.uintptr_t(ctx), C.uintptr_t(e)))
 }
 
-func cuEventQuery(ctx, e uintptr) (bool, error) {
-	r := C.rmm_event_query(C.uintptr_t(ctx), C.uintptr_t(e))
-	if r == cudaErrorNotReady {
-		return false, nil
-	}
-	return r == 0, cuErr("cuEventQuery", r)
+func EventQuery(ctx, e uintptr) Result {
+	return Result(C.rmm_event_query(C.uintptr_t(ctx), C.uintptr_t(e)))
 }
 
-func cuEventDestroy(ctx, e uintptr) error {
-	return cuErr("cuEventDestroy_v2", C.rmm_event_destroy(C.uintptr_t(ctx), C.uintptr_t(e)))
+func EventDestroy(ctx, e uintptr) Result {
+	return Result(C.rmm_event_destroy(C.uintptr_t(ctx), C.uintptr_t(e)))
 }
 
-func cuEventElapsedTime(ctx, a, b uintptr) (float32, error) {
+func EventElapsedTime(ctx, a, b uintptr) (float32, Result) {
 	r := C.rmm_event_elapsed(C.uintptr_t(ctx), C.uintptr_t(a), C.uintptr_t(b))
-	return float32(r.ms), cuErr("cuEventElapsedTime", r.r)
+	return float32(r.ms), Result(r.r)
 }
 
-// cuModuleLoadData loads PTX text (a NUL is appended here).
-func cuModuleLoadData(ctx uintptr, ptx string) (uintptr, error) {
+// ModuleLoadData loads PTX text (a NUL is appended here).
+func ModuleLoadData(ctx uintptr, ptx string) (uintptr, Result) {
 	cs := C.CString(ptx)
 	defer C.free(unsafe.Pointer(cs))
 	r := C.rmm_module_load(C.uintptr_t(ctx), cs)
-	return uintptr(r.v), cuErr("cuModuleLoadData", r.r)
+	return uintptr(r.v), Result(r.r)
 }
 
-func cuModuleGetFunction(ctx, mod uintptr, name string) (uintptr, error) {
+func ModuleGetFunction(ctx, mod uintptr, name string) (uintptr, Result) {
 	cs := C.CString(name)
 	defer C.free(unsafe.Pointer(cs))
 	r := C.rmm_module_get_function(C.uintptr_t(ctx), C.uintptr_t(mod), cs)
-	return uintptr(r.v), cuErr("cuModuleGetFunction", r.r)
+	return uintptr(r.v), Result(r.r)
 }
 
-// cuLaunchFill launches a fill kernel (dst, n, period, phase, pattern).
-func cuLaunchFill(ctx, fn uintptr, grid, block int, stream uintptr, dst DevicePtr, n int, period, phase int, pattern []byte) error {
+// LaunchFill launches a fill kernel (dst, n, period, phase, pattern); pattern is copied, up to
+// PatternBytes, into the launch's parameters.
+func LaunchFill(ctx, fn uintptr, grid, block int, stream, dst uintptr, n, period, phase int, pattern []byte) Result {
 	var p unsafe.Pointer
 	if len(pattern) > 0 {
 		p = unsafe.Pointer(&pattern[0])
 	}
-	return cuErr("cuLaunchKernel", C.rmm_launch_fill(C.uintptr_t(ctx), C.uintptr_t(fn), C.uint(grid), C.uint(block), C.uintptr_t(stream),
+	return Result(C.rmm_launch_fill(C.uintptr_t(ctx), C.uintptr_t(fn), C.uint(grid), C.uint(block), C.uintptr_t(stream),
 		C.uintptr_t(dst), C.size_t(n), C.uint(period), C.uint(phase), p, C.size_t(len(pattern))))
 }
 
-// cuLaunchCopy launches a copy kernel (dst, src, n).
-func cuLaunchCopy(ctx, fn uintptr, grid, block int, stream uintptr, dst, src DevicePtr, n int) error {
-	return cuErr("cuLaunchKernel", C.rmm_launch_copy(C.uintptr_t(ctx), C.uintptr_t(fn), C.uint(grid), C.uint(block), C.uintptr_t(stream),
+// LaunchCopy launches a copy kernel (dst, src, n).
+func LaunchCopy(ctx, fn uintptr, grid, block int, stream, dst, src uintptr, n int) Result {
+	return Result(C.rmm_launch_copy(C.uintptr_t(ctx), C.uintptr_t(fn), C.uint(grid), C.uint(block), C.uintptr_t(stream),
 		C.uintptr_t(dst), C.uintptr_t(src), C.size_t(n)))
 }
 
-// vmmErr is cuErr for the virtual-memory calls: CUDA_ERROR_NOT_SUPPORTED (also what a driver
-// without the symbol gives) additionally satisfies errors.Is(err, ErrNotSupported).
-func vmmErr(op string, r C.CUresult) error {
-	err := cuErr(op, r)
-	if err != nil && int(r) == cudaErrorNotSupported {
-		return fmt.Errorf("%w: %w", ErrNotSupported, err)
-	}
-	return err
-}
+// VMMBound reports whether the loaded driver exports every virtual-memory function used here.
+func VMMBound() bool { return C.rmm_vmm_bound() != 0 }
 
-// cuVMMBound reports whether the driver exports every virtual-memory function the package uses
-// (cuMemGetAllocationGranularity, cuMemAddressReserve/Free, cuMemCreate/Release, cuMemMap/Unmap,
-// cuMemSetAccess; CUDA 10.2).
-func cuVMMBound() bool { return driverLoaded && C.rmm_vmm_bound() != 0 }
-
-// cuMemGetAllocationGranularity returns the granularity in bytes of pinned device memory on
-// device ord (option 0 MINIMUM, 1 RECOMMENDED).
-func cuMemGetAllocationGranularity(ctx uintptr, ord, option int) (int, error) {
+func MemGetAllocationGranularity(ctx uintptr, ord, option int) (int, Result) {
 	r := C.rmm_mem_granularity(C.uintptr_t(ctx), C.int(ord), C.int(option))
-	return int(r.v), vmmErr("cuMemGetAllocationGranularity", r.r)
+	return int(r.v), Result(r.r)
 }
 
-// cuMemAddressReserve reserves size bytes of address space aligned to align (0: the driver's
-// default), with no hint and no flags.
-func cuMemAddressReserve(ctx uintptr, size, align int) (DevicePtr, error) {
+func MemAddressReserve(ctx uintptr, size, align int) (uintptr, Result) {
 	r := C.rmm_mem_address_reserve(C.uintptr_t(ctx), C.size_t(size), C.size_t(align))
-	return DevicePtr(r.v), vmmErr("cuMemAddressReserve", r.r)
+	return uintptr(r.v), Result(r.r)
 }
 
-func cuMemAddressFree(ctx uintptr, p DevicePtr, size int) error {
-	return vmmErr("cuMemAddressFree", C.rmm_mem_address_free(C.uintptr_t(ctx), C.ulonglong(p), C.size_t(size)))
+func MemAddressFree(ctx, p uintptr, size int) Result {
+	return Result(C.rmm_mem_address_free(C.uintptr_t(ctx), C.ulonglong(p), C.size_t(size)))
 }
 
-// cuMemCreate creates size bytes of pinned memory on device ord and returns its handle;
-// handleTypes is the CUmemAllocationHandleType bit set it may be exported as (0: none).
-func cuMemCreate(ctx uintptr, size, ord, handleTypes int) (uint64, error) {
+func MemCreate(ctx uintptr, size, ord, handleTypes int) (uint64, Result) {
 	r := C.rmm_mem_create(C.uintptr_t(ctx), C.size_t(size), C.int(ord), C.int(handleTypes))
-	return uint64(r.v), vmmErr("cuMemCreate", r.r)
+	return uint64(r.v), Result(r.r)
 }
 
-func cuMemRelease(ctx uintptr, h uint64) error {
-	return vmmErr("cuMemRelease", C.rmm_mem_release(C.uintptr_t(ctx), C.ulonglong(h)))
+func MemRelease(ctx uintptr, h uint64) Result {
+	return Result(C.rmm_mem_release(C.uintptr_t(ctx), C.ulonglong(h)))
 }
 
-// cuMemMap maps size bytes of handle h, from its offset 0, at p.
-func cuMemMap(ctx uintptr, p DevicePtr, size int, h uint64) error {
-	return vmmErr("cuMemMap", C.rmm_mem_map(C.uintptr_t(ctx), C.ulonglong(p), C.size_t(size), C.ulonglong(h)))
+func MemMap(ctx, p uintptr, size int, h uint64) Result {
+	return Result(C.rmm_mem_map(C.uintptr_t(ctx), C.ulonglong(p), C.size_t(size), C.ulonglong(h)))
 }
 
-func cuMemUnmap(ctx uintptr, p DevicePtr, size int) error {
-	return vmmErr("cuMemUnmap", C.rmm_mem_unmap(C.uintptr_t(ctx), C.ulonglong(p), C.size_t(size)))
+func MemUnmap(ctx, p uintptr, size int) Result {
+	return Result(C.rmm_mem_unmap(C.uintptr_t(ctx), C.ulonglong(p), C.size_t(size)))
 }
 
-// cuMemSetAccess grants device ord read/write access to [p, p+size).
-func cuMemSetAccess(ctx uintptr, p DevicePtr, size, ord int) error {
-	return vmmErr("cuMemSetAccess", C.rmm_mem_set_access(C.uintptr_t(ctx), C.ulonglong(p), C.size_t(size), C.int(ord)))
+func MemSetAccess(ctx, p uintptr, size, ord int) Result {
+	return Result(C.rmm_mem_set_access(C.uintptr_t(ctx), C.ulonglong(p), C.size_t(size), C.int(ord)))
 }
 
-// hostMalloc returns n bytes of 256-byte-aligned C heap memory (posix_memalign).
-func hostMalloc(n int) (uintptr, bool) {
+// HostMalloc returns n bytes of 256-byte-aligned C heap memory (posix_memalign).
+func HostMalloc(n int) (uintptr, bool) {
 	r := C.rmm_host_malloc(C.size_t(n))
 	return uintptr(r.v), r.r == 0
 }
 
-func hostFree(p uintptr) { C.rmm_host_free(C.uintptr_t(p)) }
+// HostFree frees memory from HostMalloc.
+func HostFree(p uintptr) { C.rmm_host_free(C.uintptr_t(p)) }
 
-// Interprocess sharing (ipc*.go).
+// IPCBound reports which interprocess mechanisms the loaded driver exports, as a bit set: 1
+// cuIpc*MemHandle and cuMemGetAddressRange, 2 pool export, 4 VMM export, 8 cuIpc*EventHandle,
+// 16 cuDeviceGetUuid.
+func IPCBound() int { return int(C.rmm_ipc_bound()) }
 
-// cuIPCBound reports which interprocess mechanisms the driver exports, as ipcBound* bits.
-func cuIPCBound() int {
-	if !driverLoaded {
-		return 0
-	}
-	return int(C.rmm_ipc_bound())
-}
-
-// cuDeviceUUID returns device ord's 16-byte UUID (cuDeviceGetUuid_v2, else cuDeviceGetUuid).
-func cuDeviceUUID(ord int) ([16]byte, error) {
+func DeviceUUID(ord int) ([16]byte, Result) {
 	var u [16]byte
-	err := cuErr("cuDeviceGetUuid", C.rmm_device_uuid(C.int(ord), (*C.uchar)(unsafe.Pointer(&u[0]))))
-	return u, err
+	r := C.rmm_device_uuid(C.int(ord), (*C.uchar)(unsafe.Pointer(&u[0])))
+	return u, Result(r)
 }
 
-// cuPointerInfo reads p's memory type, device ordinal, whether cuIpcGetMemHandle accepts its
-// allocation and, with withPool, the memory pool it came from, in one cuPointerGetAttributes
-// call (which succeeds with zeroed values for an address the driver does not know).
-func cuPointerInfo(ctx uintptr, p DevicePtr, withPool bool) (ptrInfo, error) {
+func PointerInfo(ctx, p uintptr, withPool bool) (PtrInfo, Result) {
 	wp := C.int(0)
 	if withPool {
 		wp = 1
 	}
 	r := C.rmm_pointer_info(C.uintptr_t(ctx), C.uintptr_t(p), wp)
-	return ptrInfo{memType: int(r.memtype), ordinal: int(r.ordinal), legacyIPC: r.legacy_ipc != 0, pool: uintptr(r.pool)},
-		cuErr("cuPointerGetAttributes", r.r)
+	return PtrInfo{MemType: int(r.memtype), Ordinal: int(r.ordinal), LegacyIPC: r.legacy_ipc != 0, Pool: uintptr(r.pool)},
+		Result(r.r)
 }
 
-// cuMemGetAddressRange returns the base and size of the allocation holding p.
-func cuMemGetAddressRange(ctx uintptr, p DevicePtr) (DevicePtr, int, error) {
+func MemGetAddressRange(ctx, p uintptr) (uintptr, int, Result) {
 	r := C.rmm_mem_address_range(C.uintptr_t(ctx), C.uintptr_t(p))
-	return DevicePtr(r.a), int(r.b), cuErr("cuMemGetAddressRange_v2", r.r)
+	return uintptr(r.a), int(r.b), Result(r.r)
 }
 
-// cuMemPoolExportFD exports pool as a new POSIX file descriptor.
-func cuMemPoolExportFD(ctx, pool uintptr) (int, error) {
+func MemPoolExportFD(ctx, pool uintptr) (int, Result) {
 	r := C.rmm_mem_pool_export_fd(C.uintptr_t(ctx), C.uintptr_t(pool))
-	return int(int32(r.v)), cuErr("cuMemPoolExportToShareableHandle", r.r)
+	return int(int32(r.v)), Result(r.r)
 }
 
-// cuMemPoolImportFD imports the pool another process exported as fd.
-func cuMemPoolImportFD(ctx uintptr, fd int) (uintptr, error) {
+func MemPoolImportFD(ctx uintptr, fd int) (uintptr, Result) {
 	r := C.rmm_mem_pool_import_fd(C.uintptr_t(ctx), C.int(fd))
-	return uintptr(r.v), cuErr("cuMemPoolImportFromShareableHandle", r.r)
+	return uintptr(r.v), Result(r.r)
 }
 
-func cuMemPoolExportPointer(ctx uintptr, p DevicePtr) ([64]byte, error) {
+func MemPoolExportPointer(ctx, p uintptr) ([64]byte, Result) {
 	var d [64]byte
-	err := cuErr("cuMemPoolExportPointer", C.rmm_mem_pool_export_pointer(C.uintptr_t(ctx), C.uintptr_t(p), (*C.uchar)(unsafe.Pointer(&d[0]))))
-	return d, err
+	r := C.rmm_mem_pool_export_pointer(C.uintptr_t(ctx), C.uintptr_t(p), (*C.uchar)(unsafe.Pointer(&d[0])))
+	return d, Result(r)
 }
 
-func cuMemPoolImportPointer(ctx, pool uintptr, data *[64]byte) (DevicePtr, error) {
+func MemPoolImportPointer(ctx, pool uintptr, data *[64]byte) (uintptr, Result) {
 	r := C.rmm_mem_pool_import_pointer(C.uintptr_t(ctx), C.uintptr_t(pool), (*C.uchar)(unsafe.Pointer(&data[0])))
-	return DevicePtr(r.v), cuErr("cuMemPoolImportPointer", r.r)
+	return uintptr(r.v), Result(r.r)
 }
 
-// cuMemExportFD exports the physical allocation h as a new POSIX file descriptor.
-func cuMemExportFD(ctx uintptr, h uint64) (int, error) {
+func MemExportFD(ctx uintptr, h uint64) (int, Result) {
 	r := C.rmm_mem_export_fd(C.uintptr_t(ctx), C.ulonglong(h))
-	return int(int32(r.v)), vmmErr("cuMemExportToShareableHandle", r.r)
+	return int(int32(r.v)), Result(r.r)
 }
 
-// cuMemImportFD imports the physical allocation another process exported as fd.
-func cuMemImportFD(ctx uintptr, fd int) (uint64, error) {
+func MemImportFD(ctx uintptr, fd int) (uint64, Result) {
 	r := C.rmm_mem_import_fd(C.uintptr_t(ctx), C.int(fd))
-	return uint64(r.v), vmmErr("cuMemImportFromShareableHandle", r.r)
+	return uint64(r.v), Result(r.r)
 }
 
-func cuIpcGetMemHandle(ctx uintptr, p DevicePtr) ([64]byte, error) {
+func IpcGetMemHandle(ctx, p uintptr) ([64]byte, Result) {
 	var d [64]byte
-	err := cuErr("cuIpcGetMemHandle", C.rmm_ipc_get_mem_handle(C.uintptr_t(ctx), C.uintptr_t(p), (*C.uchar)(unsafe.Pointer(&d[0]))))
-	return d, err
+	r := C.rmm_ipc_get_mem_handle(C.uintptr_t(ctx), C.uintptr_t(p), (*C.uchar)(unsafe.Pointer(&d[0])))
+	return d, Result(r)
 }
 
-func cuIpcOpenMemHandle(ctx uintptr, data *[64]byte) (DevicePtr, error) {
+func IpcOpenMemHandle(ctx uintptr, data *[64]byte) (uintptr, Result) {
 	r := C.rmm_ipc_open_mem_handle(C.uintptr_t(ctx), (*C.uchar)(unsafe.Pointer(&data[0])))
-	return DevicePtr(r.v), cuErr("cuIpcOpenMemHandle_v2", r.r)
+	return uintptr(r.v), Result(r.r)
 }
 
-func cuIpcCloseMemHandle(ctx uintptr, p DevicePtr) error {
-	return cuErr("cuIpcCloseMemHandle", C.rmm_ipc_close_mem_handle(C.uintptr_t(ctx), C.uintptr_t(p)))
+func IpcCloseMemHandle(ctx, p uintptr) Result {
+	return Result(C.rmm_ipc_close_mem_handle(C.uintptr_t(ctx), C.uintptr_t(p)))
 }
 
-func cuIpcGetEventHandle(ctx, e uintptr) ([64]byte, error) {
+func IpcGetEventHandle(ctx, e uintptr) ([64]byte, Result) {
 	var d [64]byte
-	err := cuErr("cuIpcGetEventHandle", C.rmm_ipc_get_event_handle(C.uintptr_t(ctx), C.uintptr_t(e), (*C.uchar)(unsafe.Pointer(&d[0]))))
-	return d, err
+	r := C.rmm_ipc_get_event_handle(C.uintptr_t(ctx), C.uintptr_t(e), (*C.uchar)(unsafe.Pointer(&d[0])))
+	return d, Result(r)
 }
 
-func cuIpcOpenEventHandle(ctx uintptr, data *[64]byte) (uintptr, error) {
+func IpcOpenEventHandle(ctx uintptr, data *[64]byte) (uintptr, Result) {
 	r := C.rmm_ipc_open_event_handle(C.uintptr_t(ctx), (*C.uchar)(unsafe.Pointer(&data[0])))
-	return uintptr(r.v), cuErr("cuIpcOpenEventHandle", r.r)
+	return uintptr(r.v), Result(r.r)
 }
