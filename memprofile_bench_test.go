@@ -3,6 +3,7 @@ package rmm
 import (
 	"fmt"
 	"testing"
+	"time"
 )
 
 // memProfBenchRates are the sampling rates BenchmarkW1Profiled measures ("none": no adaptor; "1B":
@@ -91,20 +92,31 @@ func BenchmarkMemoryProfileSampled(b *testing.B) {
 		b.Run(name, func(b *testing.B) {
 			mr := mr()
 			b.ReportAllocs()
+			cpu0, cpuOK := processCPUTime()
 			for b.Loop() {
 				p, _ := mr.Allocate(4096, DefaultStream)
 				_ = mr.Deallocate(p, 4096, DefaultStream)
 			}
+			memProfReportCPU(b, cpu0, cpuOK)
 		})
 		b.Run(name+"-parallel", func(b *testing.B) {
 			mr := mr()
 			b.ReportAllocs()
+			cpu0, cpuOK := processCPUTime()
 			b.RunParallel(func(pb *testing.PB) {
 				for pb.Next() {
 					p, _ := mr.Allocate(4096, DefaultStream)
 					_ = mr.Deallocate(p, 4096, DefaultStream)
 				}
 			})
+			memProfReportCPU(b, cpu0, cpuOK)
 		})
+	}
+}
+
+// memProfReportCPU reports the process's CPU time per operation since cpu0 (all goroutines').
+func memProfReportCPU(b *testing.B, cpu0 time.Duration, ok bool) {
+	if cpu1, _ := processCPUTime(); ok && b.N > 0 {
+		b.ReportMetric(float64((cpu1-cpu0).Nanoseconds())/float64(b.N), "cpu-ns/op")
 	}
 }
