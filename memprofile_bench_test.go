@@ -6,13 +6,15 @@ import (
 	"time"
 )
 
-// memProfBenchRates are the sampling rates BenchmarkW1Profiled measures ("none": no adaptor; "1B":
-// every allocation sampled).
+// memProfBenchRates are the sampling rates BenchmarkW1Profiled measures ("none": no adaptor;
+// "forward": an adaptor that only passes the calls on, what any adaptor costs; "1B": every
+// allocation sampled).
 var memProfBenchRates = []struct {
 	name string
-	rate int // 0: no adaptor
+	rate int // 0: no adaptor; -1: memProfForward
 }{
 	{"none", 0},
+	{"forward", -1},
 	{"1B", 1}, // every allocation sampled
 	{"512KiB", 512 << 10},
 	{"128MiB", 128 << 20},
@@ -58,6 +60,9 @@ func BenchmarkW1Profiled(b *testing.B) {
 					up, closeMR := r.make(b)
 					defer closeMR()
 					mr := up
+					if rate.rate < 0 {
+						mr = &memProfForward{up}
+					}
 					if rate.rate > 0 {
 						prof, err := NewMemoryProfileResourceAdaptor(up, &MemoryProfileOptions{Rate: rate.rate})
 						if err != nil {
@@ -72,22 +77,41 @@ func BenchmarkW1Profiled(b *testing.B) {
 	}
 }
 
+// memProfForward is an adaptor that only passes the calls on: what any adaptor costs, the
+// reference for what the profile's own work costs.
+type memProfForward struct{ up MemoryResource }
+
+func (f *memProfForward) Allocate(n int, s StreamView) (DevicePtr, error) {
+	return f.up.Allocate(n, s)
+}
+
+func (f *memProfForward) Deallocate(p DevicePtr, n int, s StreamView) error {
+	return f.up.Deallocate(p, n, s)
+}
+
 // The parts of a sampled allocation's cost: every allocation sampled (rate 1) or few of them (the
-// default rate) over an upstream that does nothing, beside that upstream alone ("upstream"), on
-// one goroutine and from all of them.
+// default rate) over an upstream that does nothing, beside that upstream alone ("upstream") and
+// an adaptor that only passes the calls on to it ("forward"), on one goroutine and from all of
+// them.
 func BenchmarkMemoryProfileSampled(b *testing.B) {
-	for _, rate := range []int{0, 1, DefaultMemoryProfileRate} {
+	for _, rate := range []int{0, -1, 1, DefaultMemoryProfileRate} {
 		name := fmt.Sprintf("rate=%d", rate)
 		mr := func() MemoryResource {
 			up := &adpNullUpstream{}
-			if rate == 0 {
+			switch rate {
+			case 0:
 				return up
+			case -1:
+				return &memProfForward{up}
 			}
 			prof, _ := NewMemoryProfileResourceAdaptor(up, &MemoryProfileOptions{Rate: rate})
 			return prof
 		}
-		if rate == 0 {
+		switch rate {
+		case 0:
 			name = "upstream"
+		case -1:
+			name = "forward"
 		}
 		b.Run(name, func(b *testing.B) {
 			mr := mr()
