@@ -25,9 +25,10 @@ import (
 // sampled at 1 GiB, 12% at 512 MiB, which comes to about 9% and 12% more in all (from the two
 // costs measured apart; BenchmarkW1Profiled's own differences at these rates are within its
 // noise on that host). W1's smaller sizes are sampled at most 0.1% of the time at 1 GiB; what
-// the adaptor adds to them, about 6.5 ns a pair (20% of a pool's 30-35 ns there), is the same at
-// every rate. A profile at this rate holds about one sample per GiB in use; set
-// MemoryProfileOptions.Rate lower for more detail.
+// the adaptor adds to them, about 5 ns a pair on that host (half of it what any adaptor costs;
+// 10-15% of a pool's 35-45 ns there; see the type's comment), is the same at every rate. A
+// profile at this rate holds about one sample per GiB in use; set MemoryProfileOptions.Rate
+// lower for more detail.
 const DefaultMemoryProfileRate = 1 << 30
 
 // MemoryProfileOptions configures a MemoryProfileResourceAdaptor. nil means the defaults.
@@ -78,19 +79,21 @@ type MemoryProfileOptions struct {
 //
 // Cost. An allocation that is not sampled costs, besides passing the call on, a random draw of 32
 // bits from the Go runtime's per-thread generator (a call, no atomic operation) and its test (a
-// multiplication and a comparison), and its free a load from
-// a table of counters indexed by the pointer's hash, which tells pointers that cannot have been
-// sampled from those that may have been (those then look their record up under a lock): about
-// 6.5 ns a pair over the upstream's own cost on the benchmark host (an AMD EPYC virtual machine;
-// BenchmarkMemoryProfileSampled), of which about 5 ns is what passing two calls through any
-// adaptor costs, against 30-35 ns a pair for a pool there. A sampled allocation costs the walk
-// of its stack by frame pointers (on amd64; elsewhere, and in Go called back from C, the stack
-// is taken with runtime.Callers, several times slower), a lookup of the stack in a table that
-// needs no lock, and an entry in a table under a lock until it is freed: about 60 ns a pair more
-// there (a pool's pairs of 64 MiB cost 100-120 ns). Since one allocation is sampled per rate
-// bytes on average, sampling costs at most that per rate bytes allocated (0.06 ns per MiB at the
-// default rate), whatever the sizes. Each distinct stack and size that is ever sampled keeps a
-// record (about 100 bytes plus 8 per frame) for the life of the adaptor, as Go's heap profiler
+// multiplication and a comparison), and its free a load from a table of counters indexed by the
+// pointer's hash, which tells pointers that cannot have been sampled from those that may have
+// been (those then look their record up under a lock). Host figures (a 2-core AMD EPYC virtual
+// machine shared with other work; BenchmarkMemoryProfileSampled, medians of cpu-ns/op over 20
+// interleaved runs, 4 KiB pairs over an upstream that does nothing; figures on a GPU host are
+// to be measured there): about 5 ns a pair over the upstream's own cost (9-12 ns against 4-4.5),
+// of which about 2.5 ns is what passing two calls through any adaptor costs (the benchmark's
+// "forward", 6.5-7 ns), against 35-45 ns a pair for a pool there. A sampled allocation costs the
+// walk of its stack by frame pointers (on amd64; elsewhere, and in Go called back from C, the
+// stack is taken with runtime.Callers, several times slower), a lookup of the stack in a table
+// that needs no lock, and an entry in a table under a lock until it is freed: about 60 ns a pair
+// more there (a pool's pairs of 64 MiB cost 100-150 ns). Since one allocation is sampled per
+// rate bytes on average, sampling costs at most that per rate bytes allocated (0.06 ns per MiB at
+// the default rate), whatever the sizes. Each distinct stack and size that is ever sampled keeps
+// a record (about 100 bytes plus 8 per frame) for the life of the adaptor, as Go's heap profiler
 // keeps its own; each sampled block not yet freed, an entry of 32 to 64 bytes; the adaptor itself
 // takes about 18 KiB.
 //
