@@ -25,9 +25,10 @@ import (
 // sampled at 1 GiB, 12% at 512 MiB, which comes to about 9% and 12% more in all (from the two
 // costs measured apart; BenchmarkW1Profiled's own differences at these rates are within its
 // noise on that host). W1's smaller sizes are sampled at most 0.1% of the time at 1 GiB; what
-// the adaptor adds to them, about 6.5 ns a pair (20% of a pool's 30-35 ns there), is the same at
-// every rate. A profile at this rate holds about one sample per GiB in use; set
-// MemoryProfileOptions.Rate lower for more detail.
+// the adaptor adds to them, about 5 ns a pair on that host (half of it what any adaptor costs;
+// 10-15% of a pool's 35-45 ns there; see the type's comment), is the same at every rate. A
+// profile at this rate holds about one sample per GiB in use; set MemoryProfileOptions.Rate
+// lower for more detail.
 const DefaultMemoryProfileRate = 1 << 30
 
 // MemoryProfileOptions configures a MemoryProfileResourceAdaptor. nil means the defaults.
@@ -76,22 +77,25 @@ type MemoryProfileOptions struct {
 // counted as in use until its address is allocated and sampled again or freed through the
 // adaptor.
 //
-// Cost. An allocation that is not sampled costs, besides passing the call on, a random draw (an
-// atomic addition and a multiplication) and its test (a multiplication), and its free a load from
-// a table of counters indexed by the pointer's hash, which tells pointers that cannot have been
-// sampled from those that may have been (those then look their record up under a lock): about
-// 6.5 ns a pair over the upstream's own cost on the benchmark host (an AMD EPYC virtual machine;
-// BenchmarkMemoryProfileSampled), of which about 5 ns is what passing two calls through any
-// adaptor costs, against 30-35 ns a pair for a pool there. A sampled allocation costs the walk
-// of its stack by frame pointers (on amd64; elsewhere, and in Go called back from C, the stack
-// is taken with runtime.Callers, several times slower), a lookup of the stack in a table that
-// needs no lock, and an entry in a table under a lock until it is freed: about 60 ns a pair more
-// there (a pool's pairs of 64 MiB cost 100-120 ns). Since one allocation is sampled per rate
-// bytes on average, sampling costs at most that per rate bytes allocated (0.06 ns per MiB at the
-// default rate), whatever the sizes. Each distinct stack and size that is ever sampled keeps a
-// record (about 100 bytes plus 8 per frame) for the life of the adaptor, as Go's heap profiler
+// Cost. An allocation that is not sampled costs, besides passing the call on, a random draw of 32
+// bits from the Go runtime's per-thread generator (a call, no atomic operation) and its test (a
+// multiplication and a comparison), and its free a load from a table of counters indexed by the
+// pointer's hash, which tells pointers that cannot have been sampled from those that may have
+// been (those then look their record up under a lock). Host figures (a 2-core AMD EPYC virtual
+// machine shared with other work; BenchmarkMemoryProfileSampled, medians of cpu-ns/op over 20
+// interleaved runs, 4 KiB pairs over an upstream that does nothing; figures on a GPU host are
+// to be measured there): about 5 ns a pair over the upstream's own cost (9-12 ns against 4-4.5),
+// of which about 2.5 ns is what passing two calls through any adaptor costs (the benchmark's
+// "forward", 6.5-7 ns), against 35-45 ns a pair for a pool there. A sampled allocation costs the
+// walk of its stack by frame pointers (on amd64; elsewhere, and in Go called back from C, the
+// stack is taken with runtime.Callers, several times slower), a lookup of the stack in a table
+// that needs no lock, and an entry in a table under a lock until it is freed: about 60 ns a pair
+// more there (a pool's pairs of 64 MiB cost 100-150 ns). Since one allocation is sampled per
+// rate bytes on average, sampling costs at most that per rate bytes allocated (0.06 ns per MiB at
+// the default rate), whatever the sizes. Each distinct stack and size that is ever sampled keeps
+// a record (about 100 bytes plus 8 per frame) for the life of the adaptor, as Go's heap profiler
 // keeps its own; each sampled block not yet freed, an entry of 32 to 64 bytes; the adaptor itself
-// takes about 21 KiB.
+// takes about 18 KiB.
 //
 // Why an adaptor of its own rather than an option of TrackingResourceAdaptor: the tracking
 // adaptor's purpose is an entry for every outstanding allocation (to list leaks exactly), which
@@ -111,9 +115,6 @@ type MemoryProfileResourceAdaptor struct {
 	// source so that a test's samples are reproducible. It is not safe for concurrent use.
 	testRand *rand.Rand
 
-	// gens are the random generators that sample allocations (see draw).
-	gens [1 << memProfGenBits]memProfGen
-
 	// shards hold the sampled blocks not yet freed, by pointer hash.
 	shards [1 << memProfShardBits]memProfShard
 
@@ -130,7 +131,6 @@ type MemoryProfileResourceAdaptor struct {
 }
 
 const (
-	memProfGenBits    = 5  // 32 generators of 64 bytes
 	memProfShardBits  = 5  // 32 shards of 64 bytes
 	memProfFilterBits = 12 // 4096 counters of 4 bytes
 )
@@ -143,33 +143,24 @@ type memProfShard struct {
 	_    [64 - 8 - unsafe.Sizeof(memProfLive{})]byte
 }
 
-// memProfGen is one of the adaptor's random generators, on a cache line of its own: wyrand, a
-// Weyl sequence (a counter advanced by an odd constant, here by one atomic addition, so that
-// goroutines sharing a generator each get a value of their own) mixed by a 128-bit product.
+// cheaprand is the Go runtime's per-thread generator (wyrand: a Weyl sequence mixed by a 128-bit
+// product, on the thread's own state, so without an atomic operation), which the runtime keeps
+// for packages that link to it (go.dev/issue/67401). It gives 32 bits a call.
 //
-// Why not the runtime's per-thread generator (math/rand/v2's rand.Uint64), which needs no
-// atomic operation: it cost 7 ns a call on the benchmark host, against 2.5 ns for the atomic
-// addition, most of what an unsampled allocation costs beyond passing the call on. And why not
-// Go's countdown of bytes to the next sample: shared between goroutines, it needs a
-// compare-and-swap loop (the value written depends on the value read), no cheaper than the
-// addition and retried under contention, where the addition never is.
-type memProfGen struct {
-	seq atomic.Uint64
-	_   [64 - 8]byte
-}
+// Why not math/rand/v2's rand.Uint64 (the runtime's per-thread ChaCha8): 5 ns more a pair than
+// a generator advanced by an atomic addition on the benchmark host, where cheaprand costs about
+// what that addition does. And why not that atomic addition (on generators picked by the stack's
+// address, as this adaptor did before): a locked instruction, which orders every store before it
+// and costs several times an ordinary one on many processors, on a cache line that goroutines
+// allocating at once may share. Go's own countdown of bytes to the next sample needs state of
+// the thread's, which the runtime does not lend.
+//
+//go:linkname cheaprand runtime.cheaprand
+func cheaprand() uint32
 
-// draw returns a uniform 64-bit variate from the generator of the calling goroutine's stack.
-func (r *MemoryProfileResourceAdaptor) draw() uint64 {
-	// The generator is picked by the address of a local variable, so that a goroutine keeps to
-	// one (while its stack stays where it is) and goroutines running at once seldom share one's
-	// cache line. Any generator would give a correct draw.
-	var local byte
-	sp := uint64(uintptr(unsafe.Pointer(&local)))
-	g := &r.gens[(sp>>12)*0x9e3779b97f4a7c15>>(64-memProfGenBits)]
-	x := g.seq.Add(0xa0761d6478bd642f)
-	hi, lo := bits.Mul64(x, x^0xe7037ed1a0b428db)
-	return hi ^ lo
-}
+// draw returns a uniform 64-bit variate, made of two of cheaprand's (see sampleDraw for the
+// use of its top half alone).
+func draw() uint64 { return uint64(cheaprand())<<32 | uint64(cheaprand()) }
 
 // memProfBucket sums the samples of one call stack and size.
 type memProfBucket struct {
@@ -205,9 +196,6 @@ func NewMemoryProfileResourceAdaptor(upstream MemoryResource, opts *MemoryProfil
 		r.step = math.MaxUint64/uint64(rate) + 1
 	}
 	r.fastMax = math.MaxUint64 / r.step
-	for i := range r.gens {
-		r.gens[i].seq.Store(rand.Uint64())
-	}
 	return r, nil
 }
 
@@ -232,16 +220,31 @@ func (r *MemoryProfileResourceAdaptor) Allocate(nbytes int, s StreamView) (Devic
 	if err != nil || nbytes == 0 {
 		return p, err
 	}
-	var u uint64
-	if r.testRand == nil {
-		u = r.draw()
-	} else {
-		u = r.testRand.Uint64()
-	}
-	if r.sample(uint64(nbytes), u) {
+	// The variate's top 32 bits decide the common case (see rejects); otherwise, with
+	// probability about n/rate + 2^-32, its bottom 32 bits are drawn too and sample decides.
+	if hi := cheaprand(); r.rejects(uint64(nbytes), hi) && r.testRand == nil {
+		return p, nil
+	} else if r.sampleDraw(uint64(nbytes), hi) {
 		r.record(p, nbytes)
 	}
 	return p, nil
+}
+
+// rejects reports whether an allocation of n > 0 bytes whose variate's top 32 bits are hi is
+// not sampled, whatever its bottom bits: when hi exceeds the top 32 bits of n*step (the bound
+// on the threshold that sample tests first), since the variate is then at least
+// (hi<<32) > n*step.
+func (r *MemoryProfileResourceAdaptor) rejects(n uint64, hi uint32) bool {
+	return n <= r.fastMax && uint64(hi) > n*r.step>>32
+}
+
+// sampleDraw is Allocate's test of an allocation of n > 0 bytes whose variate's top 32 bits,
+// hi, the fast test did not reject (or with testRand set, which hi is then ignored for).
+func (r *MemoryProfileResourceAdaptor) sampleDraw(n uint64, hi uint32) bool {
+	if r.testRand != nil {
+		return r.sample(n, r.testRand.Uint64())
+	}
+	return r.sample(n, uint64(hi)<<32|uint64(cheaprand()))
 }
 
 // sample reports whether an allocation of n > 0 bytes is sampled when the uniform 64-bit variate

@@ -359,6 +359,48 @@ func TestMemoryProfileSampleThreshold(t *testing.T) {
 	}
 }
 
+// Allocate's test of the variate's top 32 bits alone (rejects) never rejects a variate that
+// sample would sample, whatever its bottom 32 bits, and rejects all but a fraction of about
+// 2^-32 + n/rate of them: checked at the boundary hi = top 32 bits of n*step and either side.
+func TestMemoryProfileRejects(t *testing.T) {
+	for _, rate := range []int{1, 2, 3, 1000, 64 << 10, 1<<20 + 1, 128 << 20, DefaultMemoryProfileRate, 1 << 40, 1<<62 + 12345} {
+		r := memProfNew(t, &adpNullUpstream{}, rate, 0)
+		for _, n := range []uint64{1, 2, 255, 256, 4096, 1 << 20, 64 << 20, uint64(rate) / 2, uint64(rate), 40 * uint64(rate), math.MaxInt64} {
+			if n == 0 || n > math.MaxInt64 {
+				continue
+			}
+			var his []uint32
+			if n <= r.fastMax {
+				b := n * r.step >> 32
+				for _, d := range []uint64{0, 1, 2} {
+					if b >= d {
+						his = append(his, uint32(b-d))
+					}
+					if b+d <= math.MaxUint32 {
+						his = append(his, uint32(b+d))
+					}
+				}
+				// Above the boundary, everything is rejected.
+				if b < math.MaxUint32 {
+					require.True(t, r.rejects(n, uint32(b+1)), "rate %d, n %d", rate, n)
+				}
+				require.False(t, r.rejects(n, uint32(b)), "rate %d, n %d", rate, n)
+			} else {
+				require.False(t, r.rejects(n, math.MaxUint32), "rate %d, n %d", rate, n)
+			}
+			his = append(his, 0, math.MaxUint32)
+			for _, hi := range his {
+				if !r.rejects(n, hi) {
+					continue
+				}
+				for _, lo := range []uint32{0, 1, math.MaxUint32} {
+					require.False(t, r.sample(n, uint64(hi)<<32|uint64(lo)), "rate %d, n %d, hi %#x, lo %#x", rate, n, hi, lo)
+				}
+			}
+		}
+	}
+}
+
 // Each allocation of n bytes is sampled with probability 1-exp(-n/rate) whatever came before
 // it: over a mix of sizes in a seeded random order, each size's sampled count stays within six
 // standard deviations of its expectation.
@@ -711,19 +753,17 @@ func TestMemoryProfileBuckets(t *testing.T) {
 	}
 }
 
-// The adaptor's own generator (draw, as Allocate uses it on one goroutine) gives variates below
-// 2^64 q with frequency q, and two in a row both below it with frequency q^2, within six
-// standard deviations, for q from 1/2 to 1/1000. All generators start from the same seed here,
-// so that the draws are the same whichever the goroutine's stack picks.
+// The adaptor's generator (draw: the runtime's per-thread cheaprand, on one thread here, so
+// that the draws come from one sequence) gives variates below 2^64 q with frequency q, and two
+// in a row both below it with frequency q^2, within six standard deviations, for q from 1/2 to
+// 1/1000.
 func TestMemoryProfileDraw(t *testing.T) {
-	r := memProfNew(t, &adpNullUpstream{}, 1<<20, 0)
-	for i := range r.gens {
-		r.gens[i].seq.Store(0x5eed)
-	}
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
 	const draws = 1 << 20
 	us := make([]uint64, draws)
 	for i := range us {
-		us[i] = r.draw()
+		us[i] = draw()
 	}
 	for _, q := range []float64{0.5, 0.1, 0.01, 0.001} {
 		th := uint64(q * 0x1p64)
