@@ -212,6 +212,22 @@ func (r *vmmReservation) wholeMappings(addr, end DevicePtr, contiguous bool) (i,
 	return i, j, ""
 }
 
+// wholeMappings checks the range [addr, addr+size) given to op: aligned, inside one reservation r,
+// and made of the whole mappings r.maps[i:j] (back to back if contiguous). Call with mu held.
+func (b *vmmBook) wholeMappings(op string, addr DevicePtr, size int, contiguous bool) (r *vmmReservation, i, j int, err error) {
+	if err := vmmCheckRange(b.name, op, addr, size, b.gran); err != nil {
+		return nil, 0, 0, err
+	}
+	if r = b.reservationOf(addr, size); r == nil {
+		return nil, 0, 0, fmt.Errorf("%w: %s.%s(%#x, %d bytes): not inside a reservation", ErrInvalidArgument, b.name, op, uintptr(addr), size)
+	}
+	i, j, why := r.wholeMappings(addr, addr+DevicePtr(size), contiguous)
+	if why != "" {
+		return nil, 0, 0, fmt.Errorf("%w: %s.%s(%#x, %d bytes): not whole mappings: %s", ErrInvalidArgument, b.name, op, uintptr(addr), size, why)
+	}
+	return r, i, j, nil
+}
+
 // mapAt records the mapping of the whole of h at addr; it has no access until setAccess.
 func (b *vmmBook) mapAt(addr DevicePtr, size int, h vmmHandle) error {
 	if err := vmmCheckRange(b.name, "mapAt", addr, size, b.gran); err != nil {
@@ -254,18 +270,11 @@ func (b *vmmBook) mapAt(addr DevicePtr, size int, h vmmHandle) error {
 
 // setAccess grants access over [addr, addr+size), whole mappings back to back.
 func (b *vmmBook) setAccess(addr DevicePtr, size int) error {
-	if err := vmmCheckRange(b.name, "setAccess", addr, size, b.gran); err != nil {
-		return err
-	}
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	r := b.reservationOf(addr, size)
-	if r == nil {
-		return fmt.Errorf("%w: %s.setAccess(%#x, %d bytes): not inside a reservation", ErrInvalidArgument, b.name, uintptr(addr), size)
-	}
-	i, j, why := r.wholeMappings(addr, addr+DevicePtr(size), true)
-	if why != "" {
-		return fmt.Errorf("%w: %s.setAccess(%#x, %d bytes): not whole mappings: %s", ErrInvalidArgument, b.name, uintptr(addr), size, why)
+	r, i, j, err := b.wholeMappings("setAccess", addr, size, true)
+	if err != nil {
+		return err
 	}
 	if err := b.mem.memAccess(r.maps[i:j]); err != nil {
 		return fmt.Errorf("%s.setAccess(%#x, %d bytes): %w", b.name, uintptr(addr), size, err)
@@ -279,18 +288,11 @@ func (b *vmmBook) setAccess(addr DevicePtr, size int) error {
 // unmap removes the whole mappings inside [addr, addr+size); a handle released and no longer
 // mapped is given back.
 func (b *vmmBook) unmap(addr DevicePtr, size int) error {
-	if err := vmmCheckRange(b.name, "unmap", addr, size, b.gran); err != nil {
-		return err
-	}
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	r := b.reservationOf(addr, size)
-	if r == nil {
-		return fmt.Errorf("%w: %s.unmap(%#x, %d bytes): not inside a reservation", ErrInvalidArgument, b.name, uintptr(addr), size)
-	}
-	i, j, why := r.wholeMappings(addr, addr+DevicePtr(size), false)
-	if why != "" {
-		return fmt.Errorf("%w: %s.unmap(%#x, %d bytes): not whole mappings: %s", ErrInvalidArgument, b.name, uintptr(addr), size, why)
+	r, i, j, err := b.wholeMappings("unmap", addr, size, false)
+	if err != nil {
+		return err
 	}
 	if i == j {
 		return nil
@@ -349,12 +351,8 @@ func (b *vmmBook) stats() vmmStats {
 // covered returns the mappings that make up [addr, addr+size) exactly, back to back, or false
 // (mu held).
 func (b *vmmBook) covered(addr DevicePtr, size int) ([]vmmMapping, bool) {
-	r := b.reservationOf(addr, size)
-	if r == nil {
-		return nil, false
-	}
-	i, j, why := r.wholeMappings(addr, addr+DevicePtr(size), true)
-	if why != "" {
+	r, i, j, err := b.wholeMappings("covered", addr, size, true)
+	if err != nil {
 		return nil, false
 	}
 	return r.maps[i:j], true
