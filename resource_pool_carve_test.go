@@ -81,7 +81,9 @@ func (v *countingVMM) release(h vmmHandle) error {
 	n := 0
 	if sv, ok := v.vmm.(*simVMM); ok {
 		sv.mu.Lock()
-		n = sv.handles[h]
+		if hd := sv.handles[h]; hd != nil {
+			n = hd.size
+		}
 		sv.mu.Unlock()
 	}
 	err := v.vmm.release(h)

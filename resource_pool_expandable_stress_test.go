@@ -483,7 +483,7 @@ func expRandRun(t *testing.T, seed int64, host bool) {
 		require.NoError(t, s.Close())
 	}
 	if sv, ok := inner.(*simVMM); ok {
-		require.Empty(t, sv.resv)
+		require.Empty(t, sv.res)
 	}
 	if hv, ok := inner.(*hostVMM); ok {
 		require.Zero(t, hv.stats().Reservations)

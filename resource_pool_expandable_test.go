@@ -56,7 +56,7 @@ func expClosedClean(t *testing.T, p *PoolMemoryResource, vm vmm) {
 		charged, mappings, _, _ := sv.stats()
 		require.Zero(t, charged)
 		require.Zero(t, mappings)
-		require.Empty(t, sv.resv)
+		require.Empty(t, sv.res)
 	}
 }
 

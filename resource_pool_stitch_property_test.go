@@ -216,14 +216,7 @@ func (s *stitchPropSUT) accessible(q DevicePtr) bool {
 	if s.host {
 		return s.hv.accessible(q)
 	}
-	s.sim.mu.Lock()
-	defer s.sim.mu.Unlock()
-	for a, m := range s.sim.maps {
-		if q >= a && q < a+DevicePtr(m.size) {
-			return m.access
-		}
-	}
-	return false
+	return s.sim.accessible(q)
 }
 
 // ranges returns where an allocation's pages are known to the model: the pieces of the handles
@@ -458,8 +451,8 @@ func testStitchProperty(t *testing.T, host bool, piece int, rest bool) {
 				}
 			} else {
 				charged, mappings, _, _ := s.sim.stats()
-				if charged != 0 || mappings != 0 || len(s.sim.resv) != 0 {
-					panic(fmt.Sprintf("after Close: %d bytes charged, %d mappings, %d reservations", charged, mappings, len(s.sim.resv)))
+				if charged != 0 || mappings != 0 || len(s.sim.res) != 0 {
+					panic(fmt.Sprintf("after Close: %d bytes charged, %d mappings, %d reservations", charged, mappings, len(s.sim.res)))
 				}
 			}
 		},

@@ -119,9 +119,14 @@ func TestStitchServesAndReuses(t *testing.T) {
 	require.Equal(t, 13, st.LiveAllocations)
 	// The stitched range maps exactly the freed handles, in the order chosen (same size: by
 	// address).
+	mappingAt := func(a DevicePtr) vmmMapping {
+		m, ok := s.sim.mappingAt(a)
+		require.True(t, ok && m.addr == a, "a mapping at %#x", uintptr(a))
+		return m
+	}
 	for i, idx := range []int{1, 3, 5, 7} {
-		ma := s.sim.maps[q+DevicePtr(i*2*mib)]
-		mp := s.sim.maps[s.ptrs[idx]]
+		ma := mappingAt(q + DevicePtr(i*2*mib))
+		mp := mappingAt(s.ptrs[idx])
 		require.Equal(t, mp.h, ma.h, "piece %d", i)
 		require.True(t, ma.access)
 	}

@@ -92,7 +92,7 @@ func TestVMMHostRoundTrip(t *testing.T) {
 	vmmTestFill(seam, 200, 99)
 	vmmTestCheck(t, seam, 200, 99)
 	vmmTestCheck(t, base, 2*g-100, 7)
-	require.Equal(t, hostVMMStats{Physical: 5 * g, Handles: 2, Mappings: 2, Reservations: 1, Creates: 2, Maps: 2}, v.stats())
+	require.Equal(t, vmmStats{Physical: 5 * g, Handles: 2, Mappings: 2, Reservations: 1, Creates: 2, Maps: 2}, v.stats())
 
 	// Unmapping the first chunk leaves the second and its contents.
 	require.NoError(t, v.unmap(base, 2*g))
@@ -115,7 +115,7 @@ func TestVMMHostRoundTrip(t *testing.T) {
 	require.NoError(t, v.release(h1))
 	require.NoError(t, v.release(h2))
 	require.NoError(t, v.free(base, 16*g))
-	require.Equal(t, hostVMMStats{Creates: 2, Releases: 2, Maps: 3, Unmaps: 3}, v.stats())
+	require.Equal(t, vmmStats{Creates: 2, Releases: 2, Maps: 3, Unmaps: 3}, v.stats())
 }
 
 // A granularity above the page size: reservations are aligned to it.
@@ -283,7 +283,7 @@ func TestVMMHostPhysicalLimit(t *testing.T) {
 	require.NoError(t, v.release(b))
 	require.NoError(t, v.release(c))
 	require.NoError(t, v.free(base, 4*g))
-	require.Equal(t, hostVMMStats{Creates: 3, Releases: 3, Maps: 1, Unmaps: 1}, v.stats())
+	require.Equal(t, vmmStats{Creates: 3, Releases: 3, Maps: 1, Unmaps: 1}, v.stats())
 }
 
 // Release and unmap in either order give the memory back exactly once; a released handle can no
@@ -330,7 +330,7 @@ func TestVMMHostReleaseAccounting(t *testing.T) {
 	require.Equal(t, g, v.stats().Physical)
 	require.NoError(t, v.release(hs[0]))
 	require.NoError(t, v.free(base, 8*g))
-	require.Equal(t, hostVMMStats{Creates: 4, Releases: 4, Maps: 5, Unmaps: 5}, v.stats())
+	require.Equal(t, vmmStats{Creates: 4, Releases: 4, Maps: 5, Unmaps: 5}, v.stats())
 }
 
 // Goroutines each grow and shrink their own reservation at once.
@@ -389,7 +389,7 @@ func TestVMMHostConcurrent(t *testing.T) {
 	for err := range errs {
 		require.NoError(t, err)
 	}
-	require.Equal(t, hostVMMStats{Creates: 640, Releases: 640, Maps: 640, Unmaps: 640}, v.stats())
+	require.Equal(t, vmmStats{Creates: 640, Releases: 640, Maps: 640, Unmaps: 640}, v.stats())
 }
 
 // Random operations on one reservation against a model that tracks each granule: every call
