@@ -131,7 +131,10 @@ func (p *PoolMemoryResource) clearAllDeps() {
 // beginDepWaits decides, under the lock, the waits a stream s whose list is l must make before it
 // uses the block b just taken (out of every list) from list from (l, or another list whose own
 // wait w covers from): one per dep of b other than l and from. It pins their lists (beginWait)
-// and clears b's deps, returning them for a restore (putBack) should a wait fail.
+// and clears b's deps, returning them for a restore (restoreDeps) should a wait fail. The caller
+// keeps l and from pinned as well until the waits end: b's names are not counted in depRefs
+// meanwhile, and a list dropped then (a merge into another stream's list drops one no block
+// names) would be forgotten by the restore with nothing having ordered its frees.
 func (p *PoolMemoryResource) beginDepWaits(b *block, l, from *freeList) (waits []takeWait, deps []*freeList) {
 	if len(b.deps) == 0 {
 		return nil, nil

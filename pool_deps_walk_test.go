@@ -606,3 +606,82 @@ func TestDepCoalesceFailedDepWaitRestores(t *testing.T) {
 	require.NoError(t, p.Release())
 	require.Zero(t, p.PoolSize())
 }
+
+// Holds: a stream S takes from another list o a block naming S's own list l (memory freed on S
+// coalesced into it), and its wait on o fails while S's list is merged into a third stream's
+// list by that stream's allocation, which would drop l once empty. The block goes back to o
+// still naming S's list (l stays: it was pinned across the wait), so the next taker, on a fourth
+// stream, waits for S's free too.
+func TestDepCoalesceFailedTakeKeepsOwnListDep(t *testing.T) {
+	e := depCoalesceEnv(t)
+	p := e.p
+	ss, _, is := e.stream(0x5, "S")
+	so, _, io := e.stream(0xb, "O")
+	s2, _, i2 := e.stream(0x2, "S2")
+	sc, _, ic := e.stream(0xc, "C")
+
+	a := e.mustAlloc(256<<10, DefaultStream, e.def)
+	z := e.mustAlloc(512<<10, DefaultStream, e.def)
+	sep := e.mustAlloc(256<<10, DefaultStream, e.def)
+	x := e.mustAlloc(2*mib, DefaultStream, e.def)
+	y := e.mustAlloc(2*mib, DefaultStream, e.def)
+	rest := e.mustAlloc(16*mib-5*mib, DefaultStream, e.def) // the pool is full
+	require.Equal(t, a+256<<10, z)
+	require.Equal(t, x+2*mib, y)
+	e.mustFree(z, 512<<10, ss, is) // S's list: z
+	e.mustFree(x, 2*mib, ss, is)   // S's list: z, x
+	e.mustFree(y, 2*mib, so, io)   // x+y coalesce into O's list, naming S's
+	e.mustFree(a, 256<<10, s2, i2) // S2's list: a (a+z is too small to coalesce across streams)
+	ls := p.byStream[ss.id]
+	require.Equal(t, 1, ls.depRefs)
+	require.Equal(t, 1, ls.count)
+	require.NoError(t, p.CheckInvariants())
+
+	// S's first record-and-wait (its take of x+y from O's list) is held, then fails.
+	errFake := errors.New("fake driver failure")
+	held, release := make(chan struct{}), make(chan struct{})
+	var first atomic.Bool
+	d := p.drv
+	x2 := *d
+	x2.recordAndWait = func(ctx, ev, from, to uintptr) error {
+		if first.CompareAndSwap(false, true) {
+			close(held)
+			<-release
+			return errFake
+		}
+		return d.recordAndWait(ctx, ev, from, to)
+	}
+	p.drv = &x2
+
+	var serr error
+	sdone := make(chan struct{})
+	go func() {
+		defer close(sdone)
+		_, serr = e.alloc(4*mib, ss, is)
+	}()
+	<-held
+
+	// S2 asks for 768 KiB: no list holds it, so S2 merges S's list (z) into its own, where z
+	// coalesces with a.
+	q := e.mustAlloc(768<<10, s2, i2)
+	require.Equal(t, a, q)
+
+	close(release)
+	<-sdone
+	require.ErrorIs(t, serr, errFake)
+	require.NoError(t, p.CheckInvariants())
+	require.NoError(t, depCheckDepRefs(p))
+
+	// C takes x+y from O's list: it must wait for S's free of x as well.
+	c, err := e.alloc(4*mib, sc, ic)
+	require.NoError(t, err, "stream-ordering violation")
+	require.Equal(t, x, c)
+
+	e.mustFree(c, 4*mib, sc, ic)
+	e.mustFree(q, 768<<10, s2, i2)
+	e.mustFree(sep, 256<<10, DefaultStream, e.def)
+	e.mustFree(rest, 11*mib, DefaultStream, e.def)
+	e.done()
+	require.NoError(t, p.Release())
+	require.Zero(t, p.PoolSize())
+}
