@@ -479,12 +479,15 @@ func (p *PoolMemoryResource) Allocate(nbytes int, s StreamView) (DevicePtr, erro
 	}
 	// Taken from another stream's list, or holding memory freed on other streams: the block is
 	// allocated (no one else can see it) and reaches the caller only once s waits for the
-	// freeing streams.
+	// freeing streams. If a wait fails the block goes back to home (w.o, pinned by beginWait, or
+	// l) with its deps. l is pinned either way: the deps beginDepWaits skipped (l's own) are not
+	// counted in l.depRefs meanwhile, so a merge of l into another stream's list would otherwise
+	// drop it, and restoreDeps forget the name with nothing having ordered l's frees.
 	home := w.o
 	if home == nil {
 		home = l
-		p.pin(l) // the block goes back there if a wait fails
 	}
+	p.pin(l)
 	p.mu.Unlock()
 	werr := p.doWait(w, s)
 	for _, x := range dw {
@@ -515,9 +518,7 @@ func (p *PoolMemoryResource) Allocate(nbytes int, s StreamView) (DevicePtr, erro
 	for _, x := range dw {
 		p.endWait(x, werr)
 	}
-	if w.o == nil {
-		p.unpin(l)
-	}
+	p.unpin(l)
 	p.endWait(w, werr)
 	p.mu.Unlock()
 	if werr != nil {

@@ -131,7 +131,10 @@ func (p *PoolMemoryResource) clearAllDeps() {
 // beginDepWaits decides, under the lock, the waits a stream s whose list is l must make before it
 // uses the block b just taken (out of every list) from list from (l, or another list whose own
 // wait w covers from): one per dep of b other than l and from. It pins their lists (beginWait)
-// and clears b's deps, returning them for a restore (putBack) should a wait fail.
+// and clears b's deps, returning them for a restore (restoreDeps) should a wait fail. The caller
+// keeps l and from pinned as well until the waits end: b's names are not counted in depRefs
+// meanwhile, and a list dropped then (a merge into another stream's list drops one no block
+// names) would be forgotten by the restore with nothing having ordered its frees.
 func (p *PoolMemoryResource) beginDepWaits(b *block, l, from *freeList) (waits []takeWait, deps []*freeList) {
 	if len(b.deps) == 0 {
 		return nil, nil
@@ -174,12 +177,27 @@ func (p *PoolMemoryResource) forgetDropped(b *block) {
 // w's list came after the wait began, the blocks in l no longer need to name it. Without this, a
 // block's deps would pass to every remainder split off it, and each take of one would wait again.
 // l is marked dirty: a taker from another stream must wait on a record made after this wait.
+//
+// A block that forgets o counts as a free into l (l.frees), as a renamed one does in
+// retargetDeps: its memory is now covered only by l's records after this wait, so a wait on l
+// that began before (another stream's, whose record may not hold this one) must not be taken,
+// by its own coveredDeps, to cover the blocks that name l (a block in l split, its remainder
+// coalesced into that stream's list, naming l).
 func (p *PoolMemoryResource) coveredDeps(l *freeList, w takeWait) {
 	o := w.o
 	if o == nil || o == l || o.depRefs == 0 || o.frees != w.frees {
 		return
 	}
-	l.each(func(b *block) { p.dropDep(b, o) })
+	dropped := false
+	l.each(func(b *block) {
+		if slices.Contains(b.deps, o) {
+			p.dropDep(b, o)
+			dropped = true
+		}
+	})
+	if dropped {
+		l.frees++
+	}
 	l.dirty = true
 }
 

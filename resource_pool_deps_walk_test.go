@@ -619,3 +619,156 @@ func TestDepCoalesceFailedDepWaitRestores(t *testing.T) {
 	require.NoError(t, p.Release())
 	require.Zero(t, p.PoolSize())
 }
+
+// Holds: a stream S takes from another list o a block naming S's own list l (memory freed on S
+// coalesced into it), and its wait on o fails while S's list is merged into a third stream's
+// list by that stream's allocation, which would drop l once empty. The block goes back to o
+// still naming S's list (l stays: it was pinned across the wait), so the next taker, on a fourth
+// stream, waits for S's free too.
+func TestDepCoalesceFailedTakeKeepsOwnListDep(t *testing.T) {
+	e := depCoalesceEnv(t)
+	p := e.p
+	ss, _, is := e.stream(0x5, "S")
+	so, _, io := e.stream(0xb, "O")
+	s2, _, i2 := e.stream(0x2, "S2")
+	sc, _, ic := e.stream(0xc, "C")
+
+	a := e.mustAlloc(256<<10, DefaultStream, e.def)
+	z := e.mustAlloc(512<<10, DefaultStream, e.def)
+	sep := e.mustAlloc(256<<10, DefaultStream, e.def)
+	x := e.mustAlloc(2*mib, DefaultStream, e.def)
+	y := e.mustAlloc(2*mib, DefaultStream, e.def)
+	rest := e.mustAlloc(16*mib-5*mib, DefaultStream, e.def) // the pool is full
+	require.Equal(t, a+256<<10, z)
+	require.Equal(t, x+2*mib, y)
+	e.mustFree(z, 512<<10, ss, is) // S's list: z
+	e.mustFree(x, 2*mib, ss, is)   // S's list: z, x
+	e.mustFree(y, 2*mib, so, io)   // x+y coalesce into O's list, naming S's
+	e.mustFree(a, 256<<10, s2, i2) // S2's list: a (a+z is too small to coalesce across streams)
+	ls := p.byStream[ss.id]
+	require.Equal(t, 1, ls.depRefs)
+	require.Equal(t, 1, ls.count)
+	require.NoError(t, p.CheckInvariants())
+
+	// S's first record-and-wait (its take of x+y from O's list) is held, then fails.
+	errFake := errors.New("fake driver failure")
+	held, release := make(chan struct{}), make(chan struct{})
+	var first atomic.Bool
+	d := p.drv
+	x2 := *d
+	x2.recordAndWait = func(ctx, ev, from, to uintptr) error {
+		if first.CompareAndSwap(false, true) {
+			close(held)
+			<-release
+			return errFake
+		}
+		return d.recordAndWait(ctx, ev, from, to)
+	}
+	p.drv = &x2
+
+	var serr error
+	sdone := make(chan struct{})
+	go func() {
+		defer close(sdone)
+		_, serr = e.alloc(4*mib, ss, is)
+	}()
+	<-held
+
+	// S2 asks for 768 KiB: no list holds it, so S2 merges S's list (z) into its own, where z
+	// coalesces with a.
+	q := e.mustAlloc(768<<10, s2, i2)
+	require.Equal(t, a, q)
+
+	close(release)
+	<-sdone
+	require.ErrorIs(t, serr, errFake)
+	require.NoError(t, p.CheckInvariants())
+	require.NoError(t, depCheckDepRefs(p))
+
+	// C takes x+y from O's list: it must wait for S's free of x as well.
+	c, err := e.alloc(4*mib, sc, ic)
+	require.NoError(t, err, "stream-ordering violation")
+	require.Equal(t, x, c)
+
+	e.mustFree(c, 4*mib, sc, ic)
+	e.mustFree(q, 768<<10, s2, i2)
+	e.mustFree(sep, 256<<10, DefaultStream, e.def)
+	e.mustFree(rest, 11*mib, DefaultStream, e.def)
+	e.done()
+	require.NoError(t, p.Release())
+	require.Zero(t, p.PoolSize())
+}
+
+// Holds: stream T's take from B's list waits on B's event (recorded now) and then, held, on a
+// third list's. Meanwhile B takes from its own list part of a block naming A's list, waits for
+// A, and its remainder (memory A freed) forgets A's name; a free on T coalesces that remainder
+// into T's list, naming B's. When T's take ends, its earlier wait on B's event must not be taken
+// to cover that name: B's record came before B waited for A.
+func TestDepCoalesceCoveredDepsCountsAsFree(t *testing.T) {
+	e := depCoalesceEnv(t)
+	p := e.p
+	sq, _, iq := e.stream(0x9, "Q")
+	sb, _, ib := e.stream(0xb, "B")
+	sa, _, ia := e.stream(0xa, "A")
+	st, _, it := e.stream(0x7, "T")
+
+	y1 := e.mustAlloc(512<<10, DefaultStream, e.def)
+	y2 := e.mustAlloc(512<<10, DefaultStream, e.def)
+	sep := e.mustAlloc(256<<10, DefaultStream, e.def)
+	u := e.mustAlloc(2*mib, DefaultStream, e.def)
+	v := e.mustAlloc(2*mib, DefaultStream, e.def)
+	z := e.mustAlloc(3*mib/2, DefaultStream, e.def)
+	rest := e.mustAlloc(16*mib-27*mib/4, DefaultStream, e.def) // the pool is full
+	require.Equal(t, u+2*mib, v)
+	require.Equal(t, v+2*mib, z)
+	e.mustFree(y1, 512<<10, sq, iq) // Q's list: y1
+	e.mustFree(y2, 512<<10, sb, ib) // y1+y2 in B's list, naming Q's
+	e.mustFree(v, 2*mib, sa, ia)    // A's list: v
+	e.mustFree(u, 2*mib, sb, ib)    // u+v in B's list, naming A's
+	require.NoError(t, p.CheckInvariants())
+
+	// T's second record-and-wait (its dep wait on Q's list) is held.
+	g := newGate()
+	g.shut(t)
+	var calls atomic.Int32
+	e.f.mu.Lock()
+	e.f.onCall = func(op string) {
+		if op == "record-and-wait" && calls.Add(1) == 2 {
+			g.pass(op)
+		}
+	}
+	e.f.mu.Unlock()
+	var ty DevicePtr
+	var terr error
+	tdone := make(chan struct{})
+	go func() {
+		defer close(tdone)
+		ty, terr = e.alloc(mib, st, it) // y1+y2, from B's list
+	}()
+	g.waitEntered(t)
+
+	// B takes u (its own list, naming A's: B waits for A); v stays in B's list.
+	bu := e.mustAlloc(2*mib, sb, ib)
+	require.Equal(t, u, bu)
+	// A free on T coalesces v into T's list, naming B's.
+	e.mustFree(z, 3*mib/2, st, it)
+
+	g.open()
+	<-tdone
+	require.NoError(t, terr)
+	require.Equal(t, y1, ty)
+
+	// T takes v+z from its own list: it must be ordered after A's free of v.
+	q, err := e.alloc(7*mib/2, st, it)
+	require.NoError(t, err, "stream-ordering violation")
+	require.Equal(t, v, q)
+
+	e.mustFree(q, 7*mib/2, st, it)
+	e.mustFree(ty, mib, st, it)
+	e.mustFree(bu, 2*mib, sb, ib)
+	e.mustFree(sep, 256<<10, DefaultStream, e.def)
+	e.mustFree(rest, 16*mib-27*mib/4, DefaultStream, e.def)
+	e.done()
+	require.NoError(t, p.Release())
+	require.Zero(t, p.PoolSize())
+}
