@@ -487,6 +487,13 @@ func (p *PoolMemoryResource) Allocate(nbytes int, s StreamView) (DevicePtr, erro
 	if home == nil {
 		home = l
 	}
+	// A stitched block's chunks may hold bytes beyond n whose deps s waits for here: a free of
+	// the block on another stream returns them naming the list they were lent out of (from, s's),
+	// whose event must then cover these waits (freeStitched).
+	var from *freeList
+	if b.stitched && len(dw) > 0 {
+		from = p.exp.aliases[ptr].from
+	}
 	p.pin(l)
 	p.mu.Unlock()
 	werr := p.doWait(w, s)
@@ -495,7 +502,15 @@ func (p *PoolMemoryResource) Allocate(nbytes int, s StreamView) (DevicePtr, erro
 			werr = p.doWait(x, s)
 		}
 	}
+	if werr == nil && from != nil && !from.lazy && from.event != 0 {
+		// A stream we hold only a view of records at every free (from counts the alias among
+		// its depRefs: it is not dropped, its event lives).
+		werr = p.drv.eventRecord(p.ctx, from.event, s.cu())
+	}
 	p.mu.Lock()
+	if werr == nil && from != nil && from.lazy {
+		from.dirty = true
+	}
 	if werr != nil {
 		p.live.del(ptr)
 		if b.stitched {
