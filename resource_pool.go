@@ -490,9 +490,15 @@ func (p *PoolMemoryResource) Allocate(nbytes int, s StreamView) (DevicePtr, erro
 	// A stitched block's chunks may hold bytes beyond n whose deps s waits for here: a free of
 	// the block on another stream returns them naming the list they were lent out of (from, s's),
 	// whose event must then cover these waits (freeStitched).
+	// (from is l, pinned below, unless l was remade since: the old list was then dropped, after
+	// a host wait for every stream or the closing of its stream.)
 	var from *freeList
-	if b.stitched && len(dw) > 0 {
-		from = p.exp.aliases[ptr].from
+	var fromEv uintptr
+	if b.stitched && len(dw) > 0 && p.exp.aliases[ptr].from == l {
+		from = l
+		if !l.lazy {
+			fromEv = l.event
+		}
 	}
 	p.pin(l)
 	p.mu.Unlock()
@@ -502,10 +508,9 @@ func (p *PoolMemoryResource) Allocate(nbytes int, s StreamView) (DevicePtr, erro
 			werr = p.doWait(x, s)
 		}
 	}
-	if werr == nil && from != nil && !from.lazy && from.event != 0 {
-		// A stream we hold only a view of records at every free (from counts the alias among
-		// its depRefs: it is not dropped, its event lives).
-		werr = p.drv.eventRecord(p.ctx, from.event, s.cu())
+	if werr == nil && fromEv != 0 {
+		// A stream we hold only a view of records at every free (l is pinned: its event lives).
+		werr = p.drv.eventRecord(p.ctx, fromEv, s.cu())
 	}
 	p.mu.Lock()
 	if werr == nil && from != nil && from.lazy {
