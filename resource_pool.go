@@ -487,6 +487,19 @@ func (p *PoolMemoryResource) Allocate(nbytes int, s StreamView) (DevicePtr, erro
 	if home == nil {
 		home = l
 	}
+	// A stitched block's chunks may hold bytes beyond n whose deps s waits for here: a free of
+	// the block on another stream returns them naming the list they were lent out of (from, s's),
+	// whose event must then cover these waits (freeStitched).
+	// (from is l, pinned below, unless l was remade since: the old list was then dropped, after
+	// a host wait for every stream or the closing of its stream.)
+	var from *freeList
+	var fromEv uintptr
+	if b.stitched && len(dw) > 0 && p.exp.aliases[ptr].from == l {
+		from = l
+		if !l.lazy {
+			fromEv = l.event
+		}
+	}
 	p.pin(l)
 	p.mu.Unlock()
 	werr := p.doWait(w, s)
@@ -495,7 +508,14 @@ func (p *PoolMemoryResource) Allocate(nbytes int, s StreamView) (DevicePtr, erro
 			werr = p.doWait(x, s)
 		}
 	}
+	if werr == nil && fromEv != 0 {
+		// A stream we hold only a view of records at every free (l is pinned: its event lives).
+		werr = p.drv.eventRecord(p.ctx, fromEv, s.cu())
+	}
 	p.mu.Lock()
+	if werr == nil && from != nil && from.lazy {
+		from.dirty = true
+	}
 	if werr != nil {
 		p.live.del(ptr)
 		if b.stitched {

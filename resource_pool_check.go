@@ -123,6 +123,13 @@ func (p *PoolMemoryResource) CheckInvariants() error {
 		}
 		freeBytes += bytes
 	}
+	if p.exp != nil {
+		for _, a := range p.exp.aliases {
+			if a.b != nil && a.from != nil {
+				deps[a.from]++ // a live stitched range names the list its chunks were lent out of
+			}
+		}
+	}
 	for _, l := range p.lists {
 		if l.depRefs != deps[l] {
 			return fmt.Errorf("list of %v counts %d blocks naming it among their deps, %d do", l.stream, l.depRefs, deps[l])

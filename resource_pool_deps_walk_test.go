@@ -110,7 +110,8 @@ func TestDepCoalesceCloseRetargetThenCoveredDeps(t *testing.T) {
 	require.Zero(t, p.PoolSize())
 }
 
-// depCheckDepRefs recounts every list's depRefs over the listed blocks and checks that no listed
+// depCheckDepRefs recounts every list's depRefs over the listed blocks and the live stitched
+// ranges (which name the list their chunks were lent out of) and checks that no listed
 // block names a dropped list (stronger than CheckInvariants: dropped lists too). Pool quiescent.
 func depCheckDepRefs(p *PoolMemoryResource) error {
 	p.mu.Lock()
@@ -132,6 +133,13 @@ func depCheckDepRefs(p *PoolMemoryResource) error {
 	}
 	if err != nil {
 		return err
+	}
+	if p.exp != nil {
+		for _, a := range p.exp.aliases {
+			if a.b != nil {
+				count[a.from]++ // a live stitched range names the list its chunks were lent out of
+			}
+		}
 	}
 	for _, l := range p.lists {
 		if l.depRefs != count[l] {

@@ -27,6 +27,9 @@ import (
 // its deps (memory coalesced across streams, resource_pool_deps.go), the stitched block names them too,
 // and Allocate makes the allocating stream wait for them before it returns the block, as for a
 // block taken whole; its free returns the chunks to the freeing stream's list as any free does.
+// The chunks' bytes beyond the request were never used, so a free on another stream does not
+// order them: the chunks holding them then name the allocating stream's list among their deps
+// (stitchAlias.from, counted in its depRefs while the block is live; freeStitched).
 // An alias is unmapped (evicted, or before one of its handles is given back, or at Close) only
 // after a host wait for the work behind every free, as Release waits before it unmaps chunks:
 // unmap does not wait for the device.
@@ -55,6 +58,10 @@ type stitchAlias struct {
 	lent   []*block  // while live: the chain's lent block over each chunk, in the same order
 	b      *block    // while live: the stitched block (in the live table); nil when kept
 	used   uint64    // when last stitched (expandable.stitchTick)
+	// from: while live, the list the chunks were lent out of (the allocating stream's), counted
+	// in its depRefs. The chunks' bytes beyond the block were never used: a free on another
+	// stream returns them naming from among their deps (freeStitched).
+	from *freeList
 }
 
 const (
@@ -213,13 +220,13 @@ func (p *PoolMemoryResource) lendAlias(a *stitchAlias, n int, l *freeList, cands
 		pick[i] = in[c.addr]
 	}
 	a.lent = p.lendChunks(pick, l)
-	return p.stitchedBlock(a, n)
+	return p.stitchedBlock(a, n, l)
 }
 
-// stitchedBlock makes the block of the alias a, whose chunks were just lent, for n bytes. The
-// lent blocks' deps pass to it (Allocate waits for them; restoreLentDeps gives them back if a
-// wait fails).
-func (p *PoolMemoryResource) stitchedBlock(a *stitchAlias, n int) *block {
+// stitchedBlock makes the block of the alias a, whose chunks were just lent out of l, for n
+// bytes. The lent blocks' deps pass to it (Allocate waits for them; restoreLentDeps gives them
+// back if a wait fails).
+func (p *PoolMemoryResource) stitchedBlock(a *stitchAlias, n int, l *freeList) *block {
 	e := p.exp
 	b := p.newBlock(a.va, n)
 	b.free, b.stitched = false, true
@@ -231,6 +238,8 @@ func (p *PoolMemoryResource) stitchedBlock(a *stitchAlias, n int) *block {
 		e.stitchedDeps++
 	}
 	a.b = b
+	a.from = l
+	l.depRefs++
 	e.stitchTick++
 	a.used = e.stitchTick
 	// Allocate counts n: the chunks' bytes beyond it are held too (PoolSize = free + live).
@@ -341,18 +350,38 @@ func (p *PoolMemoryResource) newAlias(pick []chunkCand, n int, l *freeList) *blo
 	a := &stitchAlias{va: va, size: size, chunks: chunks, lent: lent}
 	e.aliases[va] = a
 	e.stitches++
-	return p.stitchedBlock(a, n)
+	return p.stitchedBlock(a, n, l)
 }
 
 // freeStitched frees the stitched block b on l's stream (out of the live table; Deallocate has
 // made the event or dirty flag cover the free): its chunks return to l as free memory, the alias
 // is kept. It returns the last block freed into l.
+//
+// The free orders l's stream after the uses of b's n bytes only: the chunks' bytes beyond them
+// (the last chunk's tail) were never used, and their last frees, which the allocating stream
+// was made to wait for (the merges into its list before stitching, the deps of the lent
+// blocks), may be other streams' frees that l's stream is not ordered after. Freed on another
+// stream than the allocating one, a chunk holding such bytes names the allocating stream's
+// list among its deps (whose event, recorded after those waits, covers them), as a block
+// coalesced across streams does; after Close every stream was synchronised.
 func (p *PoolMemoryResource) freeStitched(l *freeList, b *block) *block {
 	e := p.exp
 	a := e.aliases[b.addr]
 	p.liveBytes -= a.size // b.size, and the chunks' bytes beyond it (stitchedBlock)
-	lent := a.lent
-	a.lent, a.b = nil, nil
+	lent, from := a.lent, a.from
+	a.lent, a.b, a.from = nil, nil, nil
+	if from != nil {
+		if from != l && !p.closed {
+			at := 0
+			for i, h := range lent {
+				at += a.chunks[i].size
+				if at > b.size {
+					p.addDep(h, from)
+				}
+			}
+		}
+		from.depRefs--
+	}
 	p.recycle(b)
 	return p.unlend(lent, l)
 }
@@ -560,10 +589,13 @@ func (p *PoolMemoryResource) checkStitches(lentSeen map[*block]bool) (int, error
 			return 0, fmt.Errorf("stitched range %#x holds %d bytes of chunks, says %d", uintptr(va), sum, a.size)
 		}
 		if a.b == nil {
-			if a.lent != nil {
-				return 0, fmt.Errorf("kept stitched range %#x has lent blocks", uintptr(va))
+			if a.lent != nil || a.from != nil {
+				return 0, fmt.Errorf("kept stitched range %#x has lent blocks or names a list", uintptr(va))
 			}
 			continue
+		}
+		if a.from == nil {
+			return 0, fmt.Errorf("live stitched range %#x names no list", uintptr(va))
 		}
 		stitchedLive++
 		if p.live.get(va) != a.b || !a.b.stitched || a.b.size > a.size {

@@ -393,6 +393,35 @@ func (x *stitchPropStats) add(f func(*stitchPropStats)) {
 	x.mu.Unlock()
 }
 
+// newStitchPropSUT makes the pool of the state machine test (48 MiB at most, stitchKeep 4) over
+// the address-only VMM or host memory, wired to the fake device with its three streams.
+func newStitchPropSUT(t *testing.T, host bool, piece int, rest bool, stats *stitchPropStats) *stitchPropSUT {
+	s := &stitchPropSUT{t: t, host: host, stats: stats}
+	var inner vmm
+	if host {
+		hv, err := newHostVMMAliasing(hostVMMGranularity, 0)
+		if err != nil {
+			panic(err)
+		}
+		s.hv, inner = hv, hv
+	} else {
+		s.sim = newSimVMM(hostVMMGranularity, 0)
+		inner = s.sim
+	}
+	p, err := newExpandablePool(NewSystemMemoryResource(), &stitchPropVMM{vmm: inner, sut: s},
+		PoolOptions{Expandable: true, MaximumPoolSize: 48 * mib, stitchPiece: piece, stitchRest: rest, stitchKeep: 4})
+	if err != nil {
+		panic(err)
+	}
+	s.p = p
+	s.env = newPoolSyncEnv(t, p)
+	v, _, i := s.env.stream(0x700, "S")
+	f, j := s.env.foreign(0x800, 0x800, "F")
+	s.streams = []StreamView{DefaultStream, v, f}
+	s.nums = []int{s.env.def, i, j}
+	return s
+}
+
 func testStitchProperty(t *testing.T, host bool, piece int, rest bool) {
 	seed := propertySeed(t)
 	t.Logf("seed %d (replay with RMM_PROPERTY_SEED=%d)", seed, seed)
@@ -407,30 +436,7 @@ func testStitchProperty(t *testing.T, host bool, piece int, rest bool) {
 	const nStreams = 3
 	cmds := &commands.ProtoCommands{
 		NewSystemUnderTestFunc: func(commands.State) commands.SystemUnderTest {
-			s := &stitchPropSUT{t: t, host: host, stats: stats}
-			var inner vmm
-			if host {
-				hv, err := newHostVMMAliasing(hostVMMGranularity, 0)
-				if err != nil {
-					panic(err)
-				}
-				s.hv, inner = hv, hv
-			} else {
-				s.sim = newSimVMM(hostVMMGranularity, 0)
-				inner = s.sim
-			}
-			p, err := newExpandablePool(NewSystemMemoryResource(), &stitchPropVMM{vmm: inner, sut: s},
-				PoolOptions{Expandable: true, MaximumPoolSize: 48 * mib, stitchPiece: piece, stitchRest: rest, stitchKeep: 4})
-			if err != nil {
-				panic(err)
-			}
-			s.p = p
-			s.env = newPoolSyncEnv(t, p)
-			v, _, i := s.env.stream(0x700, "S")
-			f, j := s.env.foreign(0x800, 0x800, "F")
-			s.streams = []StreamView{DefaultStream, v, f}
-			s.nums = []int{s.env.def, i, j}
-			return s
+			return newStitchPropSUT(t, host, piece, rest, stats)
 		},
 		DestroySystemUnderTestFunc: func(sut commands.SystemUnderTest) {
 			s := sut.(*stitchPropSUT)
@@ -505,4 +511,49 @@ func TestStitchPropertyHost(t *testing.T) {
 		t.Skip(err)
 	}
 	testStitchProperty(t, true, 2*mib, true)
+}
+
+// A sequence the state machine test shrank to (seed 1796308121610101379, host memory, 2 MiB
+// pieces, stitchRest): the last allocation, on the default stream, was handed a stitched block
+// over 256 KiB that stream S freed and that the default stream was not ordered after.
+func TestStitchStreamOrderRegression(t *testing.T) {
+	for _, host := range []bool{false, true} {
+		t.Run(fmt.Sprintf("host=%v", host), func(t *testing.T) {
+			if host {
+				if _, err := newHostVMMAliasing(hostVMMGranularity, 0); err != nil {
+					t.Skip(err)
+				}
+			}
+			const k = 1 << 10
+			seq := []commands.Command{
+				stitchPropAllocate(1024*k, 0), stitchPropAllocate(3072*k, 1), stitchPropAllocate(256*k, 2),
+				stitchPropAllocate(3072*k, 1), stitchPropFree(0, 1), stitchPropFree(2, 2), stitchPropFree(1, 0),
+				stitchPropAllocate(2048*k, 1), stitchPropAllocate(3072*k, 0), stitchPropAllocate(8192*k, 1),
+				stitchPropAllocate(256*k, 0), stitchPropFree(0, 1), stitchPropFree(2, 0), stitchPropRelease(),
+				stitchPropAgain(0), stitchPropAgain(0), stitchPropAllocate(1024*k, 0), stitchPropAllocate(1024*k, 0),
+				stitchPropFree(0, 0), stitchPropAllocate(256*k, 2), stitchPropFree(2, 0), stitchPropFree(3, 1),
+				stitchPropAgain(2), stitchPropFree(0, 1), stitchPropAllocate(3072*k, 2), stitchPropFree(2, 0),
+				stitchPropAllocate(12288*k, 0),
+			}
+			s := newStitchPropSUT(t, host, 2*mib, true, &stitchPropStats{})
+			for i, c := range seq {
+				if err := c.(*stitchPropCmd).run(s); err != nil {
+					t.Fatalf("step %d %v: %v", i, c, err)
+				}
+				if err := s.check(); err != nil {
+					t.Fatalf("after step %d %v: %v", i, c, err)
+				}
+			}
+			for _, a := range s.live {
+				if a.ptr != 0 {
+					if err := s.p.Deallocate(a.ptr, a.size, s.streams[a.stream]); err != nil {
+						t.Fatal(err)
+					}
+				}
+			}
+			if err := s.p.Close(); err != nil {
+				t.Fatal(err)
+			}
+		})
+	}
 }
