@@ -285,3 +285,17 @@ func TestGPUExpandablePoolStitchesWhileKernelRuns(t *testing.T) {
 	require.NoError(t, p.Release())
 	require.NoError(t, p.CheckInvariants())
 }
+
+// The stitching state machine test (resource_pool_stitch_property_test.go) over the device's
+// virtual memory and real streams: fills queued on the allocations' streams, frees queued behind
+// kernels still writing the blocks on the freeing stream, and every filled live block read back
+// (through stitched ranges and the chain's addresses under them) at each Verify step.
+func TestGPUStitchProperty(t *testing.T) {
+	requireGPU(t)
+	dv, err := newDeviceVMM(0)
+	require.NoError(t, err)
+	if dv.granularity() > 2*mib {
+		t.Skipf("granularity %d", dv.granularity())
+	}
+	testStitchProperty(t, "device", 2*mib, true)
+}

@@ -125,9 +125,6 @@ type PoolOptions struct {
 	// or past 1,024 of them). Memory freed on other streams is used after the allocating stream
 	// waits for them, as for any block. ExportIPC exports the pieces under a stitched block.
 	// BENCHMARKS.md gives the footprints and the first pass's cost on sixteen real traces.
-	// Experimental, for measuring and for single-goroutine use: with goroutines allocating and
-	// freeing on several streams at once, or when a cross-stream wait fails, a stitching pool
-	// does not yet guarantee stream order for the memory it lends (a known defect).
 	Stitch bool
 	// Exportable (expandable pools over device memory only) creates the pool's physical memory
 	// exportable as POSIX file descriptors, so that its allocations can be shared with other

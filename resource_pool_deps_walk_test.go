@@ -4,7 +4,6 @@ import (
 	"errors"
 	"fmt"
 	randv2 "math/rand/v2"
-	"os"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -489,14 +488,7 @@ func depConcWalk(t *testing.T, e *poolSyncEnv, workers, rounds, ops int, seed ui
 
 func TestDepCoalesceConcWalk(t *testing.T) {
 	for seed := uint64(0); seed < 12; seed++ {
-		// A stitching pool ("stitch", "stitch-faults") is not run here yet: with goroutines on
-		// several streams it still hands out, now and then, a chunk before another stream's free
-		// in it is ordered (PoolOptions.Stitch is experimental; the sequential walk and the
-		// stitching property tests hold).
-		modes := []string{"plain", "exp", "trim", "plain-faults", "exp-faults", "carve", "carve-faults"}
-		if os.Getenv("RMM_STITCH_CONC") != "" {
-			modes = append(modes, "stitch", "stitch-faults")
-		}
+		modes := []string{"plain", "exp", "trim", "plain-faults", "exp-faults", "carve", "carve-faults", "stitch", "stitch-faults"}
 		for _, mode := range modes {
 			t.Run(fmt.Sprintf("%s-seed%d", mode, seed), func(t *testing.T) {
 				var p *PoolMemoryResource

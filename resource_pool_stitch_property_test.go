@@ -4,10 +4,12 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
 	"testing"
+	"unsafe"
 
 	"github.com/leanovate/gopter"
 	"github.com/leanovate/gopter/commands"
@@ -25,6 +27,14 @@ import (
 // saw no page handed to a stream before the work of the stream that freed it was ordered before
 // it, nor unmapped (a handle or a stitched range) before that work was known finished. Replay
 // with RMM_PROPERTY_SEED as the other property tests.
+//
+// On a GPU (TestGPUStitchProperty) the same runs over the device's virtual memory and real
+// streams (the fake passes the pool's calls on to the driver, and models their order): a fill
+// is a memset queued on the allocation's stream, a free is queued behind kernels that keep
+// writing the block on the freeing stream (ordered after the allocation's stream first, as a
+// user must), and a Verify step waits for the device and reads every filled live block back,
+// through its own address and, for a stitched block, through the chain's addresses under it:
+// memory handed out before the freeing stream's writes were ordered reads their bytes.
 
 type stitchPropAlloc struct {
 	ptr    DevicePtr
@@ -47,6 +57,11 @@ func (st *stitchPropState) clone() *stitchPropState {
 type stitchPropSUT struct {
 	t       *testing.T
 	host    bool
+	dev     bool    // the device's virtual memory and real streams (TestGPUStitchProperty)
+	ctx     uintptr // dev: the context
+	ev      uintptr // dev: the event a cross-stream free orders the freeing stream with
+	raw     uintptr // dev: the foreign stream's handle
+	own     *Stream // dev: our stream
 	p       *PoolMemoryResource
 	sim     *simVMM
 	hv      *hostVMM
@@ -125,15 +140,56 @@ func (s *stitchPropSUT) stitchedAt(ptr DevicePtr) bool {
 
 func stitchPattern(seed byte, i int) byte { return seed ^ byte(i>>12) ^ byte(i*31) }
 
-// fill writes the pattern of seed over the allocation (host memory only).
-func (s *stitchPropSUT) fill(a stitchPropAlloc) {
+// fill writes the pattern of seed over the allocation (host memory), or queues a fill of the
+// byte seed on its stream (device).
+func (s *stitchPropSUT) fill(a stitchPropAlloc) error {
+	if s.dev {
+		return deviceFill(0, a.ptr, a.size, []byte{a.seed}, s.streams[a.stream])
+	}
 	if !s.host {
-		return
+		return nil
 	}
 	b := hostBytes(a.ptr, a.size)
 	for i := range b {
 		b[i] = stitchPattern(a.seed, i)
 	}
+	return nil
+}
+
+// verify waits for the device and reads every filled live allocation back (device), through its
+// address and, for a stitched block, through the chain's addresses of the handles under it.
+func (s *stitchPropSUT) verify() error {
+	if !s.dev {
+		return nil
+	}
+	if err := cuCtxSynchronize(s.ctx); err != nil {
+		return err
+	}
+	read := func(at DevicePtr, n int) ([]byte, error) {
+		b := make([]byte, n)
+		return b, cuMemcpyDtoHSync(s.ctx, unsafe.Pointer(&b[0]), at, n, cuStreamLegacy)
+	}
+	for _, a := range s.live {
+		if a.ptr == 0 || a.seed == 0 {
+			continue
+		}
+		ranges := [][2]int{{int(a.ptr), a.size}}
+		if s.stitchedAt(a.ptr) {
+			for _, x := range stitchPhysOf(s.p, a.ptr, a.size) {
+				ranges = append(ranges, [2]int{int(x.at), x.size})
+			}
+		}
+		for _, r := range ranges {
+			b, err := read(DevicePtr(r[0]), r[1])
+			if err != nil {
+				return err
+			}
+			if i := slices.IndexFunc(b, func(v byte) bool { return v != a.seed }); i >= 0 {
+				return fmt.Errorf("live allocation %#x (%d bytes, stream %d): byte %d at %#x reads %#x, filled with %#x", uintptr(a.ptr), a.size, a.stream, i, uintptr(r[0])+uintptr(i), b[i], a.seed)
+			}
+		}
+	}
+	return nil
 }
 
 // check verifies what the test promises after each step.
@@ -213,6 +269,9 @@ func (s *stitchPropSUT) check() error {
 }
 
 func (s *stitchPropSUT) accessible(q DevicePtr) bool {
+	if s.dev {
+		return true // verify reads the memory back
+	}
 	if s.host {
 		return s.hv.accessible(q)
 	}
@@ -326,6 +385,22 @@ func stitchPropFree(k, stream int) commands.Command {
 				return nil
 			}
 			rs := s.ranges(a.ptr, a.size, true)
+			if s.dev {
+				// The freeing stream is ordered after the allocation's (as a user must order
+				// it), then keeps writing the block for a while: whatever the pool hands this
+				// memory to must wait for that, or a later fill is overwritten.
+				fs := s.streams[stream]
+				if stream != a.stream {
+					if err := cuRecordAndWait(s.ctx, s.ev, s.streams[a.stream].cu(), fs.cu()); err != nil {
+						return err
+					}
+				}
+				for i := range stitchPropBusyFills {
+					if err := deviceFill(0, a.ptr, a.size, []byte{0xf0 | byte(i&0xf)}, fs); err != nil {
+						return err
+					}
+				}
+			}
 			s.env.f.mu.Lock()
 			for _, r := range rs {
 				s.env.m.free(s.nums[stream], DevicePtr(r[0]), r[1])
@@ -371,10 +446,17 @@ func stitchPropFill(k int, seed byte) commands.Command {
 				return nil
 			}
 			s.live[k].seed = seed
-			s.fill(s.live[k])
-			return nil
+			return s.fill(s.live[k])
 		},
 	}
+}
+
+// stitchPropBusyFills is how many fills of a block a free queues first on the freeing stream
+// (device): with the launches, some 0.1-1 ms of work still running when the next step starts.
+const stitchPropBusyFills = 48
+
+func stitchPropVerify() commands.Command {
+	return &stitchPropCmd{name: "Verify", run: func(s *stitchPropSUT) error { return s.verify() }}
 }
 
 func stitchPropRelease() commands.Command {
@@ -394,17 +476,25 @@ func (x *stitchPropStats) add(f func(*stitchPropStats)) {
 }
 
 // newStitchPropSUT makes the pool of the state machine test (48 MiB at most, stitchKeep 4) over
-// the address-only VMM or host memory, wired to the fake device with its three streams.
-func newStitchPropSUT(t *testing.T, host bool, piece int, rest bool, stats *stitchPropStats) *stitchPropSUT {
-	s := &stitchPropSUT{t: t, host: host, stats: stats}
+// the address-only VMM, host memory or the device (mode "sim", "host", "device"), wired to the
+// fake device with its three streams.
+func newStitchPropSUT(t *testing.T, mode string, piece int, rest bool, stats *stitchPropStats) *stitchPropSUT {
+	s := &stitchPropSUT{t: t, host: mode == "host", dev: mode == "device", stats: stats}
 	var inner vmm
-	if host {
+	switch mode {
+	case "host":
 		hv, err := newHostVMMAliasing(hostVMMGranularity, 0)
 		if err != nil {
 			panic(err)
 		}
 		s.hv, inner = hv, hv
-	} else {
+	case "device":
+		dv, err := newDeviceVMM(0)
+		if err != nil {
+			panic(err)
+		}
+		inner = dv
+	default:
 		s.sim = newSimVMM(hostVMMGranularity, 0)
 		inner = s.sim
 	}
@@ -414,21 +504,89 @@ func newStitchPropSUT(t *testing.T, host bool, piece int, rest bool, stats *stit
 		panic(err)
 	}
 	s.p = p
-	s.env = newPoolSyncEnv(t, p)
-	v, _, i := s.env.stream(0x700, "S")
-	f, j := s.env.foreign(0x800, 0x800, "F")
-	s.streams = []StreamView{DefaultStream, v, f}
+	if !s.dev {
+		s.env = newPoolSyncEnv(t, p)
+		v, _, i := s.env.stream(0x700, "S")
+		f, j := s.env.foreign(0x800, 0x800, "F")
+		s.streams = []StreamView{DefaultStream, v, f}
+		s.nums = []int{s.env.def, i, j}
+		return s
+	}
+	// The device: the fake passes the pool's calls on to the driver; our stream and the foreign
+	// one do not synchronise with the default stream.
+	s.env = newPoolSyncEnvOver(t, p, &cudaCalls)
+	if s.ctx, err = Device(0).ctx(); err != nil {
+		panic(err)
+	}
+	if s.own, err = NewStream(0, &StreamOptions{NonBlocking: true}); err != nil {
+		panic(err)
+	}
+	if s.raw, err = cuStreamCreate(s.ctx, cuStreamNonBlocking); err != nil {
+		panic(err)
+	}
+	fv, err := NewStreamView(0, s.raw)
+	if err != nil {
+		panic(err)
+	}
+	if s.ev, err = cuEventCreate(s.ctx, cuEventDisableTiming); err != nil {
+		panic(err)
+	}
+	s.env.f.name(s.own.View().h, "S")
+	s.env.f.name(fv.h, "F")
+	s.env.f.mu.Lock()
+	i, j := s.env.m.stream(s.own.View().h), s.env.m.stream(fv.h)
+	s.env.f.mu.Unlock()
+	s.streams = []StreamView{DefaultStream, s.own.View(), fv}
 	s.nums = []int{s.env.def, i, j}
 	return s
 }
 
-func testStitchProperty(t *testing.T, host bool, piece int, rest bool) {
+// destroy frees what is live, checks the patterns one last time (device), closes the pool and
+// checks that nothing is left mapped, reserved or created.
+func (s *stitchPropSUT) destroy() {
+	verr := s.verify()
+	for _, a := range s.live {
+		if a.ptr != 0 {
+			s.p.Deallocate(a.ptr, a.size, s.streams[a.stream])
+		}
+	}
+	s.stats.add(func(x *stitchPropStats) { x.evicted += s.p.exp.evicted })
+	if err := s.p.Close(); err != nil {
+		panic(err)
+	}
+	switch {
+	case s.dev:
+		// Close waited for every stream; then our streams and event go.
+		if err := errors.Join(s.own.Close(), cuStreamDestroy(s.ctx, s.raw), cuEventDestroy(s.ctx, s.ev)); err != nil {
+			panic(err)
+		}
+	case s.host:
+		st := s.hv.stats()
+		if st.Mappings != 0 || st.Reservations != 0 || st.Physical != 0 {
+			panic(fmt.Sprintf("after Close: %+v", st))
+		}
+	default:
+		charged, mappings, _, _ := s.sim.stats()
+		if charged != 0 || mappings != 0 || len(s.sim.res) != 0 {
+			panic(fmt.Sprintf("after Close: %d bytes charged, %d mappings, %d reservations", charged, mappings, len(s.sim.res)))
+		}
+	}
+	if verr != nil {
+		panic(verr)
+	}
+}
+
+func testStitchProperty(t *testing.T, mode string, piece int, rest bool) {
 	seed := propertySeed(t)
 	t.Logf("seed %d (replay with RMM_PROPERTY_SEED=%d)", seed, seed)
 	params := gopter.DefaultTestParametersWithSeed(seed)
-	params.MinSuccessfulTests = 300 * propertyScale(t)
-	if host {
+	switch mode {
+	case "host":
 		params.MinSuccessfulTests = 80 * propertyScale(t) // each fill writes up to 12 MiB
+	case "device":
+		params.MinSuccessfulTests = 60 * propertyScale(t) // each free queues 48 fills
+	default:
+		params.MinSuccessfulTests = 300 * propertyScale(t)
 	}
 	params.MaxSize = 80
 	stats := &stitchPropStats{}
@@ -436,33 +594,10 @@ func testStitchProperty(t *testing.T, host bool, piece int, rest bool) {
 	const nStreams = 3
 	cmds := &commands.ProtoCommands{
 		NewSystemUnderTestFunc: func(commands.State) commands.SystemUnderTest {
-			return newStitchPropSUT(t, host, piece, rest, stats)
+			return newStitchPropSUT(t, mode, piece, rest, stats)
 		},
-		DestroySystemUnderTestFunc: func(sut commands.SystemUnderTest) {
-			s := sut.(*stitchPropSUT)
-			for _, a := range s.live {
-				if a.ptr != 0 {
-					s.p.Deallocate(a.ptr, a.size, s.streams[a.stream])
-				}
-			}
-			stats.add(func(x *stitchPropStats) { x.evicted += s.p.exp.evicted })
-			if err := s.p.Close(); err != nil {
-				panic(err)
-			}
-			// Nothing left mapped, reserved or created.
-			if host {
-				st := s.hv.stats()
-				if st.Mappings != 0 || st.Reservations != 0 || st.Physical != 0 {
-					panic(fmt.Sprintf("after Close: %+v", st))
-				}
-			} else {
-				charged, mappings, _, _ := s.sim.stats()
-				if charged != 0 || mappings != 0 || len(s.sim.res) != 0 {
-					panic(fmt.Sprintf("after Close: %d bytes charged, %d mappings, %d reservations", charged, mappings, len(s.sim.res)))
-				}
-			}
-		},
-		InitialStateGen: gen.Const(&stitchPropState{}),
+		DestroySystemUnderTestFunc: func(sut commands.SystemUnderTest) { sut.(*stitchPropSUT).destroy() },
+		InitialStateGen:            gen.Const(&stitchPropState{}),
 		GenCommandFunc: func(state commands.State) gopter.Gen {
 			n := len(state.(*stitchPropState).live)
 			gens := []gen.WeightedGen{
@@ -470,6 +605,9 @@ func testStitchProperty(t *testing.T, host bool, piece int, rest bool) {
 					return stitchPropAllocate(sizes[v[0].(int)], v[1].(int))
 				})},
 				{Weight: 1, Gen: gen.Const(stitchPropRelease())},
+			}
+			if mode == "device" {
+				gens = append(gens, gen.WeightedGen{Weight: 2, Gen: gen.Const(stitchPropVerify())})
 			}
 			if n > 0 {
 				gens = append(gens,
@@ -502,7 +640,7 @@ func TestStitchPropertySim(t *testing.T) {
 		piece int
 		rest  bool
 	}{{2 * mib, false}, {2 * mib, true}, {4 * mib, true}} {
-		t.Run(fmt.Sprintf("piece=%dMiB/rest=%v", c.piece>>20, c.rest), func(t *testing.T) { testStitchProperty(t, false, c.piece, c.rest) })
+		t.Run(fmt.Sprintf("piece=%dMiB/rest=%v", c.piece>>20, c.rest), func(t *testing.T) { testStitchProperty(t, "sim", c.piece, c.rest) })
 	}
 }
 
@@ -510,7 +648,7 @@ func TestStitchPropertyHost(t *testing.T) {
 	if _, err := newHostVMMAliasing(hostVMMGranularity, 0); err != nil {
 		t.Skip(err)
 	}
-	testStitchProperty(t, true, 2*mib, true)
+	testStitchProperty(t, "host", 2*mib, true)
 }
 
 // A sequence the state machine test shrank to (seed 1796308121610101379, host memory, 2 MiB
@@ -535,7 +673,11 @@ func TestStitchStreamOrderRegression(t *testing.T) {
 				stitchPropAgain(2), stitchPropFree(0, 1), stitchPropAllocate(3072*k, 2), stitchPropFree(2, 0),
 				stitchPropAllocate(12288*k, 0),
 			}
-			s := newStitchPropSUT(t, host, 2*mib, true, &stitchPropStats{})
+			mode := "sim"
+			if host {
+				mode = "host"
+			}
+			s := newStitchPropSUT(t, mode, 2*mib, true, &stitchPropStats{})
 			for i, c := range seq {
 				if err := c.(*stitchPropCmd).run(s); err != nil {
 					t.Fatalf("step %d %v: %v", i, c, err)

@@ -71,19 +71,19 @@ func faultyDriver(d *cudaDriver, on *atomic.Bool, ops []string, every int, seed 
 // chaosFree frees ptr on s (number i); when the free fails the pool kept the block live, so the
 // model forgets the free it noted.
 func chaosFree(e *poolSyncEnv, ptr DevicePtr, n int, s StreamView, i int) error {
+	rs := e.modelRanges(ptr, n, true)
 	e.f.mu.Lock()
-	e.m.free(i, ptr, AlignDown(n+Alignment-1, Alignment))
+	for _, r := range rs {
+		e.m.free(i, r.p, int(r.end-r.p))
+	}
 	k := e.m.seq[i]
 	e.f.mu.Unlock()
 	err := e.p.Deallocate(ptr, n, s)
 	if err != nil {
 		e.f.mu.Lock()
-		for j, x := range e.m.freed {
-			if x.s == i && x.k == k && x.p == ptr {
-				e.m.freed = append(e.m.freed[:j], e.m.freed[j+1:]...)
-				break
-			}
-		}
+		e.m.freed = slices.DeleteFunc(e.m.freed, func(x arenaSyncFreed) bool {
+			return x.s == i && x.k > k-len(rs) && x.k <= k
+		})
 		e.f.mu.Unlock()
 	}
 	return err

@@ -246,9 +246,43 @@ func (e *poolSyncEnv) alloc(n int, s StreamView, i int) (DevicePtr, error) {
 	if err != nil {
 		return 0, err
 	}
+	rs := e.modelRanges(ptr, n, false)
 	e.f.mu.Lock()
 	defer e.f.mu.Unlock()
-	return ptr, e.m.allocated(i, ptr, AlignDown(n+Alignment-1, Alignment))
+	for _, r := range rs {
+		if err == nil {
+			err = e.m.allocated(i, r.p, int(r.end-r.p))
+		}
+	}
+	return ptr, err
+}
+
+// modelRanges returns where the model knows the n bytes at ptr (live in e.p): the range itself,
+// or for a stitched block the pieces of the chain's chunks mapped under it (at their addresses in
+// the chain) and, with va, its own range as well (a free notes both: the stitched range must not
+// be unmapped before the work behind every free through it is known finished). What makes memory
+// safe to hand out is the order after the last free of the same bytes, through whichever address.
+func (e *poolSyncEnv) modelRanges(ptr DevicePtr, n int, va bool) []arenaSyncFreed {
+	n = AlignDown(n+Alignment-1, Alignment)
+	one := []arenaSyncFreed{{p: ptr, end: ptr + DevicePtr(n)}}
+	if e.p.exp == nil {
+		return one
+	}
+	e.p.mu.Lock()
+	a := e.p.exp.aliases[ptr]
+	stitched := a != nil && a.b != nil
+	e.p.mu.Unlock()
+	if !stitched {
+		return one
+	}
+	var rs []arenaSyncFreed
+	for _, x := range stitchPhysOf(e.p, ptr, n) {
+		rs = append(rs, arenaSyncFreed{p: x.at, end: x.at + DevicePtr(x.size)})
+	}
+	if va {
+		rs = append(rs, one...)
+	}
+	return rs
 }
 
 func (e *poolSyncEnv) mustAlloc(n int, s StreamView, i int) DevicePtr {
@@ -260,8 +294,11 @@ func (e *poolSyncEnv) mustAlloc(n int, s StreamView, i int) DevicePtr {
 
 // free frees ptr on s (number i), noting the free in the model first.
 func (e *poolSyncEnv) free(ptr DevicePtr, n int, s StreamView, i int) error {
+	rs := e.modelRanges(ptr, n, true)
 	e.f.mu.Lock()
-	e.m.free(i, ptr, AlignDown(n+Alignment-1, Alignment))
+	for _, r := range rs {
+		e.m.free(i, r.p, int(r.end-r.p))
+	}
 	e.f.mu.Unlock()
 	return e.p.Deallocate(ptr, n, s)
 }
