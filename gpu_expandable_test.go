@@ -129,22 +129,24 @@ func TestGPUExpandablePoolReleaseThreshold(t *testing.T) {
 	require.NoError(t, cuCtxSynchronize(ctx))
 }
 
-// Carving over the device's virtual memory while kernels still run over the fragments: sixteen
-// 8 MiB blocks in one growth, the odd ones freed on stream a behind long kernels that write and
-// read them, then a 64 MiB request on stream b. The pool must wait for a before it unmaps the odd
-// blocks' pages (an early unmap is an illegal address that kills the context) and map those
-// same handles at the end for the request: no new memory, seven handles remapped. What the
-// kernels wrote, the even blocks' patterns and the new block's fill through the remapped pages
-// all read back intact; then the same again the other way round.
-func TestGPUExpandablePoolCarvesWhileKernelRuns(t *testing.T) {
+// gpuFragmentRounds is the scenario the carving and stitching tests share, over the device's
+// virtual memory with the pool options o (8 MiB pieces): sixteen 8 MiB blocks of one growth
+// (sixteen handles), half of them freed on stream a behind long kernels that write and read them,
+// then a 64 MiB request on stream b that no free block holds. Twice: the odd blocks first, then
+// (after they are allocated again on b) the even ones. check gets the request's block y and the
+// VMM's counts before the frees and after the request; then every pattern — what the kernels
+// copied out, the live blocks, y's fill — must read back intact.
+func gpuFragmentRounds(t *testing.T, o PoolOptions, check func(round int, big, y DevicePtr, before, after vmmCounts)) {
 	requireGPU(t)
 	dv, err := newDeviceVMM(0)
 	require.NoError(t, err)
+	const piece = 8 * mib
 	if dv.granularity() > 2*mib {
 		t.Skipf("granularity %d", dv.granularity())
 	}
 	vm := newCountingVMM(dv)
-	p := newExpTestPool(t, vm, PoolOptions{MaximumPoolSize: 1 << 30, carvePage: 2 * mib})
+	o.MaximumPoolSize = 1 << 30
+	p := newExpTestPool(t, vm, o)
 	defer p.Close()
 	a, err := NewStream(0, &StreamOptions{NonBlocking: true})
 	require.NoError(t, err)
@@ -154,7 +156,6 @@ func TestGPUExpandablePoolCarvesWhileKernelRuns(t *testing.T) {
 	defer b.Close()
 	ctx, _ := Device(0).ctx()
 	cuda, _ := NewCudaMemoryResource(0)
-	const piece = 8 * mib
 	results, err := cuda.Allocate(8*piece, DefaultStream)
 	require.NoError(t, err)
 	defer cuda.Deallocate(results, 8*piece, DefaultStream)
@@ -179,9 +180,7 @@ func TestGPUExpandablePoolCarvesWhileKernelRuns(t *testing.T) {
 		y, err := p.Allocate(8*piece, b.View())
 		require.NoError(t, err)
 		require.NoError(t, deviceFill(0, y, 8*piece, []byte{0xee + byte(round)}, b.View()))
-		after := vm.counts()
-		require.Equal(t, before.creates, after.creates, "round %d: no new memory", round)
-		require.GreaterOrEqual(t, after.remaps-before.remaps, 7, "round %d: the fragments' handles moved", round)
+		check(round, big, y, before, vm.counts())
 		require.Equal(t, 16*piece, p.PoolSize(), "round %d", round)
 		require.NoError(t, b.Synchronize())
 		require.NoError(t, a.Synchronize())
@@ -193,84 +192,8 @@ func TestGPUExpandablePoolCarvesWhileKernelRuns(t *testing.T) {
 			}
 		}
 		require.NoError(t, p.CheckInvariants())
-		// For the second round: y's memory comes back as eight blocks, one for each odd block
+		// For the second round: y's memory comes back as eight blocks, one for each block
 		// freed in the first.
-		require.NoError(t, p.Deallocate(y, 8*piece, b.View()))
-		if round == 0 {
-			for _, i := range freed {
-				blk[i], err = p.Allocate(piece, b.View())
-				require.NoError(t, err)
-				require.NoError(t, deviceFill(0, blk[i], piece, []byte{byte(0x10 + i)}, b.View()))
-			}
-			require.NoError(t, b.Synchronize())
-		}
-	}
-	require.NoError(t, cuCtxSynchronize(ctx))
-}
-
-// Stitching on the device: sixteen 8 MiB blocks of one growth (sixteen handles), half of them
-// freed on stream a behind 200 kernels that write them and a copy that reads them, then a 64 MiB
-// request on stream b: no free block holds it, so the pool maps the eight freed handles a second
-// time, back to back, in a range of their own (no memory created), after b waits for a. Every
-// pattern — the copies, the live blocks, the stitched block's fill through the aliases — reads
-// back intact; twice, the second time over the other half.
-func TestGPUExpandablePoolStitchesWhileKernelRuns(t *testing.T) {
-	requireGPU(t)
-	dv, err := newDeviceVMM(0)
-	require.NoError(t, err)
-	const piece = 8 * mib
-	if dv.granularity() > 2*mib {
-		t.Skipf("granularity %d", dv.granularity())
-	}
-	vm := newCountingVMM(dv)
-	p := newExpTestPool(t, vm, PoolOptions{MaximumPoolSize: 1 << 30, stitchPiece: piece, stitchRest: true})
-	defer p.Close()
-	a, err := NewStream(0, &StreamOptions{NonBlocking: true})
-	require.NoError(t, err)
-	defer a.Close()
-	b, err := NewStream(0, &StreamOptions{NonBlocking: true})
-	require.NoError(t, err)
-	defer b.Close()
-	ctx, _ := Device(0).ctx()
-	cuda, _ := NewCudaMemoryResource(0)
-	results, err := cuda.Allocate(8*piece, DefaultStream)
-	require.NoError(t, err)
-	defer cuda.Deallocate(results, 8*piece, DefaultStream)
-
-	big, err := p.Allocate(16*piece, a.View()) // one growth: sixteen handles of 8 MiB
-	require.NoError(t, err)
-	require.NoError(t, p.Deallocate(big, 16*piece, a.View()))
-	require.Equal(t, 16, vm.counts().creates)
-	var blk [16]DevicePtr
-	for i := range blk {
-		blk[i], err = p.Allocate(piece, a.View())
-		require.NoError(t, err)
-		require.NoError(t, deviceFill(0, blk[i], piece, []byte{byte(0x10 + i)}, a.View()))
-	}
-	for round, freed := range [][]int{{1, 3, 5, 7, 9, 11, 13, 15}, {0, 2, 4, 6, 8, 10, 12, 14}} {
-		before := vm.counts()
-		for k, i := range freed {
-			gpuBusyThenCopy(t, ctx, blk[i], piece, results+DevicePtr(k*piece), a.View())
-			require.NoError(t, p.Deallocate(blk[i], piece, a.View()))
-		}
-		y, err := p.Allocate(8*piece, b.View())
-		require.NoError(t, err)
-		require.True(t, y < big || y >= big+16*piece, "round %d: the block lies in a range of its own", round)
-		require.NoError(t, deviceFill(0, y, 8*piece, []byte{0xee + byte(round)}, b.View()))
-		after := vm.counts()
-		require.Equal(t, before.creates, after.creates, "round %d: no new memory", round)
-		require.GreaterOrEqual(t, after.maps-before.maps, 8, "round %d: the freed handles mapped again", round)
-		require.Equal(t, 16*piece, p.PoolSize(), "round %d", round)
-		require.NoError(t, b.Synchronize())
-		require.NoError(t, a.Synchronize())
-		checkAll(t, ctx, results, 8*piece, 0x07)
-		checkAll(t, ctx, y, 8*piece, 0xee+byte(round))
-		for i := range blk {
-			if !slices.Contains(freed, i) {
-				checkAll(t, ctx, blk[i], piece, byte(0x10+i))
-			}
-		}
-		require.NoError(t, p.CheckInvariants())
 		require.NoError(t, p.Deallocate(y, 8*piece, b.View()))
 		if round == 0 {
 			for _, i := range freed {
@@ -284,6 +207,28 @@ func TestGPUExpandablePoolStitchesWhileKernelRuns(t *testing.T) {
 	require.NoError(t, cuCtxSynchronize(ctx))
 	require.NoError(t, p.Release())
 	require.NoError(t, p.CheckInvariants())
+}
+
+// Carving while kernels still run over the fragments (gpuFragmentRounds): the pool must wait for
+// stream a before it unmaps the freed blocks' pages (an early unmap is an illegal address that
+// kills the context) and map those same handles at the end for the request: no new memory,
+// seven handles remapped.
+func TestGPUExpandablePoolCarvesWhileKernelRuns(t *testing.T) {
+	gpuFragmentRounds(t, PoolOptions{carvePage: 2 * mib}, func(round int, big, y DevicePtr, before, after vmmCounts) {
+		require.Equal(t, before.creates, after.creates, "round %d: no new memory", round)
+		require.GreaterOrEqual(t, after.remaps-before.remaps, 7, "round %d: the fragments' handles moved", round)
+	})
+}
+
+// Stitching while kernels still run over the fragments (gpuFragmentRounds): the pool maps the
+// eight freed handles a second time, back to back, in a range of its own (no memory created),
+// after b waits for a.
+func TestGPUExpandablePoolStitchesWhileKernelRuns(t *testing.T) {
+	gpuFragmentRounds(t, PoolOptions{stitchPiece: 8 * mib, stitchRest: true}, func(round int, big, y DevicePtr, before, after vmmCounts) {
+		require.True(t, y < big || y >= big+16*8*mib, "round %d: the block lies in a range of its own", round)
+		require.Equal(t, before.creates, after.creates, "round %d: no new memory", round)
+		require.GreaterOrEqual(t, after.maps-before.maps, 8, "round %d: the freed handles mapped again", round)
+	})
 }
 
 // The stitching state machine test (resource_pool_stitch_property_test.go) over the device's
