@@ -3,7 +3,14 @@ package rmm
 import (
 	"encoding/binary"
 	"fmt"
+	"go/ast"
+	"go/parser"
+	"go/token"
 	"io"
+	"io/fs"
+	"os"
+	"slices"
+	"strings"
 	"sync"
 	"testing"
 
@@ -343,17 +350,7 @@ func TestIPCExportThroughAdaptors(t *testing.T) {
 		require.NoError(t, err)
 		return r
 	}
-	passThrough := map[string]MemoryResource{
-		"StatisticsResourceAdaptor":       NewStatisticsResourceAdaptor(up),
-		"LoggingResourceAdaptor":          must(NewLoggingResourceAdaptor(up, io.Discard, nil)),
-		"TrackingResourceAdaptor":         NewTrackingResourceAdaptor(up, nil),
-		"LimitingResourceAdaptor":         must(NewLimitingResourceAdaptor(up, 1<<30, nil)),
-		"FailureCallbackResourceAdaptor":  must(NewFailureCallbackResourceAdaptor(up, func(int, error) bool { return false }, nil)),
-		"ThreadSafeResourceAdaptor":       NewThreadSafeResourceAdaptor(up),
-		"PrefetchResourceAdaptor":         must(NewPrefetchResourceAdaptor(up)),
-		"MemoryProfileResourceAdaptor":    must(NewMemoryProfileResourceAdaptor(up, &MemoryProfileOptions{Rate: 1})),
-		"StreamStatisticsResourceAdaptor": NewStreamStatisticsResourceAdaptor(up),
-	}
+	passThrough := passThroughAdaptors(t, up)
 	for name, r := range passThrough {
 		t.Run(name, func(t *testing.T) {
 			p, err := r.Allocate(4096, DefaultStream)
@@ -396,5 +393,70 @@ func TestIPCExportThroughAdaptors(t *testing.T) {
 			require.ErrorIs(t, err, ErrNotExportable)
 			require.ErrorContains(t, err, name+": it cannot export")
 		})
+	}
+}
+
+// passThroughAdaptors makes, over up, every adaptor of the package that hands out its upstream's
+// pointers unchanged (the passThrough markers), by type name.
+func passThroughAdaptors(t *testing.T, up MemoryResource) map[string]MemoryResource {
+	must := func(r MemoryResource, err error) MemoryResource {
+		t.Helper()
+		require.NoError(t, err)
+		return r
+	}
+	return map[string]MemoryResource{
+		"StatisticsResourceAdaptor":       NewStatisticsResourceAdaptor(up),
+		"LoggingResourceAdaptor":          must(NewLoggingResourceAdaptor(up, io.Discard, nil)),
+		"TrackingResourceAdaptor":         NewTrackingResourceAdaptor(up, nil),
+		"LimitingResourceAdaptor":         must(NewLimitingResourceAdaptor(up, 1<<30, nil)),
+		"FailureCallbackResourceAdaptor":  must(NewFailureCallbackResourceAdaptor(up, func(int, error) bool { return false }, nil)),
+		"ThreadSafeResourceAdaptor":       NewThreadSafeResourceAdaptor(up),
+		"PrefetchResourceAdaptor":         must(NewPrefetchResourceAdaptor(up)),
+		"MemoryProfileResourceAdaptor":    must(NewMemoryProfileResourceAdaptor(up, &MemoryProfileOptions{Rate: 1})),
+		"StreamStatisticsResourceAdaptor": NewStreamStatisticsResourceAdaptor(up),
+	}
+}
+
+// notPassThroughAdaptors are the package's adaptors that hand out other pointers than their
+// upstream's (an aligned pointer inside a larger allocation).
+var notPassThroughAdaptors = []string{"AlignedResourceAdaptor"}
+
+// Every exported adaptor type of the package is either in passThroughAdaptors (and declares both
+// markers: ExportIPC and the prefetcher trust it) or in notPassThroughAdaptors (and declares
+// neither passesPointersThrough), and conformance_test.go runs rmmtest over it: a new adaptor
+// that forgets its markers or its contract check fails here.
+func TestAdaptorMarkers(t *testing.T) {
+	fset := token.NewFileSet()
+	pkgs, err := parser.ParseDir(fset, ".", func(fi fs.FileInfo) bool { return !strings.HasSuffix(fi.Name(), "_test.go") }, 0)
+	require.NoError(t, err)
+	var names []string
+	for _, f := range pkgs["rmm"].Files {
+		for _, d := range f.Decls {
+			g, ok := d.(*ast.GenDecl)
+			if !ok || g.Tok != token.TYPE {
+				continue
+			}
+			for _, sp := range g.Specs {
+				if n := sp.(*ast.TypeSpec).Name.Name; ast.IsExported(n) && strings.HasSuffix(n, "ResourceAdaptor") {
+					names = append(names, n)
+				}
+			}
+		}
+	}
+	require.NotEmpty(t, names)
+	pt := passThroughAdaptors(t, newHostExporter())
+	conf, err := os.ReadFile("conformance_test.go")
+	require.NoError(t, err)
+	for _, n := range names {
+		r, listed := pt[n]
+		switch {
+		case listed:
+			_, ok := r.(passThrough)
+			require.True(t, ok, "%s is listed as passing pointers through but does not declare insideUpstream and passesPointersThrough", n)
+		case slices.Contains(notPassThroughAdaptors, n):
+		default:
+			t.Errorf("%s is in neither passThroughAdaptors nor notPassThroughAdaptors (ipc_export_test.go): say whether it hands out its upstream's pointers unchanged", n)
+		}
+		require.Contains(t, string(conf), "rmm.New"+n+"(", "conformance_test.go does not run rmmtest over %s", n)
 	}
 }

@@ -21,7 +21,8 @@ type Statistics struct {
 
 // StatisticsCounter is one counter of a StatisticsResourceAdaptor level: its value now, the
 // highest value it has had and the sum of everything added to it (librmm's
-// statistics_resource_adaptor::counter).
+// statistics_resource_adaptor::counter). The unit is the counter's: bytes for the first value
+// Counters returns, allocations for the second.
 type StatisticsCounter struct {
 	Value int64
 	Peak  int64

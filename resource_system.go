@@ -104,7 +104,7 @@ type SimulatedMemoryResource struct {
 const simulatedBase = uintptr(1) << 52
 
 // NewSimulatedMemoryResource returns an address-only resource that allows capacity bytes live at
-// once. capacity must not be negative.
+// once. A negative capacity returns an error wrapping ErrInvalidArgument.
 func NewSimulatedMemoryResource(capacity int) (*SimulatedMemoryResource, error) {
 	if capacity < 0 {
 		return nil, fmt.Errorf("%w: NewSimulatedMemoryResource: negative capacity %d", ErrInvalidArgument, capacity)

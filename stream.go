@@ -196,7 +196,12 @@ type streamCloseHook interface {
 
 var streamRegistry sync.Map // id -> *Stream, for live Streams
 
-// NewStream creates a stream on device dev.
+// NewStream creates a stream on device dev (cuStreamCreate; with opts.NonBlocking,
+// CU_STREAM_NON_BLOCKING: the stream does not synchronise with the legacy default stream). The
+// Stream owns it: Close destroys it after waiting for its work, and tells the resources that
+// keep free memory ordered on it. Without CUDA the stream is a host stream (its work runs at
+// once). Errors: ErrInvalidArgument for a device that does not exist, ErrNoDevice when the driver
+// cannot be used, a *CUDAError from cuStreamCreate.
 func NewStream(dev Device, opts *StreamOptions) (*Stream, error) {
 	if err := dev.check(); err != nil {
 		return nil, err
@@ -359,7 +364,10 @@ type Event struct {
 	host bool
 }
 
-// NewEvent creates an event on device dev.
+// NewEvent creates an event on device dev (cuEventCreate; without opts.EnableTiming,
+// CU_EVENT_DISABLE_TIMING). Destroy it with Close. Without CUDA the event is a host event,
+// complete at once. Errors: ErrInvalidArgument for a device that does not exist, ErrNoDevice when
+// the driver cannot be used, a *CUDAError from cuEventCreate.
 func NewEvent(dev Device, opts *EventOptions) (*Event, error) {
 	if err := dev.check(); err != nil {
 		return nil, err

@@ -598,6 +598,8 @@ func (v *Uvector[T]) CopyFrom(src SpanSource[T], s StreamView) error {
 
 // Fill writes x into every element: asynchronously on s on device memory (cuMemsetD8/16/32Async
 // for 1-, 2- and 4-byte elements, the fill kernels otherwise), on the CPU on host memory.
+// ErrClosed after Close or for a closed s; ErrNotSupported for memory that is neither host- nor
+// device-accessible (a SimulatedMemoryResource's).
 func (v *Uvector[T]) Fill(x T, s StreamView) error {
 	defer runtime.KeepAlive(v)
 	if v.st.closed {

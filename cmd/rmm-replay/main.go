@@ -146,7 +146,7 @@ func run(args []string, stdout, stderr io.Writer) error {
 	device := fs.Int("device", 0, "CUDA device")
 	passes := fs.Int("passes", 1, "replay this many times on the same resource (a pool keeps what it grew); report the median")
 	verbose := fs.Bool("v", false, "print every allocation that fails during the replay")
-	asJSON := fs.Bool("json", false, "write the result as JSON (see replayJSON) instead of text: one object, or a list of them for several resources")
+	asJSON := fs.Bool("json", false, "write the result as JSON instead of text: an object per resource (name, resource, trace, events, failures, passes, wall_ns, ns_per_event, peak_live_bytes, peak_reserved_bytes, reserved_over_live, pool_at_end, ...), a list of them when -mr names several")
 	allowFailures := fs.Bool("allow-failures", false, "exit 0 even when allocations the trace did not log as failures fail in the replay (default: exit 3)")
 	var floor sizeFlag
 	fs.Var(&floor, "floor", "also report the page floor for pages of this size (e.g. 2MiB; at least 4KiB): the most bytes of pages holding part of a live allocation at once, over all passes (slows the replay)")
