@@ -31,6 +31,11 @@ type memState struct {
 // newMemState allocates nbytes (exactly, none for 0) from mr, or the current device resource when
 // mr is nil, on s.
 func newMemState(kind string, nbytes int, s StreamView, mr MemoryResource) (*memState, error) {
+	// Refused whatever the resource: one that ignores streams would allocate, and the container
+	// would keep a stream that its next operation refuses.
+	if s.closed() {
+		return nil, errStreamClosed("allocating", s)
+	}
 	mr = resourceOrCurrent(mr)
 	st := &memState{stream: s, mr: mr, dev: DeviceOf(mr), access: AccessOf(mr), kind: kind}
 	if nbytes > 0 {

@@ -104,3 +104,27 @@ func TestContainersFreeOnClosedStream(t *testing.T) {
 	require.NoError(t, err)
 	require.NoError(t, w.Close())
 }
+
+// A container is not made on a view of a closed Stream, whatever the resource (host memory
+// ignores streams): the constructor returns ErrClosed and allocates nothing.
+func TestContainersNotMadeOnClosedStream(t *testing.T) {
+	st, err := NewStream(0, nil)
+	require.NoError(t, err)
+	s := st.View()
+	require.NoError(t, st.Close())
+	mr := NewStatisticsResourceAdaptor(NewSystemMemoryResource())
+	makers := map[string]func() error{
+		"NewUvector":          func() error { _, err := NewUvector[float32](10, s, mr); return err },
+		"NewUvectorFromSlice": func() error { _, err := NewUvectorFromSlice([]int32{1}, s, mr); return err },
+		"NewDeviceBuffer":     func() error { _, err := NewDeviceBuffer(64, s, mr); return err },
+		"NewScalar":           func() error { _, err := NewScalar[int64](s, mr); return err },
+		"NewUvector(0)":       func() error { _, err := NewUvector[float32](0, s, mr); return err },
+	}
+	for name, mk := range makers {
+		err := mk()
+		require.ErrorIs(t, err, ErrClosed, name)
+		require.ErrorContains(t, err, "closed", name)
+	}
+	require.Zero(t, mr.Stats().TotalCount, "nothing was allocated")
+}
+

@@ -61,8 +61,8 @@
 // ErrInvalidFree, ErrNoDevice, ErrOutOfRange, ErrClosed, ErrNotSupported, ErrNotExportable and
 // ErrInvalidIPCHandle for sharing memory between processes, and ErrMalformedLog for event logs; a failing driver call is a *CUDAError, and file access reports the operating
 // system's errors (errors.Is(err, fs.ErrNotExist)). A failed call leaves the resource or
-// container as it was. A container operation (fill, copy, element access) given a view of a
-// Stream that was closed returns ErrClosed before touching anything; so does an allocation on it
+// container as it was. A container constructor or operation (fill, copy, element access) given a
+// view of a Stream that was closed returns ErrClosed before touching anything; so does an allocation on it
 // from a resource that orders its work on streams, and a free on it waits for the device instead
 // of using the destroyed stream (see MemoryResource).
 //
