@@ -127,4 +127,3 @@ func TestContainersNotMadeOnClosedStream(t *testing.T) {
 	}
 	require.Zero(t, mr.Stats().TotalCount, "nothing was allocated")
 }
-
