@@ -103,8 +103,8 @@ type PoolOptions struct {
 	// current device, or host memory without CUDA), a CudaMemoryResource (its device), the
 	// SystemMemoryResource (host memory, reserved and mapped with mmap), a
 	// SimulatedMemoryResource (addresses only, at most its capacity mapped: for replaying traces).
-	// InitialPoolSize is rounded up to the granularity. See the type's documentation for the
-	// chunk sizes.
+	// InitialPoolSize and MaximumPoolSize are rounded up to the granularity (2 MiB on current
+	// GPUs). See the type's documentation for the chunk sizes.
 	Expandable bool
 	// ReleaseThreshold (expandable pools only) is the most free memory, in bytes, the pool keeps
 	// mapped: once a Deallocate leaves more than ReleaseThreshold plus one minimum chunk (32 MiB)
@@ -226,7 +226,9 @@ type PoolMemoryResource struct {
 	_      [56]byte
 }
 
-// NewPoolMemoryResource returns a pool over upstream (nil: the current device resource). Sizes
+// NewPoolMemoryResource returns a pool over upstream (nil: the current device resource; for an
+// expandable pool nil names the current device itself, whatever resource is current, see
+// PoolOptions.Expandable). Sizes
 // are validated as librmm does: both multiples of 256 and initial ≤ maximum, else
 // ErrInvalidArgument. When InitialPoolSize is positive that many bytes are taken from the upstream
 // now; its failure is returned.
