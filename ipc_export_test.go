@@ -460,3 +460,24 @@ func TestAdaptorMarkers(t *testing.T) {
 		require.True(t, strings.Contains(string(conf), "rmm.New"+n+"("), "conformance_test.go does not run rmmtest over %s", n)
 	}
 }
+
+// Every adaptor refuses a negative size, in Allocate and in Deallocate, with ErrInvalidArgument
+// and without calling its upstream.
+func TestAdaptorsRefuseNegativeSizes(t *testing.T) {
+	up := newAdpScriptUpstream(0x1000)
+	p, err := up.Allocate(4096, DefaultStream)
+	require.NoError(t, err)
+	all := passThroughAdaptors(t, up)
+	aligned, err := NewAlignedResourceAdaptor(up, nil)
+	require.NoError(t, err)
+	all["AlignedResourceAdaptor"] = aligned
+	for name, r := range all {
+		_, err := r.Allocate(-1, DefaultStream)
+		require.ErrorIs(t, err, ErrInvalidArgument, "%s.Allocate", name)
+		require.ErrorIs(t, r.Deallocate(p, -1, DefaultStream), ErrInvalidArgument, "%s.Deallocate", name)
+	}
+	allocs, frees := up.calls()
+	require.Len(t, allocs, 1, "only the test's own allocation reached the upstream")
+	require.Empty(t, frees)
+}
+

@@ -68,8 +68,12 @@ func (r *FailureCallbackResourceAdaptor) Allocate(nbytes int, s StreamView) (Dev
 	}
 }
 
-// Deallocate returns p to the upstream on stream s.
+// Deallocate returns p to the upstream on stream s and returns the upstream's error. A negative
+// size returns an error wrapping ErrInvalidArgument without calling the upstream.
 func (r *FailureCallbackResourceAdaptor) Deallocate(p DevicePtr, nbytes int, s StreamView) error {
+	if nbytes < 0 {
+		return invalidSize("FailureCallbackResourceAdaptor", "Deallocate", nbytes)
+	}
 	return r.upstream.Deallocate(p, nbytes, s)
 }
 

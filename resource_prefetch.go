@@ -176,8 +176,12 @@ func (r *PrefetchResourceAdaptor) giveBack(p DevicePtr, nbytes int, s StreamView
 	return err
 }
 
-// Deallocate returns p to the upstream on stream s.
+// Deallocate returns p to the upstream on stream s and returns the upstream's error. A negative
+// size returns an error wrapping ErrInvalidArgument without calling the upstream.
 func (r *PrefetchResourceAdaptor) Deallocate(p DevicePtr, nbytes int, s StreamView) error {
+	if nbytes < 0 {
+		return invalidSize("PrefetchResourceAdaptor", "Deallocate", nbytes)
+	}
 	return r.upstream.Deallocate(p, nbytes, s)
 }
 

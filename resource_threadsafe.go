@@ -19,15 +19,23 @@ func NewThreadSafeResourceAdaptor(upstream MemoryResource) *ThreadSafeResourceAd
 	return &ThreadSafeResourceAdaptor{upstream: resourceOrCurrent(upstream)}
 }
 
-// Allocate calls the upstream's Allocate under the adaptor's mutex and returns its results.
+// Allocate calls the upstream's Allocate under the adaptor's mutex and returns its results. A
+// negative size returns an error wrapping ErrInvalidArgument without calling the upstream.
 func (r *ThreadSafeResourceAdaptor) Allocate(nbytes int, s StreamView) (DevicePtr, error) {
+	if nbytes < 0 {
+		return 0, invalidSize("ThreadSafeResourceAdaptor", "Allocate", nbytes)
+	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	return r.upstream.Allocate(nbytes, s)
 }
 
-// Deallocate calls the upstream's Deallocate under the adaptor's mutex and returns its error.
+// Deallocate calls the upstream's Deallocate under the adaptor's mutex and returns its error. A
+// negative size returns an error wrapping ErrInvalidArgument without calling the upstream.
 func (r *ThreadSafeResourceAdaptor) Deallocate(p DevicePtr, nbytes int, s StreamView) error {
+	if nbytes < 0 {
+		return invalidSize("ThreadSafeResourceAdaptor", "Deallocate", nbytes)
+	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	return r.upstream.Deallocate(p, nbytes, s)
