@@ -480,4 +480,3 @@ func TestAdaptorsRefuseNegativeSizes(t *testing.T) {
 	require.Len(t, allocs, 1, "only the test's own allocation reached the upstream")
 	require.Empty(t, frees)
 }
-

@@ -416,19 +416,23 @@ func (p *PoolMemoryResource) MaximumPoolSize() int { return p.maximum }
 func (p *PoolMemoryResource) Expandable() bool { return p.exp != nil }
 
 // Allocate returns nbytes (rounded up to 256) ordered on s. See the type's documentation for
-// where the memory comes from. Out of memory (the pool cannot grow, or the upstream refuses every
-// size tried) wraps ErrOutOfMemory and says the requested size, the pool size and the maximum; the
-// pool's live allocations are then as they were, though its free blocks may have moved between
-// lists: other streams' lists merged into s's (a rearrangement the search made before growing),
-// or, when the pool gave memory back before failing, every list merged into DefaultStream's. It
-// gives back (as Release does: it waits on the host for every stream's work behind the frees,
-// then returns each wholly free upstream block — expandable: chunk — and grows once more) when
-// the upstream (or the device) refused for want of memory, capped or not, whatever the request —
-// so a request too large for the device empties the pool of free memory, initial block included,
-// as PyTorch's caching allocator does —, or when the maximum stopped a capped plain pool (an
-// expandable pool also after mapping a chunk for the request that other goroutines' allocations
-// left too small: the chunk goes back while wholly free). A Stream that was closed returns
-// ErrClosed.
+// where the memory comes from. Errors:
+//   - Out of memory (the pool cannot grow, or the upstream refuses every size tried): an
+//     *OutOfMemoryError (errors.Is ErrOutOfMemory) with the requested size, the pool size and
+//     the maximum. The live allocations are as they were; free blocks may have moved between
+//     streams' lists (other lists merged into s's before growing, or every list into
+//     DefaultStream's when the pool gave memory back).
+//   - A Stream that was closed: ErrClosed.
+//
+// Before failing, the pool gives memory back and grows once more, as Release does (a host wait
+// for every stream's work behind the frees, then every wholly free upstream block, or chunk of an
+// expandable pool, goes back):
+//   - when the upstream (or the device) refused for want of memory, capped or not, whatever the
+//     request: a request too large for the device empties the pool of free memory, initial
+//     block included, as PyTorch's caching allocator does;
+//   - when the maximum stopped a capped plain pool;
+//   - in an expandable pool, also after mapping a chunk for the request that other goroutines'
+//     allocations left too small (the chunk goes back while wholly free).
 func (p *PoolMemoryResource) Allocate(nbytes int, s StreamView) (DevicePtr, error) {
 	if nbytes <= 0 {
 		if nbytes < 0 {
