@@ -81,7 +81,9 @@ import (
 // wait), frees after Close (synchronisation), Close itself, and the synchronisation of a cached
 // block's stream when it has no list.
 
-// PoolOptions configures NewPoolMemoryResource. nil means the defaults.
+// PoolOptions configures NewPoolMemoryResource. nil means the defaults. (Its unexported fields
+// are the package's own tuning knobs for tests and measurements; a PoolOptions made outside the
+// package leaves them at their defaults.)
 type PoolOptions struct {
 	// InitialPoolSize is the number of bytes taken from the upstream at construction, in one
 	// allocation on the default stream. It must be a multiple of 256. Default 0: nothing is taken
