@@ -2,7 +2,6 @@ package rmm
 
 import (
 	"cmp"
-	"errors"
 	"fmt"
 	"math"
 	"slices"
@@ -223,18 +222,8 @@ func (f *FixedSizeMemoryResource) Deallocate(p DevicePtr, nbytes int, s StreamVi
 	if f.closed {
 		return f.deallocateAfterClose(p, s)
 	}
-	l, err := f.listFor(s)
-	if errors.Is(err, ErrClosed) {
-		if err := f.syncClosed(s); err != nil {
-			return err
-		}
-		s = DefaultStream
-		l, err = f.listFor(s)
-	}
+	l, _, err := f.freeTo(s, nil)
 	if err != nil {
-		return err
-	}
-	if err := f.noteFree(l, s); err != nil {
 		return err
 	}
 	delete(f.live, p)

@@ -1,6 +1,7 @@
 package rmm
 
 import (
+	"errors"
 	"fmt"
 	"slices"
 )
@@ -172,6 +173,30 @@ func (r *streamLists[L]) destroyEvents() {
 	}
 }
 
+// freeTo returns the list a free on s goes to, with its event made to cover the free (noteFree),
+// and the stream the free is then ordered on: s's list, or for a Stream that was closed the
+// default stream's, once sync waited for the whole device (nil: syncClosed; the pool makes that
+// call unlocked).
+func (r *streamLists[L]) freeTo(s StreamView, sync func() error) (L, StreamView, error) {
+	l, err := r.listFor(s)
+	if errors.Is(err, ErrClosed) {
+		if sync == nil {
+			err = r.syncClosed(s)
+		} else {
+			err = sync()
+		}
+		if err != nil {
+			return l, s, err
+		}
+		s = DefaultStream
+		l, err = r.listFor(s)
+	}
+	if err == nil {
+		err = r.noteFree(l, s)
+	}
+	return l, s, err
+}
+
 // noteFree makes l's event cover a free on s, l's stream: recorded now on a stream we hold only a
 // view of (while it surely exists), else l is marked dirty.
 func (r *streamLists[L]) noteFree(l L, s StreamView) error {
@@ -280,7 +305,7 @@ func (r *streamLists[L]) closeStream(s StreamView, closed bool) (def, l L, move 
 }
 
 // syncClosed waits on the host for the whole device before a free on s, a Stream that was closed,
-// goes to the default stream's list. The pool calls it unlocked.
+// goes to the default stream's list (freeTo).
 func (r *streamLists[L]) syncClosed(s StreamView) error {
 	if r.ctx == 0 {
 		return nil
