@@ -460,7 +460,7 @@ func TestFixedSizeStreamOrderThroughDriver(t *testing.T) {
 // fixedSyncSim returns a fixed-size resource of 4 KiB blocks, 8 to a chunk, over an address-only
 // upstream that checks every chunk given back against the model, with its CUDA calls going to a
 // fake device (ctx 1 stands for a context) that follows the model of stream order.
-func fixedSyncSim(t *testing.T) (*FixedSizeMemoryResource, *arenaSyncFake, *arenaSyncModel, *gatedUpstream) {
+func fixedSyncSim(t *testing.T) (*FixedSizeMemoryResource, *arenaSyncFake, *gatedUpstream) {
 	t.Helper()
 	u := newGatedUpstream(t, 1<<30)
 	fx, err := NewFixedSizeMemoryResource(u, &FixedSizeOptions{BlockSize: 4096, BlocksToPreallocate: 8})
@@ -484,7 +484,7 @@ func fixedSyncSim(t *testing.T) (*FixedSizeMemoryResource, *arenaSyncFake, *aren
 		require.NoError(t, err)
 	}
 	f.take()
-	return fx, f, m, u
+	return fx, f, u
 }
 
 // Random work on DefaultStream, Streams that close and foreign streams that are destroyed,
@@ -497,104 +497,23 @@ func TestFixedSizeSyncAgainstModel(t *testing.T) {
 	const bs = 4096
 	for seed := range uint64(4) {
 		t.Run(fmt.Sprint(seed), func(t *testing.T) {
-			fx, f, m, u := fixedSyncSim(t)
+			fx, f, u := fixedSyncSim(t)
 			r := rand.New(rand.NewPCG(seed, 7))
-			type stream struct {
-				v    StreamView
-				st   *Stream
-				i    int // in the model
-				gone bool
-			}
-			streams := []*stream{{v: DefaultStream, i: 0}}
-			nextH, nextID := uintptr(0x100), uint64(1)
-			add := func(foreign bool) {
-				nextH++
-				s := &stream{}
-				if foreign {
-					nextID++
-					s.v = arenaSyncForeign(f, nextH, nextID, fmt.Sprintf("F%d", nextID))
-				} else {
-					s.v, s.st = arenaSyncStream(t, f, nextH, fmt.Sprintf("S%#x", nextH))
-				}
-				f.mu.Lock()
-				s.i = m.stream(s.v.h)
-				f.mu.Unlock()
-				streams = append(streams, s)
-			}
-			for range 3 {
-				add(false)
-			}
-			for range 2 {
-				add(true)
-			}
-			pick := func() *stream {
-				for {
-					if s := streams[r.IntN(len(streams))]; !s.gone {
-						return s
-					}
-				}
-			}
-			type block struct {
-				p DevicePtr
-				n int // asked
-				s *stream
-			}
-			var blocks []block
-			free := func(k int) {
-				b := blocks[k]
-				blocks = slices.Delete(blocks, k, k+1)
-				s := b.s
-				switch v := r.IntN(10); {
-				case v < 2 || (s.gone && s.st == nil):
-					s = pick() // another stream; never a destroyed foreign one
-				case v == 2:
-					for _, x := range streams {
-						if x.gone && x.st != nil {
-							s = x // a closed Stream: the device is synchronised
-							break
-						}
-					}
-				}
-				f.mu.Lock()
-				m.free(s.i, b.p, bs)
-				f.mu.Unlock()
-				require.NoError(t, fx.Deallocate(b.p, b.n, s.v))
-			}
+			w := newModelStreams(t, f, r, 3, 2)
 			for op := range 2000 {
 				switch v := r.IntN(100); {
-				case len(blocks) == 0 || (len(blocks) < 40 && v < 50):
-					s := pick()
+				case len(w.blocks) == 0 || (len(w.blocks) < 40 && v < 50):
+					s := w.pick()
 					n := 1 + r.IntN(bs)
 					p, err := fx.Allocate(n, s.v)
 					require.NoError(t, err)
-					f.mu.Lock()
-					err = m.allocated(s.i, p, bs)
-					f.mu.Unlock()
-					require.NoError(t, err, "op %d", op)
-					blocks = append(blocks, block{p, n, s})
+					require.NoError(t, w.took(s, p, n, bs), "op %d", op)
 				case v < 93:
-					free(r.IntN(len(blocks)))
+					require.NoError(t, w.free(fx, r.IntN(len(w.blocks))))
 				case v < 96:
-					// A Stream closes and another comes.
-					for _, s := range streams[1:] {
-						if !s.gone && s.st != nil {
-							require.NoError(t, s.st.Close())
-							f.kill(s.v.h)
-							s.gone = true
-							break
-						}
-					}
-					add(false)
+					w.closeOne(func(s *modelStream) { require.NoError(t, s.st.Close()) })
 				case v < 99:
-					// A foreign stream is destroyed and another appears.
-					for _, s := range streams[1:] {
-						if !s.gone && s.st == nil {
-							f.kill(s.v.h)
-							s.gone = true
-							break
-						}
-					}
-					add(true)
+					w.killOne()
 				default:
 					require.NoError(t, fx.Release())
 				}
@@ -605,8 +524,8 @@ func TestFixedSizeSyncAgainstModel(t *testing.T) {
 			}
 			// Close with live blocks, then free them: each chunk goes back after its last free.
 			require.NoError(t, fx.Close())
-			for len(blocks) > 0 {
-				free(len(blocks) - 1)
+			for len(w.blocks) > 0 {
+				require.NoError(t, w.free(fx, len(w.blocks)-1))
 			}
 			require.Empty(t, f.errors())
 			held, _, _, errs := u.figures()
