@@ -32,9 +32,9 @@ import (
 //     an idle list is dropped. Otherwise the legacy default stream waits for the list's event
 //     (recorded first when dirty) and the resource moves the blocks to the default stream's list
 //     and drops the list; when the wait fails the host waits for the stream, failing that for the
-//     whole device. Without a default list, or when even the device could not be waited for, the
-//     blocks stay where they are, in a list now closed: never recorded again, taken only after a
-//     wait on its event.
+//     whole device. Without a default list (the event then recorded when dirty), or when even the
+//     device could not be waited for, the blocks stay where they are, in a list now closed: never
+//     recorded again, taken only after a wait on its event.
 //   - A closed Stream. A free on a Stream that was closed can no longer be ordered after it: the
 //     host waits for the whole device (syncClosed) and the block goes to the default stream's
 //     list. After the resource's Close (no events left), a free waits on the host for its stream,
