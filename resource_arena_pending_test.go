@@ -717,6 +717,140 @@ func TestArenaSyncPendingOverflow(t *testing.T) {
 	arenaCheck(t, a)
 }
 
+// modelStream is a stream of a random walk against the model of stream order.
+type modelStream struct {
+	v    StreamView
+	st   *Stream // nil: DefaultStream or a foreign stream
+	i    int     // in the model
+	gone bool    // closed (ours) or destroyed (foreign)
+}
+
+// modelStreams is the streams of a random walk against the model (f.model): DefaultStream first,
+// then Streams of ours and foreign streams, named in the fake and numbered in the model as they
+// come.
+type modelStreams struct {
+	t      *testing.T
+	f      *arenaSyncFake
+	r      *rand.Rand
+	all    []*modelStream
+	nextH  uintptr
+	nextID uint64
+	blocks []modelBlock // live
+}
+
+// newModelStreams returns DefaultStream, ours Streams of ours and foreign foreign streams.
+func newModelStreams(t *testing.T, f *arenaSyncFake, r *rand.Rand, ours, foreign int) *modelStreams {
+	w := &modelStreams{t: t, f: f, r: r, nextH: 0x100, nextID: 1}
+	f.mu.Lock()
+	w.all = append(w.all, &modelStream{v: DefaultStream, i: f.model.stream(cuStreamLegacy)})
+	f.mu.Unlock()
+	for range ours {
+		w.add(false)
+	}
+	for range foreign {
+		w.add(true)
+	}
+	return w
+}
+
+// modelBlock is a live allocation of a random walk: n bytes asked at p on s, m bytes in the model.
+type modelBlock struct {
+	p    DevicePtr
+	n, m int
+	s    *modelStream
+}
+
+// took checks in the model that s may use the m bytes at p, just allocated for n bytes asked,
+// and adds the block to the live ones.
+func (w *modelStreams) took(s *modelStream, p DevicePtr, n, m int) error {
+	w.f.mu.Lock()
+	err := w.f.model.allocated(s.i, p, m)
+	w.f.mu.Unlock()
+	w.blocks = append(w.blocks, modelBlock{p, n, m, s})
+	return err
+}
+
+// free frees the live block k with mr on the stream freeOn picks, noting the free in the model
+// first.
+func (w *modelStreams) free(mr MemoryResource, k int) error {
+	b := w.blocks[k]
+	w.blocks = slices.Delete(w.blocks, k, k+1)
+	s := w.freeOn(b.s)
+	w.f.mu.Lock()
+	w.f.model.free(s.i, b.p, b.m)
+	w.f.mu.Unlock()
+	return mr.Deallocate(b.p, b.n, s.v)
+}
+
+// add adds a Stream of ours, or a foreign stream.
+func (w *modelStreams) add(foreign bool) {
+	w.nextH++
+	s := &modelStream{}
+	if foreign {
+		w.nextID++
+		s.v = arenaSyncForeign(w.f, w.nextH, w.nextID, fmt.Sprintf("F%d", w.nextID))
+	} else {
+		s.v, s.st = arenaSyncStream(w.t, w.f, w.nextH, fmt.Sprintf("S%#x", w.nextH))
+	}
+	w.f.mu.Lock()
+	s.i = w.f.model.stream(s.v.h)
+	w.f.mu.Unlock()
+	w.all = append(w.all, s)
+}
+
+// pick returns a stream neither closed nor destroyed.
+func (w *modelStreams) pick() *modelStream {
+	var live []*modelStream
+	for _, s := range w.all {
+		if !s.gone {
+			live = append(live, s)
+		}
+	}
+	return live[w.r.IntN(len(live))]
+}
+
+// freeOn returns the stream to free a block allocated on s on: mostly s, now and then another
+// live stream (always when s is gone), or a closed Stream of ours if any (the device is then
+// synchronised).
+func (w *modelStreams) freeOn(s *modelStream) *modelStream {
+	switch v := w.r.IntN(10); {
+	case v < 2 || s.gone:
+		return w.pick()
+	case v == 2:
+		for _, x := range w.all {
+			if x.gone && x.st != nil {
+				return x
+			}
+		}
+	}
+	return s
+}
+
+// closeOne closes the first open Stream of ours with close, and adds another.
+func (w *modelStreams) closeOne(close func(*modelStream)) {
+	for _, s := range w.all[1:] {
+		if !s.gone && s.st != nil {
+			close(s)
+			w.f.kill(s.v.h)
+			s.gone = true
+			break
+		}
+	}
+	w.add(false)
+}
+
+// killOne destroys the first foreign stream still alive, and adds another.
+func (w *modelStreams) killOne() {
+	for _, s := range w.all[1:] {
+		if !s.gone && s.st == nil {
+			w.f.kill(s.v.h)
+			s.gone = true
+			break
+		}
+	}
+	w.add(true)
+}
+
 // Random work on DefaultStream, Streams that close and foreign streams that are destroyed,
 // against the model of stream order: every block handed out is ordered after the work behind
 // every earlier free of its bytes, and no call names a stream after its end.
@@ -728,80 +862,11 @@ func TestArenaSyncAgainstModel(t *testing.T) {
 			m := newArenaSyncModel()
 			f.model = m
 			r := rand.New(rand.NewPCG(seed, 3))
-			type stream struct {
-				v    StreamView
-				st   *Stream
-				i    int // in the model
-				gone bool
-			}
-			var streams []*stream
-			nextH := uintptr(0x100)
-			nextID := uint64(1)
-			add := func(foreign bool) {
-				nextH++
-				s := &stream{}
-				if foreign {
-					nextID++
-					s.v = arenaSyncForeign(f, nextH, nextID, fmt.Sprintf("F%d", nextID))
-				} else {
-					s.v, s.st = arenaSyncStream(t, f, nextH, fmt.Sprintf("S%#x", nextH))
-				}
-				f.mu.Lock()
-				s.i = m.stream(s.v.h)
-				f.mu.Unlock()
-				streams = append(streams, s)
-			}
-			f.mu.Lock()
-			streams = append(streams, &stream{v: DefaultStream, i: m.stream(cuStreamLegacy)})
-			f.mu.Unlock()
-			for range 3 {
-				add(false)
-			}
-			for range 2 {
-				add(true)
-			}
-			live := func() []*stream {
-				var out []*stream
-				for _, s := range streams {
-					if !s.gone {
-						out = append(out, s)
-					}
-				}
-				return out
-			}
-			type block struct {
-				p DevicePtr
-				n int
-				s *stream
-			}
-			var blocks []block
-			free := func(k int) {
-				b := blocks[k]
-				blocks = slices.Delete(blocks, k, k+1)
-				s := b.s
-				switch v := r.IntN(10); {
-				case v < 2 || s.gone:
-					ls := live()
-					s = ls[r.IntN(len(ls))]
-				case v == 2:
-					// a closed Stream, if any: the device is synchronised
-					for _, x := range streams {
-						if x.gone && x.st != nil {
-							s = x
-							break
-						}
-					}
-				}
-				f.mu.Lock()
-				m.free(s.i, b.p, b.n)
-				f.mu.Unlock()
-				require.NoError(t, a.Deallocate(b.p, b.n, s.v))
-			}
+			w := newModelStreams(t, f, r, 3, 2)
 			for op := 0; op < 3000; op++ {
 				switch v := r.IntN(100); {
-				case len(blocks) == 0 || (len(blocks) < 24 && v < 50):
-					ls := live()
-					s := ls[r.IntN(len(ls))]
+				case len(w.blocks) == 0 || (len(w.blocks) < 24 && v < 50):
+					s := w.pick()
 					var n int
 					switch w := r.IntN(10); {
 					case w < 5:
@@ -816,34 +881,14 @@ func TestArenaSyncAgainstModel(t *testing.T) {
 						continue
 					}
 					require.NoError(t, err)
-					f.mu.Lock()
-					err = m.allocated(s.i, p, roundUp(n))
-					f.mu.Unlock()
-					require.NoError(t, err, "op %d", op)
-					blocks = append(blocks, block{p, n, s})
+					require.NoError(t, w.took(s, p, n, roundUp(n)), "op %d", op)
 				case v < 93:
-					free(r.IntN(len(blocks)))
+					require.NoError(t, w.free(a, r.IntN(len(w.blocks))))
 				case v < 96:
 					// A Stream closes (its frees so far must finish first) and another comes.
-					for _, s := range streams[1:] {
-						if !s.gone && s.st != nil {
-							brkCloseInModel(t, f, s.st, s.i)
-							f.kill(s.v.h)
-							s.gone = true
-							break
-						}
-					}
-					add(false)
+					w.closeOne(func(s *modelStream) { brkCloseInModel(t, f, s.st, s.i) })
 				case v < 99:
-					// A foreign stream is destroyed and another appears.
-					for _, s := range streams {
-						if !s.gone && s.st == nil && s.v.id != 0 {
-							f.kill(s.v.h)
-							s.gone = true
-							break
-						}
-					}
-					add(true)
+					w.killOne() // a foreign stream is destroyed and another appears
 				default:
 					require.NoError(t, a.Release())
 				}
@@ -851,8 +896,8 @@ func TestArenaSyncAgainstModel(t *testing.T) {
 					arenaCheck(t, a)
 				}
 			}
-			for len(blocks) > 0 {
-				free(len(blocks) - 1)
+			for len(w.blocks) > 0 {
+				require.NoError(t, w.free(a, len(w.blocks)-1))
 			}
 			require.Empty(t, f.errors())
 			arenaCheck(t, a)

@@ -2,7 +2,6 @@ package rmm
 
 import (
 	"cmp"
-	"errors"
 	"fmt"
 	"math"
 	"slices"
@@ -41,20 +40,16 @@ type FixedSizeOptions struct {
 // concurrent use (one mutex).
 type FixedSizeMemoryResource struct {
 	upstream    MemoryResource
-	dev         Device
-	ctx         uintptr
-	drv         *cudaDriver // the CUDA calls (tests may fake them)
 	blockSize   int
 	chunkBlocks int
 	chunkSize   int
 
-	mu       sync.Mutex
-	chunks   []fixedChunk // sorted by address
-	lists    []*fixedList
-	byStream map[uint64]*fixedList
-	live     map[DevicePtr]int // allocated block -> size asked
-	hooked   map[uint64]bool
-	closed   bool
+	mu sync.Mutex
+	// The per-stream lists, with the device, its context and the driver (stream_order.go).
+	streamLists[*fixedList]
+	chunks []fixedChunk      // sorted by address
+	live   map[DevicePtr]int // allocated block -> size asked
+	closed bool
 }
 
 type fixedChunk struct {
@@ -64,13 +59,11 @@ type fixedChunk struct {
 
 // fixedList is the free blocks ordered on one stream.
 type fixedList struct {
-	stream StreamView
-	event  uintptr // CUevent recorded on stream (0 without CUDA)
-	lazy   bool    // record the event only when another stream takes blocks
-	dirty  bool    // blocks were freed since the event was last recorded
-	closed bool    // the stream was destroyed
+	streamOrder
 	blocks []DevicePtr
 }
+
+func (l *fixedList) idle() bool { return len(l.blocks) == 0 }
 
 // NewFixedSizeMemoryResource returns a fixed-size resource over upstream (nil: the current
 // device resource) and takes its first chunk now; that allocation's failure is returned.
@@ -95,22 +88,14 @@ func NewFixedSizeMemoryResource(upstream MemoryResource, opts *FixedSizeOptions)
 		return nil, fmt.Errorf("%w: NewFixedSizeMemoryResource: chunk of %d blocks of %d bytes overflows", ErrInvalidArgument, o.BlocksToPreallocate, o.BlockSize)
 	}
 	f := &FixedSizeMemoryResource{
-		drv:         &cudaCalls,
 		upstream:    upstream,
-		dev:         DeviceOf(upstream),
 		blockSize:   bs,
 		chunkBlocks: o.BlocksToPreallocate,
 		chunkSize:   bs * o.BlocksToPreallocate,
-		byStream:    map[uint64]*fixedList{},
 		live:        map[DevicePtr]int{},
-		hooked:      map[uint64]bool{},
 	}
-	if CUDAAvailable() == nil {
-		ctx, err := f.dev.ctx()
-		if err != nil {
-			return nil, err
-		}
-		f.ctx = ctx
+	if err := f.initStreams("FixedSizeMemoryResource", DeviceOf(upstream), f, func(int) *fixedList { return new(fixedList) }); err != nil {
+		return nil, err
 	}
 	f.mu.Lock()
 	defer f.mu.Unlock()
@@ -188,7 +173,7 @@ func (f *FixedSizeMemoryResource) refill(l *fixedList, s StreamView, nbytes int)
 		if o == l || len(o.blocks) == 0 {
 			continue
 		}
-		if err := f.waitFor(o, s); err != nil {
+		if err := f.orderAfter(o, s); err != nil {
 			return fmt.Errorf("FixedSizeMemoryResource.Allocate: ordering %v after %v: %w", s, o.stream, err)
 		}
 		k := len(o.blocks) - 1
@@ -237,143 +222,38 @@ func (f *FixedSizeMemoryResource) Deallocate(p DevicePtr, nbytes int, s StreamVi
 	if f.closed {
 		return f.deallocateAfterClose(p, s)
 	}
-	l, err := f.listFor(s)
-	if errors.Is(err, ErrClosed) {
-		if f.ctx != 0 {
-			if err := f.drv.ctxSynchronize(f.ctx); err != nil {
-				return fmt.Errorf("FixedSizeMemoryResource.Deallocate on closed %v: %w", s, err)
-			}
-		}
-		s = DefaultStream
-		l, err = f.listFor(s)
-	}
+	l, _, err := f.freeTo(s, nil)
 	if err != nil {
 		return err
-	}
-	if !l.lazy && f.ctx != 0 {
-		if err := f.drv.eventRecord(f.ctx, l.event, s.cu()); err != nil {
-			return fmt.Errorf("FixedSizeMemoryResource.Deallocate: recording the event on %v: %w", s, err)
-		}
-	} else {
-		l.dirty = true
 	}
 	delete(f.live, p)
 	l.blocks = append(l.blocks, p)
 	return nil
 }
 
-// listFor returns stream s's free list, creating it (and its event) on first use; ErrClosed for
-// a Stream of ours that was closed.
-func (f *FixedSizeMemoryResource) listFor(s StreamView) (*fixedList, error) {
-	if l := f.byStream[s.id]; l != nil {
-		if l.closed {
-			return nil, errStreamClosed("FixedSizeMemoryResource", s)
-		}
-		return l, nil
-	}
-	l := &fixedList{stream: s.deviceView(f.dev), lazy: s.lifetimeKnown()}
-	if l.lazy && s.id != 0 && !f.hooked[s.id] {
-		if !addStreamCloseHook(s, f) {
-			return nil, errStreamClosed("FixedSizeMemoryResource", s)
-		}
-		f.hooked[s.id] = true
-	}
-	if f.ctx != 0 {
-		e, err := f.drv.eventCreate(f.ctx, cuEventDisableTiming)
-		if err != nil {
-			return nil, fmt.Errorf("FixedSizeMemoryResource: creating the event for %v: %w", s, err)
-		}
-		l.event = e
-	}
-	f.byStream[s.id] = l
-	f.lists = append(f.lists, l)
-	return l, nil
-}
-
-// dropList forgets list o and destroys its event.
-func (f *FixedSizeMemoryResource) dropList(o *fixedList) {
-	delete(f.byStream, o.stream.id)
-	for i, x := range f.lists {
-		if x == o {
-			f.lists = append(f.lists[:i], f.lists[i+1:]...)
-			break
-		}
-	}
-	if o.event != 0 {
-		f.drv.eventDestroy(f.ctx, o.event)
-		o.event = 0
-	}
-}
-
-// waitFor orders stream s after everything stream o's blocks were freed behind.
-func (f *FixedSizeMemoryResource) waitFor(o *fixedList, s StreamView) error {
-	if f.ctx == 0 || o.event == 0 {
-		return nil
-	}
-	if o.dirty && !o.closed {
-		o.dirty = false
-		return f.drv.recordAndWait(f.ctx, o.event, o.stream.cu(), s.cu())
-	}
-	return f.drv.streamWaitEvent(f.ctx, s.cu(), o.event)
-}
-
 // streamClosing is called by Stream.Close before the stream is destroyed: the stream's free
 // blocks move to the default stream's list, after the default stream waits (on the device) for
-// the closing stream's work; its list and event are dropped.
+// the closing stream's work; its list and event are dropped (closeStream).
 func (f *FixedSizeMemoryResource) streamClosing(s StreamView) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	delete(f.hooked, s.id)
-	l := f.byStream[s.id]
-	if l == nil {
-		return
-	}
-	if f.closed {
-		l.closed = true
-		return
-	}
-	if len(l.blocks) == 0 {
+	if def, l, move := f.closeStream(s, f.closed); move {
+		def.blocks = append(def.blocks, l.blocks...)
 		f.dropList(l)
-		return
 	}
-	def, err := f.listFor(DefaultStream)
-	if err == nil && f.ctx != 0 && l.event != 0 {
-		if l.dirty {
-			err = f.drv.recordAndWait(f.ctx, l.event, s.cu(), cuStreamLegacy)
-		} else {
-			err = f.drv.streamWaitEvent(f.ctx, cuStreamLegacy, l.event)
-		}
-		if err != nil {
-			DebugLogger().Warn("rmm: FixedSizeMemoryResource: ordering a closing stream's frees failed; synchronising it", "stream", s.String(), "err", err)
-			err = f.drv.streamSynchronize(f.ctx, s.cu())
-		}
-	}
-	if def == nil || err != nil {
-		// Keep the blocks where they are, reachable only through an event wait.
-		l.dirty, l.closed, l.lazy = false, true, false
-		return
-	}
-	def.blocks = append(def.blocks, l.blocks...)
-	def.dirty = true
-	f.dropList(l)
 }
 
 // syncAll waits (on the host) for the work behind every list's frees.
 func (f *FixedSizeMemoryResource) syncAll() error {
-	if f.ctx == 0 {
-		return nil
-	}
 	for _, l := range f.lists {
-		if l.event == 0 {
+		if !f.ordered(l) {
 			continue
 		}
-		if l.dirty && !l.closed {
-			if err := f.drv.eventRecord(f.ctx, l.event, l.stream.cu()); err != nil {
-				return err
+		record := l.claimRecord(false)
+		if err := f.hostWait(l, record); err != nil {
+			if record {
+				l.unclaim()
 			}
-			l.dirty = false
-		}
-		if err := f.drv.eventSynchronize(f.ctx, l.event); err != nil {
 			return err
 		}
 	}
@@ -448,16 +328,6 @@ func (f *FixedSizeMemoryResource) Release() error {
 	return f.releaseWhole()
 }
 
-func (f *FixedSizeMemoryResource) destroyEvents() {
-	for _, l := range f.lists {
-		if l.event != 0 {
-			f.drv.eventDestroy(f.ctx, l.event)
-			l.event = 0
-		}
-		l.lazy, l.dirty = false, false
-	}
-}
-
 // Close waits for the work behind every free, returns every wholly free chunk to the upstream
 // and destroys the events. Afterwards Allocate returns ErrClosed. Allocations still live stay
 // valid: Deallocate keeps working (after synchronising the freeing stream) and each chunk goes
@@ -500,16 +370,8 @@ func (f *FixedSizeMemoryResource) Close() error {
 // deallocateAfterClose frees a block that outlived Close: the stream is synchronised, and the
 // block's chunk goes back to the upstream when it was its last live block.
 func (f *FixedSizeMemoryResource) deallocateAfterClose(p DevicePtr, s StreamView) error {
-	if f.ctx != 0 {
-		var err error
-		if s.closed() {
-			err = f.drv.ctxSynchronize(f.ctx)
-		} else {
-			err = f.drv.streamSynchronize(f.ctx, s.cu())
-		}
-		if err != nil {
-			return fmt.Errorf("FixedSizeMemoryResource.Deallocate after Close: synchronising %v: %w", s, err)
-		}
+	if err := f.syncAfterClose(s); err != nil {
+		return err
 	}
 	delete(f.live, p)
 	i := f.chunkOf(p)

@@ -1,6 +1,7 @@
 package rmm
 
 import (
+	"fmt"
 	"math/rand/v2"
 	"slices"
 	"sync"
@@ -454,4 +455,83 @@ func TestFixedSizeStreamOrderThroughDriver(t *testing.T) {
 	again := slices.Clone(f.log[before:])
 	f.mu.Unlock()
 	require.Empty(t, again, "a block reused on the stream that freed it needs no call")
+}
+
+// fixedSyncSim returns a fixed-size resource of 4 KiB blocks, 8 to a chunk, over an address-only
+// upstream that checks every chunk given back against the model, with its CUDA calls going to a
+// fake device (ctx 1 stands for a context) that follows the model of stream order.
+func fixedSyncSim(t *testing.T) (*FixedSizeMemoryResource, *arenaSyncFake, *gatedUpstream) {
+	t.Helper()
+	u := newGatedUpstream(t, 1<<30)
+	fx, err := NewFixedSizeMemoryResource(u, &FixedSizeOptions{BlockSize: 4096, BlocksToPreallocate: 8})
+	require.NoError(t, err)
+	f := newArenaSyncFake(nil)
+	m := newArenaSyncModel()
+	f.model = m
+	fx.ctx, fx.drv = 1, f.driver()
+	f.mu.Lock()
+	m.stream(cuStreamLegacy)
+	f.mu.Unlock()
+	u.check = func(p DevicePtr, n int) error {
+		f.mu.Lock()
+		defer f.mu.Unlock()
+		return m.returned(p, n)
+	}
+	// The default stream's list was made before the fake came (without CUDA, with no event):
+	// give it one, as it would have on a device.
+	if def := fx.byStream[DefaultStream.id]; def.event == 0 {
+		def.event, err = fx.drv.eventCreate(fx.ctx, cuEventDisableTiming)
+		require.NoError(t, err)
+	}
+	f.take()
+	return fx, f, u
+}
+
+// Random work on DefaultStream, Streams that close and foreign streams that are destroyed,
+// against the model of stream order: every block the fixed-size resource hands out is ordered
+// after the work behind every earlier free of it, every chunk given back (Release, Close, frees
+// after Close) after that work finished, and no call names a stream after its end. A closing
+// Stream's blocks reach other streams through the default stream's wait alone (Stream.Close's own
+// synchronisation is left out of the model).
+func TestFixedSizeSyncAgainstModel(t *testing.T) {
+	const bs = 4096
+	for seed := range uint64(4) {
+		t.Run(fmt.Sprint(seed), func(t *testing.T) {
+			fx, f, u := fixedSyncSim(t)
+			r := rand.New(rand.NewPCG(seed, 7))
+			w := newModelStreams(t, f, r, 3, 2)
+			for op := range 2000 {
+				switch v := r.IntN(100); {
+				case len(w.blocks) == 0 || (len(w.blocks) < 40 && v < 50):
+					s := w.pick()
+					n := 1 + r.IntN(bs)
+					p, err := fx.Allocate(n, s.v)
+					require.NoError(t, err)
+					require.NoError(t, w.took(s, p, n, bs), "op %d", op)
+				case v < 93:
+					require.NoError(t, w.free(fx, r.IntN(len(w.blocks))))
+				case v < 96:
+					w.closeOne(func(s *modelStream) { require.NoError(t, s.st.Close()) })
+				case v < 99:
+					w.killOne()
+				default:
+					require.NoError(t, fx.Release())
+				}
+				require.Empty(t, f.errors(), "op %d", op)
+				if op%100 == 0 {
+					fixedCheck(t, fx)
+				}
+			}
+			// Close with live blocks, then free them: each chunk goes back after its last free.
+			require.NoError(t, fx.Close())
+			for len(w.blocks) > 0 {
+				require.NoError(t, w.free(fx, len(w.blocks)-1))
+			}
+			require.Empty(t, f.errors())
+			held, _, _, errs := u.figures()
+			require.Empty(t, errs)
+			require.Zero(t, held, "every chunk went back")
+			t.Logf("%d driver calls", f.calls)
+		})
+	}
 }

@@ -190,20 +190,16 @@ type PoolOptions struct {
 // per-stream caches as free.
 type PoolMemoryResource struct {
 	upstream MemoryResource
-	dev      Device
-	ctx      uintptr // 0 without CUDA: no events are used
-	drv      *cudaDriver
 	maximum  int // 0 = unbounded
 
-	mu         sync.Mutex
+	mu sync.Mutex
+	// The per-stream free lists, with the device, its context and the driver (stream_order.go).
+	streamLists[*freeList]
 	size       int // bytes taken from upstream
 	upstreams  map[DevicePtr]int
-	lists      []*freeList
-	byStream   map[uint64]*freeList
-	live       blockTable      // allocated blocks by address
-	liveBytes  int             // sum of the rounded sizes of live allocations
-	peakLive   int             // the highest liveBytes seen
-	hooked     map[uint64]bool // Streams whose Close will tell us
+	live       blockTable // allocated blocks by address
+	liveBytes  int        // sum of the rounded sizes of live allocations
+	peakLive   int        // the highest liveBytes seen
 	spare      []*block
 	closed     bool
 	closedList *freeList // after Close: the one list left
@@ -268,19 +264,11 @@ func NewPoolMemoryResource(upstream MemoryResource, opts *PoolOptions) (*PoolMem
 	}
 	p := &PoolMemoryResource{
 		upstream:  upstream,
-		drv:       &cudaCalls,
-		dev:       DeviceOf(upstream),
 		maximum:   o.MaximumPoolSize,
 		upstreams: map[DevicePtr]int{},
-		byStream:  map[uint64]*freeList{},
-		hooked:    map[uint64]bool{},
 	}
-	if CUDAAvailable() == nil {
-		ctx, err := p.dev.ctx()
-		if err != nil {
-			return nil, err
-		}
-		p.ctx = ctx
+	if err := p.initStreams("PoolMemoryResource", DeviceOf(upstream), p, newFreeList); err != nil {
+		return nil, err
 	}
 	if o.InitialPoolSize > 0 {
 		ptr, err := upstream.Allocate(o.InitialPoolSize, DefaultStream)
@@ -355,21 +343,13 @@ func newExpandablePool(upstream MemoryResource, vm vmm, o PoolOptions) (*PoolMem
 	}
 	p := &PoolMemoryResource{
 		upstream:  upstream,
-		drv:       &cudaCalls,
-		dev:       dev,
 		maximum:   maximum,
 		upstreams: map[DevicePtr]int{},
-		byStream:  map[uint64]*freeList{},
-		hooked:    map[uint64]bool{},
 		exp:       e,
 	}
-	if CUDAAvailable() == nil {
-		ctx, err := p.dev.ctx()
-		if err != nil {
-			vm.free(e.base, e.reserved)
-			return nil, err
-		}
-		p.ctx = ctx
+	if err := p.initStreams("PoolMemoryResource", dev, p, newFreeList); err != nil {
+		vm.free(e.base, e.reserved)
+		return nil, err
 	}
 	if o.InitialPoolSize > 0 {
 		p.mu.Lock()
@@ -1053,41 +1033,29 @@ func (p *PoolMemoryResource) Deallocate(ptr DevicePtr, nbytes int, s StreamView)
 	if p.closed {
 		return p.deallocateAfterClose(b, s)
 	}
-	l, err := p.listFor(s)
-	if errors.Is(err, ErrClosed) {
-		// The stream is gone: nothing can be ordered after it any more, so wait for the device.
-		// The wait is made unlocked, the block out of the live table (a second free of it fails)
-		// and in no list meanwhile; it counts as a merge in flight, so an allocation that would
-		// grow, and Close, wait for it.
-		if p.ctx != 0 {
-			p.live.del(ptr)
-			p.merging++
-			p.mu.Unlock()
-			serr := p.drv.ctxSynchronize(p.ctx)
-			p.mu.Lock()
-			p.merging--
-			p.wake()
-			p.live.put(b)
-			if serr != nil {
-				return fmt.Errorf("PoolMemoryResource.Deallocate on closed %v: %w", s, serr)
-			}
+	// A free on a Stream that was closed waits for the device first (freeTo). The wait is made
+	// unlocked, the block out of the live table (a second free of it fails) and in no list
+	// meanwhile; it counts as a merge in flight, so an allocation that would grow, and Close, wait
+	// for it. A record (on a stream we hold only a view of) stays under the lock: once the block
+	// is in l a taker may wait on l's event, which must hold this record by then (moving it out
+	// would need the block kept out of l until the record is made, a second lock round trip on
+	// every such free).
+	l, s, err := p.freeTo(s, func() error {
+		if p.ctx == 0 {
+			return nil
 		}
-		s = DefaultStream
-		l, err = p.listFor(s)
-	}
+		p.live.del(ptr)
+		p.merging++
+		p.mu.Unlock()
+		err := p.syncClosed(s)
+		p.mu.Lock()
+		p.merging--
+		p.wake()
+		p.live.put(b)
+		return err
+	})
 	if err != nil {
 		return err
-	}
-	if !l.lazy && p.ctx != 0 {
-		// A stream we hold only a view of: record now, while it surely exists. The record stays
-		// under the lock: once the block is in l a taker may wait on l's event, which must hold
-		// this record by then (moving it out would need the block kept out of l until the record
-		// is made, a second lock round trip on every such free).
-		if err := p.drv.eventRecord(p.ctx, l.event, s.cu()); err != nil {
-			return fmt.Errorf("PoolMemoryResource.Deallocate: recording the event on %v: %w", s, err)
-		}
-	} else {
-		l.dirty = true
 	}
 	p.live.del(ptr)
 	if b.stitched {
@@ -1171,52 +1139,13 @@ func (p *PoolMemoryResource) mergeInto(l, o *freeList) {
 	}
 }
 
-// listFor returns stream s's free list, creating it (and its event) on first use.
-// It returns ErrClosed for a Stream of ours that was closed.
-func (p *PoolMemoryResource) listFor(s StreamView) (*freeList, error) {
-	if l := p.byStream[s.id]; l != nil {
-		if l.closed {
-			return nil, errStreamClosed("PoolMemoryResource", s)
-		}
-		return l, nil
-	}
-	l := &freeList{stream: s.deviceView(p.dev), rng: uint32(len(p.byStream))*2654435761 + 1}
+// newFreeList makes the list of a stream, the pool holding n lists.
+func newFreeList(n int) *freeList {
+	l := &freeList{rng: uint32(n)*2654435761 + 1}
 	if l.rng == 0 {
 		l.rng = 1
 	}
-	l.lazy = s.lifetimeKnown()
-	if l.lazy && s.id != 0 && !p.hooked[s.id] {
-		if !addStreamCloseHook(s, p) {
-			return nil, errStreamClosed("PoolMemoryResource", s)
-		}
-		p.hooked[s.id] = true
-	}
-	if p.ctx != 0 {
-		e, err := p.drv.eventCreate(p.ctx, cuEventDisableTiming)
-		if err != nil {
-			return nil, fmt.Errorf("PoolMemoryResource: creating the event for %v: %w", s, err)
-		}
-		l.event = e
-	}
-	p.byStream[s.id] = l
-	p.lists = append(p.lists, l)
-	return l, nil
-}
-
-// dropList forgets an empty list (after a merge) and destroys its event. o must not be pinned.
-func (p *PoolMemoryResource) dropList(o *freeList) {
-	o.dropped = true
-	delete(p.byStream, o.stream.id)
-	for i, x := range p.lists {
-		if x == o {
-			p.lists = append(p.lists[:i], p.lists[i+1:]...)
-			break
-		}
-	}
-	if o.event != 0 {
-		p.drv.eventDestroy(p.ctx, o.event)
-		o.event = 0
-	}
+	return l
 }
 
 // streamClosing is called by Stream.Close before the stream is destroyed. The stream's free
@@ -1236,55 +1165,13 @@ func (p *PoolMemoryResource) streamClosing(s StreamView) {
 	// stream with nothing ordering them after s's work. The blocks go to s's list (made again
 	// if a merge dropped it: s is still hooked), which is handled below.
 	p.dropCaches()
-	delete(p.hooked, s.id)
-	l := p.byStream[s.id]
-	if l == nil {
-		return
-	}
-	// The record and wait below stay under the lock: they run once per closing stream, and a
-	// free into l made while unlocked would escape them.
-	if p.closed {
-		l.closed = true
-		return
-	}
-	if l.count == 0 && l.depRefs == 0 {
-		p.dropList(l)
-		return
-	}
-	def, _ := p.listFor(DefaultStream)
-	var err error
-	if p.ctx != 0 && l.event != 0 {
-		switch {
-		case def == nil && l.dirty:
-			// No default list to move the blocks to: they stay in l, and whoever takes them
-			// later waits on l's event (l is closed: never recorded again), which must cover
-			// them now.
-			err = p.drv.eventRecord(p.ctx, l.event, l.stream.cu())
-		case def == nil:
-		case l.dirty:
-			err = p.drv.recordAndWait(p.ctx, l.event, l.stream.cu(), cuStreamLegacy)
-		default:
-			err = p.drv.streamWaitEvent(p.ctx, cuStreamLegacy, l.event)
-		}
-		if err != nil {
-			// Cannot order on the device: wait for the stream on the host instead, or failing
-			// that for the whole device (the event may not hold the frees: the record may be what
-			// failed).
-			DebugLogger().Warn("rmm: PoolMemoryResource: ordering a closing stream's frees failed; synchronising it", "stream", s.String(), "err", err)
-			if err = p.drv.streamSynchronize(p.ctx, l.stream.cu()); err != nil {
-				err = p.drv.ctxSynchronize(p.ctx)
-			}
-		}
-	}
-	if def == nil || err != nil {
-		// Keep the blocks where they are, reachable only through an event wait by other streams
-		// (when even the device could not be waited for, the context is broken: nothing orders
-		// them then).
-		l.dirty, l.closed, l.lazy = false, true, false
+	// The record and wait (closeStream) stay under the lock: they run once per closing stream,
+	// and a free into l made while unlocked would escape them.
+	def, l, move := p.closeStream(s, p.closed)
+	if !move {
 		return
 	}
 	p.mergeInto(def, l)
-	def.dirty = true // the default stream's event must now cover what it waited for
 	if p.retargetDeps(l, def) && p.ctx != 0 {
 		// A block in flight (a merge waiting unlocked) still names l, and l's event goes with
 		// it: wait for the stream's work on the host instead, so that the name can be dropped
@@ -1319,9 +1206,8 @@ func (p *PoolMemoryResource) syncAll(hold bool) error {
 			if l.event == 0 {
 				continue
 			}
-			x := snap{l: l, frees: l.frees, record: (l.dirty || l.recording > 0) && !l.closed}
+			x := snap{l: l, frees: l.frees, record: l.claimRecord(l.recording > 0)}
 			if x.record {
-				l.dirty = false
 				l.recording++
 			}
 			p.pin(l)
@@ -1330,12 +1216,7 @@ func (p *PoolMemoryResource) syncAll(hold bool) error {
 		p.unlockUnless(locked)
 		var err error
 		for _, x := range snaps {
-			if x.record {
-				if err = p.drv.eventRecord(p.ctx, x.l.event, x.l.stream.cu()); err != nil {
-					break
-				}
-			}
-			if err = p.drv.eventSynchronize(p.ctx, x.l.event); err != nil {
+			if err = p.hostWait(x.l, x.record); err != nil {
 				break
 			}
 		}
@@ -1343,8 +1224,8 @@ func (p *PoolMemoryResource) syncAll(hold bool) error {
 		for _, x := range snaps {
 			if x.record {
 				x.l.recording--
-				if err != nil && x.l.lazy {
-					x.l.dirty = true
+				if err != nil {
+					x.l.unclaim()
 				}
 			}
 			p.unpin(x.l)
@@ -1513,13 +1394,7 @@ func (p *PoolMemoryResource) Close() error {
 	if def == nil {
 		return fmt.Errorf("PoolMemoryResource.Close: %w", err)
 	}
-	for _, l := range p.lists {
-		if l.event != 0 {
-			p.drv.eventDestroy(p.ctx, l.event)
-			l.event = 0
-		}
-		l.lazy, l.dirty = false, false
-	}
+	p.destroyEvents()
 	p.closed = true
 	p.closedList = def
 	if p.exp != nil {
@@ -1542,16 +1417,8 @@ func (p *PoolMemoryResource) Close() error {
 // pool has no events any more; for a Stream that was closed, whose handle is gone, the device),
 // the block is coalesced, and its upstream block is returned when wholly free.
 func (p *PoolMemoryResource) deallocateAfterClose(b *block, s StreamView) error {
-	switch {
-	case p.ctx == 0:
-	case s.closed():
-		if err := p.drv.ctxSynchronize(p.ctx); err != nil {
-			return fmt.Errorf("PoolMemoryResource.Deallocate after Close, on closed %v: %w", s, err)
-		}
-	default:
-		if err := p.drv.streamSynchronize(p.ctx, s.cu()); err != nil {
-			return fmt.Errorf("PoolMemoryResource.Deallocate after Close: synchronising %v: %w", s, err)
-		}
+	if err := p.syncAfterClose(s); err != nil {
+		return err
 	}
 	p.live.del(b.addr)
 	if b.stitched {

@@ -66,11 +66,7 @@ func freeClass(size int) (level, class int) {
 
 // freeList is the free blocks ordered on one stream.
 type freeList struct {
-	stream StreamView
-	event  uintptr // CUevent recorded on stream (0 without CUDA)
-	lazy   bool    // the stream's lifetime is known: record the event only when another stream takes blocks
-	dirty  bool    // lazy list freed blocks since its event was last recorded
-	closed bool    // the stream was destroyed (its event was recorded just before)
+	streamOrder // stream, event, lazy, dirty, closed, dropped (stream_order.go)
 	// pins counts the goroutines that hold the list across an unlock of the pool's mutex (a
 	// take waiting on its event, a merge into it, a growth for it, Release's synchronisation):
 	// a pinned list is never dropped, so its event outlives every call naming it.
@@ -84,9 +80,8 @@ type freeList struct {
 	// depRefs counts the blocks whose deps name this list: it is dropped while a listed block
 	// does only once its stream's work behind the frees was waited for (resource_pool_deps.go).
 	depRefs int
-	dropped bool // the pool forgot the list (dropList)
-	count   int  // blocks
-	bytes   int  // free bytes
+	count   int // blocks
+	bytes   int // free bytes
 	rng     uint32
 	// The sizes (rounded) of the stream's last allocations that its cache could not serve; a
 	// free of one of these sizes goes to the stream's cache (resource_pool_cache.go).
@@ -97,6 +92,10 @@ type freeList struct {
 	sub    [freeLevels]uint64            // bit c of sub[L]: class c of level L holds blocks
 	levels [freeLevels]*[freeSubs]*block // the treap root of every class, by level (nil: unused)
 }
+
+// idle reports whether nothing keeps the list when its stream closes: no free block, and no
+// block naming it among its deps.
+func (l *freeList) idle() bool { return l.count == 0 && l.depRefs == 0 }
 
 func (l *freeList) nextPrio() uint32 {
 	// xorshift32; never zero.

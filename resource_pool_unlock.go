@@ -110,12 +110,11 @@ type takeWait struct {
 // beginWait decides, under the lock, what a stream taking blocks from o must wait for, and pins o
 // (and counts the record in flight) until endWait.
 func (p *PoolMemoryResource) beginWait(o *freeList) takeWait {
-	if p.ctx == 0 || o.event == 0 {
+	if !p.ordered(o) {
 		return takeWait{}
 	}
-	w := takeWait{o: o, record: (o.dirty || o.recording > 0) && !o.closed, frees: o.frees}
+	w := takeWait{o: o, record: o.claimRecord(o.recording > 0), frees: o.frees}
 	if w.record {
-		o.dirty = false
 		o.recording++
 	}
 	p.pin(o)
@@ -128,10 +127,7 @@ func (p *PoolMemoryResource) doWait(w takeWait, s StreamView) error {
 	if w.o == nil {
 		return nil
 	}
-	if w.record {
-		return p.drv.recordAndWait(p.ctx, w.o.event, w.o.stream.cu(), s.cu())
-	}
-	return p.drv.streamWaitEvent(p.ctx, s.cu(), w.o.event)
+	return p.waitOn(w.o, w.record, s.cu())
 }
 
 // endWait ends w (pool locked). After a failed call the event's state is unknown: a lazy list is
@@ -142,8 +138,8 @@ func (p *PoolMemoryResource) endWait(w takeWait, err error) {
 	}
 	if w.record {
 		w.o.recording--
-		if err != nil && w.o.lazy {
-			w.o.dirty = true
+		if err != nil {
+			w.o.unclaim()
 		}
 	}
 	p.unpin(w.o)
