@@ -48,25 +48,25 @@ type deviceState struct {
 func initDriver() error {
 	driverOnce.Do(func() {
 		if !cgoEnabled {
-			driverErr = fmt.Errorf("%w: built without cgo (CGO_ENABLED=0), so the CUDA driver cannot be loaded", ErrNoDevice)
+			driverErr = errorf("built without cgo (CGO_ENABLED=0), so the CUDA driver cannot be loaded: %w", ErrNoDevice)
 			return
 		}
 		if why := loadDriver(); why != "" {
-			driverErr = fmt.Errorf("%w: %s", ErrNoDevice, why)
+			driverErr = errorf("%s: %w", why, ErrNoDevice)
 			return
 		}
 		driverLoaded = true
 		if err := cuInit(); err != nil {
-			driverErr = fmt.Errorf("%w: cuInit failed: %w", ErrNoDevice, err)
+			driverErr = errorf("cuInit failed: %w: %w", err, ErrNoDevice)
 			return
 		}
 		n, err := cuDeviceCount()
 		if err != nil {
-			driverErr = fmt.Errorf("%w: %w", ErrNoDevice, err)
+			driverErr = errorf("%w: %w", err, ErrNoDevice)
 			return
 		}
 		if n == 0 {
-			driverErr = fmt.Errorf("%w: the driver reports no CUDA-capable device", ErrNoDevice)
+			driverErr = errorf("the driver reports no CUDA-capable device: %w", ErrNoDevice)
 			return
 		}
 		deviceCount = n
@@ -121,10 +121,10 @@ func (d Device) check() error {
 		if d == 0 {
 			return nil
 		}
-		return fmt.Errorf("%w: device %d does not exist (no CUDA device; only device 0, the host, is available)", ErrInvalidArgument, int(d))
+		return errorf("device %d does not exist (no CUDA device; only device 0, the host, is available): %w", int(d), ErrInvalidArgument)
 	}
 	if d < 0 || int(d) >= n {
-		return fmt.Errorf("%w: device %d does not exist (%d CUDA devices)", ErrInvalidArgument, int(d), n)
+		return errorf("device %d does not exist (%d CUDA devices): %w", int(d), n, ErrInvalidArgument)
 	}
 	return nil
 }
@@ -201,7 +201,7 @@ func (d Device) TotalMemory() (int, error) {
 	if err := initDriver(); err != nil {
 		_, total, herr := hostMemoryInfo()
 		if herr != nil {
-			return 0, fmt.Errorf("%w (and %v)", err, herr)
+			return 0, errorf("%w (and %v)", err, herr)
 		}
 		return total, nil
 	}
@@ -218,7 +218,7 @@ func (d Device) MemoryInfo() (free, total int, err error) {
 	if err := initDriver(); err != nil {
 		free, total, herr := hostMemoryInfo()
 		if herr != nil {
-			return 0, 0, fmt.Errorf("%w (and %v)", err, herr)
+			return 0, 0, errorf("%w (and %v)", err, herr)
 		}
 		return free, total, nil
 	}
@@ -260,7 +260,7 @@ func AvailableDeviceMemory() (free, total int, err error) {
 // Without CUDA it is a percentage of the host's available memory.
 func PercentOfFreeDeviceMemory(percent int) (int, error) {
 	if percent < 0 || percent > 100 {
-		return 0, fmt.Errorf("%w: PercentOfFreeDeviceMemory: percent %d is outside 0..100", ErrInvalidArgument, percent)
+		return 0, errorf("PercentOfFreeDeviceMemory: percent %d is outside 0..100: %w", percent, ErrInvalidArgument)
 	}
 	free, _, err := AvailableDeviceMemory()
 	if err != nil {

@@ -239,25 +239,25 @@ func NewPoolMemoryResource(upstream MemoryResource, opts *PoolOptions) (*PoolMem
 	upstream = resourceOrCurrent(upstream)
 	switch {
 	case o.InitialPoolSize < 0 || o.MaximumPoolSize < 0:
-		return nil, fmt.Errorf("%w: NewPoolMemoryResource: negative size (initial %d, maximum %d)", ErrInvalidArgument, o.InitialPoolSize, o.MaximumPoolSize)
+		return nil, errorf("NewPoolMemoryResource: negative size (initial %d, maximum %d): %w", o.InitialPoolSize, o.MaximumPoolSize, ErrInvalidArgument)
 	case o.InitialPoolSize%Alignment != 0:
-		return nil, fmt.Errorf("%w: NewPoolMemoryResource: InitialPoolSize %d is not a multiple of %d bytes", ErrInvalidArgument, o.InitialPoolSize, Alignment)
+		return nil, errorf("NewPoolMemoryResource: InitialPoolSize %d is not a multiple of %d bytes: %w", o.InitialPoolSize, Alignment, ErrInvalidArgument)
 	case o.MaximumPoolSize%Alignment != 0:
-		return nil, fmt.Errorf("%w: NewPoolMemoryResource: MaximumPoolSize %d is not a multiple of %d bytes", ErrInvalidArgument, o.MaximumPoolSize, Alignment)
+		return nil, errorf("NewPoolMemoryResource: MaximumPoolSize %d is not a multiple of %d bytes: %w", o.MaximumPoolSize, Alignment, ErrInvalidArgument)
 	case o.MaximumPoolSize > 0 && o.InitialPoolSize > o.MaximumPoolSize:
-		return nil, fmt.Errorf("%w: NewPoolMemoryResource: InitialPoolSize %d exceeds MaximumPoolSize %d", ErrInvalidArgument, o.InitialPoolSize, o.MaximumPoolSize)
+		return nil, errorf("NewPoolMemoryResource: InitialPoolSize %d exceeds MaximumPoolSize %d: %w", o.InitialPoolSize, o.MaximumPoolSize, ErrInvalidArgument)
 	}
 	if o.ReleaseThreshold < 0 {
-		return nil, fmt.Errorf("%w: NewPoolMemoryResource: negative ReleaseThreshold %d", ErrInvalidArgument, o.ReleaseThreshold)
+		return nil, errorf("NewPoolMemoryResource: negative ReleaseThreshold %d: %w", o.ReleaseThreshold, ErrInvalidArgument)
 	}
 	if o.ReleaseThreshold > 0 && !o.Expandable {
-		return nil, fmt.Errorf("%w: NewPoolMemoryResource: ReleaseThreshold needs an Expandable pool", ErrInvalidArgument)
+		return nil, errorf("NewPoolMemoryResource: ReleaseThreshold needs an Expandable pool: %w", ErrInvalidArgument)
 	}
 	if o.Exportable && !o.Expandable {
-		return nil, fmt.Errorf("%w: NewPoolMemoryResource: Exportable applies to expandable pools (a plain pool exports what its upstream can)", ErrInvalidArgument)
+		return nil, errorf("NewPoolMemoryResource: Exportable applies to expandable pools (a plain pool exports what its upstream can): %w", ErrInvalidArgument)
 	}
 	if (o.stitchPiece != 0 || o.Stitch) && !o.Expandable {
-		return nil, fmt.Errorf("%w: NewPoolMemoryResource: Stitch applies to expandable pools", ErrInvalidArgument)
+		return nil, errorf("NewPoolMemoryResource: Stitch applies to expandable pools: %w", ErrInvalidArgument)
 	}
 	if o.Expandable {
 		return newExpandablePool(given, nil, o)
@@ -281,7 +281,7 @@ func NewPoolMemoryResource(upstream MemoryResource, opts *PoolOptions) (*PoolMem
 	if o.InitialPoolSize > 0 {
 		ptr, err := upstream.Allocate(o.InitialPoolSize, DefaultStream)
 		if err != nil {
-			return nil, fmt.Errorf("NewPoolMemoryResource: taking the initial %d bytes from %s: %w", o.InitialPoolSize, resourceName(upstream), err)
+			return nil, errorf("NewPoolMemoryResource: taking the initial %d bytes from %s: %w", o.InitialPoolSize, resourceName(upstream), err)
 		}
 		p.mu.Lock()
 		l, err := p.listFor(DefaultStream)
@@ -325,11 +325,11 @@ func newExpandablePool(upstream MemoryResource, vm vmm, o PoolOptions) (*PoolMem
 	}
 	switch {
 	case o.stitchPiece < 0 || o.stitchMin < 0 || o.stitchKeep < 0 || o.stitchFrac < 0:
-		return nil, fmt.Errorf("%w: NewPoolMemoryResource: negative stitching option", ErrInvalidArgument)
+		return nil, errorf("NewPoolMemoryResource: negative stitching option: %w", ErrInvalidArgument)
 	case o.stitchPiece > 0 && o.carvePage > 0:
 		// Carving unmaps free chunks and maps them elsewhere, which an alias of them would have
 		// to follow; the two are not combined.
-		return nil, fmt.Errorf("%w: NewPoolMemoryResource: carving and Stitch are exclusive", ErrInvalidArgument)
+		return nil, errorf("NewPoolMemoryResource: carving and Stitch are exclusive: %w", ErrInvalidArgument)
 	}
 	e, maximum, err := newExpandable(vm, dev, o.MaximumPoolSize, o.ReleaseThreshold, o.carvePage)
 	if err != nil {
@@ -386,7 +386,7 @@ func newExpandablePool(upstream MemoryResource, vm vmm, o PoolOptions) (*PoolMem
 		if err != nil {
 			p.releaseChunks(p.lists[0], -1, true)
 			p.freeReservation()
-			return nil, fmt.Errorf("NewPoolMemoryResource: mapping the initial %d bytes: %w", o.InitialPoolSize, err)
+			return nil, errorf("NewPoolMemoryResource: mapping the initial %d bytes: %w", o.InitialPoolSize, err)
 		}
 	}
 	return p, nil
@@ -449,7 +449,7 @@ func (p *PoolMemoryResource) Allocate(nbytes int, s StreamView) (DevicePtr, erro
 	}
 	if p.closed {
 		p.mu.Unlock()
-		return 0, fmt.Errorf("%w: PoolMemoryResource.Allocate after Close", ErrClosed)
+		return 0, errorf("PoolMemoryResource.Allocate after Close: %w", ErrClosed)
 	}
 	l, err := p.listFor(s)
 	if err != nil {
@@ -589,7 +589,7 @@ func (p *PoolMemoryResource) allocateSlow(l *freeList, n int, s StreamView) (*bl
 			}
 			if p.closed {
 				done()
-				return nil, takeWait{}, l, fmt.Errorf("%w: PoolMemoryResource.Allocate after Close", ErrClosed)
+				return nil, takeWait{}, l, errorf("PoolMemoryResource.Allocate after Close: %w", ErrClosed)
 			}
 			if l, err = p.listFor(s); err != nil {
 				done()
@@ -943,7 +943,7 @@ func (p *PoolMemoryResource) grow(n int, s StreamView, l *freeList) (*block, err
 		if err := p.drv.eventRecord(p.ctx, ev, s.cu()); err != nil {
 			p.upstream.Deallocate(ptr, try, s)
 			p.mu.Lock()
-			return nil, fmt.Errorf("PoolMemoryResource: recording the event on %v: %w", s, err)
+			return nil, errorf("PoolMemoryResource: recording the event on %v: %w", s, err)
 		}
 	}
 	if !ok {
@@ -1037,10 +1037,10 @@ func (p *PoolMemoryResource) Deallocate(ptr DevicePtr, nbytes int, s StreamView)
 		b = p.takeIssued(ptr, nbytes)
 	}
 	if b == nil {
-		return fmt.Errorf("%w: PoolMemoryResource.Deallocate(%#x, %d): the pointer was not allocated by this pool or was already freed", ErrInvalidFree, uintptr(ptr), nbytes)
+		return errorf("PoolMemoryResource.Deallocate(%#x, %d): the pointer was not allocated by this pool or was already freed: %w", uintptr(ptr), nbytes, ErrInvalidFree)
 	}
 	if b.req != nbytes {
-		return fmt.Errorf("%w: PoolMemoryResource.Deallocate(%#x, %d): the block was allocated with %d bytes", ErrInvalidFree, uintptr(ptr), nbytes, b.req)
+		return errorf("PoolMemoryResource.Deallocate(%#x, %d): the block was allocated with %d bytes: %w", uintptr(ptr), nbytes, b.req, ErrInvalidFree)
 	}
 	if p.closed {
 		return p.deallocateAfterClose(b, s)
@@ -1061,7 +1061,7 @@ func (p *PoolMemoryResource) Deallocate(ptr DevicePtr, nbytes int, s StreamView)
 			p.wake()
 			p.live.put(b)
 			if serr != nil {
-				return fmt.Errorf("PoolMemoryResource.Deallocate on closed %v: %w", s, serr)
+				return errorf("PoolMemoryResource.Deallocate on closed %v: %w", s, serr)
 			}
 		}
 		s = DefaultStream
@@ -1076,7 +1076,7 @@ func (p *PoolMemoryResource) Deallocate(ptr DevicePtr, nbytes int, s StreamView)
 		// this record by then (moving it out would need the block kept out of l until the record
 		// is made, a second lock round trip on every such free).
 		if err := p.drv.eventRecord(p.ctx, l.event, s.cu()); err != nil {
-			return fmt.Errorf("PoolMemoryResource.Deallocate: recording the event on %v: %w", s, err)
+			return errorf("PoolMemoryResource.Deallocate: recording the event on %v: %w", s, err)
 		}
 	} else {
 		l.dirty = true
@@ -1186,7 +1186,7 @@ func (p *PoolMemoryResource) listFor(s StreamView) (*freeList, error) {
 	if p.ctx != 0 {
 		e, err := p.drv.eventCreate(p.ctx, cuEventDisableTiming)
 		if err != nil {
-			return nil, fmt.Errorf("PoolMemoryResource: creating the event for %v: %w", s, err)
+			return nil, errorf("PoolMemoryResource: creating the event for %v: %w", s, err)
 		}
 		l.event = e
 	}
@@ -1386,7 +1386,7 @@ func (p *PoolMemoryResource) Release() error {
 func (p *PoolMemoryResource) mergeAllSynced(hold bool) (*freeList, error) {
 	p.flushCaches()
 	if err := p.syncAll(hold); err != nil {
-		return nil, fmt.Errorf("PoolMemoryResource: waiting for the streams: %w", err)
+		return nil, errorf("PoolMemoryResource: waiting for the streams: %w", err)
 	}
 	p.clearAllDeps() // every stream's work behind the frees is done
 	def, err := p.listFor(DefaultStream)
@@ -1464,7 +1464,7 @@ func (p *PoolMemoryResource) returnUpstream(b *block) error {
 // unchanged: forgetUpstream does that once it succeeded).
 func (p *PoolMemoryResource) freeUpstream(b *block) error {
 	if err := p.upstream.Deallocate(b.addr, b.size, DefaultStream); err != nil {
-		return fmt.Errorf("PoolMemoryResource: returning %d bytes at %#x to %s: %w", b.size, uintptr(b.addr), resourceName(p.upstream), err)
+		return errorf("PoolMemoryResource: returning %d bytes at %#x to %s: %w", b.size, uintptr(b.addr), resourceName(p.upstream), err)
 	}
 	return nil
 }
@@ -1503,7 +1503,7 @@ func (p *PoolMemoryResource) Close() error {
 	p.dropCaches() // blocks handed out by caches outlive Close in the live table
 	def, err := p.releaseWhole(true)
 	if def == nil {
-		return fmt.Errorf("PoolMemoryResource.Close: %w", err)
+		return errorf("PoolMemoryResource.Close: %w", err)
 	}
 	for _, l := range p.lists {
 		if l.event != 0 {
@@ -1525,7 +1525,7 @@ func (p *PoolMemoryResource) Close() error {
 			"live_allocations", n, "live_bytes", p.liveBytes, "pool_size", p.size)
 	}
 	if err != nil {
-		return fmt.Errorf("PoolMemoryResource.Close: %w", err)
+		return errorf("PoolMemoryResource.Close: %w", err)
 	}
 	return nil
 }
@@ -1538,11 +1538,11 @@ func (p *PoolMemoryResource) deallocateAfterClose(b *block, s StreamView) error 
 	case p.ctx == 0:
 	case s.closed():
 		if err := p.drv.ctxSynchronize(p.ctx); err != nil {
-			return fmt.Errorf("PoolMemoryResource.Deallocate after Close, on closed %v: %w", s, err)
+			return errorf("PoolMemoryResource.Deallocate after Close, on closed %v: %w", s, err)
 		}
 	default:
 		if err := p.drv.streamSynchronize(p.ctx, s.cu()); err != nil {
-			return fmt.Errorf("PoolMemoryResource.Deallocate after Close: synchronising %v: %w", s, err)
+			return errorf("PoolMemoryResource.Deallocate after Close: synchronising %v: %w", s, err)
 		}
 	}
 	p.live.del(b.addr)

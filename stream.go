@@ -100,7 +100,7 @@ func (s StreamView) closed() bool {
 }
 
 func errStreamClosed(op string, s StreamView) error {
-	return fmt.Errorf("%w: %s on %v, which was closed", ErrClosed, op, s)
+	return errorf("%s on %v, which was closed: %w", op, s, ErrClosed)
 }
 
 // Synchronize waits until all work queued on s is done (cuStreamSynchronize). Without CUDA it
@@ -146,7 +146,7 @@ func (s StreamView) WaitEvent(e *Event) error {
 		if e != nil && e.host {
 			return nil
 		}
-		return fmt.Errorf("%w: WaitEvent: nil or closed event", ErrInvalidArgument)
+		return errorf("WaitEvent: nil or closed event: %w", ErrInvalidArgument)
 	}
 	return cuStreamWaitEvent(e.ctx, s.cu(), e.h)
 }
@@ -270,7 +270,7 @@ func (s *Stream) Close() error {
 	if derr := cuStreamDestroy(s.ctx, s.view.h); serr == nil {
 		return derr
 	}
-	return fmt.Errorf("Stream.Close: waiting for the stream's work: %w", serr)
+	return errorf("Stream.Close: waiting for the stream's work: %w", serr)
 }
 
 // addStreamCloseHook asks to be told before the Stream behind v is destroyed. It returns false
@@ -304,7 +304,7 @@ type StreamPool struct {
 // NewStreamPool creates n streams on device dev. n must be positive (ErrInvalidArgument).
 func NewStreamPool(dev Device, n int, opts *StreamOptions) (*StreamPool, error) {
 	if n <= 0 {
-		return nil, fmt.Errorf("%w: NewStreamPool: size %d must be positive", ErrInvalidArgument, n)
+		return nil, errorf("NewStreamPool: size %d must be positive: %w", n, ErrInvalidArgument)
 	}
 	p := &StreamPool{streams: make([]*Stream, 0, n)}
 	for i := 0; i < n; i++ {
@@ -384,7 +384,7 @@ func NewEvent(dev Device, opts *EventOptions) (*Event, error) {
 
 func (e *Event) usable(op string) error {
 	if e == nil || (e.h == 0 && !e.host) {
-		return fmt.Errorf("%w: Event.%s on a nil or closed event", ErrClosed, op)
+		return errorf("Event.%s on a nil or closed event: %w", op, ErrClosed)
 	}
 	return nil
 }
@@ -429,7 +429,7 @@ func ElapsedTime(start, end *Event) (float32, error) {
 		return 0, err
 	}
 	if start.host || end.host {
-		return 0, fmt.Errorf("%w: ElapsedTime needs CUDA events", ErrNotSupported)
+		return 0, errorf("ElapsedTime needs CUDA events: %w", ErrNotSupported)
 	}
 	return cuEventElapsedTime(start.ctx, start.h, end.h)
 }
