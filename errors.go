@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"strconv"
 	"strings"
+
+	"github.com/gormm/rmm/internal/errshape"
 )
 
 // The shape of this package's errors. Every error it returns reads
@@ -89,65 +91,16 @@ func (e *CUDAError) Is(target error) bool {
 }
 
 // rmmPrefix starts every error message of this package, once.
-const rmmPrefix = "rmm: "
+const rmmPrefix = errshape.Prefix
 
 // errorf is fmt.Errorf for this package's errors, and the one way they are made: it writes
 // "rmm: " in front of the formatted text, and formats each error among args without its own
-// leading "rmm: ", so that the message reads "rmm: Op: what went wrong: cause" with "rmm: " once.
-// The errors given to %w are wrapped as fmt.Errorf wraps them (errors.Is and errors.As see them
-// as they are; errors.Unwrap gives the one error of a single %w).
-func errorf(format string, args ...any) error {
-	for i, a := range args {
-		if e, ok := a.(error); ok {
-			args[i] = causeText{e}
-		}
-	}
-	err := fmt.Errorf(format, args...)
-	msg := rmmPrefix + err.Error()
-	switch u := err.(type) {
-	case interface{ Unwrap() error }:
-		return &wrapError{msg, unCause(u.Unwrap())}
-	case interface{ Unwrap() []error }:
-		errs := u.Unwrap() // fmt's own copy
-		for i := range errs {
-			errs[i] = unCause(errs[i])
-		}
-		return &wrapErrors{msg, errs}
-	}
-	return &wrapErrors{msg: msg}
-}
+// leading "rmm: ", so that the message reads "rmm: Op: what went wrong: cause" with "rmm: " once
+// (see errshape.Errorf). The errors given to %w are wrapped as fmt.Errorf wraps them.
+func errorf(format string, args ...any) error { return errshape.Errorf(format, args...) }
 
 // trimRMM returns an error's text without its leading "rmm: ": the text of a cause.
-func trimRMM(err error) string { return strings.TrimPrefix(err.Error(), rmmPrefix) }
-
-// causeText formats an error as the cause in another error's message (see errorf).
-type causeText struct{ err error }
-
-func (c causeText) Error() string { return trimRMM(c.err) }
-
-func unCause(err error) error {
-	if c, ok := err.(causeText); ok {
-		return c.err
-	}
-	return err
-}
-
-// wrapError is errorf's error for a message that wraps one error; wrapErrors for none or several.
-type wrapError struct {
-	msg string
-	err error
-}
-
-func (e *wrapError) Error() string { return e.msg }
-func (e *wrapError) Unwrap() error { return e.err }
-
-type wrapErrors struct {
-	msg  string
-	errs []error
-}
-
-func (e *wrapErrors) Error() string   { return e.msg }
-func (e *wrapErrors) Unwrap() []error { return e.errs }
+func trimRMM(err error) string { return errshape.Trim(err) }
 
 // outOfMemory builds the error a resource returns when it cannot provide nbytes.
 func outOfMemory(resource string, nbytes int, cause error) error {
