@@ -108,7 +108,7 @@ func CurrentDevice() Device { return Device(currentDev.Load()) }
 // ordinal that does not exist (on a machine without CUDA only Device(0), the host, exists).
 func SetCurrentDevice(d Device) error {
 	if err := d.check(); err != nil {
-		return err
+		return errorf("SetCurrentDevice: %w", err)
 	}
 	currentDev.Store(int64(d))
 	return nil
@@ -163,7 +163,7 @@ func (d Device) ctx() (uintptr, error) {
 // Name returns the device's name, e.g. "NVIDIA H200", or "host" without CUDA.
 func (d Device) Name() (string, error) {
 	if err := d.check(); err != nil {
-		return "", err
+		return "", errorf("Device.Name: %w", err)
 	}
 	if initDriver() != nil {
 		return "host", nil
@@ -177,7 +177,7 @@ func (d Device) Attribute(attr int) (int, error) {
 		return 0, err
 	}
 	if err := d.check(); err != nil {
-		return 0, err
+		return 0, errorf("Device.Attribute: %w", err)
 	}
 	return cuDeviceAttribute(int(d), attr)
 }
@@ -196,7 +196,7 @@ func (d Device) ComputeCapability() (major, minor int, err error) {
 // ErrNoDevice).
 func (d Device) TotalMemory() (int, error) {
 	if err := d.check(); err != nil {
-		return 0, err
+		return 0, errorf("Device.TotalMemory: %w", err)
 	}
 	if err := initDriver(); err != nil {
 		_, total, herr := hostMemoryInfo()
@@ -213,7 +213,7 @@ func (d Device) TotalMemory() (int, error) {
 // memory (MemAvailable and MemTotal on Linux; elsewhere an error wrapping ErrNoDevice).
 func (d Device) MemoryInfo() (free, total int, err error) {
 	if err := d.check(); err != nil {
-		return 0, 0, err
+		return 0, 0, errorf("Device.MemoryInfo: %w", err)
 	}
 	if err := initDriver(); err != nil {
 		free, total, herr := hostMemoryInfo()
@@ -233,7 +233,10 @@ func (d Device) MemoryInfo() (free, total int, err error) {
 // it returns nil at once: host work is synchronous.
 func (d Device) Synchronize() error {
 	if initDriver() != nil {
-		return d.check()
+		if err := d.check(); err != nil {
+			return errorf("Device.Synchronize: %w", err)
+		}
+		return nil
 	}
 	ctx, err := d.ctx()
 	if err != nil {
@@ -318,7 +321,7 @@ func IsInitialized() bool {
 // concurrent use.
 func PerDeviceResource(d Device) (MemoryResource, error) {
 	if err := d.check(); err != nil {
-		return nil, err
+		return nil, errorf("PerDeviceResource: %w", err)
 	}
 	resMu.RLock()
 	mr, ok := perDevice[d]
@@ -340,7 +343,7 @@ func PerDeviceResource(d Device) (MemoryResource, error) {
 // must still be freed through that resource.
 func SetPerDeviceResource(d Device, mr MemoryResource) (MemoryResource, error) {
 	if err := d.check(); err != nil {
-		return nil, err
+		return nil, errorf("SetPerDeviceResource: %w", err)
 	}
 	if mr == nil {
 		mr = initialResource(d)

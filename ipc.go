@@ -364,7 +364,7 @@ func (d Device) UUID() ([16]byte, error) {
 		return [16]byte{}, err
 	}
 	if err := d.check(); err != nil {
-		return [16]byte{}, err
+		return [16]byte{}, errorf("Device.UUID: %w", err)
 	}
 	if cuIPCBound()&ipcBoundUUID == 0 {
 		return [16]byte{}, errorf("%s: the CUDA driver lacks cuDeviceGetUuid: %w", d, ErrNotSupported)

@@ -411,7 +411,7 @@ func (r *ArenaMemoryResource) Allocate(nbytes int, s StreamView) (DevicePtr, err
 	return 0, r.fail(nbytes, n, "no room in arena, also after defragmenting")
 }
 
-var errArenaClosed = errorf("ArenaMemoryResource.Allocate after Close: %w", ErrClosed)
+var errArenaClosed = errorf("ArenaMemoryResource.Allocate: called after Close: %w", ErrClosed)
 
 // allocate tries once to carve n bytes (rounded; asked is the caller's size) for s. It returns
 // (0, nil) when there is no room.
@@ -1392,7 +1392,12 @@ func (r *ArenaMemoryResource) dump(nbytes int) {
 // are well formed, blocks above 1 MiB in the table of large blocks and the others in the shards.
 // It locks everything (completing a merge put off by a free, as every use of the global arena
 // does), takes O(n log n) time and is meant for tests.
-func (r *ArenaMemoryResource) CheckInvariants() error {
+func (r *ArenaMemoryResource) CheckInvariants() (err error) {
+	defer func() {
+		if err != nil {
+			err = errorf("ArenaMemoryResource.CheckInvariants: %w", err)
+		}
+	}()
 	arenas, unlock := r.lockArenas()
 	defer unlock()
 	r.lockGlobal()

@@ -105,7 +105,7 @@ func (r *BinningMemoryResource) Access() Access { return AccessOf(r.upstream) }
 // the new bin and refused with ErrInvalidFree. Add bins before allocating the sizes they cover.
 func (r *BinningMemoryResource) AddBin(size int, mr MemoryResource) error {
 	if r.closed.Load() {
-		return errorf("BinningMemoryResource.AddBin after Close: %w", ErrClosed)
+		return errorf("BinningMemoryResource.AddBin: called after Close: %w", ErrClosed)
 	}
 	if size <= 0 {
 		return errorf("BinningMemoryResource.AddBin: size %d must be positive: %w", size, ErrInvalidArgument)
@@ -212,7 +212,7 @@ func (r *BinningMemoryResource) Allocate(nbytes int, s StreamView) (DevicePtr, e
 		return 0, invalidSize("BinningMemoryResource", "Allocate", nbytes)
 	}
 	if r.closed.Load() {
-		return 0, errorf("BinningMemoryResource.Allocate after Close: %w", ErrClosed)
+		return 0, errorf("BinningMemoryResource.Allocate: called after Close: %w", ErrClosed)
 	}
 	mr, bin := r.binFor(nbytes)
 	p, err := mr.Allocate(nbytes, s)
@@ -362,7 +362,12 @@ func (r *BinningMemoryResource) Stats() BinningStats {
 
 // CheckInvariants checks that the bins are ordered by size without duplicates, and the
 // invariants of every bin that has a CheckInvariants method. Meant for tests.
-func (r *BinningMemoryResource) CheckInvariants() error {
+func (r *BinningMemoryResource) CheckInvariants() (err error) {
+	defer func() {
+		if err != nil {
+			err = errorf("BinningMemoryResource.CheckInvariants: %w", err)
+		}
+	}()
 	bins := *r.bins.Load()
 	for i, b := range bins {
 		if b.size <= 0 || b.size%Alignment != 0 {

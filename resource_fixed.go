@@ -163,7 +163,7 @@ func (f *FixedSizeMemoryResource) Allocate(nbytes int, s StreamView) (DevicePtr,
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if f.closed {
-		return 0, errorf("FixedSizeMemoryResource.Allocate after Close: %w", ErrClosed)
+		return 0, errorf("FixedSizeMemoryResource.Allocate: called after Close: %w", ErrClosed)
 	}
 	l, err := f.listFor(s)
 	if err != nil {
@@ -508,7 +508,7 @@ func (f *FixedSizeMemoryResource) deallocateAfterClose(p DevicePtr, s StreamView
 			err = f.drv.streamSynchronize(f.ctx, s.cu())
 		}
 		if err != nil {
-			return errorf("FixedSizeMemoryResource.Deallocate after Close: synchronising %v: %w", s, err)
+			return errorf("FixedSizeMemoryResource.Deallocate: called after Close: synchronising %v: %w", s, err)
 		}
 	}
 	delete(f.live, p)
@@ -610,7 +610,12 @@ func (f *FixedSizeMemoryResource) oomError(nbytes int, detail string, cause erro
 // list is indexed by its stream; every free and every live block starts on a block boundary
 // inside a held chunk; no block is free twice or both free and live; free plus live blocks equal
 // the chunks' blocks (before Close). O(n log c); meant for tests.
-func (f *FixedSizeMemoryResource) CheckInvariants() error {
+func (f *FixedSizeMemoryResource) CheckInvariants() (err error) {
+	defer func() {
+		if err != nil {
+			err = errorf("FixedSizeMemoryResource.CheckInvariants: %w", err)
+		}
+	}()
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	for i := 1; i < len(f.chunks); i++ {

@@ -88,7 +88,12 @@ func (p *PoolMemoryResource) Stats() PoolStats {
 // PoolSize; and no two neighbours are free in the same list (coalescing is complete). It first
 // waits for growths, releases and cross-stream takes in flight to end. It takes O(n log n) time
 // and is meant for tests.
-func (p *PoolMemoryResource) CheckInvariants() error {
+func (p *PoolMemoryResource) CheckInvariants() (err error) {
+	defer func() {
+		if err != nil {
+			err = errorf("PoolMemoryResource.CheckInvariants: %w", err)
+		}
+	}()
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	p.quiesce() // blocks in flight between lists are in none

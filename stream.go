@@ -199,7 +199,7 @@ var streamRegistry sync.Map // id -> *Stream, for live Streams
 // NewStream creates a stream on device dev.
 func NewStream(dev Device, opts *StreamOptions) (*Stream, error) {
 	if err := dev.check(); err != nil {
-		return nil, err
+		return nil, errorf("NewStream: %w", err)
 	}
 	id := ownedStreamBit | streamCounter.Add(1)
 	st := &Stream{view: StreamView{id: id, dev1: int32(dev) + 1}}
@@ -362,7 +362,7 @@ type Event struct {
 // NewEvent creates an event on device dev.
 func NewEvent(dev Device, opts *EventOptions) (*Event, error) {
 	if err := dev.check(); err != nil {
-		return nil, err
+		return nil, errorf("NewEvent: %w", err)
 	}
 	if CUDAAvailable() != nil {
 		return &Event{host: true}, nil
@@ -384,7 +384,7 @@ func NewEvent(dev Device, opts *EventOptions) (*Event, error) {
 
 func (e *Event) usable(op string) error {
 	if e == nil || (e.h == 0 && !e.host) {
-		return errorf("Event.%s on a nil or closed event: %w", op, ErrClosed)
+		return errorf("Event.%s: a nil or closed event: %w", op, ErrClosed)
 	}
 	return nil
 }
