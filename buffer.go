@@ -126,7 +126,7 @@ func (st *memState) close() error {
 
 // errClosed is the error of every method called after Close.
 func (st *memState) errClosed(op string) error {
-	return errorf("%s.%s called after Close: %w", st.kind, op, ErrClosed)
+	return errorf("%s.%s: called after Close: %w", st.kind, op, ErrClosed)
 }
 
 // reclaimLeaked is the cleanup of a container that became unreachable without Close: it frees

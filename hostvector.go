@@ -346,7 +346,7 @@ func hostSpanOf[T any](op string, src SpanSource[T]) (DeviceSpan[T], error) {
 }
 
 func (st *hostVecState) errClosed(op string) error {
-	return errorf("%s.%s called after Close: %w", st.kind, op, ErrClosed)
+	return errorf("%s.%s: called after Close: %w", st.kind, op, ErrClosed)
 }
 
 // wait synchronises every pending event; an event that fails stays pending.

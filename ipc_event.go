@@ -103,7 +103,7 @@ func (e *IPCEvent) acquire(op string) (uintptr, error) {
 	e.mu.Lock()
 	if e.h == 0 {
 		e.mu.Unlock()
-		return 0, errorf("IPCEvent.%s after Close: %w", op, ErrClosed)
+		return 0, errorf("IPCEvent.%s: called after Close: %w", op, ErrClosed)
 	}
 	return e.h, nil
 }

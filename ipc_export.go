@@ -172,7 +172,7 @@ func (r *CudaAsyncMemoryResource) ExportIPC(p DevicePtr, nbytes int) (*IPCHandle
 	}
 	pool := r.pool.Load()
 	if pool == 0 {
-		return nil, errorf("%s.ExportIPC after Close: %w", name, ErrClosed)
+		return nil, errorf("%s.ExportIPC: called after Close: %w", name, ErrClosed)
 	}
 	if !r.posixFD {
 		return nil, notExportable(name, "it was made without CudaAsyncOptions.EnablePOSIXFileDescriptor, so its pool cannot be shared")

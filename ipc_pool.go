@@ -167,7 +167,7 @@ func (p *PoolMemoryResource) upstreamBlockCovering(ptr DevicePtr, n int) (Device
 // at once; one inside a block costs a scan of the live blocks.
 func (p *PoolMemoryResource) checkLiveRange(ptr DevicePtr, n int) error {
 	if p.closed {
-		return errorf("PoolMemoryResource.ExportIPC after Close: %w", ErrClosed)
+		return errorf("PoolMemoryResource.ExportIPC: called after Close: %w", ErrClosed)
 	}
 	holds := func(b *block) bool { return b != nil && b.addr <= ptr && ptr < b.end() }
 	b := p.live.get(ptr)

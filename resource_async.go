@@ -111,7 +111,7 @@ func (r *CudaAsyncMemoryResource) Allocate(nbytes int, s StreamView) (DevicePtr,
 	}
 	pool := r.pool.Load()
 	if pool == 0 {
-		return 0, errorf("CudaAsyncMemoryResource.Allocate after Close: %w", ErrClosed)
+		return 0, errorf("CudaAsyncMemoryResource.Allocate: called after Close: %w", ErrClosed)
 	}
 	if s.closed() {
 		return 0, errStreamClosed("CudaAsyncMemoryResource.Allocate", s)

@@ -73,7 +73,7 @@ func (r *CudaAsyncViewMemoryResource) Allocate(nbytes int, s StreamView) (Device
 		return 0, nil
 	}
 	if r.closed.Load() {
-		return 0, errorf("CudaAsyncViewMemoryResource.Allocate after Close: %w", ErrClosed)
+		return 0, errorf("CudaAsyncViewMemoryResource.Allocate: called after Close: %w", ErrClosed)
 	}
 	if s.closed() {
 		return 0, errStreamClosed("CudaAsyncViewMemoryResource.Allocate", s)

@@ -449,7 +449,7 @@ func (p *PoolMemoryResource) Allocate(nbytes int, s StreamView) (DevicePtr, erro
 	}
 	if p.closed {
 		p.mu.Unlock()
-		return 0, errorf("PoolMemoryResource.Allocate after Close: %w", ErrClosed)
+		return 0, errorf("PoolMemoryResource.Allocate: called after Close: %w", ErrClosed)
 	}
 	l, err := p.listFor(s)
 	if err != nil {
@@ -589,7 +589,7 @@ func (p *PoolMemoryResource) allocateSlow(l *freeList, n int, s StreamView) (*bl
 			}
 			if p.closed {
 				done()
-				return nil, takeWait{}, l, errorf("PoolMemoryResource.Allocate after Close: %w", ErrClosed)
+				return nil, takeWait{}, l, errorf("PoolMemoryResource.Allocate: called after Close: %w", ErrClosed)
 			}
 			if l, err = p.listFor(s); err != nil {
 				done()
@@ -1538,11 +1538,11 @@ func (p *PoolMemoryResource) deallocateAfterClose(b *block, s StreamView) error 
 	case p.ctx == 0:
 	case s.closed():
 		if err := p.drv.ctxSynchronize(p.ctx); err != nil {
-			return errorf("PoolMemoryResource.Deallocate after Close, on closed %v: %w", s, err)
+			return errorf("PoolMemoryResource.Deallocate: called after Close, on closed %v: %w", s, err)
 		}
 	default:
 		if err := p.drv.streamSynchronize(p.ctx, s.cu()); err != nil {
-			return errorf("PoolMemoryResource.Deallocate after Close: synchronising %v: %w", s, err)
+			return errorf("PoolMemoryResource.Deallocate: called after Close: synchronising %v: %w", s, err)
 		}
 	}
 	p.live.del(b.addr)
