@@ -56,7 +56,7 @@ func (st *memState) reallocate(op string, newCap, keep int, s StreamView) error 
 	if newCap > 0 {
 		var err error
 		if p, err = st.mr.Allocate(newCap, s); err != nil {
-			return errorf("%s: allocating %d bytes: %w", op, newCap, err)
+			return errorf("%s: allocating %s: %w", op, bytesText(newCap), err)
 		}
 	}
 	if keep > 0 && st.access != 0 {
@@ -69,7 +69,7 @@ func (st *memState) reallocate(op string, newCap, keep int, s StreamView) error 
 	st.ptr, st.capacity, st.stream = p, newCap, s
 	if oldCap > 0 || oldPtr != 0 {
 		if err := st.mr.Deallocate(oldPtr, oldCap, s); err != nil {
-			return errorf("%s: freeing the previous %d bytes at %#x (the contents were moved): %w", op, oldCap, uintptr(oldPtr), err)
+			return errorf("%s: freeing the previous %s at %#x (the contents were moved): %w", op, bytesText(oldCap), uintptr(oldPtr), err)
 		}
 	}
 	return nil
@@ -119,7 +119,7 @@ func (st *memState) close() error {
 		return nil
 	}
 	if err := st.mr.Deallocate(p, n, st.stream); err != nil {
-		return errorf("%s.Close: freeing %d bytes at %#x: %w", st.kind, n, uintptr(p), err)
+		return errorf("%s.Close: freeing %s at %#x: %w", st.kind, bytesText(n), uintptr(p), err)
 	}
 	return nil
 }
@@ -208,7 +208,7 @@ func copyMem(op string, dst, src memRef, n int, s StreamView) error {
 		// In the stream's context when it has a device (the ends may lie on two devices: a peer
 		// copy through unified addressing), else in the destination's.
 		if err := deviceCopy(s.deviceFor(dst.dev), dst.p, src.p, n, s); err != nil {
-			return errorf("%s: copying %d bytes: %w", op, n, err)
+			return errorf("%s: copying %s: %w", op, bytesText(n), err)
 		}
 		return nil
 	case dst.access&HostAccessible != 0 && src.access&HostAccessible != 0:
@@ -232,7 +232,7 @@ func copyMem(op string, dst, src memRef, n int, s StreamView) error {
 			err = cuStreamSynchronize(ctx, s.cu())
 		}
 		if err != nil {
-			return errorf("%s: copying %d bytes from host to device: %w", op, n, err)
+			return errorf("%s: copying %s from host to device: %w", op, bytesText(n), err)
 		}
 		return nil
 	default: // dst is host-only, src device memory
@@ -244,7 +244,7 @@ func copyMem(op string, dst, src memRef, n int, s StreamView) error {
 			err = cuStreamSynchronize(ctx, s.cu())
 		}
 		if err != nil {
-			return errorf("%s: copying %d bytes from device to host: %w", op, n, err)
+			return errorf("%s: copying %s from device to host: %w", op, bytesText(n), err)
 		}
 		return nil
 	}
@@ -276,7 +276,7 @@ func copyFromAddr(op string, dst memRef, src DevicePtr, n int, s StreamView) err
 		err = cuStreamSynchronize(ctx, s.cu())
 	}
 	if err != nil {
-		return errorf("%s: copying %d bytes from %#x: %w", op, n, uintptr(src), err)
+		return errorf("%s: copying %s from %#x: %w", op, bytesText(n), uintptr(src), err)
 	}
 	return nil
 }
@@ -303,7 +303,7 @@ func copyFromGo(op string, dst memRef, src unsafe.Pointer, n int, s StreamView) 
 		err = cuMemcpyHtoDSync(ctx, dst.p, src, n, s.cu())
 	}
 	if err != nil {
-		return errorf("%s: copying %d bytes from host: %w", op, n, err)
+		return errorf("%s: copying %s from host: %w", op, bytesText(n), err)
 	}
 	return nil
 }
@@ -330,7 +330,7 @@ func copyToGo(op string, dst unsafe.Pointer, src memRef, n int, s StreamView) er
 		err = cuMemcpyDtoHSync(ctx, dst, src.p, n, s.cu())
 	}
 	if err != nil {
-		return errorf("%s: copying %d bytes to host: %w", op, n, err)
+		return errorf("%s: copying %s to host: %w", op, bytesText(n), err)
 	}
 	return nil
 }
@@ -353,7 +353,7 @@ func fillMem(op string, dst memRef, nbytes int, elem []byte, s StreamView) error
 		return nil
 	}
 	if err := deviceFill(dst.dev, dst.p, nbytes, elem, s); err != nil {
-		return errorf("%s: filling %d bytes with a %d-byte value: %w", op, nbytes, len(elem), err)
+		return errorf("%s: filling %s with a %d-byte value: %w", op, bytesText(nbytes), len(elem), err)
 	}
 	return nil
 }

@@ -212,7 +212,7 @@ func (e *OutOfMemoryError) writeCause(b *strings.Builder) {
 }
 
 // bytesText is "n bytes (FormatBytes(n))" for a size shown to a reader; "n bytes" below a KiB.
-func bytesText(n int) string {
+func bytesText[N ~int | ~int64 | ~uint64 | ~uintptr | ~uint32 | ~int32](n N) string {
 	if n < 1024 {
 		return fmt.Sprintf("%d bytes", n)
 	}

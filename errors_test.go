@@ -75,7 +75,7 @@ func TestErrorShape(t *testing.T) {
 		{"closed container", closedVector(), ErrClosed,
 			"rmm: Uvector[int32].Resize: called after Close: use after close"},
 		{"pool over an upstream that refuses", poolOverSim(), ErrOutOfMemory,
-			"rmm: NewPoolMemoryResource: taking the initial 4194304 bytes from SimulatedMemoryResource: SimulatedMemoryResource (capacity 1048576, in use 0): failed to allocate 4194304 bytes (4 MiB): out of memory"},
+			"rmm: NewPoolMemoryResource: taking the initial 4194304 bytes (4 MiB) from SimulatedMemoryResource: SimulatedMemoryResource (capacity 1048576, in use 0): failed to allocate 4194304 bytes (4 MiB): out of memory"},
 		{"sub-allocator growth", fixedGrowth(), ErrOutOfMemory,
 			"rmm: FixedSizeMemoryResource: failed to allocate 10 bytes (10 B): growing by a chunk of 4 blocks of 4096 bytes (16384 bytes): SimulatedMemoryResource refused it; exhausted: 0 bytes free, largest free block 0 bytes; pool size 16384 (16 KiB), no maximum: upstream: SimulatedMemoryResource (capacity 16384, in use 16384): failed to allocate 16384 bytes (16 KiB): out of memory"},
 		{"limiting adaptor", limited(), ErrOutOfMemory,

@@ -246,7 +246,7 @@ func (h *HostVector[T]) Resize(n int) error {
 	}
 	p, err := st.mr.AllocateHost(nb, Alignment)
 	if err != nil {
-		return errorf("%s: allocating %d bytes: %w", op, nb, err)
+		return errorf("%s: allocating %s: %w", op, bytesText(nb), err)
 	}
 	nbuf := unsafe.Slice((*byte)(p), nb)
 	k := 0
@@ -418,7 +418,7 @@ func (st *hostVecState) copyAsync(op string, dev memRef, toDevice bool, n int, s
 		err = cuMemcpyDtoHAsyncPtr(ctx, hp, dev.p, n, s.cu())
 	}
 	if err != nil {
-		return errorf("%s: copying %d bytes on %v: %w", op, n, s, err)
+		return errorf("%s: copying %s on %v: %w", op, bytesText(n), s, err)
 	}
 	if err := e.ev.Record(s); err != nil {
 		// The copy is queued but cannot be waited for by event: wait for it now.

@@ -254,7 +254,7 @@ func (h *IPCHandle) UnmarshalBinary(b []byte) error {
 
 func decodeIPCHandle(b []byte) (*IPCHandle, error) {
 	bad := func(format string, args ...any) error {
-		return errorf("%d bytes: %s: %w", len(b), fmt.Sprintf(format, args...), ErrInvalidIPCHandle)
+		return errorf("%s: %s: %w", bytesText(len(b)), fmt.Sprintf(format, args...), ErrInvalidIPCHandle)
 	}
 	n := min(len(b), 4)
 	if string(b[:n]) != string(ipcMagic[:n]) {
@@ -323,7 +323,7 @@ func (h *IPCHandle) checkShape() error {
 			return errorf("a %s handle carries %d file descriptors and no pieces, not %d and %d", h.kind, want, h.nfds, len(h.pieces))
 		}
 		if h.size <= 0 || h.offset > math.MaxInt-h.size {
-			return errorf("a %s handle of %d bytes at offset %d", h.kind, h.size, h.offset)
+			return errorf("a %s handle of %s at offset %d", h.kind, bytesText(h.size), h.offset)
 		}
 	case IPCKindVirtualMemory:
 		if len(h.pieces) == 0 || h.nfds != len(h.pieces) {
@@ -337,7 +337,7 @@ func (h *IPCHandle) checkShape() error {
 			total += p
 		}
 		if h.size <= 0 || h.offset > total || h.size > total-h.offset {
-			return errorf("%d bytes at offset %d do not fit in the %d bytes of the pieces", h.size, h.offset, total)
+			return errorf("%s at offset %d do not fit in the %s of the pieces", bytesText(h.size), h.offset, bytesText(total))
 		}
 	case IPCKindEvent:
 		if h.nfds != 0 || len(h.pieces) != 0 || h.size != 0 || h.offset != 0 {

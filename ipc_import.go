@@ -51,7 +51,7 @@ func ImportIPC[T any](h *IPCHandle) (*IPCSpan[T], error) {
 		return nil, errorf("%s: nil handle: %w", op, ErrInvalidArgument)
 	}
 	if w := sizeOf[T](); h.size%w != 0 {
-		return nil, errorf("%s: the handle's %d bytes are not a whole number of %d-byte elements: %w", op, h.size, w, ErrInvalidArgument)
+		return nil, errorf("%s: the handle's %s are not a whole number of %d-byte elements: %w", op, bytesText(h.size), w, ErrInvalidArgument)
 	}
 	imp, p, err := importIPC(op, h)
 	if err != nil {
@@ -195,7 +195,7 @@ func (imp *ipcImport) mapPieces(h *IPCHandle) (DevicePtr, error) {
 	total := 0
 	for i, size := range h.pieces {
 		if gran <= 0 || size%gran != 0 {
-			return 0, errorf("piece %d has %d bytes, not a multiple of the device's granularity %d: %w", i, size, gran, ErrInvalidIPCHandle)
+			return 0, errorf("piece %d has %s, not a multiple of the device's granularity %d: %w", i, bytesText(size), gran, ErrInvalidIPCHandle)
 		}
 		total += size
 	}
@@ -205,7 +205,7 @@ func (imp *ipcImport) mapPieces(h *IPCHandle) (DevicePtr, error) {
 	}
 	base, err := cuMemAddressReserve(imp.ctx, total, align)
 	if err != nil {
-		return 0, errorf("reserving %d bytes of address space: %w", total, err)
+		return 0, errorf("reserving %s of address space: %w", bytesText(total), err)
 	}
 	mapped := 0
 	undo := func(err error) error {
@@ -238,7 +238,7 @@ func (imp *ipcImport) mapPieces(h *IPCHandle) (DevicePtr, error) {
 		mapped += size
 	}
 	if err := cuMemSetAccess(imp.ctx, base, total, ord); err != nil {
-		return 0, undo(errorf("granting access to %d bytes at %#x: %w", total, uintptr(base), err))
+		return 0, undo(errorf("granting access to %s at %#x: %w", bytesText(total), uintptr(base), err))
 	}
 	imp.base, imp.extent = base, total
 	return base, nil

@@ -238,7 +238,7 @@ func (r *ipcReader) readFull(b []byte) error {
 			}
 		}
 		if flags&syscall.MSG_CTRUNC != 0 && err == nil {
-			err = errorf("file descriptors were lost in transit (the control data of one message did not fit in %d bytes: more than %d descriptors, or other control messages): %w", len(r.oob), ipcFDBatch, ErrInvalidIPCHandle)
+			err = errorf("file descriptors were lost in transit (the control data of one message did not fit in %s: more than %d descriptors, or other control messages): %w", bytesText(len(r.oob)), ipcFDBatch, ErrInvalidIPCHandle)
 		}
 		done += n
 		r.got += n
@@ -250,7 +250,7 @@ func (r *ipcReader) readFull(b []byte) error {
 			if r.got == 0 {
 				return errorf("the connection was closed before a handle arrived: %w", io.EOF)
 			}
-			return errorf("the connection was closed %d bytes into a handle: %w", r.got, io.ErrUnexpectedEOF)
+			return errorf("the connection was closed %s into a handle: %w", bytesText(r.got), io.ErrUnexpectedEOF)
 		}
 	}
 	return nil

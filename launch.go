@@ -84,7 +84,7 @@ func deviceFill(dev Device, dst DevicePtr, nbytes int, elem []byte, s StreamView
 		return nil
 	}
 	if w == 0 || nbytes%w != 0 {
-		return errorf("fill of %d bytes with a %d-byte element: %w", nbytes, w, ErrInvalidArgument)
+		return errorf("fill of %s with a %d-byte element: %w", bytesText(nbytes), w, ErrInvalidArgument)
 	}
 	st, err := dev.state()
 	if err != nil {

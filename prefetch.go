@@ -85,7 +85,7 @@ func prefetchRange(op string, mr MemoryResource, p DevicePtr, n int, to Device, 
 		locType, locID = cuMemLocationTypeHost, 0
 	}
 	if err := prefetchCall(ctx, p, n, locType, locID, s.cu()); err != nil {
-		return errorf("%s: %d bytes at %#x to %v on %v: %w", op, n, uintptr(p), to, s, err)
+		return errorf("%s: %s at %#x to %v on %v: %w", op, bytesText(n), uintptr(p), to, s, err)
 	}
 	return nil
 }

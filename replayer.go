@@ -217,7 +217,7 @@ func Replay(events []LogEvent, mr MemoryResource, opts *ReplayOptions) (ReplayRe
 					if err := mr.Deallocate(ptrs[j], ops[j].size, o.stream); err != nil {
 						errMu.Lock()
 						if firstErr == nil {
-							firstErr = errorf("Replay: line %d: freeing %d bytes: %w", events[i].Line, ops[j].size, err)
+							firstErr = errorf("Replay: line %d: freeing %s: %w", events[i].Line, bytesText(ops[j].size), err)
 						}
 						errMu.Unlock()
 					}

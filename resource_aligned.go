@@ -99,7 +99,7 @@ func (r *AlignedResourceAdaptor) Allocate(nbytes int, s StreamView) (DevicePtr, 
 	}
 	p, err := r.upstream.Allocate(size, s)
 	if err != nil {
-		return 0, errorf("AlignedResourceAdaptor: allocating %d bytes aligned to %d (%d bytes with the padding): %w", nbytes, r.alignment, size, err)
+		return 0, errorf("AlignedResourceAdaptor: allocating %s aligned to %d (%d bytes with the padding): %w", bytesText(nbytes), r.alignment, size, err)
 	}
 	mask := uintptr(r.alignment) - 1
 	a := DevicePtr((uintptr(p) + mask) &^ mask)

@@ -915,7 +915,7 @@ func (r *ArenaMemoryResource) notAllocated(ptr DevicePtr, nbytes int, large bool
 }
 
 func arenaWrongSize(ptr DevicePtr, nbytes, size int) error {
-	return errorf("ArenaMemoryResource.Deallocate(%#x, %d): the block was allocated with %d bytes: %w", uintptr(ptr), nbytes, size, ErrInvalidFree)
+	return errorf("ArenaMemoryResource.Deallocate(%#x, %d): the block was allocated with %s: %w", uintptr(ptr), nbytes, bytesText(size), ErrInvalidFree)
 }
 
 // syncStream waits for the work queued on s; for a closed Stream, for the whole device. A stream
@@ -1448,7 +1448,7 @@ func (r *ArenaMemoryResource) CheckInvariants() (err error) {
 		ls.m.each(func(p DevicePtr, e arenaLive) {
 			n, _ := alignSize(e.size)
 			if large := n > ArenaMinSuperblockSize; large != (ls == &r.large) && err == nil {
-				err = errorf("%s holds the allocation %#x of %d bytes", name, uintptr(p), e.size)
+				err = errorf("%s holds the allocation %#x of %s", name, uintptr(p), bytesText(e.size))
 			}
 			live[e.sb] = append(live[e.sb], arenaNode{addr: p, size: n})
 			c++
@@ -1461,7 +1461,7 @@ func (r *ArenaMemoryResource) CheckInvariants() (err error) {
 			return errorf("%s: %w", name, err)
 		}
 		if c != ls.count || b != ls.bytes {
-			return errorf("%s counts %d allocations of %d bytes, holds %d of %d", name, ls.count, ls.bytes, c, b)
+			return errorf("%s counts %d allocations of %s, holds %d of %d", name, ls.count, bytesText(ls.bytes), c, b)
 		}
 		liveCount += c
 	}
@@ -1472,9 +1472,9 @@ func (r *ArenaMemoryResource) CheckInvariants() (err error) {
 		case sb.addr() != next:
 			return errorf("superblock %#x does not start where the previous one ends (%#x)", uintptr(sb.addr()), uintptr(next))
 		case sb.size() < ArenaMinSuperblockSize:
-			return errorf("superblock %#x of %d bytes is below 1 MiB", uintptr(sb.addr()), sb.size())
+			return errorf("superblock %#x of %s is below 1 MiB", uintptr(sb.addr()), bytesText(sb.size()))
 		case sb.size() > ArenaMaxSuperblockSize:
-			return errorf("superblock %#x of %d bytes is above 1 TiB", uintptr(sb.addr()), sb.size())
+			return errorf("superblock %#x of %s is above 1 TiB", uintptr(sb.addr()), bytesText(sb.size()))
 		}
 		var before, after *arenaSuperblock
 		if i > 0 {
@@ -1494,7 +1494,7 @@ func (r *ArenaMemoryResource) CheckInvariants() (err error) {
 		free := 0
 		for k, b := range spans {
 			if b.addr%Alignment != 0 || b.size%Alignment != 0 || b.size <= 0 {
-				return errorf("superblock %#x: free block %#x of %d bytes is not on the 256-byte grid", uintptr(sb.addr()), uintptr(b.addr), b.size)
+				return errorf("superblock %#x: free block %#x of %s is not on the 256-byte grid", uintptr(sb.addr()), uintptr(b.addr), bytesText(b.size))
 			}
 			if k > 0 && spans[k-1].end() == b.addr {
 				return errorf("superblock %#x: free blocks %#x and %#x are adjacent but not coalesced", uintptr(sb.addr()), uintptr(spans[k-1].addr), uintptr(b.addr))
@@ -1511,7 +1511,7 @@ func (r *ArenaMemoryResource) CheckInvariants() (err error) {
 			used += b.size
 		}
 		if free+used != sb.size() {
-			return errorf("superblock %#x: %d free + %d live bytes != its %d bytes", uintptr(sb.addr()), free, used, sb.size())
+			return errorf("superblock %#x: %d free + %d live bytes != its %s", uintptr(sb.addr()), free, used, bytesText(sb.size()))
 		}
 		for k := range ls {
 			b := &ls[k]
@@ -1520,7 +1520,7 @@ func (r *ArenaMemoryResource) CheckInvariants() (err error) {
 		slices.SortFunc(spans, func(x, y *arenaNode) int { return cmp.Compare(x.addr, y.addr) })
 		for k, b := range spans {
 			if b.addr < sb.addr() || b.end() > sb.end() {
-				return errorf("block %#x of %d bytes lies outside its superblock %#x", uintptr(b.addr), b.size, uintptr(sb.addr()))
+				return errorf("block %#x of %s lies outside its superblock %#x", uintptr(b.addr), bytesText(b.size), uintptr(sb.addr()))
 			}
 			if k > 0 && spans[k-1].end() > b.addr {
 				return errorf("blocks %#x and %#x overlap", uintptr(spans[k-1].addr), uintptr(b.addr))

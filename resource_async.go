@@ -121,7 +121,7 @@ func (r *CudaAsyncMemoryResource) Allocate(nbytes int, s StreamView) (DevicePtr,
 		if isOOM(err) {
 			return 0, outOfMemory("CudaAsyncMemoryResource", nbytes, err)
 		}
-		return 0, errorf("CudaAsyncMemoryResource: allocating %d bytes: %w", nbytes, err)
+		return 0, errorf("CudaAsyncMemoryResource: allocating %s: %w", bytesText(nbytes), err)
 	}
 	return p, nil
 }

@@ -83,7 +83,7 @@ func (r *CudaAsyncViewMemoryResource) Allocate(nbytes int, s StreamView) (Device
 		if isOOM(err) {
 			return 0, outOfMemory("CudaAsyncViewMemoryResource", nbytes, err)
 		}
-		return 0, errorf("CudaAsyncViewMemoryResource: allocating %d bytes: %w", nbytes, err)
+		return 0, errorf("CudaAsyncViewMemoryResource: allocating %s: %w", bytesText(nbytes), err)
 	}
 	return p, nil
 }

@@ -378,7 +378,7 @@ func (r *BinningMemoryResource) CheckInvariants() (err error) {
 		}
 		if c, ok := b.mr.(interface{ CheckInvariants() error }); ok {
 			if err := c.CheckInvariants(); err != nil {
-				return errorf("bin of %d bytes: %w", b.size, err)
+				return errorf("bin of %s: %w", bytesText(b.size), err)
 			}
 		}
 	}

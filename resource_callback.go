@@ -71,14 +71,14 @@ func (r *CallbackMemoryResource) Allocate(nbytes int, s StreamView) (DevicePtr, 
 	switch {
 	case err != nil:
 		if errors.Is(err, ErrOutOfMemory) {
-			return 0, errorf("CallbackMemoryResource: allocating %d bytes on %v: %w", nbytes, s, err)
+			return 0, errorf("CallbackMemoryResource: allocating %s on %v: %w", bytesText(nbytes), s, err)
 		}
-		return 0, errorf("CallbackMemoryResource: the allocate function failed for %d bytes on %v: %w", nbytes, s, err)
+		return 0, errorf("CallbackMemoryResource: the allocate function failed for %s on %v: %w", bytesText(nbytes), s, err)
 	case p == 0:
 		return 0, outOfMemory("CallbackMemoryResource", nbytes, errors.New("the allocate function returned a null pointer and no error"))
 	case p%Alignment != 0:
 		ferr := r.free(p, nbytes, s)
-		err := errorf("CallbackMemoryResource: the allocate function returned %#x for %d bytes, which is not aligned to %d bytes (given back to the free function): %w", uintptr(p), nbytes, Alignment, ErrInvalidArgument)
+		err := errorf("CallbackMemoryResource: the allocate function returned %#x for %s, which is not aligned to %d bytes (given back to the free function): %w", uintptr(p), bytesText(nbytes), Alignment, ErrInvalidArgument)
 		if ferr != nil {
 			return 0, errorf("%w; giving it back failed: %w", err, ferr)
 		}

@@ -96,7 +96,7 @@ func driverAllocate(name string, dev Device, nbytes int, alloc func(ctx uintptr)
 		if isOOM(err) {
 			return 0, outOfMemory(name, nbytes, err)
 		}
-		return 0, errorf("%s: allocating %d bytes: %w", name, nbytes, err)
+		return 0, errorf("%s: allocating %s: %w", name, bytesText(nbytes), err)
 	}
 	return p, nil
 }

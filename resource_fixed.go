@@ -92,7 +92,7 @@ func NewFixedSizeMemoryResource(upstream MemoryResource, opts *FixedSizeOptions)
 	}
 	bs, ok := alignSize(o.BlockSize)
 	if !ok || o.BlocksToPreallocate > int(^uint(0)>>1)/bs {
-		return nil, errorf("NewFixedSizeMemoryResource: chunk of %d blocks of %d bytes overflows: %w", o.BlocksToPreallocate, o.BlockSize, ErrInvalidArgument)
+		return nil, errorf("NewFixedSizeMemoryResource: chunk of %d blocks of %s overflows: %w", o.BlocksToPreallocate, bytesText(o.BlockSize), ErrInvalidArgument)
 	}
 	f := &FixedSizeMemoryResource{
 		drv:         &cudaCalls,
@@ -232,7 +232,7 @@ func (f *FixedSizeMemoryResource) Deallocate(p DevicePtr, nbytes int, s StreamVi
 		return errorf("FixedSizeMemoryResource.Deallocate(%#x, %d): the pointer was not allocated by this resource or was already freed: %w", uintptr(p), nbytes, ErrInvalidFree)
 	}
 	if size != nbytes {
-		return errorf("FixedSizeMemoryResource.Deallocate(%#x, %d): the block was allocated with %d bytes: %w", uintptr(p), nbytes, size, ErrInvalidFree)
+		return errorf("FixedSizeMemoryResource.Deallocate(%#x, %d): the block was allocated with %s: %w", uintptr(p), nbytes, bytesText(size), ErrInvalidFree)
 	}
 	if f.closed {
 		return f.deallocateAfterClose(p, s)
@@ -659,7 +659,7 @@ func (f *FixedSizeMemoryResource) CheckInvariants() (err error) {
 			return errorf("block %#x is both free and live", uintptr(p))
 		}
 		if n <= 0 || n > f.blockSize {
-			return errorf("block %#x was allocated with %d bytes", uintptr(p), n)
+			return errorf("block %#x was allocated with %s", uintptr(p), bytesText(n))
 		}
 	}
 	if !f.closed && len(seen)+len(f.live) != len(f.chunks)*f.chunkBlocks {

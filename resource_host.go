@@ -81,7 +81,7 @@ func (t *hostTable) allocate(nbytes, alignment int, alloc func(total int) (uintp
 	total := nbytes
 	if alignment > Alignment {
 		if nbytes > int(^uint(0)>>1)-alignment {
-			return 0, outOfMemory(t.name, nbytes, errorf("%d bytes plus alignment %d overflow", nbytes, alignment))
+			return 0, outOfMemory(t.name, nbytes, errorf("%s plus alignment %d overflow", bytesText(nbytes), alignment))
 		}
 		total += alignment
 	}
@@ -109,7 +109,7 @@ func (t *hostTable) deallocate(op string, p uintptr, nbytes, alignment int, free
 	case !ok:
 		return errorf("%s.%s(%#x, %d): the pointer was not allocated by a %s or was already freed: %w", t.name, op, p, nbytes, t.name, ErrInvalidFree)
 	case b.nbytes != nbytes:
-		return errorf("%s.%s(%#x, %d): the block was allocated with %d bytes: %w", t.name, op, p, nbytes, b.nbytes, ErrInvalidFree)
+		return errorf("%s.%s(%#x, %d): the block was allocated with %s: %w", t.name, op, p, nbytes, bytesText(b.nbytes), ErrInvalidFree)
 	case b.alignment != alignment:
 		return errorf("%s.%s(%#x, %d): the block was allocated with alignment %d, freed with %d: %w", t.name, op, p, nbytes, b.alignment, alignment, ErrInvalidFree)
 	}
@@ -230,7 +230,7 @@ func (r *PinnedMemoryResource) allocate(op string, nbytes, alignment int) (uintp
 			if isOOM(err) {
 				return 0, outOfMemory("PinnedMemoryResource", nbytes, err)
 			}
-			return 0, errorf("PinnedMemoryResource.%s: allocating %d bytes: %w", op, nbytes, err)
+			return 0, errorf("PinnedMemoryResource.%s: allocating %s: %w", op, bytesText(nbytes), err)
 		}
 		return base, nil
 	})

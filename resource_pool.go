@@ -241,9 +241,9 @@ func NewPoolMemoryResource(upstream MemoryResource, opts *PoolOptions) (*PoolMem
 	case o.InitialPoolSize < 0 || o.MaximumPoolSize < 0:
 		return nil, errorf("NewPoolMemoryResource: negative size (initial %d, maximum %d): %w", o.InitialPoolSize, o.MaximumPoolSize, ErrInvalidArgument)
 	case o.InitialPoolSize%Alignment != 0:
-		return nil, errorf("NewPoolMemoryResource: InitialPoolSize %d is not a multiple of %d bytes: %w", o.InitialPoolSize, Alignment, ErrInvalidArgument)
+		return nil, errorf("NewPoolMemoryResource: InitialPoolSize %d is not a multiple of %s: %w", o.InitialPoolSize, bytesText(Alignment), ErrInvalidArgument)
 	case o.MaximumPoolSize%Alignment != 0:
-		return nil, errorf("NewPoolMemoryResource: MaximumPoolSize %d is not a multiple of %d bytes: %w", o.MaximumPoolSize, Alignment, ErrInvalidArgument)
+		return nil, errorf("NewPoolMemoryResource: MaximumPoolSize %d is not a multiple of %s: %w", o.MaximumPoolSize, bytesText(Alignment), ErrInvalidArgument)
 	case o.MaximumPoolSize > 0 && o.InitialPoolSize > o.MaximumPoolSize:
 		return nil, errorf("NewPoolMemoryResource: InitialPoolSize %d exceeds MaximumPoolSize %d: %w", o.InitialPoolSize, o.MaximumPoolSize, ErrInvalidArgument)
 	}
@@ -281,7 +281,7 @@ func NewPoolMemoryResource(upstream MemoryResource, opts *PoolOptions) (*PoolMem
 	if o.InitialPoolSize > 0 {
 		ptr, err := upstream.Allocate(o.InitialPoolSize, DefaultStream)
 		if err != nil {
-			return nil, errorf("NewPoolMemoryResource: taking the initial %d bytes from %s: %w", o.InitialPoolSize, resourceName(upstream), err)
+			return nil, errorf("NewPoolMemoryResource: taking the initial %s from %s: %w", bytesText(o.InitialPoolSize), resourceName(upstream), err)
 		}
 		p.mu.Lock()
 		l, err := p.listFor(DefaultStream)
@@ -386,7 +386,7 @@ func newExpandablePool(upstream MemoryResource, vm vmm, o PoolOptions) (*PoolMem
 		if err != nil {
 			p.releaseChunks(p.lists[0], -1, true)
 			p.freeReservation()
-			return nil, errorf("NewPoolMemoryResource: mapping the initial %d bytes: %w", o.InitialPoolSize, err)
+			return nil, errorf("NewPoolMemoryResource: mapping the initial %s: %w", bytesText(o.InitialPoolSize), err)
 		}
 	}
 	return p, nil
@@ -1040,7 +1040,7 @@ func (p *PoolMemoryResource) Deallocate(ptr DevicePtr, nbytes int, s StreamView)
 		return errorf("PoolMemoryResource.Deallocate(%#x, %d): the pointer was not allocated by this pool or was already freed: %w", uintptr(ptr), nbytes, ErrInvalidFree)
 	}
 	if b.req != nbytes {
-		return errorf("PoolMemoryResource.Deallocate(%#x, %d): the block was allocated with %d bytes: %w", uintptr(ptr), nbytes, b.req, ErrInvalidFree)
+		return errorf("PoolMemoryResource.Deallocate(%#x, %d): the block was allocated with %s: %w", uintptr(ptr), nbytes, bytesText(b.req), ErrInvalidFree)
 	}
 	if p.closed {
 		return p.deallocateAfterClose(b, s)
@@ -1464,7 +1464,7 @@ func (p *PoolMemoryResource) returnUpstream(b *block) error {
 // unchanged: forgetUpstream does that once it succeeded).
 func (p *PoolMemoryResource) freeUpstream(b *block) error {
 	if err := p.upstream.Deallocate(b.addr, b.size, DefaultStream); err != nil {
-		return errorf("PoolMemoryResource: returning %d bytes at %#x to %s: %w", b.size, uintptr(b.addr), resourceName(p.upstream), err)
+		return errorf("PoolMemoryResource: returning %s at %#x to %s: %w", bytesText(b.size), uintptr(b.addr), resourceName(p.upstream), err)
 	}
 	return nil
 }

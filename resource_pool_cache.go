@@ -143,7 +143,7 @@ func (p *PoolMemoryResource) deallocateCached(ptr DevicePtr, nbytes int, s Strea
 		return false, nil
 	}
 	if b.req != nbytes {
-		return false, errorf("PoolMemoryResource.Deallocate(%#x, %d): the block was allocated with %d bytes: %w", uintptr(ptr), nbytes, b.req, ErrInvalidFree)
+		return false, errorf("PoolMemoryResource.Deallocate(%#x, %d): the block was allocated with %s: %w", uintptr(ptr), nbytes, bytesText(b.req), ErrInvalidFree)
 	}
 	c.issued.del(ptr)
 	c.slots[c.n] = b // b.req stays: see allocateCached
@@ -362,7 +362,7 @@ func (p *PoolMemoryResource) checkCaches(all map[DevicePtr]*block) (int, error) 
 			case all[b.addr] != nil || p.live.get(b.addr) != nil:
 				err = errorf("%s block %#x of stream %#x is indexed twice", what, uintptr(b.addr), id)
 			case b.size > poolCacheMaxBlock:
-				err = errorf("%s block %#x of stream %#x has %d bytes", what, uintptr(b.addr), id, b.size)
+				err = errorf("%s block %#x of stream %#x has %s", what, uintptr(b.addr), id, bytesText(b.size))
 			}
 			all[b.addr] = b
 			held += b.size
@@ -372,7 +372,7 @@ func (p *PoolMemoryResource) checkCaches(all map[DevicePtr]*block) (int, error) 
 		}
 		c.issued.each(func(b *block) {
 			if n, _ := alignSize(b.req); err == nil && n != b.size {
-				err = errorf("block %#x handed out by the cache of stream %#x has %d bytes, asked %d", uintptr(b.addr), id, b.size, b.req)
+				err = errorf("block %#x handed out by the cache of stream %#x has %s, asked %d", uintptr(b.addr), id, bytesText(b.size), b.req)
 			}
 			add(b, "handed-out")
 		})

@@ -163,7 +163,7 @@ func (p *PoolMemoryResource) CheckInvariants() (err error) {
 		case b.free || b.list != nil:
 			return errorf("live block %#x is marked free or listed", uintptr(ptr))
 		case b.size != n:
-			return errorf("live block %#x of %d bytes was asked for %d", uintptr(ptr), b.size, b.req)
+			return errorf("live block %#x of %s was asked for %d", uintptr(ptr), bytesText(b.size), b.req)
 		case all[ptr] != nil:
 			return errorf("block %#x is both free and live", uintptr(ptr))
 		}
@@ -223,7 +223,7 @@ func (p *PoolMemoryResource) CheckInvariants() (err error) {
 		for ; b != nil; b = b.next {
 			visited++
 			if b.addr%Alignment != 0 || b.size <= 0 {
-				return errorf("block %#x of %d bytes is not 256-aligned", uintptr(b.addr), b.size)
+				return errorf("block %#x of %s is not 256-aligned", uintptr(b.addr), bytesText(b.size))
 			}
 			if all[b.addr] != b {
 				return errorf("block %#x is linked but neither free in a list nor live", uintptr(b.addr))
@@ -239,14 +239,14 @@ func (p *PoolMemoryResource) CheckInvariants() (err error) {
 			}
 		}
 		if covered != size {
-			return errorf("upstream allocation %#x of %d bytes is covered by %d bytes of blocks", uintptr(a), size, covered)
+			return errorf("upstream allocation %#x of %s is covered by %s of blocks", uintptr(a), bytesText(size), bytesText(covered))
 		}
 	}
 	if visited != len(all) {
 		return errorf("%d blocks, %d of them in an upstream allocation's chain", len(all), visited)
 	}
 	if total != p.size {
-		return errorf("upstream blocks total %d bytes, pool size %d", total, p.size)
+		return errorf("upstream blocks total %s, pool size %d", bytesText(total), p.size)
 	}
 	return nil
 }
@@ -271,7 +271,7 @@ func (p *PoolMemoryResource) checkExpandable(all map[DevicePtr]*block, stitched 
 	var last *block
 	for b := e.head; b != nil; b = b.next {
 		if b.addr != at || b.size <= 0 || b.addr%Alignment != 0 {
-			return errorf("block %#x of %d bytes found where %#x was expected", uintptr(b.addr), b.size, uintptr(at))
+			return errorf("block %#x of %s found where %#x was expected", uintptr(b.addr), bytesText(b.size), uintptr(at))
 		}
 		if b.prev != last {
 			return errorf("block %#x has a wrong previous neighbour", uintptr(b.addr))
@@ -286,7 +286,7 @@ func (p *PoolMemoryResource) checkExpandable(all map[DevicePtr]*block, stitched 
 				return errorf("holes %#x and %#x are adjacent", uintptr(last.addr), uintptr(b.addr))
 			}
 			if b.addr%DevicePtr(e.gran) != 0 || b.size%e.gran != 0 {
-				return errorf("hole %#x of %d bytes is off the granularity %d", uintptr(b.addr), b.size, e.gran)
+				return errorf("hole %#x of %s is off the granularity %d", uintptr(b.addr), bytesText(b.size), e.gran)
 			}
 		} else {
 			if b.lent {
@@ -325,7 +325,7 @@ func (p *PoolMemoryResource) checkExpandable(all map[DevicePtr]*block, stitched 
 		return errorf("%d blocks, %d of them in the chain and %d stitched", len(all), visited, stitched)
 	}
 	if mapped != p.size {
-		return errorf("mapped blocks total %d bytes, pool size %d", mapped, p.size)
+		return errorf("mapped blocks total %s, pool size %d", bytesText(mapped), p.size)
 	}
 	// The chunks, in address order, tile exactly the mapped ranges.
 	ci := 0

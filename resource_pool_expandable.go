@@ -122,7 +122,7 @@ func newExpandable(vm vmm, dev Device, maximum, threshold, page int) (*expandabl
 	}
 	base, err := vm.reserve(reserved)
 	if err != nil {
-		return nil, 0, errorf("NewPoolMemoryResource: reserving %d bytes of address space for the expandable pool: %w", reserved, err)
+		return nil, 0, errorf("NewPoolMemoryResource: reserving %s of address space for the expandable pool: %w", bytesText(reserved), err)
 	}
 	if page > 0 {
 		page, _ = alignUpChecked(page, gran)
@@ -364,7 +364,7 @@ func (p *PoolMemoryResource) mapChunkUnlocked(addr DevicePtr, k, size int) ([]vm
 				e.spare = append(e.spare, c)
 			}
 			undo()
-			return nil, errorf("PoolMemoryResource (expandable): mapping %d bytes at %#x: %w", c.size, uintptr(at), err)
+			return nil, errorf("PoolMemoryResource (expandable): mapping %s at %#x: %w", bytesText(c.size), uintptr(at), err)
 		}
 		cs, fresh, homes = append(cs, c), append(fresh, isNew), append(homes, home)
 		at += DevicePtr(c.size)
@@ -372,7 +372,7 @@ func (p *PoolMemoryResource) mapChunkUnlocked(addr DevicePtr, k, size int) ([]vm
 	}
 	if err := e.vm.setAccess(addr, k); err != nil {
 		undo()
-		return nil, errorf("PoolMemoryResource (expandable): granting access to %d bytes at %#x: %w", k, uintptr(addr), err)
+		return nil, errorf("PoolMemoryResource (expandable): granting access to %s at %#x: %w", bytesText(k), uintptr(addr), err)
 	}
 	return cs, nil
 }
@@ -717,7 +717,7 @@ func (p *PoolMemoryResource) unmapChunks(def *freeList, cands []chunkCand, hold,
 		ch := c.c
 		if err := e.vm.unmap(ch.addr, ch.size); err != nil {
 			if firstErr == nil {
-				firstErr = errorf("PoolMemoryResource (expandable): unmapping %d bytes at %#x: %w", ch.size, uintptr(ch.addr), err)
+				firstErr = errorf("PoolMemoryResource (expandable): unmapping %s at %#x: %w", bytesText(ch.size), uintptr(ch.addr), err)
 			}
 			continue
 		}

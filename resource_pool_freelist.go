@@ -344,7 +344,7 @@ func (l *freeList) check(visit func(*block) error) error {
 		case parent != nil && t.prio > parent.prio:
 			return errorf("treap heap order broken at block %#x", uintptr(t.addr))
 		case lv != level || c != class:
-			return errorf("block %#x of %d bytes is in size class (%d, %d), not (%d, %d)", uintptr(t.addr), t.size, level, class, lv, c)
+			return errorf("block %#x of %s is in size class (%d, %d), not (%d, %d)", uintptr(t.addr), bytesText(t.size), level, class, lv, c)
 		}
 		if err := walk(t.left, t, level, class); err != nil {
 			return err
@@ -378,7 +378,7 @@ func (l *freeList) check(visit func(*block) error) error {
 		}
 	}
 	if n != l.count || bytes != l.bytes {
-		return errorf("free list of %v counts %d blocks / %d bytes, holds %d / %d", l.stream, l.count, l.bytes, n, bytes)
+		return errorf("free list of %v counts %d blocks / %s, holds %d / %d", l.stream, l.count, bytesText(l.bytes), n, bytes)
 	}
 	return nil
 }

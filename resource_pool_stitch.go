@@ -586,7 +586,7 @@ func (p *PoolMemoryResource) checkStitches(lentSeen map[*block]bool) (int, error
 			sum += c.size
 		}
 		if sum != a.size {
-			return 0, errorf("stitched range %#x holds %d bytes of chunks, says %d", uintptr(va), sum, a.size)
+			return 0, errorf("stitched range %#x holds %s of chunks, says %d", uintptr(va), bytesText(sum), a.size)
 		}
 		if a.b == nil {
 			if a.lent != nil || a.from != nil {

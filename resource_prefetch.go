@@ -160,7 +160,7 @@ func (r *PrefetchResourceAdaptor) Allocate(nbytes int, s StreamView) (DevicePtr,
 		}
 	}
 	if err := r.prefetch(r.ctx, p, nbytes, cuMemLocationTypeDevice, int(r.dev), s.cu()); err != nil {
-		return 0, r.giveBack(p, nbytes, s, errorf("PrefetchResourceAdaptor: prefetching %d bytes at %#x to %v on %v: %w", nbytes, uintptr(p), r.dev, s, err))
+		return 0, r.giveBack(p, nbytes, s, errorf("PrefetchResourceAdaptor: prefetching %s at %#x to %v on %v: %w", bytesText(nbytes), uintptr(p), r.dev, s, err))
 	}
 	return p, nil
 }

@@ -71,7 +71,7 @@ func (r *SamHeadroomMemoryResource) Allocate(nbytes int, s StreamView) (DevicePt
 	}
 	fail := func(err error) (DevicePtr, error) {
 		_ = r.system.Deallocate(p, nbytes, s)
-		return 0, errorf("SamHeadroomMemoryResource: allocating %d bytes: %w", nbytes, err)
+		return 0, errorf("SamHeadroomMemoryResource: allocating %s: %w", bytesText(nbytes), err)
 	}
 	free, _, err := cuMemGetInfo(r.ctx)
 	if err != nil {

@@ -76,7 +76,7 @@ func (r *SystemMemoryResource) Deallocate(p DevicePtr, nbytes int, s StreamView)
 	case !ok:
 		return errorf("SystemMemoryResource.Deallocate(%#x, %d): the pointer was not allocated here or was already freed: %w", uintptr(p), nbytes, ErrInvalidFree)
 	case size != nbytes:
-		return errorf("SystemMemoryResource.Deallocate(%#x, %d): the block was allocated with %d bytes: %w", uintptr(p), nbytes, size, ErrInvalidFree)
+		return errorf("SystemMemoryResource.Deallocate(%#x, %d): the block was allocated with %s: %w", uintptr(p), nbytes, bytesText(size), ErrInvalidFree)
 	}
 	hostFree(uintptr(p))
 	return nil
@@ -150,7 +150,7 @@ func (r *SimulatedMemoryResource) Deallocate(p DevicePtr, nbytes int, s StreamVi
 		return errorf("SimulatedMemoryResource.Deallocate: %#x was not allocated here or was already freed: %w", uintptr(p), ErrInvalidFree)
 	}
 	if size != nbytes {
-		return errorf("SimulatedMemoryResource.Deallocate: %#x was allocated with %d bytes, freed with %d: %w", uintptr(p), size, nbytes, ErrInvalidFree)
+		return errorf("SimulatedMemoryResource.Deallocate: %#x was allocated with %s, freed with %d: %w", uintptr(p), bytesText(size), nbytes, ErrInvalidFree)
 	}
 	delete(r.live, p)
 	n, _ := alignSize(size)

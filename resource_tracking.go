@@ -143,7 +143,7 @@ func (r *TrackingResourceAdaptor) Allocate(nbytes int, s StreamView) (DevicePtr,
 	r.mu.Unlock()
 	if dup {
 		ferr := r.upstream.Deallocate(p, nbytes, s)
-		err := errorf("TrackingResourceAdaptor.Allocate(%d): the upstream returned %#x, which is already tracked (an allocation of %d bytes that was freed without going through this adaptor): %w", nbytes, uintptr(p), old.size, ErrInvalidFree)
+		err := errorf("TrackingResourceAdaptor.Allocate(%d): the upstream returned %#x, which is already tracked (an allocation of %s that was freed without going through this adaptor): %w", nbytes, uintptr(p), bytesText(old.size), ErrInvalidFree)
 		if ferr != nil {
 			err = errorf("%w; giving the new memory back failed: %w", err, ferr)
 		}

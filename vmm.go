@@ -55,7 +55,7 @@ func vmmCheckRange(impl, op string, addr DevicePtr, size, gran int) error {
 		return errorf("%s.%s: address %#x is not a non-zero multiple of the granularity %d: %w", impl, op, uintptr(addr), gran, ErrInvalidArgument)
 	}
 	if uintptr(addr)+uintptr(size) < uintptr(addr) {
-		return errorf("%s.%s: range %#x + %d bytes wraps around: %w", impl, op, uintptr(addr), size, ErrInvalidArgument)
+		return errorf("%s.%s: range %#x + %s wraps around: %w", impl, op, uintptr(addr), bytesText(size), ErrInvalidArgument)
 	}
 	return nil
 }

@@ -59,7 +59,7 @@ func newDeviceVMM(dev Device) (*deviceVMM, error) {
 		return nil, errorf("virtual memory management on %s: %w", dev, err)
 	}
 	if g <= 0 {
-		return nil, errorf("%s reports an allocation granularity of %d bytes: %w", dev, g, ErrNotSupported)
+		return nil, errorf("%s reports an allocation granularity of %s: %w", dev, bytesText(g), ErrNotSupported)
 	}
 	return &deviceVMM{dev: dev, ctx: st.ctx, gran: g, handles: map[vmmHandle]int{}}, nil
 }
@@ -124,13 +124,13 @@ func (v *deviceVMM) mapAt(addr DevicePtr, size int, h vmmHandle) error {
 	defer v.mu.Unlock()
 	hs, ok := v.handles[h]
 	if !ok {
-		return errorf("%s.mapAt(%#x, %d bytes, handle %#x): unknown or released handle: %w", deviceVMMName, uintptr(addr), size, uint64(h), ErrInvalidArgument)
+		return errorf("%s.mapAt(%#x, %s, handle %#x): unknown or released handle: %w", deviceVMMName, uintptr(addr), bytesText(size), uint64(h), ErrInvalidArgument)
 	}
 	if hs != size {
-		return errorf("%s.mapAt(%#x, %d bytes, handle %#x): the handle has %d bytes and a mapping is one whole handle: %w", deviceVMMName, uintptr(addr), size, uint64(h), hs, ErrInvalidArgument)
+		return errorf("%s.mapAt(%#x, %s, handle %#x): the handle has %s and a mapping is one whole handle: %w", deviceVMMName, uintptr(addr), bytesText(size), uint64(h), bytesText(hs), ErrInvalidArgument)
 	}
 	if err := cuMemMap(v.ctx, addr, size, uint64(h)); err != nil {
-		return errorf("%s.mapAt(%#x, %d bytes, handle %#x) on %s: %w", deviceVMMName, uintptr(addr), size, uint64(h), v.dev, err)
+		return errorf("%s.mapAt(%#x, %s, handle %#x) on %s: %w", deviceVMMName, uintptr(addr), bytesText(size), uint64(h), v.dev, err)
 	}
 	return nil
 }

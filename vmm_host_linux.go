@@ -20,7 +20,7 @@ func hostVMMOSReserve(size, align int) (base uintptr, mem []byte, err error) {
 	n := size
 	if align > page {
 		if size > int(^uint(0)>>1)-(align-page) {
-			return 0, nil, errorf("%d bytes aligned to %d overflow: %w", size, align, ErrInvalidArgument)
+			return 0, nil, errorf("%s aligned to %d overflow: %w", bytesText(size), align, ErrInvalidArgument)
 		}
 		n += align - page
 	}

@@ -156,7 +156,7 @@ func (b *vmmBook) create(size int) (vmmHandle, error) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	if b.limit > 0 && size > b.limit-b.physical {
-		return 0, errorf("%s.create(%d bytes): %d of the limit of %d bytes are already created: %w", b.name, size, b.physical, b.limit, ErrOutOfMemory)
+		return 0, errorf("%s.create(%d bytes): %d of the limit of %s are already created: %w", b.name, size, b.physical, bytesText(b.limit), ErrOutOfMemory)
 	}
 	fd, err := b.mem.memCreate(size)
 	if err != nil {
@@ -236,7 +236,7 @@ func (b *vmmBook) mapAt(addr DevicePtr, size int, h vmmHandle) error {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	bad := func(format string, a ...any) error {
-		return errorf("%s.mapAt(%#x, %d bytes, handle %d): %s: %w", b.name, uintptr(addr), size, uint64(h), fmt.Sprintf(format, a...), ErrInvalidArgument)
+		return errorf("%s.mapAt(%#x, %s, handle %d): %s: %w", b.name, uintptr(addr), bytesText(size), uint64(h), fmt.Sprintf(format, a...), ErrInvalidArgument)
 	}
 	r := b.reservationOf(addr, size)
 	if r == nil {
@@ -257,7 +257,7 @@ func (b *vmmBook) mapAt(addr DevicePtr, size int, h vmmHandle) error {
 		return bad("overlaps the mapping [%#x, %#x)", uintptr(m.addr), uintptr(m.addr)+uintptr(m.size))
 	}
 	if hd.maps > 0 && b.oneMapping {
-		return errorf("%s.mapAt(%#x, %d bytes, handle %d): the handle is already mapped, and host memory cannot show one handle at two addresses: %w", b.name, uintptr(addr), size, uint64(h), ErrNotSupported)
+		return errorf("%s.mapAt(%#x, %s, handle %d): the handle is already mapped, and host memory cannot show one handle at two addresses: %w", b.name, uintptr(addr), bytesText(size), uint64(h), ErrNotSupported)
 	}
 	r.maps = append(r.maps, vmmMapping{})
 	copy(r.maps[i+1:], r.maps[i:])
