@@ -31,7 +31,7 @@ func NewAllocator[T any](mr MemoryResource) (Allocator[T], error) {
 func (a Allocator[T]) Allocate(n int, s StreamView) (DeviceSpan[T], error) {
 	op := fmt.Sprintf("%s.Allocate(%d)", allocatorKind[T](), n)
 	if a.mr == nil {
-		return DeviceSpan[T]{}, fmt.Errorf("%w: %s: zero Allocator (use NewAllocator)", ErrInvalidArgument, op)
+		return DeviceSpan[T]{}, errorf("%s: zero Allocator (use NewAllocator): %w", op, ErrInvalidArgument)
 	}
 	nb, ok := elemBytes[T](n)
 	if !ok {
@@ -43,7 +43,7 @@ func (a Allocator[T]) Allocate(n int, s StreamView) (DeviceSpan[T], error) {
 	}
 	p, err := a.mr.Allocate(nb, s)
 	if err != nil {
-		return DeviceSpan[T]{}, fmt.Errorf("%s: %w", op, err)
+		return DeviceSpan[T]{}, errorf("%s: %w", op, err)
 	}
 	sp.ptr = p
 	return sp, nil
@@ -54,13 +54,13 @@ func (a Allocator[T]) Allocate(n int, s StreamView) (DeviceSpan[T], error) {
 // resource's error (ErrInvalidFree for a span it did not hand out, where it checks) is returned.
 func (a Allocator[T]) Deallocate(sp DeviceSpan[T], s StreamView) error {
 	if a.mr == nil {
-		return fmt.Errorf("%w: %s.Deallocate: zero Allocator (use NewAllocator)", ErrInvalidArgument, allocatorKind[T]())
+		return errorf("%s.Deallocate: zero Allocator (use NewAllocator): %w", allocatorKind[T](), ErrInvalidArgument)
 	}
 	if sp.ptr == 0 && sp.n == 0 {
 		return nil
 	}
 	if err := a.mr.Deallocate(sp.ptr, sp.SizeBytes(), s); err != nil {
-		return fmt.Errorf("%s.Deallocate(%#x, %d elements): %w", allocatorKind[T](), uintptr(sp.ptr), sp.n, err)
+		return errorf("%s.Deallocate(%#x, %d elements): %w", allocatorKind[T](), uintptr(sp.ptr), sp.n, err)
 	}
 	return nil
 }

@@ -61,7 +61,7 @@ func (st *memState) reallocate(op string, newCap, keep int, s StreamView) error 
 	if newCap > 0 {
 		var err error
 		if p, err = st.mr.Allocate(newCap, s); err != nil {
-			return fmt.Errorf("%s: allocating %d bytes: %w", op, newCap, err)
+			return errorf("%s: allocating %s: %w", op, bytesText(newCap), err)
 		}
 	}
 	if keep > 0 && st.access != 0 {
@@ -74,7 +74,7 @@ func (st *memState) reallocate(op string, newCap, keep int, s StreamView) error 
 	st.ptr, st.capacity, st.stream = p, newCap, s
 	if oldCap > 0 || oldPtr != 0 {
 		if err := st.mr.Deallocate(oldPtr, oldCap, s); err != nil {
-			return fmt.Errorf("%s: freeing the previous %d bytes at %#x (the contents were moved): %w", op, oldCap, uintptr(oldPtr), err)
+			return errorf("%s: freeing the previous %s at %#x (the contents were moved): %w", op, bytesText(oldCap), uintptr(oldPtr), err)
 		}
 	}
 	return nil
@@ -124,14 +124,14 @@ func (st *memState) close() error {
 		return nil
 	}
 	if err := st.mr.Deallocate(p, n, st.stream); err != nil {
-		return fmt.Errorf("%s.Close: freeing %d bytes at %#x: %w", st.kind, n, uintptr(p), err)
+		return errorf("%s.Close: freeing %s at %#x: %w", st.kind, bytesText(n), uintptr(p), err)
 	}
 	return nil
 }
 
 // errClosed is the error of every method called after Close.
 func (st *memState) errClosed(op string) error {
-	return fmt.Errorf("%w: %s.%s called after Close", ErrClosed, st.kind, op)
+	return errorf("%s.%s: called after Close: %w", st.kind, op, ErrClosed)
 }
 
 // reclaimLeaked is the cleanup of a container that became unreachable without Close: it frees
@@ -178,13 +178,13 @@ func routeOf(op string, a Access) (route, error) {
 			return routeDevice, nil
 		}
 		if a&HostAccessible == 0 {
-			return 0, fmt.Errorf("%s: device memory: %w", op, err)
+			return 0, errorf("%s: device memory: %w", op, err)
 		}
 	}
 	if a&HostAccessible != 0 {
 		return routeHost, nil
 	}
-	return 0, fmt.Errorf("%w: %s: the memory has no access (an address-only resource such as SimulatedMemoryResource): it cannot be read or written", ErrNotSupported, op)
+	return 0, errorf("%s: the memory has no access (an address-only resource such as SimulatedMemoryResource): it cannot be read or written: %w", op, ErrNotSupported)
 }
 
 // copyMem copies n bytes from src to dst (not overlapping), choosing by where each lies:
@@ -213,7 +213,7 @@ func copyMem(op string, dst, src memRef, n int, s StreamView) error {
 		// In the stream's context when it has a device (the ends may lie on two devices: a peer
 		// copy through unified addressing), else in the destination's.
 		if err := deviceCopy(s.deviceFor(dst.dev), dst.p, src.p, n, s); err != nil {
-			return fmt.Errorf("%s: copying %d bytes: %w", op, n, err)
+			return errorf("%s: copying %s: %w", op, bytesText(n), err)
 		}
 		return nil
 	case dst.access&HostAccessible != 0 && src.access&HostAccessible != 0:
@@ -223,7 +223,7 @@ func copyMem(op string, dst, src memRef, n int, s StreamView) error {
 				dev = src.dev
 			}
 			if err := syncStream(dev, s); err != nil {
-				return fmt.Errorf("%s: %w", op, err)
+				return errorf("%s: %w", op, err)
 			}
 		}
 		copy(hostBytes(dst.p, n), hostBytes(src.p, n))
@@ -237,7 +237,7 @@ func copyMem(op string, dst, src memRef, n int, s StreamView) error {
 			err = cuStreamSynchronize(ctx, s.cu())
 		}
 		if err != nil {
-			return fmt.Errorf("%s: copying %d bytes from host to device: %w", op, n, err)
+			return errorf("%s: copying %s from host to device: %w", op, bytesText(n), err)
 		}
 		return nil
 	default: // dst is host-only, src device memory
@@ -249,7 +249,7 @@ func copyMem(op string, dst, src memRef, n int, s StreamView) error {
 			err = cuStreamSynchronize(ctx, s.cu())
 		}
 		if err != nil {
-			return fmt.Errorf("%s: copying %d bytes from device to host: %w", op, n, err)
+			return errorf("%s: copying %s from device to host: %w", op, bytesText(n), err)
 		}
 		return nil
 	}
@@ -281,7 +281,7 @@ func copyFromAddr(op string, dst memRef, src DevicePtr, n int, s StreamView) err
 		err = cuStreamSynchronize(ctx, s.cu())
 	}
 	if err != nil {
-		return fmt.Errorf("%s: copying %d bytes from %#x: %w", op, n, uintptr(src), err)
+		return errorf("%s: copying %s from %#x: %w", op, bytesText(n), uintptr(src), err)
 	}
 	return nil
 }
@@ -308,7 +308,7 @@ func copyFromGo(op string, dst memRef, src unsafe.Pointer, n int, s StreamView) 
 		err = cuMemcpyHtoDSync(ctx, dst.p, src, n, s.cu())
 	}
 	if err != nil {
-		return fmt.Errorf("%s: copying %d bytes from host: %w", op, n, err)
+		return errorf("%s: copying %s from host: %w", op, bytesText(n), err)
 	}
 	return nil
 }
@@ -335,7 +335,7 @@ func copyToGo(op string, dst unsafe.Pointer, src memRef, n int, s StreamView) er
 		err = cuMemcpyDtoHSync(ctx, dst, src.p, n, s.cu())
 	}
 	if err != nil {
-		return fmt.Errorf("%s: copying %d bytes to host: %w", op, n, err)
+		return errorf("%s: copying %s to host: %w", op, bytesText(n), err)
 	}
 	return nil
 }
@@ -358,7 +358,7 @@ func fillMem(op string, dst memRef, nbytes int, elem []byte, s StreamView) error
 		return nil
 	}
 	if err := deviceFill(dst.dev, dst.p, nbytes, elem, s); err != nil {
-		return fmt.Errorf("%s: filling %d bytes with a %d-byte value: %w", op, nbytes, len(elem), err)
+		return errorf("%s: filling %s with a %d-byte value: %w", op, bytesText(nbytes), len(elem), err)
 	}
 	return nil
 }
@@ -385,7 +385,7 @@ func syncStream(dev Device, s StreamView) error {
 
 // rangeErr is the error for bytes [off, off+n) outside a container of length size.
 func rangeErr(op string, off, n, size int, unit string) error {
-	return fmt.Errorf("%w: %s: %s [%d, %d+%d) outside length %d", ErrOutOfRange, op, unit, off, off, n, size)
+	return errorf("%s: %s [%d, %d+%d) outside length %d: %w", op, unit, off, off, n, size, ErrOutOfRange)
 }
 
 // inRange reports whether [off, off+n) lies in [0, size) without overflow.
@@ -427,11 +427,11 @@ func newDeviceBuffer(st *memState) *DeviceBuffer {
 // ErrInvalidArgument; a failed allocation returns the resource's error (ErrOutOfMemory).
 func NewDeviceBuffer(size int, s StreamView, mr MemoryResource) (*DeviceBuffer, error) {
 	if size < 0 {
-		return nil, fmt.Errorf("%w: NewDeviceBuffer: negative size %d", ErrInvalidArgument, size)
+		return nil, errorf("NewDeviceBuffer: negative size %d: %w", size, ErrInvalidArgument)
 	}
 	st, err := newMemState("DeviceBuffer", size, s, mr)
 	if err != nil {
-		return nil, fmt.Errorf("NewDeviceBuffer(%d bytes): %w", size, err)
+		return nil, errorf("NewDeviceBuffer(%d bytes): %w", size, err)
 	}
 	return newDeviceBuffer(st), nil
 }
@@ -458,7 +458,7 @@ func NewDeviceBufferFromHost(src []byte, s StreamView, mr MemoryResource) (*Devi
 // allocates nothing.
 func NewDeviceBufferFromDevice(src DevicePtr, size int, s StreamView, mr MemoryResource) (*DeviceBuffer, error) {
 	if src == 0 && size > 0 {
-		return nil, fmt.Errorf("%w: NewDeviceBufferFromDevice: null source with size %d", ErrInvalidArgument, size)
+		return nil, errorf("NewDeviceBufferFromDevice: null source with size %d: %w", size, ErrInvalidArgument)
 	}
 	b, err := NewDeviceBuffer(size, s, mr)
 	if err != nil {
@@ -480,11 +480,11 @@ func NewDeviceBufferFromDevice(src DevicePtr, size int, s StreamView, mr MemoryR
 func AdoptDeviceBuffer(p DevicePtr, size int, s StreamView, mr MemoryResource) (*DeviceBuffer, error) {
 	switch {
 	case mr == nil:
-		return nil, fmt.Errorf("%w: AdoptDeviceBuffer(%#x, %d): no resource to free the memory with", ErrInvalidArgument, uintptr(p), size)
+		return nil, errorf("AdoptDeviceBuffer(%#x, %d): no resource to free the memory with: %w", uintptr(p), size, ErrInvalidArgument)
 	case size < 0:
-		return nil, fmt.Errorf("%w: AdoptDeviceBuffer: negative size %d", ErrInvalidArgument, size)
+		return nil, errorf("AdoptDeviceBuffer: negative size %d: %w", size, ErrInvalidArgument)
 	case p == 0 && size > 0:
-		return nil, fmt.Errorf("%w: AdoptDeviceBuffer: null pointer with size %d", ErrInvalidArgument, size)
+		return nil, errorf("AdoptDeviceBuffer: null pointer with size %d: %w", size, ErrInvalidArgument)
 	}
 	st := &memState{ptr: p, size: size, capacity: size, stream: s, mr: mr, dev: DeviceOf(mr), access: AccessOf(mr), kind: "DeviceBuffer"}
 	return newDeviceBuffer(st), nil
@@ -500,7 +500,7 @@ func (b *DeviceBuffer) Copy(s StreamView, mr MemoryResource) (*DeviceBuffer, err
 	}
 	st, err := newMemState("DeviceBuffer", b.st.size, s, mr)
 	if err != nil {
-		return nil, fmt.Errorf("DeviceBuffer.Copy(%d bytes): %w", b.st.size, err)
+		return nil, errorf("DeviceBuffer.Copy(%d bytes): %w", b.st.size, err)
 	}
 	c := newDeviceBuffer(st)
 	if err := copyMem("DeviceBuffer.Copy", st.ref(), b.st.ref(), b.st.size, s); err != nil {
@@ -552,7 +552,7 @@ func (b *DeviceBuffer) Resize(n int, s StreamView) error {
 		return b.st.errClosed("Resize")
 	}
 	if n < 0 {
-		return fmt.Errorf("%w: DeviceBuffer.Resize: negative size %d", ErrInvalidArgument, n)
+		return errorf("DeviceBuffer.Resize: negative size %d: %w", n, ErrInvalidArgument)
 	}
 	return b.st.resize(fmt.Sprintf("DeviceBuffer.Resize(%d)", n), n, s)
 }
@@ -565,7 +565,7 @@ func (b *DeviceBuffer) Reserve(n int, s StreamView) error {
 		return b.st.errClosed("Reserve")
 	}
 	if n < 0 {
-		return fmt.Errorf("%w: DeviceBuffer.Reserve: negative capacity %d", ErrInvalidArgument, n)
+		return errorf("DeviceBuffer.Reserve: negative capacity %d: %w", n, ErrInvalidArgument)
 	}
 	return b.st.reserve(fmt.Sprintf("DeviceBuffer.Reserve(%d)", n), n, s)
 }
@@ -639,10 +639,10 @@ func (b *DeviceBuffer) CopyFromDevice(dstOffset int, src DevicePtr, nbytes int, 
 		return b.st.errClosed("CopyFromDevice")
 	}
 	if nbytes < 0 {
-		return fmt.Errorf("%w: DeviceBuffer.CopyFromDevice: negative size %d", ErrInvalidArgument, nbytes)
+		return errorf("DeviceBuffer.CopyFromDevice: negative size %d: %w", nbytes, ErrInvalidArgument)
 	}
 	if src == 0 && nbytes > 0 {
-		return fmt.Errorf("%w: DeviceBuffer.CopyFromDevice: null source with size %d", ErrInvalidArgument, nbytes)
+		return errorf("DeviceBuffer.CopyFromDevice: null source with size %d: %w", nbytes, ErrInvalidArgument)
 	}
 	if !inRange(dstOffset, nbytes, b.st.size) {
 		return rangeErr("DeviceBuffer.CopyFromDevice", dstOffset, nbytes, b.st.size, "bytes")

@@ -4,7 +4,6 @@ package rmm
 // holds the cgo binding and its no-cgo twin).
 
 import (
-	"fmt"
 	"sync"
 	"unsafe"
 
@@ -332,7 +331,7 @@ func cuLaunchCopy(ctx, fn uintptr, grid, block int, stream uintptr, dst, src Dev
 func vmmErr(op string, r cuda.Result) error {
 	err := cuErr(op, r)
 	if err != nil && int(r) == cudaErrorNotSupported {
-		return fmt.Errorf("%w: %w", ErrNotSupported, err)
+		return errorf("%w: %w", err, ErrNotSupported)
 	}
 	return err
 }

@@ -48,25 +48,25 @@ type deviceState struct {
 func initDriver() error {
 	driverOnce.Do(func() {
 		if !cgoEnabled {
-			driverErr = fmt.Errorf("%w: built without cgo (CGO_ENABLED=0), so the CUDA driver cannot be loaded", ErrNoDevice)
+			driverErr = errorf("built without cgo (CGO_ENABLED=0), so the CUDA driver cannot be loaded: %w", ErrNoDevice)
 			return
 		}
 		if why := loadDriver(); why != "" {
-			driverErr = fmt.Errorf("%w: %s", ErrNoDevice, why)
+			driverErr = errorf("%s: %w", why, ErrNoDevice)
 			return
 		}
 		driverLoaded = true
 		if err := cuInit(); err != nil {
-			driverErr = fmt.Errorf("%w: cuInit failed: %w", ErrNoDevice, err)
+			driverErr = errorf("cuInit failed: %w: %w", err, ErrNoDevice)
 			return
 		}
 		n, err := cuDeviceCount()
 		if err != nil {
-			driverErr = fmt.Errorf("%w: %w", ErrNoDevice, err)
+			driverErr = errorf("%w: %w", err, ErrNoDevice)
 			return
 		}
 		if n == 0 {
-			driverErr = fmt.Errorf("%w: the driver reports no CUDA-capable device", ErrNoDevice)
+			driverErr = errorf("the driver reports no CUDA-capable device: %w", ErrNoDevice)
 			return
 		}
 		deviceCount = n
@@ -108,7 +108,7 @@ func CurrentDevice() Device { return Device(currentDev.Load()) }
 // ordinal that does not exist (on a machine without CUDA only Device(0), the host, exists).
 func SetCurrentDevice(d Device) error {
 	if err := d.check(); err != nil {
-		return err
+		return errorf("SetCurrentDevice: %w", err)
 	}
 	currentDev.Store(int64(d))
 	return nil
@@ -121,10 +121,10 @@ func (d Device) check() error {
 		if d == 0 {
 			return nil
 		}
-		return fmt.Errorf("%w: device %d does not exist (no CUDA device; only device 0, the host, is available)", ErrInvalidArgument, int(d))
+		return errorf("device %d does not exist (no CUDA device; only device 0, the host, is available): %w", int(d), ErrInvalidArgument)
 	}
 	if d < 0 || int(d) >= n {
-		return fmt.Errorf("%w: device %d does not exist (%d CUDA devices)", ErrInvalidArgument, int(d), n)
+		return errorf("device %d does not exist (%d CUDA devices): %w", int(d), n, ErrInvalidArgument)
 	}
 	return nil
 }
@@ -163,7 +163,7 @@ func (d Device) ctx() (uintptr, error) {
 // Name returns the device's name, e.g. "NVIDIA H200", or "host" without CUDA.
 func (d Device) Name() (string, error) {
 	if err := d.check(); err != nil {
-		return "", err
+		return "", errorf("Device.Name: %w", err)
 	}
 	if initDriver() != nil {
 		return "host", nil
@@ -177,7 +177,7 @@ func (d Device) Attribute(attr int) (int, error) {
 		return 0, err
 	}
 	if err := d.check(); err != nil {
-		return 0, err
+		return 0, errorf("Device.Attribute: %w", err)
 	}
 	return cuDeviceAttribute(int(d), attr)
 }
@@ -196,12 +196,12 @@ func (d Device) ComputeCapability() (major, minor int, err error) {
 // ErrNoDevice).
 func (d Device) TotalMemory() (int, error) {
 	if err := d.check(); err != nil {
-		return 0, err
+		return 0, errorf("Device.TotalMemory: %w", err)
 	}
 	if err := initDriver(); err != nil {
 		_, total, herr := hostMemoryInfo()
 		if herr != nil {
-			return 0, fmt.Errorf("%w (and %v)", err, herr)
+			return 0, errorf("%w (and %v)", err, herr)
 		}
 		return total, nil
 	}
@@ -213,12 +213,12 @@ func (d Device) TotalMemory() (int, error) {
 // memory (MemAvailable and MemTotal on Linux; elsewhere an error wrapping ErrNoDevice).
 func (d Device) MemoryInfo() (free, total int, err error) {
 	if err := d.check(); err != nil {
-		return 0, 0, err
+		return 0, 0, errorf("Device.MemoryInfo: %w", err)
 	}
 	if err := initDriver(); err != nil {
 		free, total, herr := hostMemoryInfo()
 		if herr != nil {
-			return 0, 0, fmt.Errorf("%w (and %v)", err, herr)
+			return 0, 0, errorf("%w (and %v)", err, herr)
 		}
 		return free, total, nil
 	}
@@ -233,7 +233,10 @@ func (d Device) MemoryInfo() (free, total int, err error) {
 // it returns nil at once: host work is synchronous.
 func (d Device) Synchronize() error {
 	if initDriver() != nil {
-		return d.check()
+		if err := d.check(); err != nil {
+			return errorf("Device.Synchronize: %w", err)
+		}
+		return nil
 	}
 	ctx, err := d.ctx()
 	if err != nil {
@@ -260,7 +263,7 @@ func AvailableDeviceMemory() (free, total int, err error) {
 // Without CUDA it is a percentage of the host's available memory.
 func PercentOfFreeDeviceMemory(percent int) (int, error) {
 	if percent < 0 || percent > 100 {
-		return 0, fmt.Errorf("%w: PercentOfFreeDeviceMemory: percent %d is outside 0..100", ErrInvalidArgument, percent)
+		return 0, errorf("PercentOfFreeDeviceMemory: percent %d is outside 0..100: %w", percent, ErrInvalidArgument)
 	}
 	free, _, err := AvailableDeviceMemory()
 	if err != nil {
@@ -318,7 +321,7 @@ func IsInitialized() bool {
 // concurrent use.
 func PerDeviceResource(d Device) (MemoryResource, error) {
 	if err := d.check(); err != nil {
-		return nil, err
+		return nil, errorf("PerDeviceResource: %w", err)
 	}
 	resMu.RLock()
 	mr, ok := perDevice[d]
@@ -340,7 +343,7 @@ func PerDeviceResource(d Device) (MemoryResource, error) {
 // must still be freed through that resource.
 func SetPerDeviceResource(d Device, mr MemoryResource) (MemoryResource, error) {
 	if err := d.check(); err != nil {
-		return nil, err
+		return nil, errorf("SetPerDeviceResource: %w", err)
 	}
 	if mr == nil {
 		mr = initialResource(d)

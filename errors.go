@@ -3,11 +3,26 @@ package rmm
 import (
 	"errors"
 	"fmt"
+	"strconv"
 	"strings"
+
+	"github.com/gormm/rmm/internal/errshape"
 )
 
+// The shape of this package's errors. Every error it returns reads
+//
+//	rmm: Op: what went wrong: cause
+//
+// Op is the call the user made (e.g. "PoolMemoryResource.Allocate", "NewUvector[int32]"), what
+// went wrong says what was wrong and where, and cause is the sentinel below that the error wraps
+// and/or the error that made it fail (a *CUDAError, an upstream's error). "rmm: " comes once, at
+// the start, however deep the wrapping: an rmm error wrapped in another drops its own "rmm: ", as
+// os.PathError and net.OpError name the operation once and leave their cause's text as it is.
+//
 // Sentinel errors. Every error this package returns wraps one of them (or is a *CUDAError), so
-// callers test with errors.Is.
+// callers test with errors.Is. A sentinel keeps "rmm: " in its text, so that one returned as it
+// is reads in the shape too ("rmm: use after close"); wrapped, it reads without it, as the cause
+// at the end of the message.
 var (
 	// ErrOutOfMemory: a resource could not provide the bytes asked for. The resource stays usable;
 	// the call may succeed after memory is freed. CUDA_ERROR_OUT_OF_MEMORY maps to it.
@@ -56,6 +71,8 @@ type CUDAError struct {
 	Message string // the driver's description
 }
 
+// Error reads "rmm: cuMemAlloc_v2: CUDA_ERROR_OUT_OF_MEMORY (2): out of memory": the driver
+// function, then the status and the driver's description of it.
 func (e *CUDAError) Error() string {
 	return fmt.Sprintf("rmm: %s: %s (%d): %s", e.Op, e.Name, e.Code, e.Message)
 }
@@ -73,17 +90,29 @@ func (e *CUDAError) Is(target error) bool {
 	return false
 }
 
+// rmmPrefix starts every error message of this package, once.
+const rmmPrefix = errshape.Prefix
+
+// errorf is fmt.Errorf for this package's errors, and the one way they are made: it writes
+// "rmm: " in front of the formatted text, and formats each error among args without its own
+// leading "rmm: ", so that the message reads "rmm: Op: what went wrong: cause" with "rmm: " once
+// (see errshape.Errorf). The errors given to %w are wrapped as fmt.Errorf wraps them.
+func errorf(format string, args ...any) error { return errshape.Errorf(format, args...) }
+
+// trimRMM returns an error's text without its leading "rmm: ": the text of a cause.
+func trimRMM(err error) string { return errshape.Trim(err) }
+
 // outOfMemory builds the error a resource returns when it cannot provide nbytes.
 func outOfMemory(resource string, nbytes int, cause error) error {
 	if cause != nil {
-		return fmt.Errorf("%w: %s failed to allocate %d bytes (%s): %w", ErrOutOfMemory, resource, nbytes, FormatBytes(int64(nbytes)), cause)
+		return errorf("%s: failed to allocate %d bytes (%s): %w: %w", resource, nbytes, FormatBytes(int64(nbytes)), ErrOutOfMemory, cause)
 	}
-	return fmt.Errorf("%w: %s failed to allocate %d bytes (%s)", ErrOutOfMemory, resource, nbytes, FormatBytes(int64(nbytes)))
+	return errorf("%s: failed to allocate %d bytes (%s): %w", resource, nbytes, FormatBytes(int64(nbytes)), ErrOutOfMemory)
 }
 
 // invalidSize is the error for a negative size given to resource.op.
 func invalidSize(resource, op string, nbytes int) error {
-	return fmt.Errorf("%w: %s.%s: negative size %d", ErrInvalidArgument, resource, op, nbytes)
+	return errorf("%s.%s: negative size %d: %w", resource, op, nbytes, ErrInvalidArgument)
 }
 
 // OutOfMemoryError is the out-of-memory error of the sub-allocators (pool, arena, binning,
@@ -116,15 +145,18 @@ type OutOfMemoryError struct {
 	Cause   error  // the upstream's error, or nil
 }
 
-// Error reads, for example: "rmm: out of memory: PoolMemoryResource failed to allocate 2097152
-// bytes (2 MiB): maximum pool size reached; fragmentation: 3145728 bytes free but the
-// largest free block is 1048576 bytes; pool size 4194304, maximum 4194304", or for a limit:
-// "rmm: out of memory: LimitingResourceAdaptor (limit 1048576, allocated 700160) failed to
-// allocate 500000 bytes (488.281 KiB): exceeded memory limit".
+// Error reads, for example: "rmm: PoolMemoryResource: failed to allocate 2097152 bytes (2 MiB):
+// maximum pool size reached; fragmentation: 3145728 bytes (3 MiB) free but the largest free block
+// is 1048576 bytes (1 MiB); pool size 4194304 (4 MiB), maximum 4194304 (4 MiB): out of memory", or
+// for a limit: "rmm: LimitingResourceAdaptor (limit 1048576, allocated 700160): failed to allocate
+// 500000 bytes (488.281 KiB): exceeded memory limit: out of memory". When the upstream refused to
+// grow the resource, its error ends the message after "upstream: " (and says "out of memory"
+// itself, once).
 func (e *OutOfMemoryError) Error() string {
 	var b strings.Builder
+	b.WriteString(rmmPrefix)
 	if e.Limited {
-		fmt.Fprintf(&b, "%v: %s (limit %d, allocated %d) failed to allocate %d bytes (%s)", ErrOutOfMemory, e.Resource, e.MaximumSize, e.PoolSize, e.Requested, FormatBytes(int64(e.Requested)))
+		fmt.Fprintf(&b, "%s (limit %d, allocated %d): failed to allocate %d bytes (%s)", e.Resource, e.MaximumSize, e.PoolSize, e.Requested, FormatBytes(int64(e.Requested)))
 		if e.Detail != "" {
 			b.WriteString(": ")
 			b.WriteString(e.Detail)
@@ -132,42 +164,67 @@ func (e *OutOfMemoryError) Error() string {
 		if e.TooLarge {
 			b.WriteString("; the request is larger than the limit")
 		}
+		e.writeCause(&b)
 		return b.String()
 	}
-	fmt.Fprintf(&b, "%v: %s failed to allocate %d bytes (%s)", ErrOutOfMemory, e.Resource, e.Requested, FormatBytes(int64(e.Requested)))
+	fmt.Fprintf(&b, "%s: failed to allocate %d bytes (%s)", e.Resource, e.Requested, FormatBytes(int64(e.Requested)))
 	if e.Detail != "" {
 		b.WriteString(": ")
 		b.WriteString(e.Detail)
 	}
 	switch {
 	case e.Fragmented:
-		fmt.Fprintf(&b, "; fragmentation: %d bytes free", e.FreeBytes)
+		fmt.Fprintf(&b, "; fragmentation: %s free", bytesText(e.FreeBytes))
 		if e.Headroom > 0 {
-			fmt.Fprintf(&b, " (and %d more the pool may take)", e.Headroom)
+			fmt.Fprintf(&b, " (and %s more the pool may take)", bytesText(e.Headroom))
 		}
-		fmt.Fprintf(&b, " but the largest free block is %d bytes", e.LargestFreeBlock)
+		fmt.Fprintf(&b, " but the largest free block is %s", bytesText(e.LargestFreeBlock))
 	case e.TooLarge:
-		fmt.Fprintf(&b, "; larger than the resource can ever serve: %d bytes free, largest free block %d bytes", e.FreeBytes, e.LargestFreeBlock)
+		fmt.Fprintf(&b, "; larger than the resource can ever serve: %s free, largest free block %s", bytesText(e.FreeBytes), bytesText(e.LargestFreeBlock))
 	default:
-		fmt.Fprintf(&b, "; exhausted: %d bytes free", e.FreeBytes)
+		fmt.Fprintf(&b, "; exhausted: %s free", bytesText(e.FreeBytes))
 		if e.Headroom > 0 {
-			fmt.Fprintf(&b, " and %d more the pool may take", e.Headroom)
+			fmt.Fprintf(&b, " and %s more the pool may take", bytesText(e.Headroom))
 		}
-		fmt.Fprintf(&b, ", largest free block %d bytes", e.LargestFreeBlock)
+		fmt.Fprintf(&b, ", largest free block %s", bytesText(e.LargestFreeBlock))
 	}
-	fmt.Fprintf(&b, "; pool size %d", e.PoolSize)
+	fmt.Fprintf(&b, "; pool size %s", sizeText(e.PoolSize))
 	if e.MaximumSize > 0 {
-		fmt.Fprintf(&b, ", maximum %d", e.MaximumSize)
+		fmt.Fprintf(&b, ", maximum %s", sizeText(e.MaximumSize))
 	} else {
 		b.WriteString(", no maximum")
 	}
-	if e.Cause != nil {
-		// The cause is usually another out-of-memory error: say so once.
-		b.WriteString(" (upstream: ")
-		b.WriteString(strings.TrimPrefix(e.Cause.Error(), ErrOutOfMemory.Error()+": "))
-		b.WriteString(")")
-	}
+	e.writeCause(&b)
 	return b.String()
+}
+
+// writeCause ends the message: the sentinel, then the upstream's error; or the upstream's error
+// alone where it is an out-of-memory error itself, so that the message says it once.
+func (e *OutOfMemoryError) writeCause(b *strings.Builder) {
+	if e.Cause == nil || !errors.Is(e.Cause, ErrOutOfMemory) {
+		b.WriteString(": ")
+		b.WriteString(trimRMM(ErrOutOfMemory))
+	}
+	if e.Cause != nil {
+		b.WriteString(": upstream: ")
+		b.WriteString(trimRMM(e.Cause))
+	}
+}
+
+// bytesText is "n bytes (FormatBytes(n))" for a size shown to a reader; "n bytes" below a KiB.
+func bytesText[N ~int | ~int64 | ~uint64 | ~uintptr | ~uint32 | ~int32](n N) string {
+	if n < 1024 {
+		return fmt.Sprintf("%d bytes", n)
+	}
+	return fmt.Sprintf("%d bytes (%s)", n, FormatBytes(int64(n)))
+}
+
+// sizeText is "n (FormatBytes(n))", for a figure already named a size; "n" below a KiB.
+func sizeText(n int) string {
+	if n < 1024 {
+		return strconv.Itoa(n)
+	}
+	return fmt.Sprintf("%d (%s)", n, FormatBytes(int64(n)))
 }
 
 // Is makes errors.Is(err, ErrOutOfMemory) hold.

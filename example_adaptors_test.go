@@ -30,7 +30,7 @@ func ExampleStatisticsResourceAdaptor() {
 	// {CurrentBytes:3000 CurrentCount:1 PeakBytes:4000 PeakCount:2 TotalBytes:4000 TotalCount:2}
 	// {CurrentBytes:-2500 CurrentCount:0 PeakBytes:500 PeakCount:1 TotalBytes:500 TotalCount:1}
 	// {CurrentBytes:0 CurrentCount:0 PeakBytes:4000 PeakCount:2 TotalBytes:4500 TotalCount:3}
-	// rmm: index out of range: StatisticsResourceAdaptor.PopCounters: cannot pop the last level of counters
+	// rmm: StatisticsResourceAdaptor.PopCounters: cannot pop the last level of counters: index out of range
 }
 
 // The statistics of a block of code through the current device resource, as Python's
@@ -67,7 +67,7 @@ func ExampleLimitingResourceAdaptor() {
 	_ = lim.Deallocate(q, 500_000, rmm.DefaultStream)
 	// Output:
 	// 700160 1048576
-	// rmm: out of memory: LimitingResourceAdaptor (limit 1048576, allocated 700160) failed to allocate 500000 bytes (488.281 KiB): exceeded memory limit
+	// rmm: LimitingResourceAdaptor (limit 1048576, allocated 700160): failed to allocate 500000 bytes (488.281 KiB): exceeded memory limit: out of memory
 	// 500224 <nil>
 }
 

@@ -141,7 +141,7 @@ func ExampleExportIPC() {
 	fmt.Println(err)
 	// Output:
 	// true
-	// Uvector[float64].ExportIPC: rmm: memory cannot be exported: SystemMemoryResource: it cannot export memory to other processes (exportable: CudaMemoryResource; CudaAsyncMemoryResource made with EnablePOSIXFileDescriptor; a PoolMemoryResource over those, or expandable and made with Exportable)
+	// rmm: Uvector[float64].ExportIPC: SystemMemoryResource: it cannot export memory to other processes (exportable: CudaMemoryResource; CudaAsyncMemoryResource made with EnablePOSIXFileDescriptor; a PoolMemoryResource over those, or expandable and made with Exportable): memory cannot be exported
 	// true
-	// rmm: invalid IPC handle: 5 bytes: version 7; this package reads version 1
+	// rmm: IPCHandle.UnmarshalBinary: 5 bytes: version 7; this package reads version 1: invalid IPC handle
 }

@@ -2,7 +2,6 @@ package rmm
 
 import (
 	"bufio"
-	"fmt"
 	"os"
 	"strconv"
 	"strings"
@@ -34,7 +33,7 @@ func hostMemoryInfo() (free, total int, err error) {
 		}
 	}
 	if total == 0 {
-		return 0, 0, fmt.Errorf("no MemTotal in /proc/meminfo")
+		return 0, 0, errorf("no MemTotal in /proc/meminfo")
 	}
 	return free, total, sc.Err()
 }

@@ -75,7 +75,7 @@ func NewHostVector[T any](n int, mr HostMemoryResource) (*HostVector[T], error) 
 	if mr == nil {
 		pinned, err := defaultPinnedResource()
 		if err != nil {
-			return nil, fmt.Errorf("%s: the default pinned resource: %w", op, err)
+			return nil, errorf("%s: the default pinned resource: %w", op, err)
 		}
 		mr = pinned
 	}
@@ -83,7 +83,7 @@ func NewHostVector[T any](n int, mr HostMemoryResource) (*HostVector[T], error) 
 	if nb > 0 {
 		p, err := mr.AllocateHost(nb, Alignment)
 		if err != nil {
-			return nil, fmt.Errorf("%s(%d elements, %d bytes): %w", op, n, nb, err)
+			return nil, errorf("%s(%d elements, %d bytes): %w", op, n, nb, err)
 		}
 		clear(unsafe.Slice((*byte)(p), nb))
 		st.ptr = p
@@ -213,7 +213,7 @@ func (h *HostVector[T]) check(op string, i int) error {
 		return h.st.errClosed(op)
 	}
 	if n := h.Len(); i < 0 || i >= n {
-		return fmt.Errorf("%w: %s.%s: index %d, length %d", ErrOutOfRange, h.st.kind, op, i, n)
+		return errorf("%s.%s: index %d, length %d: %w", h.st.kind, op, i, n, ErrOutOfRange)
 	}
 	return nil
 }
@@ -246,7 +246,7 @@ func (h *HostVector[T]) Resize(n int) error {
 	}
 	p, err := st.mr.AllocateHost(nb, Alignment)
 	if err != nil {
-		return fmt.Errorf("%s: allocating %d bytes: %w", op, nb, err)
+		return errorf("%s: allocating %s: %w", op, bytesText(nb), err)
 	}
 	nbuf := unsafe.Slice((*byte)(p), nb)
 	k := 0
@@ -258,7 +258,7 @@ func (h *HostVector[T]) Resize(n int) error {
 	st.ptr, st.size, st.capacity = p, nb, nb
 	if old != nil {
 		if err := st.mr.DeallocateHost(old, oldCap, Alignment); err != nil {
-			return fmt.Errorf("%s: freeing the previous %d bytes (the contents were moved): %w", op, oldCap, err)
+			return errorf("%s: freeing the previous %d bytes (the contents were moved): %w", op, oldCap, err)
 		}
 	}
 	return nil
@@ -282,7 +282,7 @@ func (h *HostVector[T]) CopyToDeviceAsync(dst SpanSource[T], s StreamView) error
 		return err
 	}
 	if h.Len() > sp.n {
-		return fmt.Errorf("%w: %s: %d elements do not fit in a destination of length %d", ErrOutOfRange, op, h.Len(), sp.n)
+		return errorf("%s: %d elements do not fit in a destination of length %d: %w", op, h.Len(), sp.n, ErrOutOfRange)
 	}
 	return h.st.copyAsync(op, sp.ref(), true, h.st.size, s)
 }
@@ -305,7 +305,7 @@ func (h *HostVector[T]) CopyFromDeviceAsync(src SpanSource[T], s StreamView) err
 		return err
 	}
 	if sp.n > h.Len() {
-		return fmt.Errorf("%w: %s: %d source elements do not fit in length %d", ErrOutOfRange, op, sp.n, h.Len())
+		return errorf("%s: %d source elements do not fit in length %d: %w", op, sp.n, h.Len(), ErrOutOfRange)
 	}
 	return h.st.copyAsync(op, sp.ref(), false, sp.SizeBytes(), s)
 }
@@ -327,26 +327,26 @@ func hostSpanOf[T any](op string, src SpanSource[T]) (DeviceSpan[T], error) {
 	var st *memState
 	switch u := src.(type) {
 	case nil:
-		return DeviceSpan[T]{}, fmt.Errorf("%w: %s: nil device container", ErrInvalidArgument, op)
+		return DeviceSpan[T]{}, errorf("%s: nil device container: %w", op, ErrInvalidArgument)
 	case *Uvector[T]:
 		if u == nil {
-			return DeviceSpan[T]{}, fmt.Errorf("%w: %s: nil device container", ErrInvalidArgument, op)
+			return DeviceSpan[T]{}, errorf("%s: nil device container: %w", op, ErrInvalidArgument)
 		}
 		st = u.st
 	case *Scalar[T]:
 		if u == nil {
-			return DeviceSpan[T]{}, fmt.Errorf("%w: %s: nil device container", ErrInvalidArgument, op)
+			return DeviceSpan[T]{}, errorf("%s: nil device container: %w", op, ErrInvalidArgument)
 		}
 		st = u.v.st
 	}
 	if st != nil && st.closed {
-		return DeviceSpan[T]{}, fmt.Errorf("%w: %s: the device container %s was closed", ErrClosed, op, st.kind)
+		return DeviceSpan[T]{}, errorf("%s: the device container %s was closed: %w", op, st.kind, ErrClosed)
 	}
 	return src.Span(), nil
 }
 
 func (st *hostVecState) errClosed(op string) error {
-	return fmt.Errorf("%w: %s.%s called after Close", ErrClosed, st.kind, op)
+	return errorf("%s.%s: called after Close: %w", st.kind, op, ErrClosed)
 }
 
 // wait synchronises every pending event; an event that fails stays pending.
@@ -356,7 +356,7 @@ func (st *hostVecState) wait() error {
 			continue
 		}
 		if err := e.ev.Synchronize(); err != nil {
-			return fmt.Errorf("%s: waiting for copies on %v: %w", st.kind, e.stream, err)
+			return errorf("%s: waiting for copies on %v: %w", st.kind, e.stream, err)
 		}
 		e.pending = false
 	}
@@ -398,13 +398,13 @@ func (st *hostVecState) copyAsync(op string, dev memRef, toDevice bool, n int, s
 	for _, e := range st.events {
 		if e.pending && (e.stream != s || e.dev != d) {
 			if err := cuStreamWaitEvent(ctx, s.cu(), e.ev.h); err != nil {
-				return fmt.Errorf("%s: ordering after copies on %v: %w", op, e.stream, err)
+				return errorf("%s: ordering after copies on %v: %w", op, e.stream, err)
 			}
 		}
 	}
 	e, err := st.eventFor(d, s)
 	if err != nil {
-		return fmt.Errorf("%s: %w", op, err)
+		return errorf("%s: %w", op, err)
 	}
 	hp := uintptr(st.ptr)
 	switch {
@@ -418,12 +418,12 @@ func (st *hostVecState) copyAsync(op string, dev memRef, toDevice bool, n int, s
 		err = cuMemcpyDtoHAsyncPtr(ctx, hp, dev.p, n, s.cu())
 	}
 	if err != nil {
-		return fmt.Errorf("%s: copying %d bytes on %v: %w", op, n, s, err)
+		return errorf("%s: copying %s on %v: %w", op, bytesText(n), s, err)
 	}
 	if err := e.ev.Record(s); err != nil {
 		// The copy is queued but cannot be waited for by event: wait for it now.
 		serr := cuStreamSynchronize(ctx, s.cu())
-		return fmt.Errorf("%s: recording the copy's event on %v (stream synchronised: %v): %w", op, s, serr, err)
+		return errorf("%s: recording the copy's event on %v (stream synchronised: %v): %w", op, s, serr, err)
 	}
 	e.pending = true
 	return nil
@@ -462,7 +462,7 @@ func (st *hostVecState) close() error {
 		}
 	}
 	if err != nil {
-		return fmt.Errorf("%s.Close: %w", st.kind, err)
+		return errorf("%s.Close: %w", st.kind, err)
 	}
 	return nil
 }

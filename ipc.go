@@ -138,18 +138,18 @@ func (h *IPCHandle) FDs() []int {
 // ErrInvalidArgument when descriptors are attached already.
 func (h *IPCHandle) SetFDs(fds []int) error {
 	if h.fds != nil {
-		return fmt.Errorf("%w: IPCHandle.SetFDs: the handle has its descriptors already", ErrInvalidArgument)
+		return errorf("IPCHandle.SetFDs: the handle has its descriptors already: %w", ErrInvalidArgument)
 	}
 	if len(fds) != h.nfds {
-		return fmt.Errorf("%w: IPCHandle.SetFDs: the handle carries %d file descriptors, %d given", ErrInvalidIPCHandle, h.nfds, len(fds))
+		return errorf("IPCHandle.SetFDs: the handle carries %d file descriptors, %d given: %w", h.nfds, len(fds), ErrInvalidIPCHandle)
 	}
 	seen := make(map[int]int, len(fds))
 	for i, fd := range fds {
 		if fd < 0 {
-			return fmt.Errorf("%w: IPCHandle.SetFDs: descriptor %d is %d", ErrInvalidIPCHandle, i, fd)
+			return errorf("IPCHandle.SetFDs: descriptor %d is %d: %w", i, fd, ErrInvalidIPCHandle)
 		}
 		if j, ok := seen[fd]; ok {
-			return fmt.Errorf("%w: IPCHandle.SetFDs: descriptors %d and %d are both %d (each piece travels in a descriptor of its own, and Close would close it twice)", ErrInvalidIPCHandle, j, i, fd)
+			return errorf("IPCHandle.SetFDs: descriptors %d and %d are both %d (each piece travels in a descriptor of its own, and Close would close it twice): %w", j, i, fd, ErrInvalidIPCHandle)
 		}
 		seen[fd] = i
 	}
@@ -216,7 +216,7 @@ var (
 // bytes). It implements encoding.BinaryMarshaler.
 func (h *IPCHandle) MarshalBinary() ([]byte, error) {
 	if h == nil || h.kind == 0 {
-		return nil, fmt.Errorf("%w: MarshalBinary of a nil or zero IPCHandle", ErrInvalidArgument)
+		return nil, errorf("MarshalBinary of a nil or zero IPCHandle: %w", ErrInvalidArgument)
 	}
 	b := make([]byte, ipcHeaderBytes, ipcMinBytes+8*len(h.pieces))
 	copy(b[0:4], ipcMagic[:])
@@ -242,11 +242,11 @@ func (h *IPCHandle) MarshalBinary() ([]byte, error) {
 // descriptors (ErrInvalidArgument: Close it first). It implements encoding.BinaryUnmarshaler.
 func (h *IPCHandle) UnmarshalBinary(b []byte) error {
 	if h.fds != nil {
-		return fmt.Errorf("%w: IPCHandle.UnmarshalBinary into a handle holding file descriptors (Close it first)", ErrInvalidArgument)
+		return errorf("IPCHandle.UnmarshalBinary into a handle holding file descriptors (Close it first): %w", ErrInvalidArgument)
 	}
 	d, err := decodeIPCHandle(b)
 	if err != nil {
-		return err
+		return errorf("IPCHandle.UnmarshalBinary: %w", err)
 	}
 	*h = *d
 	return nil
@@ -254,7 +254,7 @@ func (h *IPCHandle) UnmarshalBinary(b []byte) error {
 
 func decodeIPCHandle(b []byte) (*IPCHandle, error) {
 	bad := func(format string, args ...any) error {
-		return fmt.Errorf("%w: %d bytes: %s", ErrInvalidIPCHandle, len(b), fmt.Sprintf(format, args...))
+		return errorf("%s: %s: %w", bytesText(len(b)), fmt.Sprintf(format, args...), ErrInvalidIPCHandle)
 	}
 	n := min(len(b), 4)
 	if string(b[:n]) != string(ipcMagic[:n]) {
@@ -320,14 +320,14 @@ func (h *IPCHandle) checkShape() error {
 			want = 1
 		}
 		if h.nfds != want || len(h.pieces) != 0 {
-			return fmt.Errorf("a %s handle carries %d file descriptors and no pieces, not %d and %d", h.kind, want, h.nfds, len(h.pieces))
+			return errorf("a %s handle carries %d file descriptors and no pieces, not %d and %d", h.kind, want, h.nfds, len(h.pieces))
 		}
 		if h.size <= 0 || h.offset > math.MaxInt-h.size {
-			return fmt.Errorf("a %s handle of %d bytes at offset %d", h.kind, h.size, h.offset)
+			return errorf("a %s handle of %s at offset %d", h.kind, bytesText(h.size), h.offset)
 		}
 	case IPCKindVirtualMemory:
 		if len(h.pieces) == 0 || h.nfds != len(h.pieces) {
-			return fmt.Errorf("a %s handle carries one file descriptor per piece: %d pieces, %d descriptors", h.kind, len(h.pieces), h.nfds)
+			return errorf("a %s handle carries one file descriptor per piece: %d pieces, %d descriptors", h.kind, len(h.pieces), h.nfds)
 		}
 		total := 0
 		for _, p := range h.pieces {
@@ -337,14 +337,14 @@ func (h *IPCHandle) checkShape() error {
 			total += p
 		}
 		if h.size <= 0 || h.offset > total || h.size > total-h.offset {
-			return fmt.Errorf("%d bytes at offset %d do not fit in the %d bytes of the pieces", h.size, h.offset, total)
+			return errorf("%s at offset %d do not fit in the %s of the pieces", bytesText(h.size), h.offset, bytesText(total))
 		}
 	case IPCKindEvent:
 		if h.nfds != 0 || len(h.pieces) != 0 || h.size != 0 || h.offset != 0 {
-			return fmt.Errorf("an event handle with %d descriptors, %d pieces, size %d, offset %d", h.nfds, len(h.pieces), h.size, h.offset)
+			return errorf("an event handle with %d descriptors, %d pieces, size %d, offset %d", h.nfds, len(h.pieces), h.size, h.offset)
 		}
 	default:
-		return fmt.Errorf("unknown kind %d", uint8(h.kind))
+		return errorf("unknown kind %d", uint8(h.kind))
 	}
 	return nil
 }
@@ -364,14 +364,14 @@ func (d Device) UUID() ([16]byte, error) {
 		return [16]byte{}, err
 	}
 	if err := d.check(); err != nil {
-		return [16]byte{}, err
+		return [16]byte{}, errorf("Device.UUID: %w", err)
 	}
 	if cuIPCBound()&ipcBoundUUID == 0 {
-		return [16]byte{}, fmt.Errorf("%w: %s: the CUDA driver lacks cuDeviceGetUuid", ErrNotSupported, d)
+		return [16]byte{}, errorf("%s: the CUDA driver lacks cuDeviceGetUuid: %w", d, ErrNotSupported)
 	}
 	u, err := cuDeviceUUID(int(d))
 	if err != nil {
-		return [16]byte{}, fmt.Errorf("%s: %w", d, err)
+		return [16]byte{}, errorf("%s: %w", d, err)
 	}
 	deviceUUIDs.Store(d, u)
 	return u, nil
@@ -410,6 +410,5 @@ func matchIPCDevice(uuid [16]byte, ord int, locals [][16]byte) (Device, error) {
 	for i, u := range locals {
 		names[i] = fmt.Sprintf("%d: %s", i, formatUUID(u))
 	}
-	return 0, fmt.Errorf("%w: the handle's device %s (device %d in the exporting process) is not visible in this process (its devices: %s)",
-		ErrNoDevice, formatUUID(uuid), ord, strings.Join(names, ", "))
+	return 0, errorf("the handle's device %s (device %d in the exporting process) is not visible in this process (its devices: %s): %w", formatUUID(uuid), ord, strings.Join(names, ", "), ErrNoDevice)
 }

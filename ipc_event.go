@@ -1,7 +1,6 @@
 package rmm
 
 import (
-	"fmt"
 	"sync"
 )
 
@@ -36,11 +35,11 @@ type IPCEvent struct {
 func NewIPCEvent(dev Device) (*IPCEvent, error) {
 	ctx, err := ipcEventContext(dev)
 	if err != nil {
-		return nil, fmt.Errorf("NewIPCEvent: %w", err)
+		return nil, errorf("NewIPCEvent: %w", err)
 	}
 	h, err := cuEventCreate(ctx, cuEventDisableTiming|cuEventInterprocess)
 	if err != nil {
-		return nil, fmt.Errorf("NewIPCEvent on %s: %w", dev, err)
+		return nil, errorf("NewIPCEvent on %s: %w", dev, err)
 	}
 	return &IPCEvent{dev: dev, ctx: ctx, h: h}, nil
 }
@@ -50,25 +49,25 @@ func NewIPCEvent(dev Device) (*IPCEvent, error) {
 // open until then.
 func OpenIPCEvent(h *IPCHandle) (*IPCEvent, error) {
 	if h == nil {
-		return nil, fmt.Errorf("%w: OpenIPCEvent: nil handle", ErrInvalidArgument)
+		return nil, errorf("OpenIPCEvent: nil handle: %w", ErrInvalidArgument)
 	}
 	if err := h.checkShape(); err != nil {
-		return nil, fmt.Errorf("%w: OpenIPCEvent: %v", ErrInvalidIPCHandle, err)
+		return nil, errorf("OpenIPCEvent: %v: %w", err, ErrInvalidIPCHandle)
 	}
 	if h.kind != IPCKindEvent {
-		return nil, fmt.Errorf("%w: OpenIPCEvent: %v is memory, not an event (import it with ImportIPC)", ErrInvalidIPCHandle, h)
+		return nil, errorf("OpenIPCEvent: %v is memory, not an event (import it with ImportIPC): %w", h, ErrInvalidIPCHandle)
 	}
 	dev, err := ipcLocalDevice(h.uuid, h.dev)
 	if err != nil {
-		return nil, fmt.Errorf("OpenIPCEvent: %w", err)
+		return nil, errorf("OpenIPCEvent: %w", err)
 	}
 	ctx, err := ipcEventContext(dev)
 	if err != nil {
-		return nil, fmt.Errorf("OpenIPCEvent: %w", err)
+		return nil, errorf("OpenIPCEvent: %w", err)
 	}
 	e, err := cuIpcOpenEventHandle(ctx, &h.data)
 	if err != nil {
-		return nil, fmt.Errorf("OpenIPCEvent on %s: %w", dev, err)
+		return nil, errorf("OpenIPCEvent on %s: %w", dev, err)
 	}
 	return &IPCEvent{dev: dev, ctx: ctx, h: e, opened: true}, nil
 }
@@ -80,14 +79,14 @@ func ipcEventContext(dev Device) (uintptr, error) {
 		return 0, err
 	}
 	if cuIPCBound()&ipcBoundEvent == 0 {
-		return 0, fmt.Errorf("%w: the CUDA driver lacks cuIpcGetEventHandle or cuIpcOpenEventHandle", ErrNotSupported)
+		return 0, errorf("the CUDA driver lacks cuIpcGetEventHandle or cuIpcOpenEventHandle: %w", ErrNotSupported)
 	}
 	v, err := deviceAttrSince(dev, attrIPCEventSupported, 12000, 1)
 	if err != nil {
 		return 0, err
 	}
 	if v != 1 {
-		return 0, fmt.Errorf("%w: %s has no interprocess events (CU_DEVICE_ATTRIBUTE_IPC_EVENT_SUPPORTED is %d)", ErrNotSupported, dev, v)
+		return 0, errorf("%s has no interprocess events (CU_DEVICE_ATTRIBUTE_IPC_EVENT_SUPPORTED is %d): %w", dev, v, ErrNotSupported)
 	}
 	return ctx, nil
 }
@@ -99,12 +98,12 @@ func (e *IPCEvent) Device() Device { return e.dev }
 // locked.
 func (e *IPCEvent) acquire(op string) (uintptr, error) {
 	if e == nil {
-		return 0, fmt.Errorf("%w: IPCEvent.%s on a nil event", ErrInvalidArgument, op)
+		return 0, errorf("IPCEvent.%s on a nil event: %w", op, ErrInvalidArgument)
 	}
 	e.mu.Lock()
 	if e.h == 0 {
 		e.mu.Unlock()
-		return 0, fmt.Errorf("%w: IPCEvent.%s after Close", ErrClosed, op)
+		return 0, errorf("IPCEvent.%s: called after Close: %w", op, ErrClosed)
 	}
 	return e.h, nil
 }
@@ -116,7 +115,7 @@ func (e *IPCEvent) stream(op string, s StreamView) (uintptr, error) {
 		return 0, errStreamClosed("IPCEvent."+op, s)
 	}
 	if d := s.deviceFor(e.dev); d != e.dev {
-		return 0, fmt.Errorf("%w: IPCEvent.%s: %v is on %s, the event on %s", ErrInvalidArgument, op, s, d, e.dev)
+		return 0, errorf("IPCEvent.%s: %v is on %s, the event on %s: %w", op, s, d, e.dev, ErrInvalidArgument)
 	}
 	return s.cu(), nil
 }
@@ -181,15 +180,15 @@ func (e *IPCEvent) Export() (*IPCHandle, error) {
 	}
 	defer e.mu.Unlock()
 	if e.opened {
-		return nil, fmt.Errorf("%w: IPCEvent.Export: the event was opened from another process's handle; export it there", ErrInvalidArgument)
+		return nil, errorf("IPCEvent.Export: the event was opened from another process's handle; export it there: %w", ErrInvalidArgument)
 	}
 	ord, uuid, err := ipcDeviceOf(e.dev)
 	if err != nil {
-		return nil, fmt.Errorf("IPCEvent.Export: %w", err)
+		return nil, errorf("IPCEvent.Export: %w", err)
 	}
 	data, err := cuIpcGetEventHandle(e.ctx, h)
 	if err != nil {
-		return nil, fmt.Errorf("IPCEvent.Export on %s: %w", e.dev, err)
+		return nil, errorf("IPCEvent.Export on %s: %w", e.dev, err)
 	}
 	return &IPCHandle{kind: IPCKindEvent, dev: ord, uuid: uuid, data: data}, nil
 }

@@ -1,7 +1,6 @@
 package rmm
 
 import (
-	"fmt"
 	"strings"
 )
 
@@ -32,7 +31,7 @@ func ExportIPC(mr MemoryResource, p DevicePtr, nbytes int) (*IPCHandle, error) {
 		if e, ok := r.(IPCExporter); ok {
 			h, err := e.ExportIPC(p, nbytes)
 			if err != nil && chain != "" {
-				return nil, fmt.Errorf("ExportIPC through %s: %w", strings.TrimSuffix(chain, " over "), err)
+				return nil, errorf("ExportIPC through %s: %w", strings.TrimSuffix(chain, " over "), err)
 			}
 			return h, err
 		}
@@ -55,16 +54,16 @@ func ipcPassThrough(mr MemoryResource) MemoryResource {
 
 // notExportable is the ErrNotExportable error naming the resource and why.
 func notExportable(resource, why string) error {
-	return fmt.Errorf("%w: %s: %s", ErrNotExportable, resource, why)
+	return errorf("%s: %s: %w", resource, why, ErrNotExportable)
 }
 
 // checkExportRange validates the range given to resource.ExportIPC.
 func checkExportRange(resource string, p DevicePtr, nbytes int) error {
 	if nbytes <= 0 || p == 0 {
-		return fmt.Errorf("%w: %s.ExportIPC(%#x, %d): an export needs a non-null pointer and a positive size", ErrInvalidArgument, resource, uintptr(p), nbytes)
+		return errorf("%s.ExportIPC(%#x, %d): an export needs a non-null pointer and a positive size: %w", resource, uintptr(p), nbytes, ErrInvalidArgument)
 	}
 	if uintptr(p)+uintptr(nbytes) < uintptr(p) {
-		return fmt.Errorf("%w: %s.ExportIPC(%#x, %d): the range runs past the end of the address space", ErrInvalidArgument, resource, uintptr(p), nbytes)
+		return errorf("%s.ExportIPC(%#x, %d): the range runs past the end of the address space: %w", resource, uintptr(p), nbytes, ErrInvalidArgument)
 	}
 	return nil
 }
@@ -89,11 +88,11 @@ func (st *memState) exportIPC() (*IPCHandle, error) {
 		return nil, st.errClosed("ExportIPC")
 	}
 	if st.size == 0 {
-		return nil, fmt.Errorf("%w: %s.ExportIPC: the container is empty", ErrInvalidArgument, st.kind)
+		return nil, errorf("%s.ExportIPC: the container is empty: %w", st.kind, ErrInvalidArgument)
 	}
 	h, err := ExportIPC(st.mr, st.ptr, st.size)
 	if err != nil {
-		return nil, fmt.Errorf("%s.ExportIPC: %w", st.kind, err)
+		return nil, errorf("%s.ExportIPC: %w", st.kind, err)
 	}
 	return h, nil
 }
@@ -124,35 +123,35 @@ func (r *CudaMemoryResource) ExportIPC(p DevicePtr, nbytes int) (*IPCHandle, err
 	}
 	ctx, err := r.dev.ctx()
 	if err != nil {
-		return nil, fmt.Errorf("%s.ExportIPC on %s: %w", name, r.dev, err)
+		return nil, errorf("%s.ExportIPC on %s: %w", name, r.dev, err)
 	}
 	if cuIPCBound()&ipcBoundLegacy == 0 {
-		return nil, fmt.Errorf("%w: %s.ExportIPC: the CUDA driver lacks cuIpcGetMemHandle, cuIpcOpenMemHandle_v2 or cuMemGetAddressRange_v2", ErrNotSupported, name)
+		return nil, errorf("%s.ExportIPC: the CUDA driver lacks cuIpcGetMemHandle, cuIpcOpenMemHandle_v2 or cuMemGetAddressRange_v2: %w", name, ErrNotSupported)
 	}
 	info, err := cuPointerInfo(ctx, p, false)
 	if err != nil {
-		return nil, fmt.Errorf("%s.ExportIPC(%#x): %w", name, uintptr(p), err)
+		return nil, errorf("%s.ExportIPC(%#x): %w", name, uintptr(p), err)
 	}
 	if info.memType != cuMemoryTypeDevice || info.ordinal != int(r.dev) {
-		return nil, fmt.Errorf("%w: %s.ExportIPC(%#x): not device memory of %s (the driver reports memory type %d on device %d)", ErrInvalidArgument, name, uintptr(p), r.dev, info.memType, info.ordinal)
+		return nil, errorf("%s.ExportIPC(%#x): not device memory of %s (the driver reports memory type %d on device %d): %w", name, uintptr(p), r.dev, info.memType, info.ordinal, ErrInvalidArgument)
 	}
 	if !info.legacyIPC {
-		return nil, fmt.Errorf("%w: %s.ExportIPC(%#x): the driver reports the allocation as not exportable with cuIpcGetMemHandle (CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE is 0)", ErrNotSupported, name, uintptr(p))
+		return nil, errorf("%s.ExportIPC(%#x): the driver reports the allocation as not exportable with cuIpcGetMemHandle (CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE is 0): %w", name, uintptr(p), ErrNotSupported)
 	}
 	base, size, err := cuMemGetAddressRange(ctx, p)
 	if err != nil {
-		return nil, fmt.Errorf("%s.ExportIPC(%#x): %w", name, uintptr(p), err)
+		return nil, errorf("%s.ExportIPC(%#x): %w", name, uintptr(p), err)
 	}
 	if p < base || uintptr(p-base)+uintptr(nbytes) > uintptr(size) {
-		return nil, fmt.Errorf("%w: %s.ExportIPC(%#x, %d): the range runs past its allocation [%#x, %#x)", ErrInvalidArgument, name, uintptr(p), nbytes, uintptr(base), uintptr(base)+uintptr(size))
+		return nil, errorf("%s.ExportIPC(%#x, %d): the range runs past its allocation [%#x, %#x): %w", name, uintptr(p), nbytes, uintptr(base), uintptr(base)+uintptr(size), ErrInvalidArgument)
 	}
 	ord, uuid, err := ipcDeviceOf(r.dev)
 	if err != nil {
-		return nil, fmt.Errorf("%s.ExportIPC: %w", name, err)
+		return nil, errorf("%s.ExportIPC: %w", name, err)
 	}
 	data, err := cuIpcGetMemHandle(ctx, base)
 	if err != nil {
-		return nil, fmt.Errorf("%s.ExportIPC(%#x): %w", name, uintptr(p), err)
+		return nil, errorf("%s.ExportIPC(%#x): %w", name, uintptr(p), err)
 	}
 	return &IPCHandle{kind: IPCKindLegacy, dev: ord, uuid: uuid, size: nbytes, offset: int(p - base), data: data}, nil
 }
@@ -173,36 +172,36 @@ func (r *CudaAsyncMemoryResource) ExportIPC(p DevicePtr, nbytes int) (*IPCHandle
 	}
 	pool := r.pool.Load()
 	if pool == 0 {
-		return nil, fmt.Errorf("%w: %s.ExportIPC after Close", ErrClosed, name)
+		return nil, errorf("%s.ExportIPC: called after Close: %w", name, ErrClosed)
 	}
 	if !r.posixFD {
 		return nil, notExportable(name, "it was made without CudaAsyncOptions.EnablePOSIXFileDescriptor, so its pool cannot be shared")
 	}
 	if cuIPCBound()&ipcBoundMemPool == 0 {
-		return nil, fmt.Errorf("%w: %s.ExportIPC: the CUDA driver lacks cuMemPoolExportToShareableHandle or cuMemPoolExportPointer", ErrNotSupported, name)
+		return nil, errorf("%s.ExportIPC: the CUDA driver lacks cuMemPoolExportToShareableHandle or cuMemPoolExportPointer: %w", name, ErrNotSupported)
 	}
 	info, err := cuPointerInfo(r.ctx, p, true)
 	if err != nil {
-		return nil, fmt.Errorf("%s.ExportIPC(%#x): %w", name, uintptr(p), err)
+		return nil, errorf("%s.ExportIPC(%#x): %w", name, uintptr(p), err)
 	}
 	if info.pool != pool {
-		return nil, fmt.Errorf("%w: %s.ExportIPC(%#x): not an allocation of this resource's pool", ErrInvalidArgument, name, uintptr(p))
+		return nil, errorf("%s.ExportIPC(%#x): not an allocation of this resource's pool: %w", name, uintptr(p), ErrInvalidArgument)
 	}
 	ord, uuid, err := ipcDeviceOf(r.dev)
 	if err != nil {
-		return nil, fmt.Errorf("%s.ExportIPC: %w", name, err)
+		return nil, errorf("%s.ExportIPC: %w", name, err)
 	}
 	// The driver exports an allocation only from a pool that has already been shared
 	// (cuMemPoolExportPointer is CUDA_ERROR_INVALID_VALUE before the pool's first
 	// cuMemPoolExportToShareableHandle), so the pool goes first.
 	fd, err := cuMemPoolExportFD(r.ctx, pool)
 	if err != nil {
-		return nil, fmt.Errorf("%s.ExportIPC(%#x): %w", name, uintptr(p), err)
+		return nil, errorf("%s.ExportIPC(%#x): %w", name, uintptr(p), err)
 	}
 	data, err := cuMemPoolExportPointer(r.ctx, p)
 	if err != nil {
 		closeFDs([]int{fd})
-		return nil, fmt.Errorf("%s.ExportIPC(%#x): %w", name, uintptr(p), err)
+		return nil, errorf("%s.ExportIPC(%#x): %w", name, uintptr(p), err)
 	}
 	return &IPCHandle{kind: IPCKindMemPool, dev: ord, uuid: uuid, size: nbytes, data: data, nfds: 1, fds: []int{fd}}, nil
 }
@@ -230,7 +229,7 @@ func (p *PoolMemoryResource) ExportIPC(ptr DevicePtr, nbytes int) (*IPCHandle, e
 	}
 	h, err := ExportIPC(p.upstream, base, size)
 	if err != nil {
-		return nil, fmt.Errorf("%s.ExportIPC: the upstream block [%#x, %#x) from %s: %w", name, uintptr(base), uintptr(base)+uintptr(size), resourceName(p.upstream), err)
+		return nil, errorf("%s.ExportIPC: the upstream block [%#x, %#x) from %s: %w", name, uintptr(base), uintptr(base)+uintptr(size), resourceName(p.upstream), err)
 	}
 	h.offset += int(ptr - base)
 	h.size = nbytes

@@ -2,7 +2,6 @@ package rmm
 
 import (
 	"errors"
-	"fmt"
 	"runtime"
 	"sync"
 )
@@ -49,10 +48,10 @@ func ImportIPC[T any](h *IPCHandle) (*IPCSpan[T], error) {
 		return nil, err
 	}
 	if h == nil {
-		return nil, fmt.Errorf("%w: %s: nil handle", ErrInvalidArgument, op)
+		return nil, errorf("%s: nil handle: %w", op, ErrInvalidArgument)
 	}
 	if w := sizeOf[T](); h.size%w != 0 {
-		return nil, fmt.Errorf("%w: %s: the handle's %d bytes are not a whole number of %d-byte elements", ErrInvalidArgument, op, h.size, w)
+		return nil, errorf("%s: the handle's %s are not a whole number of %d-byte elements: %w", op, bytesText(h.size), w, ErrInvalidArgument)
 	}
 	imp, p, err := importIPC(op, h)
 	if err != nil {
@@ -118,21 +117,21 @@ var ipcOpens = struct {
 // importIPC maps or opens h's memory and returns the import and the address of the shared range.
 func importIPC(op string, h *IPCHandle) (*ipcImport, DevicePtr, error) {
 	if err := h.checkShape(); err != nil {
-		return nil, 0, fmt.Errorf("%w: %s: %v", ErrInvalidIPCHandle, op, err)
+		return nil, 0, errorf("%s: %v: %w", op, err, ErrInvalidIPCHandle)
 	}
 	if h.kind == IPCKindEvent {
-		return nil, 0, fmt.Errorf("%w: %s: %v is an event: open it with OpenIPCEvent", ErrInvalidIPCHandle, op, h)
+		return nil, 0, errorf("%s: %v is an event: open it with OpenIPCEvent: %w", op, h, ErrInvalidIPCHandle)
 	}
 	if !h.attached() {
-		return nil, 0, fmt.Errorf("%w: %s: %v: its file descriptors are not attached (receive it with ReceiveIPCHandle, or attach them with SetFDs)", ErrInvalidIPCHandle, op, h)
+		return nil, 0, errorf("%s: %v: its file descriptors are not attached (receive it with ReceiveIPCHandle, or attach them with SetFDs): %w", op, h, ErrInvalidIPCHandle)
 	}
 	dev, err := ipcLocalDevice(h.uuid, h.dev)
 	if err != nil {
-		return nil, 0, fmt.Errorf("%s: %w", op, err)
+		return nil, 0, errorf("%s: %w", op, err)
 	}
 	ctx, err := dev.ctx()
 	if err != nil {
-		return nil, 0, fmt.Errorf("%s: %w", op, err)
+		return nil, 0, errorf("%s: %w", op, err)
 	}
 	imp := &ipcImport{kind: h.kind, dev: dev, ctx: ctx}
 	var base DevicePtr
@@ -142,16 +141,16 @@ func importIPC(op string, h *IPCHandle) (*ipcImport, DevicePtr, error) {
 		base, err = imp.openShared(h)
 	}
 	if err != nil {
-		return nil, 0, fmt.Errorf("%s(%v): %w", op, h, err)
+		return nil, 0, errorf("%s(%v): %w", op, h, err)
 	}
 	if h.kind != IPCKindVirtualMemory {
 		// The handle's offset and size are the exporter's word: a range past what the driver
 		// mapped here would give a span over memory this process does not have.
 		if err := imp.checkMapped(base, h); err != nil {
 			if cerr := imp.close(); cerr != nil {
-				err = errors.Join(err, fmt.Errorf("undoing: %w", cerr))
+				err = errors.Join(err, errorf("undoing: %w", cerr))
 			}
-			return nil, 0, fmt.Errorf("%s(%v): %w", op, h, err)
+			return nil, 0, errorf("%s(%v): %w", op, h, err)
 		}
 	}
 	return imp, base + DevicePtr(h.offset), nil
@@ -165,7 +164,7 @@ func (imp *ipcImport) checkMapped(base DevicePtr, h *IPCHandle) error {
 		return err
 	}
 	if base < rb || uint64(h.offset)+uint64(h.size) > uint64(rb)+uint64(rs)-uint64(base) {
-		return fmt.Errorf("%w: bytes [%d, %d) from %#x run past the allocation the driver mapped, [%#x, %#x)", ErrInvalidIPCHandle, h.offset, h.offset+h.size, uintptr(base), uintptr(rb), uintptr(rb)+uintptr(rs))
+		return errorf("bytes [%d, %d) from %#x run past the allocation the driver mapped, [%#x, %#x): %w", h.offset, h.offset+h.size, uintptr(base), uintptr(rb), uintptr(rb)+uintptr(rs), ErrInvalidIPCHandle)
 	}
 	return nil
 }
@@ -175,7 +174,7 @@ func (imp *ipcImport) checkMapped(base DevicePtr, h *IPCHandle) error {
 func (imp *ipcImport) mapPieces(h *IPCHandle) (DevicePtr, error) {
 	ord := int(imp.dev)
 	if cuIPCBound()&ipcBoundVMM == 0 {
-		return 0, fmt.Errorf("%w: the CUDA driver lacks cuMemImportFromShareableHandle or the virtual memory functions", ErrNotSupported)
+		return 0, errorf("the CUDA driver lacks cuMemImportFromShareableHandle or the virtual memory functions: %w", ErrNotSupported)
 	}
 	for _, a := range []struct {
 		id   int
@@ -186,7 +185,7 @@ func (imp *ipcImport) mapPieces(h *IPCHandle) (DevicePtr, error) {
 			return 0, err
 		}
 		if v != 1 {
-			return 0, fmt.Errorf("%w: %s cannot import memory as POSIX file descriptors (CU_DEVICE_ATTRIBUTE_%s is %d)", ErrNotSupported, imp.dev, a.name, v)
+			return 0, errorf("%s cannot import memory as POSIX file descriptors (CU_DEVICE_ATTRIBUTE_%s is %d): %w", imp.dev, a.name, v, ErrNotSupported)
 		}
 	}
 	gran, err := cuMemGetAllocationGranularity(imp.ctx, ord, vmmGranularityMinimum)
@@ -196,7 +195,7 @@ func (imp *ipcImport) mapPieces(h *IPCHandle) (DevicePtr, error) {
 	total := 0
 	for i, size := range h.pieces {
 		if gran <= 0 || size%gran != 0 {
-			return 0, fmt.Errorf("%w: piece %d has %d bytes, not a multiple of the device's granularity %d", ErrInvalidIPCHandle, i, size, gran)
+			return 0, errorf("piece %d has %s, not a multiple of the device's granularity %d: %w", i, bytesText(size), gran, ErrInvalidIPCHandle)
 		}
 		total += size
 	}
@@ -206,40 +205,40 @@ func (imp *ipcImport) mapPieces(h *IPCHandle) (DevicePtr, error) {
 	}
 	base, err := cuMemAddressReserve(imp.ctx, total, align)
 	if err != nil {
-		return 0, fmt.Errorf("reserving %d bytes of address space: %w", total, err)
+		return 0, errorf("reserving %s of address space: %w", bytesText(total), err)
 	}
 	mapped := 0
 	undo := func(err error) error {
 		errs := []error{err}
 		if mapped > 0 {
 			if uerr := cuMemUnmap(imp.ctx, base, mapped); uerr != nil {
-				errs = append(errs, fmt.Errorf("undoing: %w", uerr))
+				errs = append(errs, errorf("undoing: %w", uerr))
 			}
 		}
 		for _, hh := range imp.handles {
 			if rerr := cuMemRelease(imp.ctx, hh); rerr != nil {
-				errs = append(errs, fmt.Errorf("undoing: %w", rerr))
+				errs = append(errs, errorf("undoing: %w", rerr))
 			}
 		}
 		imp.handles = nil
 		if ferr := cuMemAddressFree(imp.ctx, base, total); ferr != nil {
-			errs = append(errs, fmt.Errorf("undoing: %w", ferr))
+			errs = append(errs, errorf("undoing: %w", ferr))
 		}
 		return errors.Join(errs...)
 	}
 	for i, size := range h.pieces {
 		hh, err := cuMemImportFD(imp.ctx, h.fds[i])
 		if err != nil {
-			return 0, undo(fmt.Errorf("piece %d (descriptor %d): %w", i, h.fds[i], err))
+			return 0, undo(errorf("piece %d (descriptor %d): %w", i, h.fds[i], err))
 		}
 		imp.handles = append(imp.handles, hh)
 		if err := cuMemMap(imp.ctx, base+DevicePtr(mapped), size, hh); err != nil {
-			return 0, undo(fmt.Errorf("mapping piece %d (%d bytes) at %#x: %w", i, size, uintptr(base)+uintptr(mapped), err))
+			return 0, undo(errorf("mapping piece %d (%d bytes) at %#x: %w", i, size, uintptr(base)+uintptr(mapped), err))
 		}
 		mapped += size
 	}
 	if err := cuMemSetAccess(imp.ctx, base, total, ord); err != nil {
-		return 0, undo(fmt.Errorf("granting access to %d bytes at %#x: %w", total, uintptr(base), err))
+		return 0, undo(errorf("granting access to %s at %#x: %w", bytesText(total), uintptr(base), err))
 	}
 	imp.base, imp.extent = base, total
 	return base, nil
@@ -260,7 +259,7 @@ func (imp *ipcImport) openShared(h *IPCHandle) (DevicePtr, error) {
 	switch h.kind {
 	case IPCKindLegacy:
 		if cuIPCBound()&ipcBoundLegacy == 0 {
-			return 0, fmt.Errorf("%w: the CUDA driver lacks cuIpcOpenMemHandle_v2 or cuIpcCloseMemHandle", ErrNotSupported)
+			return 0, errorf("the CUDA driver lacks cuIpcOpenMemHandle_v2 or cuIpcCloseMemHandle: %w", ErrNotSupported)
 		}
 		p, err := cuIpcOpenMemHandle(imp.ctx, &h.data)
 		if err != nil {
@@ -269,10 +268,10 @@ func (imp *ipcImport) openShared(h *IPCHandle) (DevicePtr, error) {
 		o.base = p
 	case IPCKindMemPool:
 		if cuIPCBound()&ipcBoundMemPool == 0 {
-			return 0, fmt.Errorf("%w: the CUDA driver lacks cuMemPoolImportFromShareableHandle or cuMemPoolImportPointer", ErrNotSupported)
+			return 0, errorf("the CUDA driver lacks cuMemPoolImportFromShareableHandle or cuMemPoolImportPointer: %w", ErrNotSupported)
 		}
 		if v, err := imp.dev.Attribute(attrMemoryPoolsSupported); err != nil || v == 0 {
-			return 0, fmt.Errorf("%w: %s does not support stream-ordered memory pools", ErrNotSupported, imp.dev)
+			return 0, errorf("%s does not support stream-ordered memory pools: %w", imp.dev, ErrNotSupported)
 		}
 		if err := checkPoolPOSIXFD(imp.dev); err != nil {
 			return 0, err
@@ -284,7 +283,7 @@ func (imp *ipcImport) openShared(h *IPCHandle) (DevicePtr, error) {
 		p, err := cuMemPoolImportPointer(imp.ctx, pool, &h.data)
 		if err != nil {
 			if derr := cuMemPoolDestroy(imp.ctx, pool); derr != nil {
-				err = errors.Join(err, fmt.Errorf("undoing: %w", derr))
+				err = errors.Join(err, errorf("undoing: %w", derr))
 			}
 			return 0, err
 		}
@@ -308,7 +307,7 @@ func (imp *ipcImport) close() error {
 	// Unmapping does not wait for work that still uses the memory; freeing the imported pool
 	// pointer and closing a cuIpc mapping are not documented to either.
 	if err := cuCtxSynchronize(imp.ctx); err != nil {
-		errs = append(errs, fmt.Errorf("waiting for %s: %w", imp.dev, err))
+		errs = append(errs, errorf("waiting for %s: %w", imp.dev, err))
 	}
 	switch imp.kind {
 	case IPCKindVirtualMemory:
@@ -348,7 +347,7 @@ func (imp *ipcImport) close() error {
 		ipcOpens.mu.Unlock()
 	}
 	if err := errors.Join(errs...); err != nil {
-		return fmt.Errorf("IPCSpan.Close (%s memory on %s): %w", imp.kind, imp.dev, err)
+		return errorf("IPCSpan.Close (%s memory on %s): %w", imp.kind, imp.dev, err)
 	}
 	return nil
 }

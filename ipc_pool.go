@@ -18,7 +18,7 @@ func checkPoolPOSIXFD(dev Device) error {
 		return err
 	}
 	if v&memHandleTypePOSIXFD == 0 {
-		return fmt.Errorf("%w: %s cannot export memory pools as POSIX file descriptors (CU_DEVICE_ATTRIBUTE_MEMPOOL_SUPPORTED_HANDLE_TYPES is %d)", ErrNotSupported, dev, v)
+		return errorf("%s cannot export memory pools as POSIX file descriptors (CU_DEVICE_ATTRIBUTE_MEMPOOL_SUPPORTED_HANDLE_TYPES is %d): %w", dev, v, ErrNotSupported)
 	}
 	return nil
 }
@@ -30,17 +30,17 @@ func checkPoolPOSIXFD(dev Device) error {
 func setVMMExportable(vm vmm) error {
 	dv, ok := vm.(*deviceVMM)
 	if !ok {
-		return fmt.Errorf("%w: NewPoolMemoryResource: Exportable needs device memory (an expandable pool over a CudaMemoryResource, or nil with a CUDA device); %T cannot be shared with other processes", ErrNotSupported, vm)
+		return errorf("NewPoolMemoryResource: Exportable needs device memory (an expandable pool over a CudaMemoryResource, or nil with a CUDA device); %T cannot be shared with other processes: %w", vm, ErrNotSupported)
 	}
 	if cuIPCBound()&ipcBoundVMM == 0 {
-		return fmt.Errorf("%w: NewPoolMemoryResource: Exportable: the CUDA driver lacks cuMemExportToShareableHandle or cuMemImportFromShareableHandle", ErrNotSupported)
+		return errorf("NewPoolMemoryResource: Exportable: the CUDA driver lacks cuMemExportToShareableHandle or cuMemImportFromShareableHandle: %w", ErrNotSupported)
 	}
 	v, err := cuDeviceAttribute(int(dv.dev), attrHandleTypePOSIXFDSupported)
 	if err != nil {
-		return fmt.Errorf("NewPoolMemoryResource: Exportable on %s: %w", dv.dev, err)
+		return errorf("NewPoolMemoryResource: Exportable on %s: %w", dv.dev, err)
 	}
 	if v != 1 {
-		return fmt.Errorf("%w: NewPoolMemoryResource: Exportable: %s cannot export memory as POSIX file descriptors (CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED is %d)", ErrNotSupported, dv.dev, v)
+		return errorf("NewPoolMemoryResource: Exportable: %s cannot export memory as POSIX file descriptors (CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED is %d): %w", dv.dev, v, ErrNotSupported)
 	}
 	dv.handleTypes = memHandleTypePOSIXFD
 	return nil
@@ -53,14 +53,14 @@ func (v *deviceVMM) exportFD(h vmmHandle) (int, error) {
 	v.mu.Lock()
 	defer v.mu.Unlock()
 	if _, ok := v.handles[h]; !ok {
-		return -1, fmt.Errorf("%w: %s.exportFD(handle %#x): unknown or released handle", ErrInvalidArgument, deviceVMMName, uint64(h))
+		return -1, errorf("%s.exportFD(handle %#x): unknown or released handle: %w", deviceVMMName, uint64(h), ErrInvalidArgument)
 	}
 	if v.handleTypes&memHandleTypePOSIXFD == 0 {
-		return -1, fmt.Errorf("%w: %s.exportFD: the memory was not created exportable", ErrNotExportable, deviceVMMName)
+		return -1, errorf("%s.exportFD: the memory was not created exportable: %w", deviceVMMName, ErrNotExportable)
 	}
 	fd, err := cuMemExportFD(v.ctx, uint64(h))
 	if err != nil {
-		return -1, fmt.Errorf("%s.exportFD(handle %#x) on %s: %w", deviceVMMName, uint64(h), v.dev, err)
+		return -1, errorf("%s.exportFD(handle %#x) on %s: %w", deviceVMMName, uint64(h), v.dev, err)
 	}
 	return fd, nil
 }
@@ -96,12 +96,12 @@ func (p *PoolMemoryResource) vmmPiecesCovering(ptr DevicePtr, n int) (DevicePtr,
 			}
 			start = c.addr
 		} else if last := pieces[len(pieces)-1]; start+DevicePtr(last.offset+last.size) != c.addr {
-			return 0, nil, fmt.Errorf("internal error: PoolMemoryResource.ExportIPC(%#x, %d): the chunks under a live block are not back to back (%#x follows %#x)", uintptr(ptr), n, uintptr(c.addr), uintptr(start)+uintptr(last.offset+last.size))
+			return 0, nil, errorf("internal error: PoolMemoryResource.ExportIPC(%#x, %d): the chunks under a live block are not back to back (%#x follows %#x)", uintptr(ptr), n, uintptr(c.addr), uintptr(start)+uintptr(last.offset+last.size))
 		}
 		pieces = append(pieces, vmmPiece{offset: int(c.addr - start), size: c.size, h: c.h})
 	}
 	if len(pieces) == 0 || start+DevicePtr(pieces[len(pieces)-1].offset+pieces[len(pieces)-1].size) < end {
-		return 0, nil, fmt.Errorf("internal error: PoolMemoryResource.ExportIPC(%#x, %d): live memory not wholly mapped", uintptr(ptr), n)
+		return 0, nil, errorf("internal error: PoolMemoryResource.ExportIPC(%#x, %d): live memory not wholly mapped", uintptr(ptr), n)
 	}
 	return start, pieces, nil
 }
@@ -118,7 +118,7 @@ func (p *PoolMemoryResource) exportVMM(ptr DevicePtr, n int) (*IPCHandle, error)
 	}
 	ord, uuid, err := ipcDeviceOf(p.dev)
 	if err != nil {
-		return nil, fmt.Errorf("%s.ExportIPC: %w", name, err)
+		return nil, errorf("%s.ExportIPC: %w", name, err)
 	}
 	// A stitched block exports the handles mapped under its own range, in order.
 	start, pieces, err := p.stitchedPieces(ptr, n)
@@ -136,7 +136,7 @@ func (p *PoolMemoryResource) exportVMM(ptr DevicePtr, n int) (*IPCHandle, error)
 			if cerr := closeFDs(fds); cerr != nil {
 				err = errors.Join(err, cerr)
 			}
-			return nil, fmt.Errorf("%s.ExportIPC(%#x, %d): %w", name, uintptr(ptr), n, err)
+			return nil, errorf("%s.ExportIPC(%#x, %d): %w", name, uintptr(ptr), n, err)
 		}
 		fds = append(fds, fd)
 		h.pieces = append(h.pieces, pc.size)
@@ -158,7 +158,7 @@ func (p *PoolMemoryResource) upstreamBlockCovering(ptr DevicePtr, n int) (Device
 			return base, size, nil
 		}
 	}
-	return 0, 0, fmt.Errorf("internal error: PoolMemoryResource.ExportIPC(%#x, %d): live memory in no upstream block", uintptr(ptr), n)
+	return 0, 0, errorf("internal error: PoolMemoryResource.ExportIPC(%#x, %d): live memory in no upstream block", uintptr(ptr), n)
 }
 
 // checkLiveRange returns nil when [ptr, ptr+n) lies in one allocation the pool handed out and has
@@ -167,7 +167,7 @@ func (p *PoolMemoryResource) upstreamBlockCovering(ptr DevicePtr, n int) (Device
 // at once; one inside a block costs a scan of the live blocks.
 func (p *PoolMemoryResource) checkLiveRange(ptr DevicePtr, n int) error {
 	if p.closed {
-		return fmt.Errorf("%w: PoolMemoryResource.ExportIPC after Close", ErrClosed)
+		return errorf("PoolMemoryResource.ExportIPC: called after Close: %w", ErrClosed)
 	}
 	holds := func(b *block) bool { return b != nil && b.addr <= ptr && ptr < b.end() }
 	b := p.live.get(ptr)
@@ -195,10 +195,10 @@ func (p *PoolMemoryResource) checkLiveRange(ptr DevicePtr, n int) error {
 		}
 	}
 	if b == nil {
-		return fmt.Errorf("%w: PoolMemoryResource.ExportIPC(%#x, %d): the range is not inside one live allocation of the pool", ErrInvalidArgument, uintptr(ptr), n)
+		return errorf("PoolMemoryResource.ExportIPC(%#x, %d): the range is not inside one live allocation of the pool: %w", uintptr(ptr), n, ErrInvalidArgument)
 	}
 	if end := b.addr + DevicePtr(b.req); uintptr(ptr-b.addr)+uintptr(n) > uintptr(b.req) {
-		return fmt.Errorf("%w: PoolMemoryResource.ExportIPC(%#x, %d): the range runs past the end of the allocation [%#x, %#x) it starts in", ErrInvalidArgument, uintptr(ptr), n, uintptr(b.addr), uintptr(end))
+		return errorf("PoolMemoryResource.ExportIPC(%#x, %d): the range runs past the end of the allocation [%#x, %#x) it starts in: %w", uintptr(ptr), n, uintptr(b.addr), uintptr(end), ErrInvalidArgument)
 	}
 	return nil
 }

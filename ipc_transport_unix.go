@@ -36,24 +36,24 @@ const (
 // connection should then be dropped, as part of a frame may have been written.
 func SendIPCHandle(conn *net.UnixConn, h *IPCHandle) error {
 	if conn == nil {
-		return fmt.Errorf("%w: SendIPCHandle: nil connection", ErrInvalidArgument)
+		return errorf("SendIPCHandle: nil connection: %w", ErrInvalidArgument)
 	}
 	if h == nil {
-		return fmt.Errorf("%w: SendIPCHandle: nil handle", ErrInvalidArgument)
+		return errorf("SendIPCHandle: nil handle: %w", ErrInvalidArgument)
 	}
 	if !h.attached() {
-		return fmt.Errorf("%w: SendIPCHandle: %v: its %d file descriptors are not attached", ErrInvalidIPCHandle, h, h.nfds)
+		return errorf("SendIPCHandle: %v: its %d file descriptors are not attached: %w", h, h.nfds, ErrInvalidIPCHandle)
 	}
 	if err := checkStreamSocket("SendIPCHandle", conn); err != nil {
 		return err
 	}
 	payload, err := h.MarshalBinary()
 	if err != nil {
-		return fmt.Errorf("SendIPCHandle: %w", err)
+		return errorf("SendIPCHandle: %w", err)
 	}
 	defer lockIPCConn(conn, false)()
 	if err := writeIPCFrame(conn, payload, h.fds); err != nil {
-		return fmt.Errorf("SendIPCHandle(%v): %w", h.kind, err)
+		return errorf("SendIPCHandle(%v): %w", h.kind, err)
 	}
 	return nil
 }
@@ -103,7 +103,7 @@ func writeMsg(conn *net.UnixConn, b []byte, fds []int) error {
 // frame.
 func ReceiveIPCHandle(conn *net.UnixConn) (*IPCHandle, error) {
 	if conn == nil {
-		return nil, fmt.Errorf("%w: ReceiveIPCHandle: nil connection", ErrInvalidArgument)
+		return nil, errorf("ReceiveIPCHandle: nil connection: %w", ErrInvalidArgument)
 	}
 	if err := checkStreamSocket("ReceiveIPCHandle", conn); err != nil {
 		return nil, err
@@ -114,9 +114,9 @@ func ReceiveIPCHandle(conn *net.UnixConn) (*IPCHandle, error) {
 	unlock()
 	if err != nil {
 		if cerr := closeFDs(r.fds); cerr != nil {
-			err = errors.Join(err, fmt.Errorf("closing the received descriptors: %w", cerr))
+			err = errors.Join(err, errorf("closing the received descriptors: %w", cerr))
 		}
-		return nil, fmt.Errorf("ReceiveIPCHandle: %w", err)
+		return nil, errorf("ReceiveIPCHandle: %w", err)
 	}
 	return h, nil
 }
@@ -144,7 +144,7 @@ func checkStreamSocket(op string, conn *net.UnixConn) error {
 	case syscall.SOCK_SEQPACKET:
 		kind = "sequenced-packet (unixpacket)"
 	}
-	return fmt.Errorf("%w: %s: the connection is a %s socket; handles travel on Unix domain stream sockets (network \"unix\")", ErrInvalidArgument, op, kind)
+	return errorf("%s: the connection is a %s socket; handles travel on Unix domain stream sockets (network \"unix\"): %w", op, kind, ErrInvalidArgument)
 }
 
 // ipcConnLocks serialises the frames on a connection, one lock for its senders and one for its
@@ -203,7 +203,7 @@ func (r *ipcReader) receive() (*IPCHandle, error) {
 	}
 	n := binary.LittleEndian.Uint32(hdr[:])
 	if n > ipcFrameMaxBytes {
-		return nil, fmt.Errorf("%w: a frame of %d bytes (at most %d): the peer does not speak this protocol", ErrInvalidIPCHandle, n, ipcFrameMaxBytes)
+		return nil, errorf("a frame of %d bytes (at most %d): the peer does not speak this protocol: %w", n, ipcFrameMaxBytes, ErrInvalidIPCHandle)
 	}
 	payload := make([]byte, n)
 	if err := r.readFull(payload); err != nil {
@@ -220,7 +220,7 @@ func (r *ipcReader) receive() (*IPCHandle, error) {
 		}
 	}
 	if len(r.fds) != h.nfds {
-		return nil, fmt.Errorf("%w: %v arrived with %d file descriptors", ErrInvalidIPCHandle, h, len(r.fds))
+		return nil, errorf("%v arrived with %d file descriptors: %w", h, len(r.fds), ErrInvalidIPCHandle)
 	}
 	if h.nfds > 0 {
 		h.fds, r.fds = r.fds, nil
@@ -238,7 +238,7 @@ func (r *ipcReader) readFull(b []byte) error {
 			}
 		}
 		if flags&syscall.MSG_CTRUNC != 0 && err == nil {
-			err = fmt.Errorf("%w: file descriptors were lost in transit (the control data of one message did not fit in %d bytes: more than %d descriptors, or other control messages)", ErrInvalidIPCHandle, len(r.oob), ipcFDBatch)
+			err = errorf("file descriptors were lost in transit (the control data of one message did not fit in %s: more than %d descriptors, or other control messages): %w", bytesText(len(r.oob)), ipcFDBatch, ErrInvalidIPCHandle)
 		}
 		done += n
 		r.got += n
@@ -248,9 +248,9 @@ func (r *ipcReader) readFull(b []byte) error {
 		if err != nil || (n == 0 && oobn == 0) {
 			// End of stream (a read of nothing, which the net package reports as io.EOF).
 			if r.got == 0 {
-				return fmt.Errorf("the connection was closed before a handle arrived: %w", io.EOF)
+				return errorf("the connection was closed before a handle arrived: %w", io.EOF)
 			}
-			return fmt.Errorf("the connection was closed %d bytes into a handle: %w", r.got, io.ErrUnexpectedEOF)
+			return errorf("the connection was closed %s into a handle: %w", bytesText(r.got), io.ErrUnexpectedEOF)
 		}
 	}
 	return nil
@@ -261,7 +261,7 @@ func (r *ipcReader) readFull(b []byte) error {
 func (r *ipcReader) parseRights(oob []byte) error {
 	msgs, err := syscall.ParseSocketControlMessage(oob)
 	if err != nil {
-		return fmt.Errorf("%w: unreadable control message: %w", ErrInvalidIPCHandle, err)
+		return errorf("unreadable control message: %w: %w", err, ErrInvalidIPCHandle)
 	}
 	for _, m := range msgs {
 		if m.Header.Level != syscall.SOL_SOCKET || (m.Header.Type != syscall.SCM_RIGHTS && m.Header.Type != scmPidfd) {
@@ -288,7 +288,7 @@ func closeFDs(fds []int) error {
 			continue
 		}
 		if err := syscall.Close(fd); err != nil {
-			errs = append(errs, fmt.Errorf("close(%d): %w", fd, err))
+			errs = append(errs, errorf("close(%d): %w", fd, err))
 		}
 	}
 	return errors.Join(errs...)

@@ -2,7 +2,6 @@ package rmm
 
 import (
 	"encoding/binary"
-	"fmt"
 
 	"github.com/gormm/rmm/internal/kernels"
 )
@@ -27,12 +26,12 @@ func kernelsFor(dev Device) (*kernelSet, *deviceState, error) {
 		ks := &kernelSet{}
 		fm, err := cuModuleLoadData(st.ctx, fillSrc)
 		if err != nil {
-			st.kernelsErr = fmt.Errorf("loading fill kernels on %s: %w", dev, err)
+			st.kernelsErr = errorf("loading fill kernels on %s: %w", dev, err)
 			return
 		}
 		cm, err := cuModuleLoadData(st.ctx, copySrc)
 		if err != nil {
-			st.kernelsErr = fmt.Errorf("loading copy kernels on %s: %w", dev, err)
+			st.kernelsErr = errorf("loading copy kernels on %s: %w", dev, err)
 			return
 		}
 		for _, k := range []struct {
@@ -44,7 +43,7 @@ func kernelsFor(dev Device) (*kernelSet, *deviceState, error) {
 			{cm, "rmm_copy_v16", &ks.copyV16}, {cm, "rmm_copy_bytes", &ks.copyBytes},
 		} {
 			if *k.dst, err = cuModuleGetFunction(st.ctx, k.mod, k.name); err != nil {
-				st.kernelsErr = fmt.Errorf("kernel %s on %s: %w", k.name, dev, err)
+				st.kernelsErr = errorf("kernel %s on %s: %w", k.name, dev, err)
 				return
 			}
 		}
@@ -85,7 +84,7 @@ func deviceFill(dev Device, dst DevicePtr, nbytes int, elem []byte, s StreamView
 		return nil
 	}
 	if w == 0 || nbytes%w != 0 {
-		return fmt.Errorf("%w: fill of %d bytes with a %d-byte element", ErrInvalidArgument, nbytes, w)
+		return errorf("fill of %s with a %d-byte element: %w", bytesText(nbytes), w, ErrInvalidArgument)
 	}
 	st, err := dev.state()
 	if err != nil {

@@ -1,7 +1,5 @@
 package rmm
 
-import "fmt"
-
 // liveTable is an index of live allocations by address, used by the pool (its live blocks and
 // each stream cache's issued blocks) and by the arena (its live shards and large blocks): an
 // open-addressing hash table with linear probing over Fibonacci hashing of the 256-aligned
@@ -126,11 +124,11 @@ func (t *liveTable[V]) check() error {
 		}
 		n++
 		if j := t.find(p); j != i {
-			return fmt.Errorf("live allocation %#x in slot %d is found at %d", uintptr(p), i, j)
+			return errorf("live allocation %#x in slot %d is found at %d", uintptr(p), i, j)
 		}
 	}
 	if n != t.n {
-		return fmt.Errorf("live table counts %d entries, holds %d", t.n, n)
+		return errorf("live table counts %d entries, holds %d", t.n, n)
 	}
 	return nil
 }

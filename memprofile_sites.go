@@ -48,13 +48,13 @@ func MemorySites(p *profile.Profile, orderedBy string) ([]MemorySite, error) {
 	}
 	key, ok := memorySiteOrders[orderedBy]
 	if !ok {
-		return nil, fmt.Errorf("%w: MemorySites: cannot order by %q (inuse_space, inuse_objects, alloc_space or alloc_objects)", ErrInvalidArgument, orderedBy)
+		return nil, errorf("MemorySites: cannot order by %q (inuse_space, inuse_objects, alloc_space or alloc_objects): %w", orderedBy, ErrInvalidArgument)
 	}
 	var idx [4]int
 	for i, name := range []string{"inuse_objects", "inuse_space", "alloc_objects", "alloc_space"} {
 		idx[i] = slices.IndexFunc(p.SampleType, func(t *profile.ValueType) bool { return t.Type == name })
 		if idx[i] < 0 {
-			return nil, fmt.Errorf("%w: MemorySites: the profile has no sample type %s", ErrInvalidArgument, name)
+			return nil, errorf("MemorySites: the profile has no sample type %s: %w", name, ErrInvalidArgument)
 		}
 	}
 	type siteKey struct {

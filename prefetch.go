@@ -1,7 +1,6 @@
 package rmm
 
 import (
-	"fmt"
 	"runtime"
 )
 
@@ -38,7 +37,7 @@ func prefetchRange(op string, mr MemoryResource, p DevicePtr, n int, to Device, 
 	}
 	if to != CPU {
 		if err := to.check(); err != nil {
-			return fmt.Errorf("%s: %w", op, err)
+			return errorf("%s: %w", op, err)
 		}
 	}
 	if s.closed() {
@@ -75,7 +74,7 @@ func prefetchRange(op string, mr MemoryResource, p DevicePtr, n int, to Device, 
 	if mode == prefetchIfManaged {
 		managed, err := cuPointerIsManaged(ctx, p)
 		if err != nil {
-			return fmt.Errorf("%s: asking whether %#x is managed memory: %w", op, uintptr(p), err)
+			return errorf("%s: asking whether %#x is managed memory: %w", op, uintptr(p), err)
 		}
 		if !managed {
 			return nil
@@ -86,7 +85,7 @@ func prefetchRange(op string, mr MemoryResource, p DevicePtr, n int, to Device, 
 		locType, locID = cuMemLocationTypeHost, 0
 	}
 	if err := prefetchCall(ctx, p, n, locType, locID, s.cu()); err != nil {
-		return fmt.Errorf("%s: %d bytes at %#x to %v on %v: %w", op, n, uintptr(p), to, s, err)
+		return errorf("%s: %s at %#x to %v on %v: %w", op, bytesText(n), uintptr(p), to, s, err)
 	}
 	return nil
 }

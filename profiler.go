@@ -130,7 +130,7 @@ func (p *Profiler) start(name string) func() error {
 		done = true
 		st, err := r.popAt(scope)
 		if err != nil {
-			return fmt.Errorf("Profiler: block %q: %w", name, err)
+			return errorf("Profiler: block %q: %w", name, err)
 		}
 		p.Add(name, st)
 		return nil
@@ -180,7 +180,7 @@ func (p *Profiler) Report(orderedBy string) (string, error) {
 	}
 	key, ok := profilerOrders[orderedBy]
 	if !ok {
-		return "", fmt.Errorf("%w: Profiler.Report: cannot order by %q (memory_peak, num_calls or memory_total)", ErrInvalidArgument, orderedBy)
+		return "", errorf("Profiler.Report: cannot order by %q (memory_peak, num_calls or memory_total): %w", orderedBy, ErrInvalidArgument)
 	}
 	type row struct {
 		name string

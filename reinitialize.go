@@ -146,7 +146,7 @@ func Reinitialize(opts *ReinitializeOptions) error {
 		mr, made, err := reinitBuild(d, &o, names[d])
 		owned = append(owned, made...)
 		if err != nil {
-			return fail(fmt.Errorf("rmm: Reinitialize: %s: %w", d, err))
+			return fail(errorf("Reinitialize: %s: %w", d, err))
 		}
 		built[i] = mr
 	}
@@ -165,7 +165,7 @@ func Reinitialize(opts *ReinitializeOptions) error {
 // file name.
 func reinitCheck(o *ReinitializeOptions) ([]Device, map[Device]string, error) {
 	bad := func(format string, args ...any) error {
-		return fmt.Errorf("%w: rmm: Reinitialize: %s", ErrInvalidArgument, fmt.Sprintf(format, args...))
+		return errorf("Reinitialize: %s: %w", fmt.Sprintf(format, args...), ErrInvalidArgument)
 	}
 	switch {
 	case o.InitialPoolSize < 0 || o.MaximumPoolSize < 0:
@@ -192,7 +192,7 @@ func reinitCheck(o *ReinitializeOptions) ([]Device, map[Device]string, error) {
 	seen := map[Device]bool{}
 	for _, d := range devices {
 		if err := d.check(); err != nil {
-			return nil, nil, fmt.Errorf("rmm: Reinitialize: Devices: %w", err)
+			return nil, nil, errorf("Reinitialize: Devices: %w", err)
 		}
 		if seen[d] {
 			return nil, nil, bad("%s is listed twice in Devices", d)
@@ -205,7 +205,7 @@ func reinitCheck(o *ReinitializeOptions) ([]Device, map[Device]string, error) {
 		for _, d := range devices {
 			name, err := deviceLogFileName(o.LogFileName, d)
 			if err != nil {
-				return nil, nil, fmt.Errorf("rmm: Reinitialize: %w", err)
+				return nil, nil, errorf("Reinitialize: %w", err)
 			}
 			names[d] = name
 		}
@@ -221,12 +221,12 @@ func deviceLogFileName(name string, d Device) (string, error) {
 	if name == "" {
 		name = os.Getenv("RMM_LOG_FILE")
 		if name == "" {
-			return "", fmt.Errorf("%w: logging needs a file name: none given and RMM_LOG_FILE is not set", ErrInvalidArgument)
+			return "", errorf("logging needs a file name: none given and RMM_LOG_FILE is not set: %w", ErrInvalidArgument)
 		}
 	}
 	abs, err := filepath.Abs(name)
 	if err != nil {
-		return "", fmt.Errorf("%w: log file %q: %w", ErrInvalidArgument, name, err)
+		return "", errorf("log file %q: %w: %w", name, err, ErrInvalidArgument)
 	}
 	dir, base := filepath.Split(abs)
 	stem, ext := base, ""
@@ -269,7 +269,7 @@ func reinitBuild(d Device, o *ReinitializeOptions, logName string) (mr MemoryRes
 		initial := o.InitialPoolSize
 		if initial == 0 {
 			if initial, err = reinitDefaultPoolSize(d, o.MaximumPoolSize); err != nil {
-				return nil, made, fmt.Errorf("the default initial pool size: %w", err)
+				return nil, made, errorf("the default initial pool size: %w", err)
 			}
 		}
 		po := &PoolOptions{InitialPoolSize: initial, MaximumPoolSize: o.MaximumPoolSize}
@@ -335,7 +335,7 @@ func reinitTeardown() error {
 	// Outermost first: logs are flushed before the pools under them close.
 	for _, mr := range ownedOutermostFirst() {
 		if err := closeResource(mr); err != nil {
-			errs = append(errs, fmt.Errorf("rmm: Reinitialize: closing the previous %s: %w", resourceName(mr), err))
+			errs = append(errs, errorf("Reinitialize: closing the previous %s: %w", resourceName(mr), err))
 		}
 	}
 	clear(reinitOwned)
@@ -421,7 +421,7 @@ func FlushLogs() error {
 	for d, mr := range perDeviceSnapshot() {
 		if lg, _ := loggingIn(mr); lg != nil {
 			if err := lg.Flush(); err != nil {
-				errs = append(errs, fmt.Errorf("rmm: FlushLogs: %s: %w", d, err))
+				errs = append(errs, errorf("FlushLogs: %s: %w", d, err))
 			}
 		}
 	}
@@ -462,7 +462,7 @@ func EnableLogging(fileName string) error {
 		for _, lg := range made {
 			lg.Close()
 		}
-		return fmt.Errorf("rmm: EnableLogging: %s: %w", d, err)
+		return errorf("EnableLogging: %s: %w", d, err)
 	}
 	for i, d := range devs {
 		if _, err := SetPerDeviceResource(d, made[i]); err != nil {
@@ -497,9 +497,9 @@ func DisableLogging() error {
 		if !top {
 			// Another adaptor sits on it: unwrapping would drop that adaptor too.
 			if err := lg.Flush(); err != nil {
-				errs = append(errs, fmt.Errorf("rmm: DisableLogging: %s: %w", d, err))
+				errs = append(errs, errorf("DisableLogging: %s: %w", d, err))
 			}
-			errs = append(errs, fmt.Errorf("%w: rmm: DisableLogging: %s: the log is below %s; remove that adaptor first (the log was flushed)", ErrNotSupported, d, resourceName(snap[d])))
+			errs = append(errs, errorf("DisableLogging: %s: the log is below %s; remove that adaptor first (the log was flushed): %w", d, resourceName(snap[d]), ErrNotSupported))
 			continue
 		}
 		if _, err := SetPerDeviceResource(d, lg.Upstream()); err != nil {
@@ -514,7 +514,7 @@ func DisableLogging() error {
 			err = lg.Flush()
 		}
 		if err != nil {
-			errs = append(errs, fmt.Errorf("rmm: DisableLogging: %s: %w", d, err))
+			errs = append(errs, errorf("DisableLogging: %s: %w", d, err))
 		}
 	}
 	return errors.Join(errs...)

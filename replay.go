@@ -93,10 +93,11 @@ type LogParseError struct {
 	Msg    string // what was wrong
 }
 
+// Error reads "rmm: trace.csv:3: column Size: <what was wrong>: malformed event log" (or "line 3"
+// where the log was not read from a file).
 func (e *LogParseError) Error() string {
 	var b strings.Builder
-	b.WriteString(ErrMalformedLog.Error())
-	b.WriteString(": ")
+	b.WriteString(rmmPrefix)
 	if e.File != "" {
 		b.WriteString(e.File)
 		b.WriteString(":")
@@ -111,6 +112,8 @@ func (e *LogParseError) Error() string {
 	}
 	b.WriteString(": ")
 	b.WriteString(e.Msg)
+	b.WriteString(": ")
+	b.WriteString(trimRMM(ErrMalformedLog))
 	return b.String()
 }
 
@@ -148,7 +151,7 @@ func NewLogReader(r io.Reader) (*LogReader, error) {
 	if magic, err := br.Peek(2); err == nil && magic[0] == 0x1f && magic[1] == 0x8b {
 		zr, err := gzip.NewReader(br)
 		if err != nil {
-			return nil, fmt.Errorf("rmm: reading gzip-compressed event log: %w", err)
+			return nil, errorf("reading gzip-compressed event log: %w", err)
 		}
 		src = zr
 	}
@@ -197,7 +200,7 @@ func (lr *LogReader) readError(err error) error {
 	if errors.As(err, &pe) {
 		return &LogParseError{Line: pe.Line, Msg: pe.Err.Error()}
 	}
-	return fmt.Errorf("rmm: reading event log: %w", err)
+	return errorf("reading event log: %w", err)
 }
 
 // Read returns the next event, or io.EOF after the last. A line that cannot be parsed returns a
@@ -322,7 +325,7 @@ func ReadLog(r io.Reader) ([]LogEvent, error) {
 func ReadLogFile(path string) ([]LogEvent, error) {
 	f, err := os.Open(path)
 	if err != nil {
-		return nil, fmt.Errorf("rmm: reading event log: %w", err)
+		return nil, errorf("reading event log: %w", err)
 	}
 	defer f.Close()
 	events, err := ReadLog(f)
@@ -331,7 +334,7 @@ func ReadLogFile(path string) ([]LogEvent, error) {
 		if errors.As(err, &pe) {
 			pe.File = path
 		} else {
-			err = fmt.Errorf("%s: %w", path, err)
+			err = errorf("%s: %w", path, err)
 		}
 	}
 	return events, err
@@ -456,11 +459,11 @@ func (lw *LogWriter) Flush() error { return lw.w.Flush() }
 func checkLogEvent(e LogEvent) error {
 	switch {
 	case e.Action < ActionAllocate || e.Action > ActionAllocateFailure:
-		return fmt.Errorf("%w: LogWriter.Write: unknown action %v", ErrInvalidArgument, e.Action)
+		return errorf("LogWriter.Write: unknown action %v: %w", e.Action, ErrInvalidArgument)
 	case e.Size < 0:
-		return fmt.Errorf("%w: LogWriter.Write: negative size %d", ErrInvalidArgument, e.Size)
+		return errorf("LogWriter.Write: negative size %d: %w", e.Size, ErrInvalidArgument)
 	case e.Time < 0 || e.Time >= 24*time.Hour:
-		return fmt.Errorf("%w: LogWriter.Write: time %v is not a time of day in [0, 24h)", ErrInvalidArgument, e.Time)
+		return errorf("LogWriter.Write: time %v is not a time of day in [0, 24h): %w", e.Time, ErrInvalidArgument)
 	}
 	return nil
 }

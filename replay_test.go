@@ -365,7 +365,7 @@ func TestReadLogFile(t *testing.T) {
 	require.Equal(t, bad, pe.File)
 	require.Equal(t, 8, pe.Line)
 	require.Equal(t, "Size", pe.Column)
-	require.Equal(t, "rmm: malformed event log: "+bad+":8: column Size: \"x\" is not a decimal byte count", err.Error())
+	require.Equal(t, "rmm: "+bad+":8: column Size: \"x\" is not a decimal byte count: malformed event log", err.Error())
 
 	_, err = ReadLogFile(filepath.Join(dir, "missing.csv"))
 	require.ErrorIs(t, err, fs.ErrNotExist)

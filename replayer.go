@@ -2,7 +2,6 @@ package rmm
 
 import (
 	"errors"
-	"fmt"
 	"math"
 	"runtime"
 	"slices"
@@ -115,7 +114,7 @@ func Replay(events []LogEvent, mr MemoryResource, opts *ReplayOptions) (ReplayRe
 	for i, e := range events {
 		s, err := streamFor(e.Stream)
 		if err != nil {
-			return res, fmt.Errorf("Replay: creating a stream for logged stream %#x: %w", e.Stream, err)
+			return res, errorf("Replay: creating a stream for logged stream %#x: %w", e.Stream, err)
 		}
 		ops[i] = op{kind: e.Action, size: e.Size, match: -1, stream: s}
 		switch e.Action {
@@ -218,7 +217,7 @@ func Replay(events []LogEvent, mr MemoryResource, opts *ReplayOptions) (ReplayRe
 					if err := mr.Deallocate(ptrs[j], ops[j].size, o.stream); err != nil {
 						errMu.Lock()
 						if firstErr == nil {
-							firstErr = fmt.Errorf("Replay: line %d: freeing %d bytes: %w", events[i].Line, ops[j].size, err)
+							firstErr = errorf("Replay: line %d: freeing %s: %w", events[i].Line, bytesText(ops[j].size), err)
 						}
 						errMu.Unlock()
 					}
@@ -269,7 +268,7 @@ func Replay(events []LogEvent, mr MemoryResource, opts *ReplayOptions) (ReplayRe
 	for j, p := range ptrs {
 		if p != 0 && ops[j].kind == ActionAllocate {
 			if err := mr.Deallocate(p, ops[j].size, ops[j].stream); err != nil && firstErr == nil {
-				firstErr = fmt.Errorf("Replay: freeing a leftover allocation of line %d: %w", events[j].Line, err)
+				firstErr = errorf("Replay: freeing a leftover allocation of line %d: %w", events[j].Line, err)
 			}
 		}
 	}

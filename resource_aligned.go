@@ -54,10 +54,10 @@ func NewAlignedResourceAdaptor(upstream MemoryResource, opts *AlignedOptions) (*
 		o.Alignment = Alignment
 	}
 	if !IsPowerOfTwo(o.Alignment) {
-		return nil, fmt.Errorf("%w: NewAlignedResourceAdaptor: alignment %d is not a power of two", ErrInvalidArgument, o.Alignment)
+		return nil, errorf("NewAlignedResourceAdaptor: alignment %d is not a power of two: %w", o.Alignment, ErrInvalidArgument)
 	}
 	if o.Threshold < 0 {
-		return nil, fmt.Errorf("%w: NewAlignedResourceAdaptor: negative threshold %d", ErrInvalidArgument, o.Threshold)
+		return nil, errorf("NewAlignedResourceAdaptor: negative threshold %d: %w", o.Threshold, ErrInvalidArgument)
 	}
 	return &AlignedResourceAdaptor{
 		upstream:  resourceOrCurrent(upstream),
@@ -99,7 +99,7 @@ func (r *AlignedResourceAdaptor) Allocate(nbytes int, s StreamView) (DevicePtr, 
 	}
 	p, err := r.upstream.Allocate(size, s)
 	if err != nil {
-		return 0, fmt.Errorf("AlignedResourceAdaptor: allocating %d bytes aligned to %d (%d bytes with the padding): %w", nbytes, r.alignment, size, err)
+		return 0, errorf("AlignedResourceAdaptor: allocating %s aligned to %d (%d bytes with the padding): %w", bytesText(nbytes), r.alignment, size, err)
 	}
 	mask := uintptr(r.alignment) - 1
 	a := DevicePtr((uintptr(p) + mask) &^ mask)
@@ -113,9 +113,9 @@ func (r *AlignedResourceAdaptor) Allocate(nbytes int, s StreamView) (DevicePtr, 
 	}
 	r.mu.Unlock()
 	if dup {
-		err := fmt.Errorf("%w: AlignedResourceAdaptor.Allocate(%d): the aligned pointer %#x is already tracked (the upstream returned %#x, inside memory it handed out before)", ErrInvalidFree, nbytes, uintptr(a), uintptr(p))
+		err := errorf("AlignedResourceAdaptor.Allocate(%d): the aligned pointer %#x is already tracked (the upstream returned %#x, inside memory it handed out before): %w", nbytes, uintptr(a), uintptr(p), ErrInvalidFree)
 		if ferr := r.upstream.Deallocate(p, size, s); ferr != nil {
-			err = fmt.Errorf("%w; giving the memory back failed: %w", err, ferr)
+			err = errorf("%w; giving the memory back failed: %w", err, ferr)
 		}
 		return 0, err
 	}
@@ -135,7 +135,7 @@ func (r *AlignedResourceAdaptor) Deallocate(p DevicePtr, nbytes int, s StreamVie
 	}
 	size, ok := r.upstreamSize(nbytes)
 	if !ok {
-		return fmt.Errorf("%w: AlignedResourceAdaptor.Deallocate(%#x, %d): no allocation of that size can exist", ErrInvalidFree, uintptr(p), nbytes)
+		return errorf("AlignedResourceAdaptor.Deallocate(%#x, %d): no allocation of that size can exist: %w", uintptr(p), nbytes, ErrInvalidFree)
 	}
 	up := p
 	r.mu.Lock()

@@ -289,21 +289,21 @@ func NewArenaMemoryResource(upstream MemoryResource, opts *ArenaOptions) (*Arena
 	}
 	switch {
 	case o.ArenaSize < 0:
-		return nil, fmt.Errorf("%w: NewArenaMemoryResource: negative ArenaSize %d", ErrInvalidArgument, o.ArenaSize)
+		return nil, errorf("NewArenaMemoryResource: negative ArenaSize %d: %w", o.ArenaSize, ErrInvalidArgument)
 	case o.DefaultStreamArenas < 0 || o.DefaultStreamArenas > 1<<16:
-		return nil, fmt.Errorf("%w: NewArenaMemoryResource: DefaultStreamArenas %d is outside 0..65536", ErrInvalidArgument, o.DefaultStreamArenas)
+		return nil, errorf("NewArenaMemoryResource: DefaultStreamArenas %d is outside 0..65536: %w", o.DefaultStreamArenas, ErrInvalidArgument)
 	}
 	size := o.ArenaSize
 	if size == 0 {
 		half, err := PercentOfFreeDeviceMemory(50)
 		if err != nil {
-			return nil, fmt.Errorf("NewArenaMemoryResource: default size (half the free memory): %w", err)
+			return nil, errorf("NewArenaMemoryResource: default size (half the free memory): %w", err)
 		}
 		size = half
 	}
 	size = AlignDown(size, Alignment)
 	if size < ArenaMinSuperblockSize {
-		return nil, fmt.Errorf("%w: NewArenaMemoryResource: arena size %d bytes (rounded down to 256) is below the %d-byte minimum", ErrInvalidArgument, size, ArenaMinSuperblockSize)
+		return nil, errorf("NewArenaMemoryResource: arena size %d bytes (rounded down to 256) is below the %d-byte minimum: %w", size, ArenaMinSuperblockSize, ErrInvalidArgument)
 	}
 	nshards := o.DefaultStreamArenas
 	if nshards == 0 {
@@ -338,7 +338,7 @@ func NewArenaMemoryResource(upstream MemoryResource, opts *ArenaOptions) (*Arena
 	}
 	ptr, err := upstream.Allocate(size, DefaultStream)
 	if err != nil {
-		return nil, fmt.Errorf("NewArenaMemoryResource: taking the %d-byte arena from %s: %w", size, resourceName(upstream), err)
+		return nil, errorf("NewArenaMemoryResource: taking the %d-byte arena from %s: %w", size, resourceName(upstream), err)
 	}
 	r.base, r.held = ptr, true
 	// One superblock for the whole arena, or equal pieces of at most 1 TiB.
@@ -402,7 +402,7 @@ func (r *ArenaMemoryResource) Allocate(nbytes int, s StreamView) (DevicePtr, err
 		return p, err
 	}
 	if err := r.defragment(); err != nil {
-		return 0, fmt.Errorf("ArenaMemoryResource.Allocate(%d): defragmenting: %w", nbytes, err)
+		return 0, errorf("ArenaMemoryResource.Allocate(%d): defragmenting: %w", nbytes, err)
 	}
 	p, err = r.allocate(n, nbytes, s)
 	if err != nil || p != 0 {
@@ -411,7 +411,7 @@ func (r *ArenaMemoryResource) Allocate(nbytes int, s StreamView) (DevicePtr, err
 	return 0, r.fail(nbytes, n, "no room in arena, also after defragmenting")
 }
 
-var errArenaClosed = fmt.Errorf("%w: ArenaMemoryResource.Allocate after Close", ErrClosed)
+var errArenaClosed = errorf("ArenaMemoryResource.Allocate: called after Close: %w", ErrClosed)
 
 // allocate tries once to carve n bytes (rounded; asked is the caller's size) for s. It returns
 // (0, nil) when there is no room.
@@ -466,7 +466,7 @@ func (r *ArenaMemoryResource) allocateLarge(n, asked int, s StreamView) (DeviceP
 		return 0, nil
 	}
 	if err := r.waitPending(sb.pend, s); err != nil {
-		return 0, fmt.Errorf("ArenaMemoryResource.Allocate(%d): %w", asked, err)
+		return 0, errorf("ArenaMemoryResource.Allocate(%d): %w", asked, err)
 	}
 	var tail *arenaSuperblock
 	switch {
@@ -521,7 +521,7 @@ func (r *ArenaMemoryResource) takeSuperblock(a *arenaSet, n, asked int) (*arenaS
 		return nil, nil
 	}
 	if err := r.waitPending(sb.pend, a.stream); err != nil {
-		return nil, fmt.Errorf("ArenaMemoryResource.Allocate(%d): %w", asked, err)
+		return nil, errorf("ArenaMemoryResource.Allocate(%d): %w", asked, err)
 	}
 	g.tree.remove(sb)
 	if sb.empty() && sb.size() >= 2*ArenaMinSuperblockSize {
@@ -765,14 +765,14 @@ func (r *ArenaMemoryResource) deallocateSlow(ptr DevicePtr, nbytes, n int, s Str
 		if toGlobal && x == nil && !s.closed() {
 			var err error
 			if x, err = r.streamRec(s); err != nil {
-				return fmt.Errorf("ArenaMemoryResource.Deallocate: %w", err)
+				return errorf("ArenaMemoryResource.Deallocate: %w", err)
 			}
 		}
 		if (toGlobal && x == nil) || (!synced && r.crossArena(o, s)) {
 			// A closed Stream (the device is synchronised), or a small block of another stream's
 			// arena.
 			if err := r.syncStream(s); err != nil {
-				return fmt.Errorf("ArenaMemoryResource.Deallocate: synchronising %v before freeing into another arena: %w", s, err)
+				return errorf("ArenaMemoryResource.Deallocate: synchronising %v before freeing into another arena: %w", s, err)
 			}
 			synced = true
 		}
@@ -810,7 +810,7 @@ func (r *ArenaMemoryResource) deallocateSlow(ptr DevicePtr, nbytes, n int, s Str
 				// The superblock already waits for arenaPendingMax other streams.
 				o.mu.Unlock()
 				if err := r.syncStream(s); err != nil {
-					return fmt.Errorf("ArenaMemoryResource.Deallocate: synchronising %v before freeing into the global arena: %w", s, err)
+					return errorf("ArenaMemoryResource.Deallocate: synchronising %v before freeing into the global arena: %w", s, err)
 				}
 				synced = true
 				continue
@@ -911,11 +911,11 @@ func (r *ArenaMemoryResource) notAllocated(ptr DevicePtr, nbytes int, large bool
 	if i := l.m.find(ptr); i >= 0 {
 		return arenaWrongSize(ptr, nbytes, l.m.slots[i].v.size)
 	}
-	return fmt.Errorf("%w: ArenaMemoryResource.Deallocate(%#x, %d): the pointer was not allocated by this arena or was already freed", ErrInvalidFree, uintptr(ptr), nbytes)
+	return errorf("ArenaMemoryResource.Deallocate(%#x, %d): the pointer was not allocated by this arena or was already freed: %w", uintptr(ptr), nbytes, ErrInvalidFree)
 }
 
 func arenaWrongSize(ptr DevicePtr, nbytes, size int) error {
-	return fmt.Errorf("%w: ArenaMemoryResource.Deallocate(%#x, %d): the block was allocated with %d bytes", ErrInvalidFree, uintptr(ptr), nbytes, size)
+	return errorf("ArenaMemoryResource.Deallocate(%#x, %d): the block was allocated with %s: %w", uintptr(ptr), nbytes, bytesText(size), ErrInvalidFree)
 }
 
 // syncStream waits for the work queued on s; for a closed Stream, for the whole device. A stream
@@ -1212,12 +1212,12 @@ func (r *ArenaMemoryResource) returnUpstream() error {
 	}
 	if r.ctx != 0 {
 		if err := r.drv.ctxSynchronize(r.ctx); err != nil {
-			return fmt.Errorf("ArenaMemoryResource.Close: synchronising the device: %w", err)
+			return errorf("ArenaMemoryResource.Close: synchronising the device: %w", err)
 		}
 		r.dropRecs()
 	}
 	if err := r.upstream.Deallocate(r.base, r.size, DefaultStream); err != nil {
-		return fmt.Errorf("ArenaMemoryResource.Close: returning the %d-byte arena to %s: %w", r.size, resourceName(r.upstream), err)
+		return errorf("ArenaMemoryResource.Close: returning the %d-byte arena to %s: %w", r.size, resourceName(r.upstream), err)
 	}
 	r.held = false
 	return nil
@@ -1392,7 +1392,12 @@ func (r *ArenaMemoryResource) dump(nbytes int) {
 // are well formed, blocks above 1 MiB in the table of large blocks and the others in the shards.
 // It locks everything (completing a merge put off by a free, as every use of the global arena
 // does), takes O(n log n) time and is meant for tests.
-func (r *ArenaMemoryResource) CheckInvariants() error {
+func (r *ArenaMemoryResource) CheckInvariants() (err error) {
+	defer func() {
+		if err != nil {
+			err = errorf("ArenaMemoryResource.CheckInvariants: %w", err)
+		}
+	}()
 	arenas, unlock := r.lockArenas()
 	defer unlock()
 	r.lockGlobal()
@@ -1404,7 +1409,7 @@ func (r *ArenaMemoryResource) CheckInvariants() error {
 	var sbs []*arenaSuperblock
 	for _, a := range append(arenas, &r.global) {
 		if err := a.tree.check(); err != nil {
-			return fmt.Errorf("arena %s: %w", a.name(), err)
+			return errorf("arena %s: %w", a.name(), err)
 		}
 		var err error
 		a.tree.each(func(x *arenaNode) {
@@ -1414,14 +1419,14 @@ func (r *ArenaMemoryResource) CheckInvariants() error {
 			sb := x.sb
 			switch {
 			case sb == nil || &sb.node != x:
-				err = fmt.Errorf("arena %s: node %#x is not a superblock's", a.name(), uintptr(x.addr))
+				err = errorf("arena %s: node %#x is not a superblock's", a.name(), uintptr(x.addr))
 			case sb.owner.Load() != a:
-				err = fmt.Errorf("superblock %#x is in arena %s but names another owner", uintptr(sb.addr()), a.name())
+				err = errorf("superblock %#x is in arena %s but names another owner", uintptr(sb.addr()), a.name())
 			case a != &r.global && sb.pend.len() > 0:
-				err = fmt.Errorf("superblock %#x in arena %s still names %d pending streams", uintptr(sb.addr()), a.name(), sb.pend.len())
+				err = errorf("superblock %#x in arena %s still names %d pending streams", uintptr(sb.addr()), a.name(), sb.pend.len())
 			case sb.pend.len() > 0:
 				if e := sb.pend.check(); e != nil {
-					err = fmt.Errorf("superblock %#x: %w", uintptr(sb.addr()), e)
+					err = errorf("superblock %#x: %w", uintptr(sb.addr()), e)
 				}
 			}
 			sbs = append(sbs, sb)
@@ -1443,7 +1448,7 @@ func (r *ArenaMemoryResource) CheckInvariants() error {
 		ls.m.each(func(p DevicePtr, e arenaLive) {
 			n, _ := alignSize(e.size)
 			if large := n > ArenaMinSuperblockSize; large != (ls == &r.large) && err == nil {
-				err = fmt.Errorf("%s holds the allocation %#x of %d bytes", name, uintptr(p), e.size)
+				err = errorf("%s holds the allocation %#x of %s", name, uintptr(p), bytesText(e.size))
 			}
 			live[e.sb] = append(live[e.sb], arenaNode{addr: p, size: n})
 			c++
@@ -1453,10 +1458,10 @@ func (r *ArenaMemoryResource) CheckInvariants() error {
 			return err
 		}
 		if err := ls.m.check(); err != nil {
-			return fmt.Errorf("%s: %w", name, err)
+			return errorf("%s: %w", name, err)
 		}
 		if c != ls.count || b != ls.bytes {
-			return fmt.Errorf("%s counts %d allocations of %d bytes, holds %d of %d", name, ls.count, ls.bytes, c, b)
+			return errorf("%s counts %d allocations of %s, holds %d of %d", name, ls.count, bytesText(ls.bytes), c, b)
 		}
 		liveCount += c
 	}
@@ -1465,11 +1470,11 @@ func (r *ArenaMemoryResource) CheckInvariants() error {
 	for i, sb := range sbs {
 		switch {
 		case sb.addr() != next:
-			return fmt.Errorf("superblock %#x does not start where the previous one ends (%#x)", uintptr(sb.addr()), uintptr(next))
+			return errorf("superblock %#x does not start where the previous one ends (%#x)", uintptr(sb.addr()), uintptr(next))
 		case sb.size() < ArenaMinSuperblockSize:
-			return fmt.Errorf("superblock %#x of %d bytes is below 1 MiB", uintptr(sb.addr()), sb.size())
+			return errorf("superblock %#x of %s is below 1 MiB", uintptr(sb.addr()), bytesText(sb.size()))
 		case sb.size() > ArenaMaxSuperblockSize:
-			return fmt.Errorf("superblock %#x of %d bytes is above 1 TiB", uintptr(sb.addr()), sb.size())
+			return errorf("superblock %#x of %s is above 1 TiB", uintptr(sb.addr()), bytesText(sb.size()))
 		}
 		var before, after *arenaSuperblock
 		if i > 0 {
@@ -1479,25 +1484,25 @@ func (r *ArenaMemoryResource) CheckInvariants() error {
 			after = sbs[i+1]
 		}
 		if sb.prevSB != before || sb.nextSB != after {
-			return fmt.Errorf("superblock %#x does not link to its address neighbours", uintptr(sb.addr()))
+			return errorf("superblock %#x does not link to its address neighbours", uintptr(sb.addr()))
 		}
 		next = sb.end()
 		if err := sb.free.check(); err != nil {
-			return fmt.Errorf("superblock %#x: free blocks: %w", uintptr(sb.addr()), err)
+			return errorf("superblock %#x: free blocks: %w", uintptr(sb.addr()), err)
 		}
 		spans := sb.free.nodes()
 		free := 0
 		for k, b := range spans {
 			if b.addr%Alignment != 0 || b.size%Alignment != 0 || b.size <= 0 {
-				return fmt.Errorf("superblock %#x: free block %#x of %d bytes is not on the 256-byte grid", uintptr(sb.addr()), uintptr(b.addr), b.size)
+				return errorf("superblock %#x: free block %#x of %s is not on the 256-byte grid", uintptr(sb.addr()), uintptr(b.addr), bytesText(b.size))
 			}
 			if k > 0 && spans[k-1].end() == b.addr {
-				return fmt.Errorf("superblock %#x: free blocks %#x and %#x are adjacent but not coalesced", uintptr(sb.addr()), uintptr(spans[k-1].addr), uintptr(b.addr))
+				return errorf("superblock %#x: free blocks %#x and %#x are adjacent but not coalesced", uintptr(sb.addr()), uintptr(spans[k-1].addr), uintptr(b.addr))
 			}
 			free += b.size
 		}
 		if free != sb.freeBytes {
-			return fmt.Errorf("superblock %#x: free bytes counted %d, blocks hold %d", uintptr(sb.addr()), sb.freeBytes, free)
+			return errorf("superblock %#x: free bytes counted %d, blocks hold %d", uintptr(sb.addr()), sb.freeBytes, free)
 		}
 		ls := live[sb]
 		seen += len(ls)
@@ -1506,7 +1511,7 @@ func (r *ArenaMemoryResource) CheckInvariants() error {
 			used += b.size
 		}
 		if free+used != sb.size() {
-			return fmt.Errorf("superblock %#x: %d free + %d live bytes != its %d bytes", uintptr(sb.addr()), free, used, sb.size())
+			return errorf("superblock %#x: %d free + %d live bytes != its %s", uintptr(sb.addr()), free, used, bytesText(sb.size()))
 		}
 		for k := range ls {
 			b := &ls[k]
@@ -1515,25 +1520,25 @@ func (r *ArenaMemoryResource) CheckInvariants() error {
 		slices.SortFunc(spans, func(x, y *arenaNode) int { return cmp.Compare(x.addr, y.addr) })
 		for k, b := range spans {
 			if b.addr < sb.addr() || b.end() > sb.end() {
-				return fmt.Errorf("block %#x of %d bytes lies outside its superblock %#x", uintptr(b.addr), b.size, uintptr(sb.addr()))
+				return errorf("block %#x of %s lies outside its superblock %#x", uintptr(b.addr), bytesText(b.size), uintptr(sb.addr()))
 			}
 			if k > 0 && spans[k-1].end() > b.addr {
-				return fmt.Errorf("blocks %#x and %#x overlap", uintptr(spans[k-1].addr), uintptr(b.addr))
+				return errorf("blocks %#x and %#x overlap", uintptr(spans[k-1].addr), uintptr(b.addr))
 			}
 		}
 		if i > 0 {
 			prev := sbs[i-1]
 			if prev.owner.Load() == &r.global && sb.owner.Load() == &r.global && prev.empty() && sb.empty() &&
 				prev.size()+sb.size() <= ArenaMaxSuperblockSize {
-				return fmt.Errorf("empty superblocks %#x and %#x of the global arena are not merged", uintptr(prev.addr()), uintptr(sb.addr()))
+				return errorf("empty superblocks %#x and %#x of the global arena are not merged", uintptr(prev.addr()), uintptr(sb.addr()))
 			}
 		}
 	}
 	if len(sbs) > 0 && next != r.base+DevicePtr(r.size) {
-		return fmt.Errorf("superblocks end at %#x, the arena at %#x", uintptr(next), uintptr(r.base+DevicePtr(r.size)))
+		return errorf("superblocks end at %#x, the arena at %#x", uintptr(next), uintptr(r.base+DevicePtr(r.size)))
 	}
 	if seen != liveCount {
-		return fmt.Errorf("%d live allocations name a superblock that is in no arena", liveCount-seen)
+		return errorf("%d live allocations name a superblock that is in no arena", liveCount-seen)
 	}
 	return nil
 }

@@ -1,7 +1,5 @@
 package rmm
 
-import "fmt"
-
 // arenaIndexFan is the fan-out of the superblock index's nodes.
 const arenaIndexFan = 16
 
@@ -233,7 +231,7 @@ func (t *arenaIndex) check() error {
 	var walk func(x *arenaIndexNode, d int) (int, DevicePtr, error)
 	walk = func(x *arenaIndexNode, d int) (int, DevicePtr, error) {
 		if x.n < 1 || x.n > arenaIndexFan {
-			return 0, 0, fmt.Errorf("index node with %d entries", x.n)
+			return 0, 0, errorf("index node with %d entries", x.n)
 		}
 		m := 0
 		for i := 0; i < x.n; i++ {
@@ -242,10 +240,10 @@ func (t *arenaIndex) check() error {
 			if x.leaf {
 				sb := x.sbs[i]
 				if sb == nil || sb.ileaf != x || int(sb.islot) != i {
-					return 0, 0, fmt.Errorf("index leaf entry %d does not link to its superblock", i)
+					return 0, 0, errorf("index leaf entry %d does not link to its superblock", i)
 				}
 				if prev != nil && prev.end() > sb.addr() {
-					return 0, 0, fmt.Errorf("superblocks %#x and %#x out of order or overlapping", uintptr(prev.addr()), uintptr(sb.addr()))
+					return 0, 0, errorf("superblocks %#x and %#x out of order or overlapping", uintptr(prev.addr()), uintptr(sb.addr()))
 				}
 				prev = sb
 				count++
@@ -253,7 +251,7 @@ func (t *arenaIndex) check() error {
 			} else {
 				kid := x.kids[i]
 				if kid == nil || kid.parent != x || kid.pidx != i {
-					return 0, 0, fmt.Errorf("index entry %d does not link to its child", i)
+					return 0, 0, errorf("index entry %d does not link to its child", i)
 				}
 				var err error
 				if w, a, err = walk(kid, d+1); err != nil {
@@ -261,7 +259,7 @@ func (t *arenaIndex) check() error {
 				}
 			}
 			if x.maxw[i] != w || x.addr[i] != a {
-				return 0, 0, fmt.Errorf("index entry %#x records maximum %d at %#x, holds %d at %#x", uintptr(a), x.maxw[i], uintptr(x.addr[i]), w, uintptr(a))
+				return 0, 0, errorf("index entry %#x records maximum %d at %#x, holds %d at %#x", uintptr(a), x.maxw[i], uintptr(x.addr[i]), w, uintptr(a))
 			}
 			m = max(m, w)
 		}
@@ -269,21 +267,21 @@ func (t *arenaIndex) check() error {
 			if depth < 0 {
 				depth = d
 			} else if depth != d {
-				return 0, 0, fmt.Errorf("index leaves at depths %d and %d", depth, d)
+				return 0, 0, errorf("index leaves at depths %d and %d", depth, d)
 			}
 		}
 		return m, x.addr[0], nil
 	}
 	if t.root != nil {
 		if t.root.parent != nil {
-			return fmt.Errorf("index root has a parent")
+			return errorf("index root has a parent")
 		}
 		if _, _, err := walk(t.root, 0); err != nil {
 			return err
 		}
 	}
 	if count != t.count {
-		return fmt.Errorf("index counts %d superblocks, holds %d", t.count, count)
+		return errorf("index counts %d superblocks, holds %d", t.count, count)
 	}
 	return nil
 }

@@ -1,7 +1,6 @@
 package rmm
 
 import (
-	"fmt"
 	"slices"
 )
 
@@ -155,16 +154,16 @@ func (p *arenaPending) union(q *arenaPending, over func(*arenaStream)) {
 // check verifies the set: at most arenaPendingMax distinct entries, the rest of the array nil.
 func (p *arenaPending) check() error {
 	if p.n < 0 || p.n > arenaPendingMax {
-		return fmt.Errorf("pending set of %d streams", p.n)
+		return errorf("pending set of %d streams", p.n)
 	}
 	for i, x := range p.recs {
 		switch {
 		case i >= p.n && x != nil:
-			return fmt.Errorf("pending set keeps a stream past its %d entries", p.n)
+			return errorf("pending set keeps a stream past its %d entries", p.n)
 		case i < p.n && x == nil:
-			return fmt.Errorf("pending set entry %d is empty", i)
+			return errorf("pending set entry %d is empty", i)
 		case i < p.n && slices.Index(p.recs[:i], x) >= 0:
-			return fmt.Errorf("pending set names %v twice", x.stream)
+			return errorf("pending set names %v twice", x.stream)
 		}
 	}
 	return nil
@@ -214,7 +213,7 @@ func (r *ArenaMemoryResource) streamRec(s StreamView) (*arenaStream, error) {
 	} else {
 		e, err := r.drv.eventCreate(r.ctx, cuEventDisableTiming)
 		if err != nil {
-			return nil, fmt.Errorf("ArenaMemoryResource: creating the event for %v: %w", s, err)
+			return nil, errorf("ArenaMemoryResource: creating the event for %v: %w", s, err)
 		}
 		x.event = e
 	}
@@ -251,7 +250,7 @@ func (r *ArenaMemoryResource) notePending(sb *arenaSuperblock, x *arenaStream) (
 	if x.lazy {
 		x.dirty = true
 	} else if err := r.drv.eventRecord(r.ctx, x.event, x.stream.cu()); err != nil {
-		return false, fmt.Errorf("ArenaMemoryResource.Deallocate: recording the event on %v: %w", x.stream, err)
+		return false, errorf("ArenaMemoryResource.Deallocate: recording the event on %v: %w", x.stream, err)
 	} else {
 		x.recorded()
 	}
@@ -279,12 +278,12 @@ func (r *ArenaMemoryResource) waitPending(p *arenaPending, t StreamView) error {
 			if x.event == 0 {
 				e, err := r.drv.eventCreate(r.ctx, cuEventDisableTiming)
 				if err != nil {
-					return fmt.Errorf("creating the event for %v: %w", x.stream, err)
+					return errorf("creating the event for %v: %w", x.stream, err)
 				}
 				x.event = e
 			}
 			if err := r.drv.recordAndWait(r.ctx, x.event, x.stream.cu(), t.cu()); err != nil {
-				return fmt.Errorf("ordering %v after %v: %w", t, x.stream, err)
+				return errorf("ordering %v after %v: %w", t, x.stream, err)
 			}
 			x.dirty = false
 			x.recorded()
@@ -293,7 +292,7 @@ func (r *ArenaMemoryResource) waitPending(p *arenaPending, t StreamView) error {
 		}
 		if x.event != 0 && !x.hasWaited(t.id) {
 			if err := r.drv.streamWaitEvent(r.ctx, t.cu(), x.event); err != nil {
-				return fmt.Errorf("ordering %v after %v: %w", t, x.stream, err)
+				return errorf("ordering %v after %v: %w", t, x.stream, err)
 			}
 			x.noteWaited(t)
 		}

@@ -838,7 +838,7 @@ func TestArenaOutOfMemoryMessage(t *testing.T) {
 	_, err := a.Allocate(2*mb, DefaultStream)
 	require.ErrorIs(t, err, ErrOutOfMemory)
 	msg := err.Error()
-	for _, want := range []string{"2097152 bytes", "pool size 2097152, maximum 2097152", fmt.Sprintf("exhausted: %d bytes free", 2*mb-mb/2), fmt.Sprintf("largest free block %d", mb), "no room in arena"} {
+	for _, want := range []string{"2097152 bytes", "pool size 2097152 (2 MiB), maximum 2097152 (2 MiB)", fmt.Sprintf("exhausted: %d bytes (1.5 MiB) free", 2*mb-mb/2), fmt.Sprintf("largest free block %d bytes (1 MiB)", mb), "no room in arena"} {
 		require.Contains(t, msg, want)
 	}
 	require.Equal(t, 1, a.Stats().Defragmentations)

@@ -1,7 +1,6 @@
 package rmm
 
 import (
-	"fmt"
 	"sync/atomic"
 )
 
@@ -275,11 +274,11 @@ func (t *arenaTree) check() error {
 			return
 		}
 		if parent != nil && x.prio > parent.prio {
-			err = fmt.Errorf("treap heap order broken at %#x", uintptr(x.addr))
+			err = errorf("treap heap order broken at %#x", uintptr(x.addr))
 			return
 		}
 		if x.parent != parent {
-			err = fmt.Errorf("node %#x does not link to its parent", uintptr(x.addr))
+			err = errorf("node %#x does not link to its parent", uintptr(x.addr))
 			return
 		}
 		walk(x.left, x)
@@ -287,7 +286,7 @@ func (t *arenaTree) check() error {
 			return
 		}
 		if prev != nil && prev.end() > x.addr {
-			err = fmt.Errorf("nodes [%#x, %#x) and [%#x, %#x) out of order or overlapping", uintptr(prev.addr), uintptr(prev.end()), uintptr(x.addr), uintptr(x.end()))
+			err = errorf("nodes [%#x, %#x) and [%#x, %#x) out of order or overlapping", uintptr(prev.addr), uintptr(prev.end()), uintptr(x.addr), uintptr(x.end()))
 			return
 		}
 		m, lm, rm := x.size, 0, 0
@@ -298,12 +297,12 @@ func (t *arenaTree) check() error {
 			rm = x.right.maxWeight
 		}
 		if lm != x.lmax || rm != x.rmax {
-			err = fmt.Errorf("node %#x: children's maxima recorded %d and %d, are %d and %d", uintptr(x.addr), x.lmax, x.rmax, lm, rm)
+			err = errorf("node %#x: children's maxima recorded %d and %d, are %d and %d", uintptr(x.addr), x.lmax, x.rmax, lm, rm)
 			return
 		}
 		m = max(m, lm, rm)
 		if m != x.maxWeight {
-			err = fmt.Errorf("node %#x: subtree maximum %d, recomputed %d", uintptr(x.addr), x.maxWeight, m)
+			err = errorf("node %#x: subtree maximum %d, recomputed %d", uintptr(x.addr), x.maxWeight, m)
 			return
 		}
 		prev = x
@@ -312,7 +311,7 @@ func (t *arenaTree) check() error {
 	}
 	walk(t.root, nil)
 	if err == nil && n != t.count {
-		err = fmt.Errorf("tree counts %d nodes, holds %d", t.count, n)
+		err = errorf("tree counts %d nodes, holds %d", t.count, n)
 	}
 	return err
 }

@@ -1,7 +1,6 @@
 package rmm
 
 import (
-	"fmt"
 	"math"
 	"sync/atomic"
 )
@@ -54,14 +53,14 @@ func NewCudaAsyncMemoryResource(dev Device, opts *CudaAsyncOptions) (*CudaAsyncM
 		o = *opts
 	}
 	if o.InitialPoolSize < 0 {
-		return nil, fmt.Errorf("%w: CudaAsyncOptions.InitialPoolSize %d is negative", ErrInvalidArgument, o.InitialPoolSize)
+		return nil, errorf("CudaAsyncOptions.InitialPoolSize %d is negative: %w", o.InitialPoolSize, ErrInvalidArgument)
 	}
 	ctx, err := dev.ctx()
 	if err != nil {
 		return nil, err
 	}
 	if v, err := dev.Attribute(attrMemoryPoolsSupported); err != nil || v == 0 {
-		return nil, fmt.Errorf("%w: %s does not support stream-ordered memory pools", ErrNotSupported, dev)
+		return nil, errorf("%s does not support stream-ordered memory pools: %w", dev, ErrNotSupported)
 	}
 	handles := 0
 	if o.EnablePOSIXFileDescriptor {
@@ -112,7 +111,7 @@ func (r *CudaAsyncMemoryResource) Allocate(nbytes int, s StreamView) (DevicePtr,
 	}
 	pool := r.pool.Load()
 	if pool == 0 {
-		return 0, fmt.Errorf("%w: CudaAsyncMemoryResource.Allocate after Close", ErrClosed)
+		return 0, errorf("CudaAsyncMemoryResource.Allocate: called after Close: %w", ErrClosed)
 	}
 	if s.closed() {
 		return 0, errStreamClosed("CudaAsyncMemoryResource.Allocate", s)
@@ -122,7 +121,7 @@ func (r *CudaAsyncMemoryResource) Allocate(nbytes int, s StreamView) (DevicePtr,
 		if isOOM(err) {
 			return 0, outOfMemory("CudaAsyncMemoryResource", nbytes, err)
 		}
-		return 0, fmt.Errorf("CudaAsyncMemoryResource: allocating %d bytes: %w", nbytes, err)
+		return 0, errorf("CudaAsyncMemoryResource: allocating %s: %w", bytesText(nbytes), err)
 	}
 	return p, nil
 }
@@ -144,7 +143,7 @@ func freeAsyncOn(name string, ctx uintptr, p DevicePtr, s StreamView) error {
 		// see it. Work queued on the stream before Close still runs, so wait for the whole
 		// device before the memory may be reused; the free itself is then ordered after nothing.
 		if err := cuCtxSynchronize(ctx); err != nil {
-			return fmt.Errorf("%s.Deallocate(%#x) on closed %v: waiting for the device: %w", name, uintptr(p), s, err)
+			return errorf("%s.Deallocate(%#x) on closed %v: waiting for the device: %w", name, uintptr(p), s, err)
 		}
 		s = DefaultStream
 	}

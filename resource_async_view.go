@@ -1,7 +1,6 @@
 package rmm
 
 import (
-	"fmt"
 	"sync/atomic"
 )
 
@@ -16,11 +15,11 @@ func DefaultMemPool(dev Device) (uintptr, error) {
 		return 0, err
 	}
 	if v, err := dev.Attribute(attrMemoryPoolsSupported); err != nil || v == 0 {
-		return 0, fmt.Errorf("%w: %s does not support stream-ordered memory pools", ErrNotSupported, dev)
+		return 0, errorf("%s does not support stream-ordered memory pools: %w", dev, ErrNotSupported)
 	}
 	pool, err := cuDeviceGetDefaultMemPool(ctx, int(dev))
 	if err != nil {
-		return 0, fmt.Errorf("DefaultMemPool(%s): %w", dev, err)
+		return 0, errorf("DefaultMemPool(%s): %w", dev, err)
 	}
 	return pool, nil
 }
@@ -50,14 +49,14 @@ type CudaAsyncViewMemoryResource struct {
 // not a live pool of dev makes the driver calls fail.
 func NewCudaAsyncViewMemoryResource(dev Device, pool uintptr) (*CudaAsyncViewMemoryResource, error) {
 	if pool == 0 {
-		return nil, fmt.Errorf("%w: NewCudaAsyncViewMemoryResource: null pool handle", ErrInvalidArgument)
+		return nil, errorf("NewCudaAsyncViewMemoryResource: null pool handle: %w", ErrInvalidArgument)
 	}
 	ctx, err := dev.ctx()
 	if err != nil {
 		return nil, err
 	}
 	if v, err := dev.Attribute(attrMemoryPoolsSupported); err != nil || v == 0 {
-		return nil, fmt.Errorf("%w: %s does not support stream-ordered memory pools", ErrNotSupported, dev)
+		return nil, errorf("%s does not support stream-ordered memory pools: %w", dev, ErrNotSupported)
 	}
 	return &CudaAsyncViewMemoryResource{dev: dev, ctx: ctx, pool: pool}, nil
 }
@@ -74,7 +73,7 @@ func (r *CudaAsyncViewMemoryResource) Allocate(nbytes int, s StreamView) (Device
 		return 0, nil
 	}
 	if r.closed.Load() {
-		return 0, fmt.Errorf("%w: CudaAsyncViewMemoryResource.Allocate after Close", ErrClosed)
+		return 0, errorf("CudaAsyncViewMemoryResource.Allocate: called after Close: %w", ErrClosed)
 	}
 	if s.closed() {
 		return 0, errStreamClosed("CudaAsyncViewMemoryResource.Allocate", s)
@@ -84,7 +83,7 @@ func (r *CudaAsyncViewMemoryResource) Allocate(nbytes int, s StreamView) (Device
 		if isOOM(err) {
 			return 0, outOfMemory("CudaAsyncViewMemoryResource", nbytes, err)
 		}
-		return 0, fmt.Errorf("CudaAsyncViewMemoryResource: allocating %d bytes: %w", nbytes, err)
+		return 0, errorf("CudaAsyncViewMemoryResource: allocating %s: %w", bytesText(nbytes), err)
 	}
 	return p, nil
 }

@@ -64,7 +64,7 @@ func NewBinningMemoryResource(upstream MemoryResource, opts *BinningOptions) (*B
 		return r, nil
 	}
 	if opts.BlocksToPreallocate < 0 {
-		return nil, fmt.Errorf("%w: NewBinningMemoryResource: negative BlocksToPreallocate %d", ErrInvalidArgument, opts.BlocksToPreallocate)
+		return nil, errorf("NewBinningMemoryResource: negative BlocksToPreallocate %d: %w", opts.BlocksToPreallocate, ErrInvalidArgument)
 	}
 	r.prealloc = opts.BlocksToPreallocate
 	lo, hi := opts.MinSizeExponent, opts.MaxSizeExponent
@@ -72,12 +72,12 @@ func NewBinningMemoryResource(upstream MemoryResource, opts *BinningOptions) (*B
 		return r, nil
 	}
 	if lo < 0 || hi < 0 || lo > hi || hi > 62 {
-		return nil, fmt.Errorf("%w: NewBinningMemoryResource: size exponents %d..%d (want 0 ≤ min ≤ max ≤ 62, or both -1)", ErrInvalidArgument, lo, hi)
+		return nil, errorf("NewBinningMemoryResource: size exponents %d..%d (want 0 ≤ min ≤ max ≤ 62, or both -1): %w", lo, hi, ErrInvalidArgument)
 	}
 	for i := lo; i <= hi; i++ {
 		if err := r.AddBin(1<<i, nil); err != nil {
 			r.Close()
-			return nil, fmt.Errorf("NewBinningMemoryResource: %w", err)
+			return nil, errorf("NewBinningMemoryResource: %w", err)
 		}
 	}
 	return r, nil
@@ -105,14 +105,14 @@ func (r *BinningMemoryResource) Access() Access { return AccessOf(r.upstream) }
 // the new bin and refused with ErrInvalidFree. Add bins before allocating the sizes they cover.
 func (r *BinningMemoryResource) AddBin(size int, mr MemoryResource) error {
 	if r.closed.Load() {
-		return fmt.Errorf("%w: BinningMemoryResource.AddBin after Close", ErrClosed)
+		return errorf("BinningMemoryResource.AddBin: called after Close: %w", ErrClosed)
 	}
 	if size <= 0 {
-		return fmt.Errorf("%w: BinningMemoryResource.AddBin: size %d must be positive", ErrInvalidArgument, size)
+		return errorf("BinningMemoryResource.AddBin: size %d must be positive: %w", size, ErrInvalidArgument)
 	}
 	n, ok := alignSize(size)
 	if !ok {
-		return fmt.Errorf("%w: BinningMemoryResource.AddBin: size %d overflows when rounded to 256", ErrInvalidArgument, size)
+		return errorf("BinningMemoryResource.AddBin: size %d overflows when rounded to 256: %w", size, ErrInvalidArgument)
 	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -125,7 +125,7 @@ func (r *BinningMemoryResource) AddBin(size int, mr MemoryResource) error {
 		}
 		f, err := NewFixedSizeMemoryResource(r.upstream, &FixedSizeOptions{BlockSize: n, BlocksToPreallocate: r.prealloc})
 		if err != nil {
-			return fmt.Errorf("BinningMemoryResource.AddBin(%d): %w", size, err)
+			return errorf("BinningMemoryResource.AddBin(%d): %w", size, err)
 		}
 		r.owned = append(r.owned, f)
 		mr = f
@@ -192,9 +192,9 @@ func (r *BinningMemoryResource) binFor(nbytes int) (MemoryResource, int) {
 // its allocation, and the bin's own message cannot tell.
 func binError(op string, nbytes, bin int, err error) error {
 	if bin == 0 {
-		return fmt.Errorf("BinningMemoryResource.%s(%d bytes, larger than every bin, to the upstream): %w", op, nbytes, err)
+		return errorf("BinningMemoryResource.%s(%d bytes, larger than every bin, to the upstream): %w", op, nbytes, err)
 	}
-	return fmt.Errorf("BinningMemoryResource.%s(%d bytes, in the bin of %d bytes): %w", op, nbytes, bin, err)
+	return errorf("BinningMemoryResource.%s(%d bytes, in the bin of %d bytes): %w", op, nbytes, bin, err)
 }
 
 // Allocate passes the request to the smallest bin of at least nbytes bytes, or to the upstream
@@ -212,7 +212,7 @@ func (r *BinningMemoryResource) Allocate(nbytes int, s StreamView) (DevicePtr, e
 		return 0, invalidSize("BinningMemoryResource", "Allocate", nbytes)
 	}
 	if r.closed.Load() {
-		return 0, fmt.Errorf("%w: BinningMemoryResource.Allocate after Close", ErrClosed)
+		return 0, errorf("BinningMemoryResource.Allocate: called after Close: %w", ErrClosed)
 	}
 	mr, bin := r.binFor(nbytes)
 	p, err := mr.Allocate(nbytes, s)
@@ -362,18 +362,23 @@ func (r *BinningMemoryResource) Stats() BinningStats {
 
 // CheckInvariants checks that the bins are ordered by size without duplicates, and the
 // invariants of every bin that has a CheckInvariants method. Meant for tests.
-func (r *BinningMemoryResource) CheckInvariants() error {
+func (r *BinningMemoryResource) CheckInvariants() (err error) {
+	defer func() {
+		if err != nil {
+			err = errorf("BinningMemoryResource.CheckInvariants: %w", err)
+		}
+	}()
 	bins := *r.bins.Load()
 	for i, b := range bins {
 		if b.size <= 0 || b.size%Alignment != 0 {
-			return fmt.Errorf("bin %d has size %d", i, b.size)
+			return errorf("bin %d has size %d", i, b.size)
 		}
 		if i > 0 && bins[i-1].size >= b.size {
-			return fmt.Errorf("bins %d and %d out of order: %d, %d", i-1, i, bins[i-1].size, b.size)
+			return errorf("bins %d and %d out of order: %d, %d", i-1, i, bins[i-1].size, b.size)
 		}
 		if c, ok := b.mr.(interface{ CheckInvariants() error }); ok {
 			if err := c.CheckInvariants(); err != nil {
-				return fmt.Errorf("bin of %d bytes: %w", b.size, err)
+				return errorf("bin of %s: %w", bytesText(b.size), err)
 			}
 		}
 	}

@@ -2,7 +2,6 @@ package rmm
 
 import (
 	"errors"
-	"fmt"
 )
 
 // CallbackOptions configures NewCallbackMemoryResource. nil means the defaults.
@@ -43,11 +42,11 @@ func NewCallbackMemoryResource(
 ) (*CallbackMemoryResource, error) {
 	switch {
 	case alloc == nil && free == nil:
-		return nil, fmt.Errorf("%w: NewCallbackMemoryResource: nil allocate and free functions", ErrInvalidArgument)
+		return nil, errorf("NewCallbackMemoryResource: nil allocate and free functions: %w", ErrInvalidArgument)
 	case alloc == nil:
-		return nil, fmt.Errorf("%w: NewCallbackMemoryResource: nil allocate function", ErrInvalidArgument)
+		return nil, errorf("NewCallbackMemoryResource: nil allocate function: %w", ErrInvalidArgument)
 	case free == nil:
-		return nil, fmt.Errorf("%w: NewCallbackMemoryResource: nil free function", ErrInvalidArgument)
+		return nil, errorf("NewCallbackMemoryResource: nil free function: %w", ErrInvalidArgument)
 	}
 	r := &CallbackMemoryResource{alloc: alloc, free: free, access: DeviceAccessible, dev: CurrentDevice()}
 	if opts != nil && opts.Access != 0 {
@@ -72,16 +71,16 @@ func (r *CallbackMemoryResource) Allocate(nbytes int, s StreamView) (DevicePtr, 
 	switch {
 	case err != nil:
 		if errors.Is(err, ErrOutOfMemory) {
-			return 0, fmt.Errorf("CallbackMemoryResource: allocating %d bytes on %v: %w", nbytes, s, err)
+			return 0, errorf("CallbackMemoryResource: allocating %s on %v: %w", bytesText(nbytes), s, err)
 		}
-		return 0, fmt.Errorf("CallbackMemoryResource: the allocate function failed for %d bytes on %v: %w", nbytes, s, err)
+		return 0, errorf("CallbackMemoryResource: the allocate function failed for %s on %v: %w", bytesText(nbytes), s, err)
 	case p == 0:
 		return 0, outOfMemory("CallbackMemoryResource", nbytes, errors.New("the allocate function returned a null pointer and no error"))
 	case p%Alignment != 0:
 		ferr := r.free(p, nbytes, s)
-		err := fmt.Errorf("%w: CallbackMemoryResource: the allocate function returned %#x for %d bytes, which is not aligned to %d bytes (given back to the free function)", ErrInvalidArgument, uintptr(p), nbytes, Alignment)
+		err := errorf("CallbackMemoryResource: the allocate function returned %#x for %s, which is not aligned to %d bytes (given back to the free function): %w", uintptr(p), bytesText(nbytes), Alignment, ErrInvalidArgument)
 		if ferr != nil {
-			return 0, fmt.Errorf("%w; giving it back failed: %w", err, ferr)
+			return 0, errorf("%w; giving it back failed: %w", err, ferr)
 		}
 		return 0, err
 	}
@@ -98,7 +97,7 @@ func (r *CallbackMemoryResource) Deallocate(p DevicePtr, nbytes int, s StreamVie
 		return invalidSize("CallbackMemoryResource", "Deallocate", nbytes)
 	}
 	if err := r.free(p, nbytes, s); err != nil {
-		return fmt.Errorf("CallbackMemoryResource: the free function failed for %#x (%d bytes) on %v: %w", uintptr(p), nbytes, s, err)
+		return errorf("CallbackMemoryResource: the free function failed for %#x (%d bytes) on %v: %w", uintptr(p), nbytes, s, err)
 	}
 	return nil
 }

@@ -1,7 +1,5 @@
 package rmm
 
-import "fmt"
-
 // CudaMemoryResource allocates device memory with cuMemAlloc and frees it with cuMemFree, one
 // driver call per operation, on the device given at construction. The stream is ignored and
 // never reaches the driver (a view of a Stream that was closed is accepted as any other):
@@ -56,7 +54,7 @@ func NewManagedMemoryResource(dev Device) (*ManagedMemoryResource, error) {
 	if v, err := dev.Attribute(attrManagedMemory); err != nil {
 		return nil, err
 	} else if v == 0 {
-		return nil, fmt.Errorf("%w: %s does not support managed memory", ErrNotSupported, dev)
+		return nil, errorf("%s does not support managed memory: %w", dev, ErrNotSupported)
 	}
 	return &ManagedMemoryResource{dev: dev}, nil
 }
@@ -98,7 +96,7 @@ func driverAllocate(name string, dev Device, nbytes int, alloc func(ctx uintptr)
 		if isOOM(err) {
 			return 0, outOfMemory(name, nbytes, err)
 		}
-		return 0, fmt.Errorf("%s: allocating %d bytes: %w", name, nbytes, err)
+		return 0, errorf("%s: allocating %s: %w", name, bytesText(nbytes), err)
 	}
 	return p, nil
 }

@@ -2,7 +2,6 @@ package rmm
 
 import (
 	"errors"
-	"fmt"
 )
 
 // FailureCallbackOptions configures a FailureCallbackResourceAdaptor. nil means the defaults.
@@ -41,7 +40,7 @@ func isOutOfMemory(err error) bool { return errors.Is(err, ErrOutOfMemory) }
 // ErrInvalidArgument.
 func NewFailureCallbackResourceAdaptor(upstream MemoryResource, callback FailureCallback, opts *FailureCallbackOptions) (*FailureCallbackResourceAdaptor, error) {
 	if callback == nil {
-		return nil, fmt.Errorf("%w: NewFailureCallbackResourceAdaptor: nil callback", ErrInvalidArgument)
+		return nil, errorf("NewFailureCallbackResourceAdaptor: nil callback: %w", ErrInvalidArgument)
 	}
 	r := &FailureCallbackResourceAdaptor{upstream: resourceOrCurrent(upstream), callback: callback, catch: isOutOfMemory}
 	if opts != nil && opts.Catch != nil {

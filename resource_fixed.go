@@ -75,7 +75,7 @@ func NewFixedSizeMemoryResource(upstream MemoryResource, opts *FixedSizeOptions)
 		o = *opts
 	}
 	if o.BlockSize < 0 || o.BlocksToPreallocate < 0 {
-		return nil, fmt.Errorf("%w: NewFixedSizeMemoryResource: negative BlockSize %d or BlocksToPreallocate %d", ErrInvalidArgument, o.BlockSize, o.BlocksToPreallocate)
+		return nil, errorf("NewFixedSizeMemoryResource: negative BlockSize %d or BlocksToPreallocate %d: %w", o.BlockSize, o.BlocksToPreallocate, ErrInvalidArgument)
 	}
 	if o.BlockSize == 0 {
 		o.BlockSize = 1 << 20
@@ -85,7 +85,7 @@ func NewFixedSizeMemoryResource(upstream MemoryResource, opts *FixedSizeOptions)
 	}
 	bs, ok := alignSize(o.BlockSize)
 	if !ok || o.BlocksToPreallocate > int(^uint(0)>>1)/bs {
-		return nil, fmt.Errorf("%w: NewFixedSizeMemoryResource: chunk of %d blocks of %d bytes overflows", ErrInvalidArgument, o.BlocksToPreallocate, o.BlockSize)
+		return nil, errorf("NewFixedSizeMemoryResource: chunk of %d blocks of %s overflows: %w", o.BlocksToPreallocate, bytesText(o.BlockSize), ErrInvalidArgument)
 	}
 	f := &FixedSizeMemoryResource{
 		upstream:    upstream,
@@ -105,7 +105,7 @@ func NewFixedSizeMemoryResource(upstream MemoryResource, opts *FixedSizeOptions)
 	}
 	if err := f.grow(l, DefaultStream, f.chunkSize); err != nil {
 		f.destroyEvents()
-		return nil, fmt.Errorf("NewFixedSizeMemoryResource: taking the first chunk: %w", err)
+		return nil, errorf("NewFixedSizeMemoryResource: taking the first chunk: %w", err)
 	}
 	return f, nil
 }
@@ -148,7 +148,7 @@ func (f *FixedSizeMemoryResource) Allocate(nbytes int, s StreamView) (DevicePtr,
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if f.closed {
-		return 0, fmt.Errorf("%w: FixedSizeMemoryResource.Allocate after Close", ErrClosed)
+		return 0, errorf("FixedSizeMemoryResource.Allocate: called after Close: %w", ErrClosed)
 	}
 	l, err := f.listFor(s)
 	if err != nil {
@@ -174,7 +174,7 @@ func (f *FixedSizeMemoryResource) refill(l *fixedList, s StreamView, nbytes int)
 			continue
 		}
 		if err := f.orderAfter(o, s); err != nil {
-			return fmt.Errorf("FixedSizeMemoryResource.Allocate: ordering %v after %v: %w", s, o.stream, err)
+			return errorf("FixedSizeMemoryResource.Allocate: ordering %v after %v: %w", s, o.stream, err)
 		}
 		k := len(o.blocks) - 1
 		l.blocks = append(l.blocks, o.blocks[k])
@@ -214,10 +214,10 @@ func (f *FixedSizeMemoryResource) Deallocate(p DevicePtr, nbytes int, s StreamVi
 	defer f.mu.Unlock()
 	size, ok := f.live[p]
 	if !ok {
-		return fmt.Errorf("%w: FixedSizeMemoryResource.Deallocate(%#x, %d): the pointer was not allocated by this resource or was already freed", ErrInvalidFree, uintptr(p), nbytes)
+		return errorf("FixedSizeMemoryResource.Deallocate(%#x, %d): the pointer was not allocated by this resource or was already freed: %w", uintptr(p), nbytes, ErrInvalidFree)
 	}
 	if size != nbytes {
-		return fmt.Errorf("%w: FixedSizeMemoryResource.Deallocate(%#x, %d): the block was allocated with %d bytes", ErrInvalidFree, uintptr(p), nbytes, size)
+		return errorf("FixedSizeMemoryResource.Deallocate(%#x, %d): the block was allocated with %s: %w", uintptr(p), nbytes, bytesText(size), ErrInvalidFree)
 	}
 	if f.closed {
 		return f.deallocateAfterClose(p, s)
@@ -269,7 +269,7 @@ func (f *FixedSizeMemoryResource) chunkOf(p DevicePtr) int {
 // list and returns the chunks whose blocks are all free to the upstream.
 func (f *FixedSizeMemoryResource) releaseWhole() error {
 	if err := f.syncAll(); err != nil {
-		return fmt.Errorf("FixedSizeMemoryResource: waiting for the streams: %w", err)
+		return errorf("FixedSizeMemoryResource: waiting for the streams: %w", err)
 	}
 	def, err := f.listFor(DefaultStream)
 	if err != nil {
@@ -294,7 +294,7 @@ func (f *FixedSizeMemoryResource) releaseWhole() error {
 		}
 		if err := f.upstream.Deallocate(c.addr, f.chunkSize, DefaultStream); err != nil {
 			if firstErr == nil {
-				firstErr = fmt.Errorf("FixedSizeMemoryResource: returning the chunk at %#x to %s: %w", uintptr(c.addr), resourceName(f.upstream), err)
+				firstErr = errorf("FixedSizeMemoryResource: returning the chunk at %#x to %s: %w", uintptr(c.addr), resourceName(f.upstream), err)
 			}
 			continue
 		}
@@ -339,7 +339,7 @@ func (f *FixedSizeMemoryResource) Close() error {
 		return nil
 	}
 	if err := f.syncAll(); err != nil {
-		return fmt.Errorf("FixedSizeMemoryResource.Close: waiting for the streams: %w", err)
+		return errorf("FixedSizeMemoryResource.Close: waiting for the streams: %w", err)
 	}
 	f.destroyEvents()
 	f.closed = true
@@ -357,7 +357,7 @@ func (f *FixedSizeMemoryResource) Close() error {
 			continue
 		}
 		if err := f.upstream.Deallocate(c.addr, f.chunkSize, DefaultStream); err != nil && firstErr == nil {
-			firstErr = fmt.Errorf("FixedSizeMemoryResource.Close: returning the chunk at %#x to %s: %w", uintptr(c.addr), resourceName(f.upstream), err)
+			firstErr = errorf("FixedSizeMemoryResource.Close: returning the chunk at %#x to %s: %w", uintptr(c.addr), resourceName(f.upstream), err)
 		}
 	}
 	f.chunks = chunks
@@ -382,7 +382,7 @@ func (f *FixedSizeMemoryResource) deallocateAfterClose(p DevicePtr, s StreamView
 	c := f.chunks[i]
 	f.chunks = append(f.chunks[:i], f.chunks[i+1:]...)
 	if err := f.upstream.Deallocate(c.addr, f.chunkSize, DefaultStream); err != nil {
-		return fmt.Errorf("FixedSizeMemoryResource: returning the chunk at %#x to %s: %w", uintptr(c.addr), resourceName(f.upstream), err)
+		return errorf("FixedSizeMemoryResource: returning the chunk at %#x to %s: %w", uintptr(c.addr), resourceName(f.upstream), err)
 	}
 	return nil
 }
@@ -472,55 +472,60 @@ func (f *FixedSizeMemoryResource) oomError(nbytes int, detail string, cause erro
 // list is indexed by its stream; every free and every live block starts on a block boundary
 // inside a held chunk; no block is free twice or both free and live; free plus live blocks equal
 // the chunks' blocks (before Close). O(n log c); meant for tests.
-func (f *FixedSizeMemoryResource) CheckInvariants() error {
+func (f *FixedSizeMemoryResource) CheckInvariants() (err error) {
+	defer func() {
+		if err != nil {
+			err = errorf("FixedSizeMemoryResource.CheckInvariants: %w", err)
+		}
+	}()
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	for i := 1; i < len(f.chunks); i++ {
 		if f.chunks[i-1].addr+DevicePtr(f.chunkSize) > f.chunks[i].addr {
-			return fmt.Errorf("chunks %#x and %#x overlap or are out of order", uintptr(f.chunks[i-1].addr), uintptr(f.chunks[i].addr))
+			return errorf("chunks %#x and %#x overlap or are out of order", uintptr(f.chunks[i-1].addr), uintptr(f.chunks[i].addr))
 		}
 	}
 	check := func(p DevicePtr) error {
 		i := f.chunkOf(p)
 		if i < 0 || p >= f.chunks[i].addr+DevicePtr(f.chunkSize) {
-			return fmt.Errorf("block %#x lies in no chunk", uintptr(p))
+			return errorf("block %#x lies in no chunk", uintptr(p))
 		}
 		if int(p-f.chunks[i].addr)%f.blockSize != 0 {
-			return fmt.Errorf("block %#x is not on a block boundary of its chunk %#x", uintptr(p), uintptr(f.chunks[i].addr))
+			return errorf("block %#x is not on a block boundary of its chunk %#x", uintptr(p), uintptr(f.chunks[i].addr))
 		}
 		return nil
 	}
 	seen := map[DevicePtr]bool{}
 	for _, l := range f.lists {
 		if f.byStream[l.stream.id] != l {
-			return fmt.Errorf("list of %v is not indexed by its stream", l.stream)
+			return errorf("list of %v is not indexed by its stream", l.stream)
 		}
 		for _, p := range l.blocks {
 			if err := check(p); err != nil {
 				return err
 			}
 			if seen[p] {
-				return fmt.Errorf("block %#x is free twice", uintptr(p))
+				return errorf("block %#x is free twice", uintptr(p))
 			}
 			seen[p] = true
 		}
 	}
 	if len(f.byStream) != len(f.lists) {
-		return fmt.Errorf("%d lists, %d indexed", len(f.lists), len(f.byStream))
+		return errorf("%d lists, %d indexed", len(f.lists), len(f.byStream))
 	}
 	for p, n := range f.live {
 		if err := check(p); err != nil {
 			return err
 		}
 		if seen[p] {
-			return fmt.Errorf("block %#x is both free and live", uintptr(p))
+			return errorf("block %#x is both free and live", uintptr(p))
 		}
 		if n <= 0 || n > f.blockSize {
-			return fmt.Errorf("block %#x was allocated with %d bytes", uintptr(p), n)
+			return errorf("block %#x was allocated with %s", uintptr(p), bytesText(n))
 		}
 	}
 	if !f.closed && len(seen)+len(f.live) != len(f.chunks)*f.chunkBlocks {
-		return fmt.Errorf("%d free + %d live blocks != %d chunks × %d blocks", len(seen), len(f.live), len(f.chunks), f.chunkBlocks)
+		return errorf("%d free + %d live blocks != %d chunks × %d blocks", len(seen), len(f.live), len(f.chunks), f.chunkBlocks)
 	}
 	return nil
 }

@@ -1,7 +1,6 @@
 package rmm
 
 import (
-	"fmt"
 	"sync"
 	"unsafe"
 )
@@ -82,7 +81,7 @@ func (t *hostTable) allocate(nbytes, alignment int, alloc func(total int) (uintp
 	total := nbytes
 	if alignment > Alignment {
 		if nbytes > int(^uint(0)>>1)-alignment {
-			return 0, outOfMemory(t.name, nbytes, fmt.Errorf("%d bytes plus alignment %d overflow", nbytes, alignment))
+			return 0, outOfMemory(t.name, nbytes, errorf("%s plus alignment %d overflow", bytesText(nbytes), alignment))
 		}
 		total += alignment
 	}
@@ -108,11 +107,11 @@ func (t *hostTable) deallocate(op string, p uintptr, nbytes, alignment int, free
 	t.mu.Unlock()
 	switch {
 	case !ok:
-		return fmt.Errorf("%w: %s.%s(%#x, %d): the pointer was not allocated by a %s or was already freed", ErrInvalidFree, t.name, op, p, nbytes, t.name)
+		return errorf("%s.%s(%#x, %d): the pointer was not allocated by a %s or was already freed: %w", t.name, op, p, nbytes, t.name, ErrInvalidFree)
 	case b.nbytes != nbytes:
-		return fmt.Errorf("%w: %s.%s(%#x, %d): the block was allocated with %d bytes", ErrInvalidFree, t.name, op, p, nbytes, b.nbytes)
+		return errorf("%s.%s(%#x, %d): the block was allocated with %s: %w", t.name, op, p, nbytes, bytesText(b.nbytes), ErrInvalidFree)
 	case b.alignment != alignment:
-		return fmt.Errorf("%w: %s.%s(%#x, %d): the block was allocated with alignment %d, freed with %d", ErrInvalidFree, t.name, op, p, nbytes, b.alignment, alignment)
+		return errorf("%s.%s(%#x, %d): the block was allocated with alignment %d, freed with %d: %w", t.name, op, p, nbytes, b.alignment, alignment, ErrInvalidFree)
 	}
 	return free(b.base)
 }
@@ -129,7 +128,7 @@ func hostAllocateChecked(name string, nbytes, alignment int) error {
 		return invalidSize(name, "AllocateHost", nbytes)
 	}
 	if !IsPowerOfTwo(alignment) {
-		return fmt.Errorf("%w: %s.AllocateHost: alignment %d is not a power of two", ErrInvalidArgument, name, alignment)
+		return errorf("%s.AllocateHost: alignment %d is not a power of two: %w", name, alignment, ErrInvalidArgument)
 	}
 	return nil
 }
@@ -142,14 +141,14 @@ var pinnedTable = hostTable{name: "PinnedMemoryResource", live: map[uintptr]host
 // does not exist returns ErrInvalidArgument.
 func NewPinnedMemoryResource(dev Device) (*PinnedMemoryResource, error) {
 	if err := dev.check(); err != nil {
-		return nil, fmt.Errorf("NewPinnedMemoryResource: %w", err)
+		return nil, errorf("NewPinnedMemoryResource: %w", err)
 	}
 	if CUDAAvailable() != nil {
 		return &PinnedMemoryResource{dev: dev, access: HostAccessible}, nil
 	}
 	ctx, err := dev.ctx()
 	if err != nil {
-		return nil, fmt.Errorf("NewPinnedMemoryResource: %w", err)
+		return nil, errorf("NewPinnedMemoryResource: %w", err)
 	}
 	return &PinnedMemoryResource{dev: dev, ctx: ctx, access: HostAccessible | DeviceAccessible}, nil
 }
@@ -210,7 +209,7 @@ func (r *PinnedMemoryResource) Deallocate(p DevicePtr, nbytes int, s StreamView)
 	}
 	if r.ctx != 0 {
 		if err := waitStreamBeforeFree(r.dev, s); err != nil {
-			return fmt.Errorf("PinnedMemoryResource.Deallocate: waiting for %v: %w", s, err)
+			return errorf("PinnedMemoryResource.Deallocate: waiting for %v: %w", s, err)
 		}
 	}
 	return r.deallocate("Deallocate", uintptr(p), nbytes, Alignment)
@@ -231,7 +230,7 @@ func (r *PinnedMemoryResource) allocate(op string, nbytes, alignment int) (uintp
 			if isOOM(err) {
 				return 0, outOfMemory("PinnedMemoryResource", nbytes, err)
 			}
-			return 0, fmt.Errorf("PinnedMemoryResource.%s: allocating %d bytes: %w", op, nbytes, err)
+			return 0, errorf("PinnedMemoryResource.%s: allocating %s: %w", op, bytesText(nbytes), err)
 		}
 		return base, nil
 	})
@@ -244,7 +243,7 @@ func (r *PinnedMemoryResource) deallocate(op string, p uintptr, nbytes, alignmen
 			return nil
 		}
 		if err := cuMemFreeHost(r.ctx, base); err != nil {
-			return fmt.Errorf("PinnedMemoryResource.%s(%#x, %d): %w", op, p, nbytes, err)
+			return errorf("PinnedMemoryResource.%s(%#x, %d): %w", op, p, nbytes, err)
 		}
 		return nil
 	})

@@ -1,7 +1,6 @@
 package rmm
 
 import (
-	"fmt"
 	"math"
 	"sync/atomic"
 )
@@ -50,10 +49,10 @@ func NewLimitingResourceAdaptor(upstream MemoryResource, limit int, opts *Limiti
 		align = opts.Alignment
 	}
 	if limit < 0 {
-		return nil, fmt.Errorf("%w: NewLimitingResourceAdaptor: negative limit %d", ErrInvalidArgument, limit)
+		return nil, errorf("NewLimitingResourceAdaptor: negative limit %d: %w", limit, ErrInvalidArgument)
 	}
 	if !IsPowerOfTwo(align) {
-		return nil, fmt.Errorf("%w: NewLimitingResourceAdaptor: alignment %d is not a power of two", ErrInvalidArgument, align)
+		return nil, errorf("NewLimitingResourceAdaptor: alignment %d is not a power of two: %w", align, ErrInvalidArgument)
 	}
 	return &LimitingResourceAdaptor{upstream: resourceOrCurrent(upstream), limit: int64(limit), alignment: align}, nil
 }

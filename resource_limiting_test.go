@@ -430,7 +430,7 @@ func TestLimitingOutOfMemoryError(t *testing.T) {
 		Limited:     true,
 		Detail:      "exceeded memory limit",
 	}, *oom)
-	require.EqualError(t, err, "rmm: out of memory: LimitingResourceAdaptor (limit 1048576, allocated 700160) failed to allocate 500000 bytes (488.281 KiB): exceeded memory limit")
+	require.EqualError(t, err, "rmm: LimitingResourceAdaptor (limit 1048576, allocated 700160): failed to allocate 500000 bytes (488.281 KiB): exceeded memory limit: out of memory")
 	require.Nil(t, errors.Unwrap(err), "no upstream error behind a refusal")
 
 	// Larger than the limit itself: TooLarge, and the message says so.
@@ -439,7 +439,7 @@ func TestLimitingOutOfMemoryError(t *testing.T) {
 	require.True(t, oom.TooLarge)
 	require.False(t, oom.Fragmented)
 	require.Equal(t, 1<<20+1, oom.Requested)
-	require.ErrorContains(t, err, "(limit 1048576, allocated 700160) failed to allocate 1048577 bytes")
+	require.ErrorContains(t, err, "(limit 1048576, allocated 700160): failed to allocate 1048577 bytes")
 	require.ErrorContains(t, err, "exceeded memory limit; the request is larger than the limit")
 	_, err = r.Allocate(math.MaxInt, DefaultStream)
 	require.ErrorAs(t, err, &oom)

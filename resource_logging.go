@@ -1,7 +1,6 @@
 package rmm
 
 import (
-	"fmt"
 	"io"
 	"os"
 	"sync"
@@ -56,7 +55,7 @@ type LoggingResourceAdaptor struct {
 // flushes the log but does not close w.
 func NewLoggingResourceAdaptor(upstream MemoryResource, w io.Writer, opts *LoggingOptions) (*LoggingResourceAdaptor, error) {
 	if w == nil {
-		return nil, fmt.Errorf("%w: NewLoggingResourceAdaptor: nil writer", ErrInvalidArgument)
+		return nil, errorf("NewLoggingResourceAdaptor: nil writer: %w", ErrInvalidArgument)
 	}
 	r := &LoggingResourceAdaptor{upstream: resourceOrCurrent(upstream), lw: NewLogWriter(w)}
 	if opts != nil {
@@ -64,7 +63,7 @@ func NewLoggingResourceAdaptor(upstream MemoryResource, w io.Writer, opts *Loggi
 	}
 	if r.autoFlush {
 		if err := r.lw.Flush(); err != nil {
-			return nil, fmt.Errorf("rmm: NewLoggingResourceAdaptor: writing the log header: %w", err)
+			return nil, errorf("NewLoggingResourceAdaptor: writing the log header: %w", err)
 		}
 	}
 	return r, nil
@@ -78,12 +77,12 @@ func NewLoggingResourceAdaptorFile(upstream MemoryResource, path string, opts *L
 	if path == "" {
 		path = os.Getenv("RMM_LOG_FILE")
 		if path == "" {
-			return nil, fmt.Errorf("%w: NewLoggingResourceAdaptorFile: no file name given and RMM_LOG_FILE is not set", ErrInvalidArgument)
+			return nil, errorf("NewLoggingResourceAdaptorFile: no file name given and RMM_LOG_FILE is not set: %w", ErrInvalidArgument)
 		}
 	}
 	f, err := os.Create(path)
 	if err != nil {
-		return nil, fmt.Errorf("rmm: NewLoggingResourceAdaptorFile: %w", err)
+		return nil, errorf("NewLoggingResourceAdaptorFile: %w", err)
 	}
 	r, err := NewLoggingResourceAdaptor(upstream, f, opts)
 	if err != nil {
@@ -103,7 +102,7 @@ func (r *LoggingResourceAdaptor) Allocate(nbytes int, s StreamView) (DevicePtr, 
 		return 0, invalidSize("LoggingResourceAdaptor", "Allocate", nbytes)
 	}
 	if r.closed.Load() {
-		return 0, fmt.Errorf("%w: LoggingResourceAdaptor.Allocate: the adaptor is closed", ErrClosed)
+		return 0, errorf("LoggingResourceAdaptor.Allocate: the adaptor is closed: %w", ErrClosed)
 	}
 	p, err := r.upstream.Allocate(nbytes, s)
 	if err != nil {
@@ -175,7 +174,7 @@ func (r *LoggingResourceAdaptor) Close() error {
 		}
 	}
 	if err != nil {
-		return fmt.Errorf("rmm: LoggingResourceAdaptor.Close: %w", err)
+		return errorf("LoggingResourceAdaptor.Close: %w", err)
 	}
 	return nil
 }

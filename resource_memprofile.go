@@ -1,7 +1,6 @@
 package rmm
 
 import (
-	"fmt"
 	"math"
 	"math/bits"
 	"math/rand/v2"
@@ -179,7 +178,7 @@ func NewMemoryProfileResourceAdaptor(upstream MemoryResource, opts *MemoryProfil
 	if opts != nil {
 		switch {
 		case opts.Rate < 0:
-			return nil, fmt.Errorf("%w: NewMemoryProfileResourceAdaptor: negative sampling rate %d (bytes per sample; 1 records every allocation, 0 means the default %d)", ErrInvalidArgument, opts.Rate, DefaultMemoryProfileRate)
+			return nil, errorf("NewMemoryProfileResourceAdaptor: negative sampling rate %d (bytes per sample; 1 records every allocation, 0 means the default %d): %w", opts.Rate, DefaultMemoryProfileRate, ErrInvalidArgument)
 		case opts.Rate > 0:
 			rate = opts.Rate
 		}

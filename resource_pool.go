@@ -239,25 +239,25 @@ func NewPoolMemoryResource(upstream MemoryResource, opts *PoolOptions) (*PoolMem
 	upstream = resourceOrCurrent(upstream)
 	switch {
 	case o.InitialPoolSize < 0 || o.MaximumPoolSize < 0:
-		return nil, fmt.Errorf("%w: NewPoolMemoryResource: negative size (initial %d, maximum %d)", ErrInvalidArgument, o.InitialPoolSize, o.MaximumPoolSize)
+		return nil, errorf("NewPoolMemoryResource: negative size (initial %d, maximum %d): %w", o.InitialPoolSize, o.MaximumPoolSize, ErrInvalidArgument)
 	case o.InitialPoolSize%Alignment != 0:
-		return nil, fmt.Errorf("%w: NewPoolMemoryResource: InitialPoolSize %d is not a multiple of %d bytes", ErrInvalidArgument, o.InitialPoolSize, Alignment)
+		return nil, errorf("NewPoolMemoryResource: InitialPoolSize %d is not a multiple of %s: %w", o.InitialPoolSize, bytesText(Alignment), ErrInvalidArgument)
 	case o.MaximumPoolSize%Alignment != 0:
-		return nil, fmt.Errorf("%w: NewPoolMemoryResource: MaximumPoolSize %d is not a multiple of %d bytes", ErrInvalidArgument, o.MaximumPoolSize, Alignment)
+		return nil, errorf("NewPoolMemoryResource: MaximumPoolSize %d is not a multiple of %s: %w", o.MaximumPoolSize, bytesText(Alignment), ErrInvalidArgument)
 	case o.MaximumPoolSize > 0 && o.InitialPoolSize > o.MaximumPoolSize:
-		return nil, fmt.Errorf("%w: NewPoolMemoryResource: InitialPoolSize %d exceeds MaximumPoolSize %d", ErrInvalidArgument, o.InitialPoolSize, o.MaximumPoolSize)
+		return nil, errorf("NewPoolMemoryResource: InitialPoolSize %d exceeds MaximumPoolSize %d: %w", o.InitialPoolSize, o.MaximumPoolSize, ErrInvalidArgument)
 	}
 	if o.ReleaseThreshold < 0 {
-		return nil, fmt.Errorf("%w: NewPoolMemoryResource: negative ReleaseThreshold %d", ErrInvalidArgument, o.ReleaseThreshold)
+		return nil, errorf("NewPoolMemoryResource: negative ReleaseThreshold %d: %w", o.ReleaseThreshold, ErrInvalidArgument)
 	}
 	if o.ReleaseThreshold > 0 && !o.Expandable {
-		return nil, fmt.Errorf("%w: NewPoolMemoryResource: ReleaseThreshold needs an Expandable pool", ErrInvalidArgument)
+		return nil, errorf("NewPoolMemoryResource: ReleaseThreshold needs an Expandable pool: %w", ErrInvalidArgument)
 	}
 	if o.Exportable && !o.Expandable {
-		return nil, fmt.Errorf("%w: NewPoolMemoryResource: Exportable applies to expandable pools (a plain pool exports what its upstream can)", ErrInvalidArgument)
+		return nil, errorf("NewPoolMemoryResource: Exportable applies to expandable pools (a plain pool exports what its upstream can): %w", ErrInvalidArgument)
 	}
 	if (o.stitchPiece != 0 || o.Stitch) && !o.Expandable {
-		return nil, fmt.Errorf("%w: NewPoolMemoryResource: Stitch applies to expandable pools", ErrInvalidArgument)
+		return nil, errorf("NewPoolMemoryResource: Stitch applies to expandable pools: %w", ErrInvalidArgument)
 	}
 	if o.Expandable {
 		return newExpandablePool(given, nil, o)
@@ -273,7 +273,7 @@ func NewPoolMemoryResource(upstream MemoryResource, opts *PoolOptions) (*PoolMem
 	if o.InitialPoolSize > 0 {
 		ptr, err := upstream.Allocate(o.InitialPoolSize, DefaultStream)
 		if err != nil {
-			return nil, fmt.Errorf("NewPoolMemoryResource: taking the initial %d bytes from %s: %w", o.InitialPoolSize, resourceName(upstream), err)
+			return nil, errorf("NewPoolMemoryResource: taking the initial %s from %s: %w", bytesText(o.InitialPoolSize), resourceName(upstream), err)
 		}
 		p.mu.Lock()
 		l, err := p.listFor(DefaultStream)
@@ -317,11 +317,11 @@ func newExpandablePool(upstream MemoryResource, vm vmm, o PoolOptions) (*PoolMem
 	}
 	switch {
 	case o.stitchPiece < 0 || o.stitchMin < 0 || o.stitchKeep < 0 || o.stitchFrac < 0:
-		return nil, fmt.Errorf("%w: NewPoolMemoryResource: negative stitching option", ErrInvalidArgument)
+		return nil, errorf("NewPoolMemoryResource: negative stitching option: %w", ErrInvalidArgument)
 	case o.stitchPiece > 0 && o.carvePage > 0:
 		// Carving unmaps free chunks and maps them elsewhere, which an alias of them would have
 		// to follow; the two are not combined.
-		return nil, fmt.Errorf("%w: NewPoolMemoryResource: carving and Stitch are exclusive", ErrInvalidArgument)
+		return nil, errorf("NewPoolMemoryResource: carving and Stitch are exclusive: %w", ErrInvalidArgument)
 	}
 	e, maximum, err := newExpandable(vm, dev, o.MaximumPoolSize, o.ReleaseThreshold, o.carvePage)
 	if err != nil {
@@ -370,7 +370,7 @@ func newExpandablePool(upstream MemoryResource, vm vmm, o PoolOptions) (*PoolMem
 		if err != nil {
 			p.releaseChunks(p.lists[0], -1, true)
 			p.freeReservation()
-			return nil, fmt.Errorf("NewPoolMemoryResource: mapping the initial %d bytes: %w", o.InitialPoolSize, err)
+			return nil, errorf("NewPoolMemoryResource: mapping the initial %s: %w", bytesText(o.InitialPoolSize), err)
 		}
 	}
 	return p, nil
@@ -437,7 +437,7 @@ func (p *PoolMemoryResource) Allocate(nbytes int, s StreamView) (DevicePtr, erro
 	}
 	if p.closed {
 		p.mu.Unlock()
-		return 0, fmt.Errorf("%w: PoolMemoryResource.Allocate after Close", ErrClosed)
+		return 0, errorf("PoolMemoryResource.Allocate: called after Close: %w", ErrClosed)
 	}
 	l, err := p.listFor(s)
 	if err != nil {
@@ -577,7 +577,7 @@ func (p *PoolMemoryResource) allocateSlow(l *freeList, n int, s StreamView) (*bl
 			}
 			if p.closed {
 				done()
-				return nil, takeWait{}, l, fmt.Errorf("%w: PoolMemoryResource.Allocate after Close", ErrClosed)
+				return nil, takeWait{}, l, errorf("PoolMemoryResource.Allocate: called after Close: %w", ErrClosed)
 			}
 			if l, err = p.listFor(s); err != nil {
 				done()
@@ -931,7 +931,7 @@ func (p *PoolMemoryResource) grow(n int, s StreamView, l *freeList) (*block, err
 		if err := p.drv.eventRecord(p.ctx, ev, s.cu()); err != nil {
 			p.upstream.Deallocate(ptr, try, s)
 			p.mu.Lock()
-			return nil, fmt.Errorf("PoolMemoryResource: recording the event on %v: %w", s, err)
+			return nil, errorf("PoolMemoryResource: recording the event on %v: %w", s, err)
 		}
 	}
 	if !ok {
@@ -1025,10 +1025,10 @@ func (p *PoolMemoryResource) Deallocate(ptr DevicePtr, nbytes int, s StreamView)
 		b = p.takeIssued(ptr, nbytes)
 	}
 	if b == nil {
-		return fmt.Errorf("%w: PoolMemoryResource.Deallocate(%#x, %d): the pointer was not allocated by this pool or was already freed", ErrInvalidFree, uintptr(ptr), nbytes)
+		return errorf("PoolMemoryResource.Deallocate(%#x, %d): the pointer was not allocated by this pool or was already freed: %w", uintptr(ptr), nbytes, ErrInvalidFree)
 	}
 	if b.req != nbytes {
-		return fmt.Errorf("%w: PoolMemoryResource.Deallocate(%#x, %d): the block was allocated with %d bytes", ErrInvalidFree, uintptr(ptr), nbytes, b.req)
+		return errorf("PoolMemoryResource.Deallocate(%#x, %d): the block was allocated with %s: %w", uintptr(ptr), nbytes, bytesText(b.req), ErrInvalidFree)
 	}
 	if p.closed {
 		return p.deallocateAfterClose(b, s)
@@ -1275,7 +1275,7 @@ func (p *PoolMemoryResource) Release() error {
 func (p *PoolMemoryResource) mergeAllSynced(hold bool) (*freeList, error) {
 	p.flushCaches()
 	if err := p.syncAll(hold); err != nil {
-		return nil, fmt.Errorf("PoolMemoryResource: waiting for the streams: %w", err)
+		return nil, errorf("PoolMemoryResource: waiting for the streams: %w", err)
 	}
 	p.clearAllDeps() // every stream's work behind the frees is done
 	def, err := p.listFor(DefaultStream)
@@ -1353,7 +1353,7 @@ func (p *PoolMemoryResource) returnUpstream(b *block) error {
 // unchanged: forgetUpstream does that once it succeeded).
 func (p *PoolMemoryResource) freeUpstream(b *block) error {
 	if err := p.upstream.Deallocate(b.addr, b.size, DefaultStream); err != nil {
-		return fmt.Errorf("PoolMemoryResource: returning %d bytes at %#x to %s: %w", b.size, uintptr(b.addr), resourceName(p.upstream), err)
+		return errorf("PoolMemoryResource: returning %s at %#x to %s: %w", bytesText(b.size), uintptr(b.addr), resourceName(p.upstream), err)
 	}
 	return nil
 }
@@ -1392,7 +1392,7 @@ func (p *PoolMemoryResource) Close() error {
 	p.dropCaches() // blocks handed out by caches outlive Close in the live table
 	def, err := p.releaseWhole(true)
 	if def == nil {
-		return fmt.Errorf("PoolMemoryResource.Close: %w", err)
+		return errorf("PoolMemoryResource.Close: %w", err)
 	}
 	p.destroyEvents()
 	p.closed = true
@@ -1408,7 +1408,7 @@ func (p *PoolMemoryResource) Close() error {
 			"live_allocations", n, "live_bytes", p.liveBytes, "pool_size", p.size)
 	}
 	if err != nil {
-		return fmt.Errorf("PoolMemoryResource.Close: %w", err)
+		return errorf("PoolMemoryResource.Close: %w", err)
 	}
 	return nil
 }

@@ -2,7 +2,6 @@ package rmm
 
 import (
 	"errors"
-	"fmt"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -144,7 +143,7 @@ func (p *PoolMemoryResource) deallocateCached(ptr DevicePtr, nbytes int, s Strea
 		return false, nil
 	}
 	if b.req != nbytes {
-		return false, fmt.Errorf("%w: PoolMemoryResource.Deallocate(%#x, %d): the block was allocated with %d bytes", ErrInvalidFree, uintptr(ptr), nbytes, b.req)
+		return false, errorf("PoolMemoryResource.Deallocate(%#x, %d): the block was allocated with %s: %w", uintptr(ptr), nbytes, bytesText(b.req), ErrInvalidFree)
 	}
 	c.issued.del(ptr)
 	c.slots[c.n] = b // b.req stays: see allocateCached
@@ -359,11 +358,11 @@ func (p *PoolMemoryResource) checkCaches(all map[DevicePtr]*block) (int, error) 
 			switch {
 			case err != nil:
 			case b.free || b.list != nil:
-				err = fmt.Errorf("%s block %#x of stream %#x is free or listed", what, uintptr(b.addr), id)
+				err = errorf("%s block %#x of stream %#x is free or listed", what, uintptr(b.addr), id)
 			case all[b.addr] != nil || p.live.get(b.addr) != nil:
-				err = fmt.Errorf("%s block %#x of stream %#x is indexed twice", what, uintptr(b.addr), id)
+				err = errorf("%s block %#x of stream %#x is indexed twice", what, uintptr(b.addr), id)
 			case b.size > poolCacheMaxBlock:
-				err = fmt.Errorf("%s block %#x of stream %#x has %d bytes", what, uintptr(b.addr), id, b.size)
+				err = errorf("%s block %#x of stream %#x has %s", what, uintptr(b.addr), id, bytesText(b.size))
 			}
 			all[b.addr] = b
 			held += b.size
@@ -373,7 +372,7 @@ func (p *PoolMemoryResource) checkCaches(all map[DevicePtr]*block) (int, error) 
 		}
 		c.issued.each(func(b *block) {
 			if n, _ := alignSize(b.req); err == nil && n != b.size {
-				err = fmt.Errorf("block %#x handed out by the cache of stream %#x has %d bytes, asked %d", uintptr(b.addr), id, b.size, b.req)
+				err = errorf("block %#x handed out by the cache of stream %#x has %s, asked %d", uintptr(b.addr), id, bytesText(b.size), b.req)
 			}
 			add(b, "handed-out")
 		})
@@ -383,7 +382,7 @@ func (p *PoolMemoryResource) checkCaches(all map[DevicePtr]*block) (int, error) 
 			return 0, err
 		}
 		if dead {
-			return 0, fmt.Errorf("the cache of stream %#x is dead but published", id)
+			return 0, errorf("the cache of stream %#x is dead but published", id)
 		}
 	}
 	return held, nil

@@ -1,7 +1,6 @@
 package rmm
 
 import (
-	"fmt"
 	"sort"
 )
 
@@ -89,7 +88,12 @@ func (p *PoolMemoryResource) Stats() PoolStats {
 // PoolSize; and no two neighbours are free in the same list (coalescing is complete). It first
 // waits for growths, releases and cross-stream takes in flight to end. It takes O(n log n) time
 // and is meant for tests.
-func (p *PoolMemoryResource) CheckInvariants() error {
+func (p *PoolMemoryResource) CheckInvariants() (err error) {
+	defer func() {
+		if err != nil {
+			err = errorf("PoolMemoryResource.CheckInvariants: %w", err)
+		}
+	}()
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	p.quiesce() // blocks in flight between lists are in none
@@ -98,20 +102,20 @@ func (p *PoolMemoryResource) CheckInvariants() error {
 	freeBytes := 0
 	for _, l := range p.lists {
 		if p.byStream[l.stream.id] != l {
-			return fmt.Errorf("list of %v is not indexed by its stream", l.stream)
+			return errorf("list of %v is not indexed by its stream", l.stream)
 		}
 		bytes := 0
 		err := l.check(func(t *block) error {
 			bytes += t.size
 			if t.list != l || !t.free {
-				return fmt.Errorf("block %#x is in the free list of %v but names another list or is not free", uintptr(t.addr), l.stream)
+				return errorf("block %#x is in the free list of %v but names another list or is not free", uintptr(t.addr), l.stream)
 			}
 			if all[t.addr] != nil {
-				return fmt.Errorf("block %#x is indexed twice", uintptr(t.addr))
+				return errorf("block %#x is indexed twice", uintptr(t.addr))
 			}
 			for _, o := range t.deps {
 				if o == l || p.byStream[o.stream.id] != o {
-					return fmt.Errorf("free block %#x of %v names its own list or a list the pool dropped (%v) among its deps", uintptr(t.addr), l.stream, o.stream)
+					return errorf("free block %#x of %v names its own list or a list the pool dropped (%v) among its deps", uintptr(t.addr), l.stream, o.stream)
 				}
 				deps[o]++
 			}
@@ -132,7 +136,7 @@ func (p *PoolMemoryResource) CheckInvariants() error {
 	}
 	for _, l := range p.lists {
 		if l.depRefs != deps[l] {
-			return fmt.Errorf("list of %v counts %d blocks naming it among their deps, %d do", l.stream, l.depRefs, deps[l])
+			return errorf("list of %v counts %d blocks naming it among their deps, %d do", l.stream, l.depRefs, deps[l])
 		}
 	}
 	liveBytes, counted := 0, 0
@@ -140,14 +144,14 @@ func (p *PoolMemoryResource) CheckInvariants() error {
 	p.live.each(func(b *block) {
 		counted++
 		if liveErr == nil && p.live.get(b.addr) != b {
-			liveErr = fmt.Errorf("live block %#x is not found from its home slot", uintptr(b.addr))
+			liveErr = errorf("live block %#x is not found from its home slot", uintptr(b.addr))
 		}
 	})
 	if liveErr != nil {
 		return liveErr
 	}
 	if counted != p.live.len() {
-		return fmt.Errorf("live table counts %d blocks, holds %d", p.live.len(), counted)
+		return errorf("live table counts %d blocks, holds %d", p.live.len(), counted)
 	}
 	var lives []*block
 	stitched := 0 // live stitched blocks: outside every chain (resource_pool_stitch.go)
@@ -157,11 +161,11 @@ func (p *PoolMemoryResource) CheckInvariants() error {
 		n, _ := alignSize(b.req)
 		switch {
 		case b.free || b.list != nil:
-			return fmt.Errorf("live block %#x is marked free or listed", uintptr(ptr))
+			return errorf("live block %#x is marked free or listed", uintptr(ptr))
 		case b.size != n:
-			return fmt.Errorf("live block %#x of %d bytes was asked for %d", uintptr(ptr), b.size, b.req)
+			return errorf("live block %#x of %s was asked for %d", uintptr(ptr), bytesText(b.size), b.req)
 		case all[ptr] != nil:
-			return fmt.Errorf("block %#x is both free and live", uintptr(ptr))
+			return errorf("block %#x is both free and live", uintptr(ptr))
 		}
 		all[ptr] = b
 		liveBytes += b.size
@@ -175,7 +179,7 @@ func (p *PoolMemoryResource) CheckInvariants() error {
 	}
 	liveBytes += held
 	if stitched > 0 && (p.exp == nil || p.exp.aliases == nil) {
-		return fmt.Errorf("%d stitched blocks in a pool that does not stitch", stitched)
+		return errorf("%d stitched blocks in a pool that does not stitch", stitched)
 	}
 	lentSeen := map[*block]bool{}
 	if p.exp != nil {
@@ -191,10 +195,10 @@ func (p *PoolMemoryResource) CheckInvariants() error {
 		liveBytes += slack // a live stitched block holds the whole of its chunks
 	}
 	if liveBytes != p.liveBytes {
-		return fmt.Errorf("live bytes counted %d, sum %d", p.liveBytes, liveBytes)
+		return errorf("live bytes counted %d, sum %d", p.liveBytes, liveBytes)
 	}
 	if freeBytes+liveBytes != p.size {
-		return fmt.Errorf("free %d + live %d bytes != pool size %d", freeBytes, liveBytes, p.size)
+		return errorf("free %d + live %d bytes != pool size %d", freeBytes, liveBytes, p.size)
 	}
 	if p.exp != nil {
 		return p.checkExpandable(all, stitched)
@@ -210,39 +214,39 @@ func (p *PoolMemoryResource) CheckInvariants() error {
 		total += size
 		b := all[a]
 		if b == nil {
-			return fmt.Errorf("no block starts the upstream allocation %#x", uintptr(a))
+			return errorf("no block starts the upstream allocation %#x", uintptr(a))
 		}
 		if b.prev != nil {
-			return fmt.Errorf("the first block of upstream allocation %#x has a previous neighbour", uintptr(a))
+			return errorf("the first block of upstream allocation %#x has a previous neighbour", uintptr(a))
 		}
 		covered := 0
 		for ; b != nil; b = b.next {
 			visited++
 			if b.addr%Alignment != 0 || b.size <= 0 {
-				return fmt.Errorf("block %#x of %d bytes is not 256-aligned", uintptr(b.addr), b.size)
+				return errorf("block %#x of %s is not 256-aligned", uintptr(b.addr), bytesText(b.size))
 			}
 			if all[b.addr] != b {
-				return fmt.Errorf("block %#x is linked but neither free in a list nor live", uintptr(b.addr))
+				return errorf("block %#x is linked but neither free in a list nor live", uintptr(b.addr))
 			}
 			covered += b.size
 			if nx := b.next; nx != nil {
 				if nx.prev != b || nx.addr != b.end() {
-					return fmt.Errorf("blocks %#x and %#x are badly linked", uintptr(b.addr), uintptr(nx.addr))
+					return errorf("blocks %#x and %#x are badly linked", uintptr(b.addr), uintptr(nx.addr))
 				}
 				if adjacentUncoalesced(b, nx) {
-					return fmt.Errorf("free blocks %#x and %#x are adjacent but not coalesced", uintptr(b.addr), uintptr(nx.addr))
+					return errorf("free blocks %#x and %#x are adjacent but not coalesced", uintptr(b.addr), uintptr(nx.addr))
 				}
 			}
 		}
 		if covered != size {
-			return fmt.Errorf("upstream allocation %#x of %d bytes is covered by %d bytes of blocks", uintptr(a), size, covered)
+			return errorf("upstream allocation %#x of %s is covered by %s of blocks", uintptr(a), bytesText(size), bytesText(covered))
 		}
 	}
 	if visited != len(all) {
-		return fmt.Errorf("%d blocks, %d of them in an upstream allocation's chain", len(all), visited)
+		return errorf("%d blocks, %d of them in an upstream allocation's chain", len(all), visited)
 	}
 	if total != p.size {
-		return fmt.Errorf("upstream blocks total %d bytes, pool size %d", total, p.size)
+		return errorf("upstream blocks total %s, pool size %d", bytesText(total), p.size)
 	}
 	return nil
 }
@@ -253,13 +257,13 @@ func (p *PoolMemoryResource) CheckInvariants() error {
 func (p *PoolMemoryResource) checkExpandable(all map[DevicePtr]*block, stitched int) error {
 	e := p.exp
 	if (e.head == nil) != (e.tail == nil) || (e.head == nil && e.top != e.base) {
-		return fmt.Errorf("empty chain with head %p, tail %p, top %#x (base %#x)", e.head, e.tail, uintptr(e.top), uintptr(e.base))
+		return errorf("empty chain with head %p, tail %p, top %#x (base %#x)", e.head, e.tail, uintptr(e.top), uintptr(e.base))
 	}
 	if e.top > e.base+DevicePtr(e.reserved) {
-		return fmt.Errorf("top %#x is past the reservation [%#x, +%d)", uintptr(e.top), uintptr(e.base), e.reserved)
+		return errorf("top %#x is past the reservation [%#x, +%d)", uintptr(e.top), uintptr(e.base), e.reserved)
 	}
 	if len(e.spare) > 0 && !p.busy {
-		return fmt.Errorf("%d spare handles outside a growth", len(e.spare))
+		return errorf("%d spare handles outside a growth", len(e.spare))
 	}
 	visited, holes, mapped := 0, 0, 0
 	var mappedRanges [][2]DevicePtr
@@ -267,32 +271,32 @@ func (p *PoolMemoryResource) checkExpandable(all map[DevicePtr]*block, stitched 
 	var last *block
 	for b := e.head; b != nil; b = b.next {
 		if b.addr != at || b.size <= 0 || b.addr%Alignment != 0 {
-			return fmt.Errorf("block %#x of %d bytes found where %#x was expected", uintptr(b.addr), b.size, uintptr(at))
+			return errorf("block %#x of %s found where %#x was expected", uintptr(b.addr), bytesText(b.size), uintptr(at))
 		}
 		if b.prev != last {
-			return fmt.Errorf("block %#x has a wrong previous neighbour", uintptr(b.addr))
+			return errorf("block %#x has a wrong previous neighbour", uintptr(b.addr))
 		}
 		hole := isHole(b)
 		if hole {
 			holes++
 			if _, ok := e.holes[b]; !ok {
-				return fmt.Errorf("hole %#x is not indexed", uintptr(b.addr))
+				return errorf("hole %#x is not indexed", uintptr(b.addr))
 			}
 			if last != nil && isHole(last) {
-				return fmt.Errorf("holes %#x and %#x are adjacent", uintptr(last.addr), uintptr(b.addr))
+				return errorf("holes %#x and %#x are adjacent", uintptr(last.addr), uintptr(b.addr))
 			}
 			if b.addr%DevicePtr(e.gran) != 0 || b.size%e.gran != 0 {
-				return fmt.Errorf("hole %#x of %d bytes is off the granularity %d", uintptr(b.addr), b.size, e.gran)
+				return errorf("hole %#x of %s is off the granularity %d", uintptr(b.addr), bytesText(b.size), e.gran)
 			}
 		} else {
 			if b.lent {
 				if b.free || b.list != nil || all[b.addr] != nil {
-					return fmt.Errorf("lent block %#x is free, listed or live", uintptr(b.addr))
+					return errorf("lent block %#x is free, listed or live", uintptr(b.addr))
 				}
 			} else {
 				visited++
 				if all[b.addr] != b {
-					return fmt.Errorf("block %#x is linked but neither free in a list nor live", uintptr(b.addr))
+					return errorf("block %#x is linked but neither free in a list nor live", uintptr(b.addr))
 				}
 			}
 			mapped += b.size
@@ -303,42 +307,42 @@ func (p *PoolMemoryResource) checkExpandable(all map[DevicePtr]*block, stitched 
 			}
 		}
 		if last != nil && adjacentUncoalesced(last, b) {
-			return fmt.Errorf("free blocks %#x and %#x are adjacent but not coalesced", uintptr(last.addr), uintptr(b.addr))
+			return errorf("free blocks %#x and %#x are adjacent but not coalesced", uintptr(last.addr), uintptr(b.addr))
 		}
 		at = b.end()
 		last = b
 	}
 	if last != e.tail || at != e.top {
-		return fmt.Errorf("the chain ends at %#x, top is %#x", uintptr(at), uintptr(e.top))
+		return errorf("the chain ends at %#x, top is %#x", uintptr(at), uintptr(e.top))
 	}
 	if last != nil && isHole(last) {
-		return fmt.Errorf("the chain ends with a hole at %#x", uintptr(last.addr))
+		return errorf("the chain ends with a hole at %#x", uintptr(last.addr))
 	}
 	if holes != len(e.holes) {
-		return fmt.Errorf("%d holes in the chain, %d indexed", holes, len(e.holes))
+		return errorf("%d holes in the chain, %d indexed", holes, len(e.holes))
 	}
 	if visited+stitched != len(all) {
-		return fmt.Errorf("%d blocks, %d of them in the chain and %d stitched", len(all), visited, stitched)
+		return errorf("%d blocks, %d of them in the chain and %d stitched", len(all), visited, stitched)
 	}
 	if mapped != p.size {
-		return fmt.Errorf("mapped blocks total %d bytes, pool size %d", mapped, p.size)
+		return errorf("mapped blocks total %s, pool size %d", bytesText(mapped), p.size)
 	}
 	// The chunks, in address order, tile exactly the mapped ranges.
 	ci := 0
 	for _, r := range mappedRanges {
 		for a := r[0]; a < r[1]; {
 			if ci >= len(e.chunks) || e.chunks[ci].addr != a {
-				return fmt.Errorf("no chunk starts at mapped address %#x", uintptr(a))
+				return errorf("no chunk starts at mapped address %#x", uintptr(a))
 			}
 			a = e.chunks[ci].end()
 			ci++
 			if a > r[1] {
-				return fmt.Errorf("chunk ending %#x runs past the mapped range ending %#x", uintptr(a), uintptr(r[1]))
+				return errorf("chunk ending %#x runs past the mapped range ending %#x", uintptr(a), uintptr(r[1]))
 			}
 		}
 	}
 	if ci != len(e.chunks) {
-		return fmt.Errorf("%d chunks, %d of them cover mapped blocks", len(e.chunks), ci)
+		return errorf("%d chunks, %d of them cover mapped blocks", len(e.chunks), ci)
 	}
 	return nil
 }

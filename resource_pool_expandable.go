@@ -108,13 +108,13 @@ func newExpandable(vm vmm, dev Device, maximum, threshold, page int) (*expandabl
 	if maximum == 0 {
 		total, err := dev.TotalMemory()
 		if err != nil {
-			return nil, 0, fmt.Errorf("NewPoolMemoryResource: expandable pool: the device's total memory: %w", err)
+			return nil, 0, errorf("NewPoolMemoryResource: expandable pool: the device's total memory: %w", err)
 		}
 		maximum = total
 	}
 	limit, ok := alignUpChecked(maximum, gran)
 	if !ok {
-		return nil, 0, fmt.Errorf("%w: NewPoolMemoryResource: MaximumPoolSize %d overflows when rounded up to the granularity %d", ErrInvalidArgument, maximum, gran)
+		return nil, 0, errorf("NewPoolMemoryResource: MaximumPoolSize %d overflows when rounded up to the granularity %d: %w", maximum, gran, ErrInvalidArgument)
 	}
 	reserved := limit
 	if page > 0 && limit <= math.MaxInt/2 {
@@ -122,7 +122,7 @@ func newExpandable(vm vmm, dev Device, maximum, threshold, page int) (*expandabl
 	}
 	base, err := vm.reserve(reserved)
 	if err != nil {
-		return nil, 0, fmt.Errorf("NewPoolMemoryResource: reserving %d bytes of address space for the expandable pool: %w", reserved, err)
+		return nil, 0, errorf("NewPoolMemoryResource: reserving %s of address space for the expandable pool: %w", bytesText(reserved), err)
 	}
 	if page > 0 {
 		page, _ = alignUpChecked(page, gran)
@@ -364,7 +364,7 @@ func (p *PoolMemoryResource) mapChunkUnlocked(addr DevicePtr, k, size int) ([]vm
 				e.spare = append(e.spare, c)
 			}
 			undo()
-			return nil, fmt.Errorf("PoolMemoryResource (expandable): mapping %d bytes at %#x: %w", c.size, uintptr(at), err)
+			return nil, errorf("PoolMemoryResource (expandable): mapping %s at %#x: %w", bytesText(c.size), uintptr(at), err)
 		}
 		cs, fresh, homes = append(cs, c), append(fresh, isNew), append(homes, home)
 		at += DevicePtr(c.size)
@@ -372,7 +372,7 @@ func (p *PoolMemoryResource) mapChunkUnlocked(addr DevicePtr, k, size int) ([]vm
 	}
 	if err := e.vm.setAccess(addr, k); err != nil {
 		undo()
-		return nil, fmt.Errorf("PoolMemoryResource (expandable): granting access to %d bytes at %#x: %w", k, uintptr(addr), err)
+		return nil, errorf("PoolMemoryResource (expandable): granting access to %s at %#x: %w", bytesText(k), uintptr(addr), err)
 	}
 	return cs, nil
 }
@@ -717,7 +717,7 @@ func (p *PoolMemoryResource) unmapChunks(def *freeList, cands []chunkCand, hold,
 		ch := c.c
 		if err := e.vm.unmap(ch.addr, ch.size); err != nil {
 			if firstErr == nil {
-				firstErr = fmt.Errorf("PoolMemoryResource (expandable): unmapping %d bytes at %#x: %w", ch.size, uintptr(ch.addr), err)
+				firstErr = errorf("PoolMemoryResource (expandable): unmapping %s at %#x: %w", bytesText(ch.size), uintptr(ch.addr), err)
 			}
 			continue
 		}
@@ -726,7 +726,7 @@ func (p *PoolMemoryResource) unmapChunks(def *freeList, cands []chunkCand, hold,
 			continue
 		}
 		if err := e.vm.release(ch.h); err != nil && firstErr == nil {
-			firstErr = fmt.Errorf("PoolMemoryResource (expandable): releasing the chunk at %#x: %w", uintptr(ch.addr), err)
+			firstErr = errorf("PoolMemoryResource (expandable): releasing the chunk at %#x: %w", uintptr(ch.addr), err)
 		}
 	}
 	p.relockUnless(hold)
@@ -886,7 +886,7 @@ func (p *PoolMemoryResource) freeReservation() error {
 	err := e.vm.free(e.base, e.reserved)
 	e.reserved = 0
 	if err != nil {
-		return fmt.Errorf("PoolMemoryResource (expandable): freeing the reservation at %#x: %w", uintptr(e.base), err)
+		return errorf("PoolMemoryResource (expandable): freeing the reservation at %#x: %w", uintptr(e.base), err)
 	}
 	return nil
 }
@@ -916,7 +916,7 @@ func vmmFor(upstream MemoryResource) (vmm, Device, error) {
 	case *SimulatedMemoryResource:
 		return newSimVMM(hostVMMGranularity, u.capacity), DeviceOf(u), nil
 	}
-	return nil, 0, fmt.Errorf("%w: NewPoolMemoryResource: %v, not %s", ErrInvalidArgument, errNotExpandableUpstream, resourceName(upstream))
+	return nil, 0, errorf("NewPoolMemoryResource: %v, not %s: %w", errNotExpandableUpstream, resourceName(upstream), ErrInvalidArgument)
 }
 
 // hostVMMGranularity is the granularity of the host-memory expandable pool: the device's, so that

@@ -1,7 +1,6 @@
 package rmm
 
 import (
-	"fmt"
 	"math/bits"
 )
 
@@ -340,17 +339,17 @@ func (l *freeList) check(visit func(*block) error) error {
 		}
 		switch lv, c := freeClass(t.size); {
 		case t.parent != parent:
-			return fmt.Errorf("block %#x does not link to its parent in the treap", uintptr(t.addr))
+			return errorf("block %#x does not link to its parent in the treap", uintptr(t.addr))
 		case parent != nil && t.prio > parent.prio:
-			return fmt.Errorf("treap heap order broken at block %#x", uintptr(t.addr))
+			return errorf("treap heap order broken at block %#x", uintptr(t.addr))
 		case lv != level || c != class:
-			return fmt.Errorf("block %#x of %d bytes is in size class (%d, %d), not (%d, %d)", uintptr(t.addr), t.size, level, class, lv, c)
+			return errorf("block %#x of %s is in size class (%d, %d), not (%d, %d)", uintptr(t.addr), bytesText(t.size), level, class, lv, c)
 		}
 		if err := walk(t.left, t, level, class); err != nil {
 			return err
 		}
 		if prev != nil && !prev.less(t) {
-			return fmt.Errorf("free list of %v out of order: (%d, %#x) before (%d, %#x)", l.stream, prev.size, uintptr(prev.addr), t.size, uintptr(t.addr))
+			return errorf("free list of %v out of order: (%d, %#x) before (%d, %#x)", l.stream, prev.size, uintptr(prev.addr), t.size, uintptr(t.addr))
 		}
 		prev = t
 		n++
@@ -362,7 +361,7 @@ func (l *freeList) check(visit func(*block) error) error {
 	}
 	for level, lv := range l.levels {
 		if (l.top>>level)&1 != uint64(min(l.sub[level], 1)) {
-			return fmt.Errorf("free list of %v: level %d's bit does not match its classes", l.stream, level)
+			return errorf("free list of %v: level %d's bit does not match its classes", l.stream, level)
 		}
 		for class := 0; class < freeSubs; class++ {
 			var root *block
@@ -370,7 +369,7 @@ func (l *freeList) check(visit func(*block) error) error {
 				root = lv[class]
 			}
 			if (root != nil) != ((l.sub[level]>>class)&1 == 1) {
-				return fmt.Errorf("free list of %v: class (%d, %d)'s bit does not match its blocks", l.stream, level, class)
+				return errorf("free list of %v: class (%d, %d)'s bit does not match its blocks", l.stream, level, class)
 			}
 			if err := walk(root, nil, level, class); err != nil {
 				return err
@@ -378,7 +377,7 @@ func (l *freeList) check(visit func(*block) error) error {
 		}
 	}
 	if n != l.count || bytes != l.bytes {
-		return fmt.Errorf("free list of %v counts %d blocks / %d bytes, holds %d / %d", l.stream, l.count, l.bytes, n, bytes)
+		return errorf("free list of %v counts %d blocks / %s, holds %d / %d", l.stream, l.count, bytesText(l.bytes), n, bytes)
 	}
 	return nil
 }

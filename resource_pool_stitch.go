@@ -576,48 +576,48 @@ func (p *PoolMemoryResource) checkStitches(lentSeen map[*block]bool) (int, error
 	stitchedLive := 0
 	for va, a := range e.aliases {
 		if a.va != va {
-			return 0, fmt.Errorf("stitched range %#x indexed at %#x", uintptr(a.va), uintptr(va))
+			return 0, errorf("stitched range %#x indexed at %#x", uintptr(a.va), uintptr(va))
 		}
 		sum := 0
 		for _, c := range a.chunks {
 			if pc, ok := chunkAt[c.addr]; !ok || pc.h != c.h || pc.size != c.size {
-				return 0, fmt.Errorf("stitched range %#x maps a handle at %#x that is not the pool's chunk there", uintptr(va), uintptr(c.addr))
+				return 0, errorf("stitched range %#x maps a handle at %#x that is not the pool's chunk there", uintptr(va), uintptr(c.addr))
 			}
 			sum += c.size
 		}
 		if sum != a.size {
-			return 0, fmt.Errorf("stitched range %#x holds %d bytes of chunks, says %d", uintptr(va), sum, a.size)
+			return 0, errorf("stitched range %#x holds %s of chunks, says %d", uintptr(va), bytesText(sum), a.size)
 		}
 		if a.b == nil {
 			if a.lent != nil || a.from != nil {
-				return 0, fmt.Errorf("kept stitched range %#x has lent blocks or names a list", uintptr(va))
+				return 0, errorf("kept stitched range %#x has lent blocks or names a list", uintptr(va))
 			}
 			continue
 		}
 		if a.from == nil {
-			return 0, fmt.Errorf("live stitched range %#x names no list", uintptr(va))
+			return 0, errorf("live stitched range %#x names no list", uintptr(va))
 		}
 		stitchedLive++
 		if p.live.get(va) != a.b || !a.b.stitched || a.b.size > a.size {
-			return 0, fmt.Errorf("stitched range %#x: its block is not live, not stitched or larger than it", uintptr(va))
+			return 0, errorf("stitched range %#x: its block is not live, not stitched or larger than it", uintptr(va))
 		}
 		slack += a.size - a.b.size
 		if len(a.lent) != len(a.chunks) {
-			return 0, fmt.Errorf("stitched range %#x has %d lent blocks for %d chunks", uintptr(va), len(a.lent), len(a.chunks))
+			return 0, errorf("stitched range %#x has %d lent blocks for %d chunks", uintptr(va), len(a.lent), len(a.chunks))
 		}
 		for i, h := range a.lent {
 			if owner[h] != nil {
-				return 0, fmt.Errorf("block %#x is lent to two stitched ranges", uintptr(h.addr))
+				return 0, errorf("block %#x is lent to two stitched ranges", uintptr(h.addr))
 			}
 			owner[h] = a
 			if !h.lent || h.free || h.addr != a.chunks[i].addr || h.size != a.chunks[i].size || !lentSeen[h] {
-				return 0, fmt.Errorf("stitched range %#x: lent block %#x is not its chunk's, or not in the chain", uintptr(va), uintptr(h.addr))
+				return 0, errorf("stitched range %#x: lent block %#x is not its chunk's, or not in the chain", uintptr(va), uintptr(h.addr))
 			}
 		}
 	}
 	for h := range lentSeen {
 		if owner[h] == nil {
-			return 0, fmt.Errorf("lent block %#x belongs to no live stitched range", uintptr(h.addr))
+			return 0, errorf("lent block %#x belongs to no live stitched range", uintptr(h.addr))
 		}
 	}
 	stitchedBlocks := 0
@@ -627,7 +627,7 @@ func (p *PoolMemoryResource) checkStitches(lentSeen map[*block]bool) (int, error
 		}
 	})
 	if stitchedBlocks != stitchedLive {
-		return 0, fmt.Errorf("%d stitched blocks live, %d stitched ranges live", stitchedBlocks, stitchedLive)
+		return 0, errorf("%d stitched blocks live, %d stitched ranges live", stitchedBlocks, stitchedLive)
 	}
 	return slack, nil
 }

@@ -1,7 +1,5 @@
 package rmm
 
-import "fmt"
-
 // PrefetchResourceAdaptor forwards every call to its upstream and, after each allocation of
 // memory that can be prefetched, prefetches the whole range to the resource's device on the
 // allocation's stream (cuMemPrefetchAsync_v2 to CU_MEM_LOCATION_TYPE_DEVICE), as librmm's
@@ -113,21 +111,21 @@ func NewPrefetchResourceAdaptor(upstream MemoryResource) (*PrefetchResourceAdapt
 	}
 	cma, err := r.dev.Attribute(attrConcurrentManagedAccess)
 	if err != nil {
-		return nil, fmt.Errorf("NewPrefetchResourceAdaptor: %w", err)
+		return nil, errorf("NewPrefetchResourceAdaptor: %w", err)
 	}
 	if cma == 0 {
 		return r, nil
 	}
 	pageable, err := r.dev.Attribute(attrPageableMemoryAccess)
 	if err != nil {
-		return nil, fmt.Errorf("NewPrefetchResourceAdaptor: %w", err)
+		return nil, errorf("NewPrefetchResourceAdaptor: %w", err)
 	}
 	mode := prefetchModeOf(upstream, pageable != 0)
 	if mode == prefetchNever {
 		return r, nil
 	}
 	if r.ctx, err = r.dev.ctx(); err != nil {
-		return nil, fmt.Errorf("NewPrefetchResourceAdaptor: %w", err)
+		return nil, errorf("NewPrefetchResourceAdaptor: %w", err)
 	}
 	r.mode = mode
 	return r, nil
@@ -155,14 +153,14 @@ func (r *PrefetchResourceAdaptor) Allocate(nbytes int, s StreamView) (DevicePtr,
 	if r.mode == prefetchIfManaged {
 		managed, err := r.isManaged(r.ctx, p)
 		if err != nil {
-			return 0, r.giveBack(p, nbytes, s, fmt.Errorf("PrefetchResourceAdaptor: asking whether %#x is managed memory: %w", uintptr(p), err))
+			return 0, r.giveBack(p, nbytes, s, errorf("PrefetchResourceAdaptor: asking whether %#x is managed memory: %w", uintptr(p), err))
 		}
 		if !managed {
 			return p, nil
 		}
 	}
 	if err := r.prefetch(r.ctx, p, nbytes, cuMemLocationTypeDevice, int(r.dev), s.cu()); err != nil {
-		return 0, r.giveBack(p, nbytes, s, fmt.Errorf("PrefetchResourceAdaptor: prefetching %d bytes at %#x to %v on %v: %w", nbytes, uintptr(p), r.dev, s, err))
+		return 0, r.giveBack(p, nbytes, s, errorf("PrefetchResourceAdaptor: prefetching %s at %#x to %v on %v: %w", bytesText(nbytes), uintptr(p), r.dev, s, err))
 	}
 	return p, nil
 }
@@ -171,7 +169,7 @@ func (r *PrefetchResourceAdaptor) Allocate(nbytes int, s StreamView) (DevicePtr,
 // upstream's error added when that fails too.
 func (r *PrefetchResourceAdaptor) giveBack(p DevicePtr, nbytes int, s StreamView, err error) error {
 	if ferr := r.upstream.Deallocate(p, nbytes, s); ferr != nil {
-		return fmt.Errorf("%w; giving the memory back failed: %w", err, ferr)
+		return errorf("%w; giving the memory back failed: %w", err, ferr)
 	}
 	return err
 }

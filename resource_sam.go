@@ -1,7 +1,5 @@
 package rmm
 
-import "fmt"
-
 // CUmem_advise and CUmemLocationType values.
 const (
 	memAdviseSetPreferredLocation = 3
@@ -34,18 +32,18 @@ type SamHeadroomMemoryResource struct {
 // returns ErrNotSupported.
 func NewSamHeadroomMemoryResource(dev Device, headroom int) (*SamHeadroomMemoryResource, error) {
 	if headroom < 0 {
-		return nil, fmt.Errorf("%w: NewSamHeadroomMemoryResource: negative headroom %d", ErrInvalidArgument, headroom)
+		return nil, errorf("NewSamHeadroomMemoryResource: negative headroom %d: %w", headroom, ErrInvalidArgument)
 	}
 	ctx, err := dev.ctx()
 	if err != nil {
-		return nil, fmt.Errorf("NewSamHeadroomMemoryResource: %w", err)
+		return nil, errorf("NewSamHeadroomMemoryResource: %w", err)
 	}
 	v, err := dev.Attribute(attrPageableMemoryAccess)
 	if err != nil {
-		return nil, fmt.Errorf("NewSamHeadroomMemoryResource: %w", err)
+		return nil, errorf("NewSamHeadroomMemoryResource: %w", err)
 	}
 	if v == 0 {
-		return nil, fmt.Errorf("%w: NewSamHeadroomMemoryResource: %s cannot access pageable host memory (no HMM or ATS: CU_DEVICE_ATTRIBUTE_PAGEABLE_MEMORY_ACCESS is 0)", ErrNotSupported, dev)
+		return nil, errorf("NewSamHeadroomMemoryResource: %s cannot access pageable host memory (no HMM or ATS: CU_DEVICE_ATTRIBUTE_PAGEABLE_MEMORY_ACCESS is 0): %w", dev, ErrNotSupported)
 	}
 	return &SamHeadroomMemoryResource{dev: dev, ctx: ctx, headroom: headroom, system: NewSystemMemoryResource()}, nil
 }
@@ -73,7 +71,7 @@ func (r *SamHeadroomMemoryResource) Allocate(nbytes int, s StreamView) (DevicePt
 	}
 	fail := func(err error) (DevicePtr, error) {
 		_ = r.system.Deallocate(p, nbytes, s)
-		return 0, fmt.Errorf("SamHeadroomMemoryResource: allocating %d bytes: %w", nbytes, err)
+		return 0, errorf("SamHeadroomMemoryResource: allocating %s: %w", bytesText(nbytes), err)
 	}
 	free, _, err := cuMemGetInfo(r.ctx)
 	if err != nil {
@@ -100,7 +98,7 @@ func (r *SamHeadroomMemoryResource) Deallocate(p DevicePtr, nbytes int, s Stream
 		return nil
 	}
 	if err := waitStreamBeforeFree(r.dev, s); err != nil {
-		return fmt.Errorf("SamHeadroomMemoryResource.Deallocate: waiting for %v: %w", s, err)
+		return errorf("SamHeadroomMemoryResource.Deallocate: waiting for %v: %w", s, err)
 	}
 	return r.system.Deallocate(p, nbytes, s)
 }

@@ -1,7 +1,6 @@
 package rmm
 
 import (
-	"fmt"
 	"sync"
 	"sync/atomic"
 )
@@ -202,7 +201,7 @@ func (r *StatisticsResourceAdaptor) PopCounters() (Statistics, error) {
 // popLocked is PopCounters under the mutex.
 func (r *StatisticsResourceAdaptor) popLocked() (Statistics, error) {
 	if len(r.levels) == 1 {
-		return Statistics{}, fmt.Errorf("%w: StatisticsResourceAdaptor.PopCounters: cannot pop the last level of counters", ErrOutOfRange)
+		return Statistics{}, errorf("StatisticsResourceAdaptor.PopCounters: cannot pop the last level of counters: %w", ErrOutOfRange)
 	}
 	t := r.levels[len(r.levels)-1]
 	r.levels = r.levels[:len(r.levels)-1]
@@ -245,7 +244,7 @@ func (r *StatisticsResourceAdaptor) popAt(scope uint64) (Statistics, error) {
 		i--
 	}
 	if i == 0 {
-		return Statistics{}, fmt.Errorf("%w: the statistics level of this scope was popped by someone else (PopCounters)", ErrInvalidArgument)
+		return Statistics{}, errorf("the statistics level of this scope was popped by someone else (PopCounters): %w", ErrInvalidArgument)
 	}
 	if i == len(r.levels)-1 {
 		return r.popLocked()
@@ -255,7 +254,7 @@ func (r *StatisticsResourceAdaptor) popAt(scope uint64) (Statistics, error) {
 	foldCounter(&p.bytes, t.bytes)
 	foldCounter(&p.count, t.count)
 	r.levels = append(r.levels[:i], r.levels[i+1:]...)
-	return t.stats(), fmt.Errorf("%w: %d statistics levels pushed after this scope's were still open when it ended: scopes on one StatisticsResourceAdaptor overlapped instead of nesting, so its figures miss what was counted on them", ErrInvalidArgument, len(r.levels)-i)
+	return t.stats(), errorf("%d statistics levels pushed after this scope's were still open when it ended: scopes on one StatisticsResourceAdaptor overlapped instead of nesting, so its figures miss what was counted on them: %w", len(r.levels)-i, ErrInvalidArgument)
 }
 
 // Upstream returns the resource the adaptor forwards to.
@@ -332,7 +331,7 @@ func PushStatistics() (st Statistics, ok bool) {
 func PopStatistics() (Statistics, error) {
 	r, ok := currentStatistics()
 	if !ok {
-		return Statistics{}, fmt.Errorf("%w: PopStatistics: statistics are not enabled (the current device resource is a %s)", ErrNotSupported, resourceName(CurrentDeviceResource()))
+		return Statistics{}, errorf("PopStatistics: statistics are not enabled (the current device resource is a %s): %w", resourceName(CurrentDeviceResource()), ErrNotSupported)
 	}
 	return r.PopCounters()
 }
@@ -373,12 +372,12 @@ func WithStatistics(f func()) (st Statistics, err error) {
 		changed := cur != MemoryResource(r)
 		if pushed {
 			if st, err = r.popAt(scope); err != nil {
-				err = fmt.Errorf("WithStatistics: %w", err)
+				err = errorf("WithStatistics: %w", err)
 				return
 			}
 		} else {
 			if d := r.Depth(); d != 1 {
-				err = fmt.Errorf("%w: WithStatistics: the statistics counter stack of the adaptor it installed is %d levels deep at the end: levels were pushed without being popped", ErrInvalidArgument, d)
+				err = errorf("WithStatistics: the statistics counter stack of the adaptor it installed is %d levels deep at the end: levels were pushed without being popped: %w", d, ErrInvalidArgument)
 			}
 			st = r.Stats()
 			if !changed {
@@ -386,7 +385,7 @@ func WithStatistics(f func()) (st Statistics, err error) {
 			}
 		}
 		if changed {
-			err = fmt.Errorf("%w: WithStatistics: the current device resource was changed to a %s while the statistics were being gathered", ErrInvalidArgument, resourceName(cur))
+			err = errorf("WithStatistics: the current device resource was changed to a %s while the statistics were being gathered: %w", resourceName(cur), ErrInvalidArgument)
 		}
 	}()
 	f()

@@ -54,7 +54,7 @@ func TestArenaOutOfMemoryFragmented(t *testing.T) {
 			LargestFreeBlock: q, MaximumSize: 4 * mb, Headroom: 0, Fragmented: true,
 			Detail: "no room in arena, also after defragmenting",
 		}, *oom, "request of %d", n)
-		require.Contains(t, err.Error(), fmt.Sprintf("ArenaMemoryResource failed to allocate %d bytes (%s): no room in arena, also after defragmenting; fragmentation: 2097152 bytes free but the largest free block is 262144 bytes; pool size 4194304, maximum 4194304", n, c.human))
+		require.Contains(t, err.Error(), fmt.Sprintf("rmm: ArenaMemoryResource: failed to allocate %d bytes (%s): no room in arena, also after defragmenting; fragmentation: 2097152 bytes (2 MiB) free but the largest free block is 262144 bytes (256 KiB); pool size 4194304 (4 MiB), maximum 4194304 (4 MiB): out of memory", n, c.human))
 		require.Nil(t, errors.Unwrap(oom))
 	}
 	st := a.Stats()
@@ -77,7 +77,7 @@ func TestArenaOutOfMemoryExhausted(t *testing.T) {
 		Resource: "ArenaMemoryResource", Requested: 5 * mb, PoolSize: 4 * mb, FreeBytes: 4 * mb,
 		LargestFreeBlock: 4 * mb, MaximumSize: 4 * mb, TooLarge: true, Detail: "the request is larger than the arena (4194304 bytes)",
 	}, *oom)
-	require.Contains(t, err.Error(), "the request is larger than the arena (4194304 bytes); larger than the resource can ever serve: 4194304 bytes free")
+	require.Contains(t, err.Error(), "the request is larger than the arena (4194304 bytes); larger than the resource can ever serve: 4194304 bytes (4 MiB) free")
 	for range 15 {
 		arenaAlloc(t, a, q, DefaultStream)
 	}
@@ -89,7 +89,7 @@ func TestArenaOutOfMemoryExhausted(t *testing.T) {
 		LargestFreeBlock: 512, MaximumSize: 4 * mb, Fragmented: false,
 		Detail: "no room in arena, also after defragmenting",
 	}, *oom)
-	require.Contains(t, err.Error(), "exhausted: 512 bytes free, largest free block 512 bytes; pool size 4194304, maximum 4194304")
+	require.Contains(t, err.Error(), "exhausted: 512 bytes free, largest free block 512 bytes; pool size 4194304 (4 MiB), maximum 4194304 (4 MiB): out of memory")
 	arenaAlloc(t, a, 512, DefaultStream)
 	arenaCheck(t, a)
 }
@@ -189,7 +189,7 @@ func TestFixedSizeOutOfMemoryAboveBlockSize(t *testing.T) {
 		LargestFreeBlock: bs, TooLarge: true,
 		Detail: "maximum allocation size exceeded: every block is 4096 bytes, and larger requests always fail",
 	}, *oom)
-	require.Contains(t, err.Error(), "maximum allocation size exceeded: every block is 4096 bytes, and larger requests always fail; larger than the resource can ever serve: 12288 bytes free, largest free block 4096 bytes; pool size 16384, no maximum")
+	require.Contains(t, err.Error(), "maximum allocation size exceeded: every block is 4096 bytes, and larger requests always fail; larger than the resource can ever serve: 12288 bytes (12 KiB) free, largest free block 4096 bytes (4 KiB); pool size 16384 (16 KiB), no maximum: out of memory")
 
 	var ps []DevicePtr
 	for range 3 {
@@ -234,8 +234,9 @@ func TestFixedSizeOutOfMemoryExhausted(t *testing.T) {
 		Cause:  oom.Cause,
 	}, *oom)
 	require.Equal(t, oom.Cause, errors.Unwrap(err))
-	require.Contains(t, err.Error(), "growing by a chunk of 4 blocks of 4096 bytes (16384 bytes): SimulatedMemoryResource refused it; exhausted: 0 bytes free, largest free block 0 bytes; pool size 16384, no maximum (upstream: SimulatedMemoryResource (capacity 16384, in use 16384) failed to allocate 16384 bytes (16 KiB))")
-	require.Equal(t, 1, strings.Count(err.Error(), ErrOutOfMemory.Error()), "the sentinel's text once")
+	require.Contains(t, err.Error(), "rmm: FixedSizeMemoryResource: failed to allocate 10 bytes (10 B): growing by a chunk of 4 blocks of 4096 bytes (16384 bytes): SimulatedMemoryResource refused it; exhausted: 0 bytes free, largest free block 0 bytes; pool size 16384 (16 KiB), no maximum: upstream: SimulatedMemoryResource (capacity 16384, in use 16384): failed to allocate 16384 bytes (16 KiB): out of memory")
+	require.Equal(t, 1, strings.Count(err.Error(), "out of memory"), "the sentinel's text once")
+	require.Equal(t, 1, strings.Count(err.Error(), "rmm: "), "\"rmm: \" once")
 	require.Equal(t, before, f.Stats(), "a failed call changes nothing")
 	fixedCheck(t, f)
 
@@ -347,8 +348,9 @@ func TestBinningOutOfMemory(t *testing.T) {
 		Cause:  oom.Cause,
 	}, *oom)
 	require.ErrorContains(t, oom.Cause, "SimulatedMemoryResource")
-	require.Contains(t, err.Error(), "BinningMemoryResource.Allocate(614400 bytes, in the bin of 1048576 bytes, served by SimulatedMemoryResource); exhausted: 0 bytes free, largest free block 0 bytes; pool size 0, no maximum (upstream: SimulatedMemoryResource (capacity 0, in use 0) failed to allocate 614400 bytes (600 KiB))")
-	require.Equal(t, 1, strings.Count(err.Error(), ErrOutOfMemory.Error()), "the sentinel's text once")
+	require.Contains(t, err.Error(), "BinningMemoryResource.Allocate(614400 bytes, in the bin of 1048576 bytes, served by SimulatedMemoryResource); exhausted: 0 bytes free, largest free block 0 bytes; pool size 0, no maximum: upstream: SimulatedMemoryResource (capacity 0, in use 0): failed to allocate 614400 bytes (600 KiB): out of memory")
+	require.Equal(t, 1, strings.Count(err.Error(), "out of memory"), "the sentinel's text once")
+	require.Equal(t, 1, strings.Count(err.Error(), "rmm: "), "\"rmm: \" once")
 	_, err = b.Allocate(2<<20, DefaultStream)
 	oom = oomStatsError(t, err)
 	require.Equal(t, "BinningMemoryResource.Allocate(2097152 bytes, larger than every bin, to the upstream SimulatedMemoryResource)", oom.Detail)

@@ -74,9 +74,9 @@ func (r *SystemMemoryResource) Deallocate(p DevicePtr, nbytes int, s StreamView)
 	systemMu.Unlock()
 	switch {
 	case !ok:
-		return fmt.Errorf("%w: SystemMemoryResource.Deallocate(%#x, %d): the pointer was not allocated here or was already freed", ErrInvalidFree, uintptr(p), nbytes)
+		return errorf("SystemMemoryResource.Deallocate(%#x, %d): the pointer was not allocated here or was already freed: %w", uintptr(p), nbytes, ErrInvalidFree)
 	case size != nbytes:
-		return fmt.Errorf("%w: SystemMemoryResource.Deallocate(%#x, %d): the block was allocated with %d bytes", ErrInvalidFree, uintptr(p), nbytes, size)
+		return errorf("SystemMemoryResource.Deallocate(%#x, %d): the block was allocated with %s: %w", uintptr(p), nbytes, bytesText(size), ErrInvalidFree)
 	}
 	hostFree(uintptr(p))
 	return nil
@@ -107,7 +107,7 @@ const simulatedBase = uintptr(1) << 52
 // once. A negative capacity returns an error wrapping ErrInvalidArgument.
 func NewSimulatedMemoryResource(capacity int) (*SimulatedMemoryResource, error) {
 	if capacity < 0 {
-		return nil, fmt.Errorf("%w: NewSimulatedMemoryResource: negative capacity %d", ErrInvalidArgument, capacity)
+		return nil, errorf("NewSimulatedMemoryResource: negative capacity %d: %w", capacity, ErrInvalidArgument)
 	}
 	return &SimulatedMemoryResource{capacity: capacity, next: simulatedBase, live: map[DevicePtr]int{}}, nil
 }
@@ -147,10 +147,10 @@ func (r *SimulatedMemoryResource) Deallocate(p DevicePtr, nbytes int, s StreamVi
 	defer r.mu.Unlock()
 	size, ok := r.live[p]
 	if !ok {
-		return fmt.Errorf("%w: SimulatedMemoryResource.Deallocate: %#x was not allocated here or was already freed", ErrInvalidFree, uintptr(p))
+		return errorf("SimulatedMemoryResource.Deallocate: %#x was not allocated here or was already freed: %w", uintptr(p), ErrInvalidFree)
 	}
 	if size != nbytes {
-		return fmt.Errorf("%w: SimulatedMemoryResource.Deallocate: %#x was allocated with %d bytes, freed with %d", ErrInvalidFree, uintptr(p), size, nbytes)
+		return errorf("SimulatedMemoryResource.Deallocate: %#x was allocated with %s, freed with %d: %w", uintptr(p), bytesText(size), nbytes, ErrInvalidFree)
 	}
 	delete(r.live, p)
 	n, _ := alignSize(size)

@@ -143,9 +143,9 @@ func (r *TrackingResourceAdaptor) Allocate(nbytes int, s StreamView) (DevicePtr,
 	r.mu.Unlock()
 	if dup {
 		ferr := r.upstream.Deallocate(p, nbytes, s)
-		err := fmt.Errorf("%w: TrackingResourceAdaptor.Allocate(%d): the upstream returned %#x, which is already tracked (an allocation of %d bytes that was freed without going through this adaptor)", ErrInvalidFree, nbytes, uintptr(p), old.size)
+		err := errorf("TrackingResourceAdaptor.Allocate(%d): the upstream returned %#x, which is already tracked (an allocation of %s that was freed without going through this adaptor): %w", nbytes, uintptr(p), bytesText(old.size), ErrInvalidFree)
 		if ferr != nil {
-			err = fmt.Errorf("%w; giving the new memory back failed: %w", err, ferr)
+			err = errorf("%w; giving the new memory back failed: %w", err, ferr)
 		}
 		return 0, err
 	}

@@ -1,7 +1,6 @@
 package rmm
 
 import (
-	"fmt"
 	"runtime"
 	"unsafe"
 )
@@ -28,8 +27,7 @@ func NewScalar[T any](s StreamView, mr MemoryResource) (*Scalar[T], error) {
 	}
 	st, err := newMemState(kind, sizeOf[T](), s, mr)
 	if err != nil {
-		//lint:ignore ST1005 the message starts with the function's name (NewScalar[T]), an identifier
-		return nil, fmt.Errorf("New%s: %w", kind, err)
+		return nil, errorf("New%s: %w", kind, err)
 	}
 	return &Scalar[T]{v: newUvector[T](st)}, nil
 }

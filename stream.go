@@ -100,7 +100,7 @@ func (s StreamView) closed() bool {
 }
 
 func errStreamClosed(op string, s StreamView) error {
-	return fmt.Errorf("%w: %s on %v, which was closed", ErrClosed, op, s)
+	return errorf("%s on %v, which was closed: %w", op, s, ErrClosed)
 }
 
 // Synchronize waits until all work queued on s is done (cuStreamSynchronize). Without CUDA it
@@ -146,7 +146,7 @@ func (s StreamView) WaitEvent(e *Event) error {
 		if e != nil && e.host {
 			return nil
 		}
-		return fmt.Errorf("%w: WaitEvent: nil or closed event", ErrInvalidArgument)
+		return errorf("WaitEvent: nil or closed event: %w", ErrInvalidArgument)
 	}
 	return cuStreamWaitEvent(e.ctx, s.cu(), e.h)
 }
@@ -204,7 +204,7 @@ var streamRegistry sync.Map // id -> *Stream, for live Streams
 // cannot be used, a *CUDAError from cuStreamCreate.
 func NewStream(dev Device, opts *StreamOptions) (*Stream, error) {
 	if err := dev.check(); err != nil {
-		return nil, err
+		return nil, errorf("NewStream: %w", err)
 	}
 	id := ownedStreamBit | streamCounter.Add(1)
 	st := &Stream{view: StreamView{id: id, dev1: int32(dev) + 1}}
@@ -275,7 +275,7 @@ func (s *Stream) Close() error {
 	if derr := cuStreamDestroy(s.ctx, s.view.h); serr == nil {
 		return derr
 	}
-	return fmt.Errorf("Stream.Close: waiting for the stream's work: %w", serr)
+	return errorf("Stream.Close: waiting for the stream's work: %w", serr)
 }
 
 // addStreamCloseHook asks to be told before the Stream behind v is destroyed. It returns false
@@ -309,7 +309,7 @@ type StreamPool struct {
 // NewStreamPool creates n streams on device dev. n must be positive (ErrInvalidArgument).
 func NewStreamPool(dev Device, n int, opts *StreamOptions) (*StreamPool, error) {
 	if n <= 0 {
-		return nil, fmt.Errorf("%w: NewStreamPool: size %d must be positive", ErrInvalidArgument, n)
+		return nil, errorf("NewStreamPool: size %d must be positive: %w", n, ErrInvalidArgument)
 	}
 	p := &StreamPool{streams: make([]*Stream, 0, n)}
 	for i := 0; i < n; i++ {
@@ -370,7 +370,7 @@ type Event struct {
 // the driver cannot be used, a *CUDAError from cuEventCreate.
 func NewEvent(dev Device, opts *EventOptions) (*Event, error) {
 	if err := dev.check(); err != nil {
-		return nil, err
+		return nil, errorf("NewEvent: %w", err)
 	}
 	if CUDAAvailable() != nil {
 		return &Event{host: true}, nil
@@ -392,7 +392,7 @@ func NewEvent(dev Device, opts *EventOptions) (*Event, error) {
 
 func (e *Event) usable(op string) error {
 	if e == nil || (e.h == 0 && !e.host) {
-		return fmt.Errorf("%w: Event.%s on a nil or closed event", ErrClosed, op)
+		return errorf("Event.%s: a nil or closed event: %w", op, ErrClosed)
 	}
 	return nil
 }
@@ -437,7 +437,7 @@ func ElapsedTime(start, end *Event) (float32, error) {
 		return 0, err
 	}
 	if start.host || end.host {
-		return 0, fmt.Errorf("%w: ElapsedTime needs CUDA events", ErrNotSupported)
+		return 0, errorf("ElapsedTime needs CUDA events: %w", ErrNotSupported)
 	}
 	return cuEventElapsedTime(start.ctx, start.h, end.h)
 }

@@ -2,7 +2,6 @@ package rmm
 
 import (
 	"errors"
-	"fmt"
 	"slices"
 )
 
@@ -137,7 +136,7 @@ func (r *streamLists[L]) listFor(s StreamView) (L, error) {
 	if r.ctx != 0 {
 		e, err := r.drv.eventCreate(r.ctx, cuEventDisableTiming)
 		if err != nil {
-			return zero, fmt.Errorf("%s: creating the event for %v: %w", r.name, s, err)
+			return zero, errorf("%s: creating the event for %v: %w", r.name, s, err)
 		}
 		o.event = e
 	}
@@ -206,7 +205,7 @@ func (r *streamLists[L]) noteFree(l L, s StreamView) error {
 		return nil
 	}
 	if err := r.drv.eventRecord(r.ctx, o.event, s.cu()); err != nil {
-		return fmt.Errorf("%s.Deallocate: recording the event on %v: %w", r.name, s, err)
+		return errorf("%s.Deallocate: recording the event on %v: %w", r.name, s, err)
 	}
 	return nil
 }
@@ -311,7 +310,7 @@ func (r *streamLists[L]) syncClosed(s StreamView) error {
 		return nil
 	}
 	if err := r.drv.ctxSynchronize(r.ctx); err != nil {
-		return fmt.Errorf("%s.Deallocate on closed %v: %w", r.name, s, err)
+		return errorf("%s.Deallocate on closed %v: %w", r.name, s, err)
 	}
 	return nil
 }
@@ -329,7 +328,7 @@ func (r *streamLists[L]) syncAfterClose(s StreamView) error {
 		err = r.drv.streamSynchronize(r.ctx, s.cu())
 	}
 	if err != nil {
-		return fmt.Errorf("%s.Deallocate after Close: synchronising %v: %w", r.name, s, err)
+		return errorf("%s.Deallocate: called after Close: synchronising %v: %w", r.name, s, err)
 	}
 	return nil
 }

@@ -1,7 +1,5 @@
 package rmm
 
-import "fmt"
-
 // AllocateSync allocates nbytes from mr (nil: the current device resource) so that the memory is
 // usable on every stream once it returns (librmm's allocate_sync): it allocates on DefaultStream
 // and waits for that stream (cuStreamSynchronize on the legacy default stream; nothing to wait
@@ -20,7 +18,7 @@ func AllocateSync(mr MemoryResource, nbytes int) (DevicePtr, error) {
 			if ferr := mr.Deallocate(p, nbytes, DefaultStream); ferr != nil {
 				DebugLogger().Warn("rmm: AllocateSync could not give the memory back after a failed wait", "bytes", nbytes, "err", ferr)
 			}
-			return 0, fmt.Errorf("AllocateSync(%d bytes): waiting for the default stream: %w", nbytes, err)
+			return 0, errorf("AllocateSync(%d bytes): waiting for the default stream: %w", nbytes, err)
 		}
 	}
 	return p, nil
@@ -37,7 +35,7 @@ func DeallocateSync(mr MemoryResource, p DevicePtr, nbytes int) error {
 	}
 	if CUDAAvailable() == nil {
 		if err := DeviceOf(mr).Synchronize(); err != nil {
-			return fmt.Errorf("DeallocateSync(%#x, %d bytes): waiting for the device: %w", uintptr(p), nbytes, err)
+			return errorf("DeallocateSync(%#x, %d bytes): waiting for the device: %w", uintptr(p), nbytes, err)
 		}
 	}
 	return mr.Deallocate(p, nbytes, DefaultStream)

@@ -31,10 +31,10 @@ var byteUnits = map[string]uint64{
 // exponent, an unknown unit), or a size above the largest int.
 func ParseBytes(s string) (int, error) {
 	notSize := func() error {
-		return fmt.Errorf("%w: rmm.ParseBytes: not a size: %q (examples: 1073741824, 4GiB, 512MiB, 1.5GB)", ErrInvalidArgument, s)
+		return errorf("ParseBytes: not a size: %q (examples: 1073741824, 4GiB, 512MiB, 1.5GB): %w", s, ErrInvalidArgument)
 	}
 	tooLarge := func() error {
-		return fmt.Errorf("%w: rmm.ParseBytes: %q is more bytes than the largest int (%d)", ErrInvalidArgument, s, math.MaxInt)
+		return errorf("ParseBytes: %q is more bytes than the largest int (%d): %w", s, math.MaxInt, ErrInvalidArgument)
 	}
 	t := strings.TrimSpace(s)
 	end := 0

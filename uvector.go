@@ -26,7 +26,7 @@ func checkElemType[T any](op string) error {
 		v, _ = elemTypeChecks.LoadOrStore(t, computeElemTypeCheck(t))
 	}
 	if err, _ := v.(error); err != nil {
-		return fmt.Errorf("%w: %s: %w", ErrInvalidArgument, op, err)
+		return errorf("%s: %w: %w", op, err, ErrInvalidArgument)
 	}
 	return nil
 }
@@ -115,9 +115,9 @@ func elemBytes[T any](n int) (int, bool) {
 // countErr is the error for a negative or overflowing element count.
 func countErr[T any](op string, n int) error {
 	if n < 0 {
-		return fmt.Errorf("%w: %s: negative element count %d", ErrInvalidArgument, op, n)
+		return errorf("%s: negative element count %d: %w", op, n, ErrInvalidArgument)
 	}
-	return fmt.Errorf("%w: %s: %d elements of %d bytes (%s) overflow int", ErrInvalidArgument, op, n, sizeOf[T](), typeName[T]())
+	return errorf("%s: %d elements of %d bytes (%s) overflow int: %w", op, n, sizeOf[T](), typeName[T](), ErrInvalidArgument)
 }
 
 // valueBytes views *v as bytes (T holds no Go pointers).
@@ -149,7 +149,7 @@ func NewDeviceSpan[T any](p DevicePtr, n int, dev Device, access Access) (Device
 		return DeviceSpan[T]{}, countErr[T](op, n)
 	}
 	if p == 0 && n > 0 {
-		return DeviceSpan[T]{}, fmt.Errorf("%w: %s: null pointer with %d elements", ErrInvalidArgument, op, n)
+		return DeviceSpan[T]{}, errorf("%s: null pointer with %d elements: %w", op, n, ErrInvalidArgument)
 	}
 	return DeviceSpan[T]{ptr: p, n: n, dev: dev, access: access}, nil
 }
@@ -215,14 +215,14 @@ func (sp DeviceSpan[T]) CopyFrom(src SpanSource[T], s StreamView) error {
 
 func spanFromHost[T any](op string, sp DeviceSpan[T], src []T, s StreamView) error {
 	if len(src) > sp.n {
-		return fmt.Errorf("%w: %s: %d elements do not fit in length %d", ErrOutOfRange, op, len(src), sp.n)
+		return errorf("%s: %d elements do not fit in length %d: %w", op, len(src), sp.n, ErrOutOfRange)
 	}
 	return copyFromGo(op, sp.ref(), unsafe.Pointer(unsafe.SliceData(src)), len(src)*sizeOf[T](), s)
 }
 
 func spanToHost[T any](op string, dst []T, sp DeviceSpan[T], s StreamView) error {
 	if len(dst) > sp.n {
-		return fmt.Errorf("%w: %s: %d elements asked from length %d", ErrOutOfRange, op, len(dst), sp.n)
+		return errorf("%s: %d elements asked from length %d: %w", op, len(dst), sp.n, ErrOutOfRange)
 	}
 	return copyToGo(op, unsafe.Pointer(unsafe.SliceData(dst)), sp.ref(), len(dst)*sizeOf[T](), s)
 }
@@ -236,34 +236,34 @@ type SpanSource[T any] interface {
 // copySpans copies all of src into the start of dst.
 func copySpans[T any](op string, dst DeviceSpan[T], src SpanSource[T], s StreamView) error {
 	if src == nil {
-		return fmt.Errorf("%w: %s: nil source", ErrInvalidArgument, op)
+		return errorf("%s: nil source: %w", op, ErrInvalidArgument)
 	}
 	var st *memState
 	switch u := src.(type) {
 	case *Uvector[T]:
 		if u == nil {
-			return fmt.Errorf("%w: %s: nil source", ErrInvalidArgument, op)
+			return errorf("%s: nil source: %w", op, ErrInvalidArgument)
 		}
 		st = u.st
 	case *Scalar[T]:
 		if u == nil {
-			return fmt.Errorf("%w: %s: nil source", ErrInvalidArgument, op)
+			return errorf("%s: nil source: %w", op, ErrInvalidArgument)
 		}
 		st = u.v.st
 	}
 	if st != nil && st.closed {
-		return fmt.Errorf("%w: %s: the source %s was closed", ErrClosed, op, st.kind)
+		return errorf("%s: the source %s was closed: %w", op, st.kind, ErrClosed)
 	}
 	sp := src.Span()
 	if sp.n > dst.n {
-		return fmt.Errorf("%w: %s: %d source elements do not fit in length %d", ErrOutOfRange, op, sp.n, dst.n)
+		return errorf("%s: %d source elements do not fit in length %d: %w", op, sp.n, dst.n, ErrOutOfRange)
 	}
 	n := sp.SizeBytes()
 	if n == 0 || sp.ptr == dst.ptr {
 		return nil
 	}
 	if sp.ptr < dst.ptr+DevicePtr(n) && dst.ptr < sp.ptr+DevicePtr(n) {
-		return fmt.Errorf("%w: %s: source [%#x, +%d) and destination [%#x, +%d) overlap", ErrInvalidArgument, op, uintptr(sp.ptr), n, uintptr(dst.ptr), n)
+		return errorf("%s: source [%#x, +%d) and destination [%#x, +%d) overlap: %w", op, uintptr(sp.ptr), n, uintptr(dst.ptr), n, ErrInvalidArgument)
 	}
 	return copyMem(op, dst.ref(), sp.ref(), n, s)
 }
@@ -322,7 +322,7 @@ func NewUvector[T any](n int, s StreamView, mr MemoryResource) (*Uvector[T], err
 	}
 	st, err := newMemState(kind, nb, s, mr)
 	if err != nil {
-		return nil, fmt.Errorf("%s(%d elements, %d bytes): %w", op, n, nb, err)
+		return nil, errorf("%s(%d elements, %d bytes): %w", op, n, nb, err)
 	}
 	return newUvector[T](st), nil
 }
@@ -351,7 +351,7 @@ func (v *Uvector[T]) Copy(s StreamView, mr MemoryResource) (*Uvector[T], error) 
 	}
 	st, err := newMemState(v.st.kind, v.st.size, s, mr)
 	if err != nil {
-		return nil, fmt.Errorf("%s.Copy(%d elements): %w", v.st.kind, v.Len(), err)
+		return nil, errorf("%s.Copy(%d elements): %w", v.st.kind, v.Len(), err)
 	}
 	c := newUvector[T](st)
 	if err := copyMem(v.st.kind+".Copy", st.ref(), v.st.ref(), v.st.size, s); err != nil {
@@ -418,7 +418,7 @@ func (v *Uvector[T]) check(op string, i int) error {
 		return v.st.errClosed(op)
 	}
 	if n := v.Len(); i < 0 || i >= n {
-		return fmt.Errorf("%w: %s.%s: index %d, length %d", ErrOutOfRange, v.st.kind, op, i, n)
+		return errorf("%s.%s: index %d, length %d: %w", v.st.kind, op, i, n, ErrOutOfRange)
 	}
 	return nil
 }
@@ -471,7 +471,7 @@ func (v *Uvector[T]) Front(s StreamView) (T, error) {
 		return z, v.st.errClosed("Front")
 	}
 	if v.st.size == 0 {
-		return z, fmt.Errorf("%w: %s.Front: empty vector", ErrOutOfRange, v.st.kind)
+		return z, errorf("%s.Front: empty vector: %w", v.st.kind, ErrOutOfRange)
 	}
 	return v.Element(0, s)
 }
@@ -484,7 +484,7 @@ func (v *Uvector[T]) Back(s StreamView) (T, error) {
 		return z, v.st.errClosed("Back")
 	}
 	if v.st.size == 0 {
-		return z, fmt.Errorf("%w: %s.Back: empty vector", ErrOutOfRange, v.st.kind)
+		return z, errorf("%s.Back: empty vector: %w", v.st.kind, ErrOutOfRange)
 	}
 	return v.Element(v.Len()-1, s)
 }

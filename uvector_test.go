@@ -453,7 +453,7 @@ func TestUvectorClosed(t *testing.T) {
 		"Copy":             func() error { _, err := v.Copy(DefaultStream, nil); return err }(),
 	} {
 		require.ErrorIs(t, err, ErrClosed, name)
-		assert.Contains(t, err.Error(), "Uvector[int32]."+name+" called after Close", name)
+		assert.Contains(t, err.Error(), "rmm: Uvector[int32]."+name+": called after Close: use after close", name)
 	}
 }
 

@@ -1,7 +1,5 @@
 package rmm
 
-import "fmt"
-
 // Virtual memory management (VMM) for the expandable pool: one range of address space reserved
 // up front, physical memory created in chunks and mapped back to back inside it, so that
 // neighbouring free blocks always sit at adjacent addresses. The operations sit behind vmm so
@@ -42,7 +40,7 @@ type vmm interface {
 // vmmCheckSize validates a size given to op: positive and a multiple of gran.
 func vmmCheckSize(impl, op string, size, gran int) error {
 	if size <= 0 || size%gran != 0 {
-		return fmt.Errorf("%w: %s.%s: size %d is not a positive multiple of the granularity %d", ErrInvalidArgument, impl, op, size, gran)
+		return errorf("%s.%s: size %d is not a positive multiple of the granularity %d: %w", impl, op, size, gran, ErrInvalidArgument)
 	}
 	return nil
 }
@@ -54,10 +52,10 @@ func vmmCheckRange(impl, op string, addr DevicePtr, size, gran int) error {
 		return err
 	}
 	if addr == 0 || uintptr(addr)%uintptr(gran) != 0 {
-		return fmt.Errorf("%w: %s.%s: address %#x is not a non-zero multiple of the granularity %d", ErrInvalidArgument, impl, op, uintptr(addr), gran)
+		return errorf("%s.%s: address %#x is not a non-zero multiple of the granularity %d: %w", impl, op, uintptr(addr), gran, ErrInvalidArgument)
 	}
 	if uintptr(addr)+uintptr(size) < uintptr(addr) {
-		return fmt.Errorf("%w: %s.%s: range %#x + %d bytes wraps around", ErrInvalidArgument, impl, op, uintptr(addr), size)
+		return errorf("%s.%s: range %#x + %s wraps around: %w", impl, op, uintptr(addr), bytesText(size), ErrInvalidArgument)
 	}
 	return nil
 }

@@ -1,7 +1,6 @@
 package rmm
 
 import (
-	"fmt"
 	"sync"
 )
 
@@ -46,21 +45,21 @@ func newDeviceVMM(dev Device) (*deviceVMM, error) {
 		return nil, err
 	}
 	if !cuVMMBound() {
-		return nil, fmt.Errorf("%w: virtual memory management on %s: the CUDA driver lacks the cuMem{AddressReserve,Create,Map,SetAccess,...} functions (CUDA 10.2)", ErrNotSupported, dev)
+		return nil, errorf("virtual memory management on %s: the CUDA driver lacks the cuMem{AddressReserve,Create,Map,SetAccess,...} functions (CUDA 10.2): %w", dev, ErrNotSupported)
 	}
 	ok, err := cuDeviceAttribute(st.ord, attrVirtualMemoryManagementSupported)
 	if err != nil {
-		return nil, fmt.Errorf("virtual memory management on %s: %w", dev, err)
+		return nil, errorf("virtual memory management on %s: %w", dev, err)
 	}
 	if ok != 1 {
-		return nil, fmt.Errorf("%w: %s does not support virtual memory management (CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED is %d)", ErrNotSupported, dev, ok)
+		return nil, errorf("%s does not support virtual memory management (CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED is %d): %w", dev, ok, ErrNotSupported)
 	}
 	g, err := cuMemGetAllocationGranularity(st.ctx, st.ord, vmmGranularityMinimum)
 	if err != nil {
-		return nil, fmt.Errorf("virtual memory management on %s: %w", dev, err)
+		return nil, errorf("virtual memory management on %s: %w", dev, err)
 	}
 	if g <= 0 {
-		return nil, fmt.Errorf("%w: %s reports an allocation granularity of %d bytes", ErrNotSupported, dev, g)
+		return nil, errorf("%s reports an allocation granularity of %s: %w", dev, bytesText(g), ErrNotSupported)
 	}
 	return &deviceVMM{dev: dev, ctx: st.ctx, gran: g, handles: map[vmmHandle]int{}}, nil
 }
@@ -82,11 +81,11 @@ func (v *deviceVMM) reserve(size int) (DevicePtr, error) {
 	}
 	p, err := cuMemAddressReserve(v.ctx, size, align)
 	if err != nil {
-		return 0, fmt.Errorf("%s.reserve(%d bytes) on %s: %w", deviceVMMName, size, v.dev, err)
+		return 0, errorf("%s.reserve(%d bytes) on %s: %w", deviceVMMName, size, v.dev, err)
 	}
 	if uintptr(p)%uintptr(v.gran) != 0 {
 		_ = cuMemAddressFree(v.ctx, p, size)
-		return 0, fmt.Errorf("%w: %s.reserve(%d bytes) on %s: the driver returned %#x, not aligned to the granularity %d", ErrNotSupported, deviceVMMName, size, v.dev, uintptr(p), v.gran)
+		return 0, errorf("%s.reserve(%d bytes) on %s: the driver returned %#x, not aligned to the granularity %d: %w", deviceVMMName, size, v.dev, uintptr(p), v.gran, ErrNotSupported)
 	}
 	return p, nil
 }
@@ -96,7 +95,7 @@ func (v *deviceVMM) free(base DevicePtr, size int) error {
 		return err
 	}
 	if err := cuMemAddressFree(v.ctx, base, size); err != nil {
-		return fmt.Errorf("%s.free(%#x, %d bytes) on %s: %w", deviceVMMName, uintptr(base), size, v.dev, err)
+		return errorf("%s.free(%#x, %d bytes) on %s: %w", deviceVMMName, uintptr(base), size, v.dev, err)
 	}
 	return nil
 }
@@ -107,7 +106,7 @@ func (v *deviceVMM) create(size int) (vmmHandle, error) {
 	}
 	h, err := cuMemCreate(v.ctx, size, int(v.dev), v.handleTypes)
 	if err != nil {
-		return 0, fmt.Errorf("%s.create(%d bytes) on %s: %w", deviceVMMName, size, v.dev, err)
+		return 0, errorf("%s.create(%d bytes) on %s: %w", deviceVMMName, size, v.dev, err)
 	}
 	v.mu.Lock()
 	v.handles[vmmHandle(h)] = size
@@ -125,13 +124,13 @@ func (v *deviceVMM) mapAt(addr DevicePtr, size int, h vmmHandle) error {
 	defer v.mu.Unlock()
 	hs, ok := v.handles[h]
 	if !ok {
-		return fmt.Errorf("%w: %s.mapAt(%#x, %d bytes, handle %#x): unknown or released handle", ErrInvalidArgument, deviceVMMName, uintptr(addr), size, uint64(h))
+		return errorf("%s.mapAt(%#x, %s, handle %#x): unknown or released handle: %w", deviceVMMName, uintptr(addr), bytesText(size), uint64(h), ErrInvalidArgument)
 	}
 	if hs != size {
-		return fmt.Errorf("%w: %s.mapAt(%#x, %d bytes, handle %#x): the handle has %d bytes and a mapping is one whole handle", ErrInvalidArgument, deviceVMMName, uintptr(addr), size, uint64(h), hs)
+		return errorf("%s.mapAt(%#x, %s, handle %#x): the handle has %s and a mapping is one whole handle: %w", deviceVMMName, uintptr(addr), bytesText(size), uint64(h), bytesText(hs), ErrInvalidArgument)
 	}
 	if err := cuMemMap(v.ctx, addr, size, uint64(h)); err != nil {
-		return fmt.Errorf("%s.mapAt(%#x, %d bytes, handle %#x) on %s: %w", deviceVMMName, uintptr(addr), size, uint64(h), v.dev, err)
+		return errorf("%s.mapAt(%#x, %s, handle %#x) on %s: %w", deviceVMMName, uintptr(addr), bytesText(size), uint64(h), v.dev, err)
 	}
 	return nil
 }
@@ -141,7 +140,7 @@ func (v *deviceVMM) setAccess(addr DevicePtr, size int) error {
 		return err
 	}
 	if err := cuMemSetAccess(v.ctx, addr, size, int(v.dev)); err != nil {
-		return fmt.Errorf("%s.setAccess(%#x, %d bytes) on %s: %w", deviceVMMName, uintptr(addr), size, v.dev, err)
+		return errorf("%s.setAccess(%#x, %d bytes) on %s: %w", deviceVMMName, uintptr(addr), size, v.dev, err)
 	}
 	return nil
 }
@@ -151,7 +150,7 @@ func (v *deviceVMM) unmap(addr DevicePtr, size int) error {
 		return err
 	}
 	if err := cuMemUnmap(v.ctx, addr, size); err != nil {
-		return fmt.Errorf("%s.unmap(%#x, %d bytes) on %s: %w", deviceVMMName, uintptr(addr), size, v.dev, err)
+		return errorf("%s.unmap(%#x, %d bytes) on %s: %w", deviceVMMName, uintptr(addr), size, v.dev, err)
 	}
 	return nil
 }
@@ -160,10 +159,10 @@ func (v *deviceVMM) release(h vmmHandle) error {
 	v.mu.Lock()
 	defer v.mu.Unlock()
 	if _, ok := v.handles[h]; !ok {
-		return fmt.Errorf("%w: %s.release(handle %#x): unknown or already released handle", ErrInvalidArgument, deviceVMMName, uint64(h))
+		return errorf("%s.release(handle %#x): unknown or already released handle: %w", deviceVMMName, uint64(h), ErrInvalidArgument)
 	}
 	if err := cuMemRelease(v.ctx, uint64(h)); err != nil {
-		return fmt.Errorf("%s.release(handle %#x) on %s: %w", deviceVMMName, uint64(h), v.dev, err)
+		return errorf("%s.release(handle %#x) on %s: %w", deviceVMMName, uint64(h), v.dev, err)
 	}
 	delete(v.handles, h)
 	return nil

@@ -1,7 +1,6 @@
 package rmm
 
 import (
-	"fmt"
 	"syscall"
 )
 
@@ -36,14 +35,14 @@ const hostVMMName = "hostVMM"
 // or a negative limit, and ErrNotSupported on an OS other than Linux.
 func newHostVMM(granularity int, physicalLimit int) (*hostVMM, error) {
 	if !hostVMMSupported {
-		return nil, fmt.Errorf("%w: %s: host virtual memory management is implemented on Linux only", ErrNotSupported, hostVMMName)
+		return nil, errorf("%s: host virtual memory management is implemented on Linux only: %w", hostVMMName, ErrNotSupported)
 	}
 	page := syscall.Getpagesize()
 	if granularity <= 0 || granularity%page != 0 {
-		return nil, fmt.Errorf("%w: %s: granularity %d is not a positive multiple of the page size %d", ErrInvalidArgument, hostVMMName, granularity, page)
+		return nil, errorf("%s: granularity %d is not a positive multiple of the page size %d: %w", hostVMMName, granularity, page, ErrInvalidArgument)
 	}
 	if physicalLimit < 0 {
-		return nil, fmt.Errorf("%w: %s: negative physical limit %d", ErrInvalidArgument, hostVMMName, physicalLimit)
+		return nil, errorf("%s: negative physical limit %d: %w", hostVMMName, physicalLimit, ErrInvalidArgument)
 	}
 	v := &hostVMM{}
 	v.init(hostVMMName, granularity, physicalLimit, v)

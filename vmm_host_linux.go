@@ -4,7 +4,6 @@ package rmm
 
 import (
 	"errors"
-	"fmt"
 	"syscall"
 	"unsafe"
 
@@ -21,7 +20,7 @@ func hostVMMOSReserve(size, align int) (base uintptr, mem []byte, err error) {
 	n := size
 	if align > page {
 		if size > int(^uint(0)>>1)-(align-page) {
-			return 0, nil, fmt.Errorf("%w: %d bytes aligned to %d overflow", ErrInvalidArgument, size, align)
+			return 0, nil, errorf("%s aligned to %d overflow: %w", bytesText(size), align, ErrInvalidArgument)
 		}
 		n += align - page
 	}
@@ -71,9 +70,9 @@ func hostVMMOSDrop(addr uintptr, size int) error {
 // ErrInvalidArgument.
 func hostVMMErrno(call string, err error) error {
 	if errors.Is(err, syscall.ENOMEM) {
-		return fmt.Errorf("%w: %s: %w", ErrOutOfMemory, call, err)
+		return errorf("%s: %w: %w", call, err, ErrOutOfMemory)
 	}
-	return fmt.Errorf("%w: %s: %w", ErrInvalidArgument, call, err)
+	return errorf("%s: %w: %w", call, err, ErrInvalidArgument)
 }
 
 // hostVMMOSMemfd returns a memfd of size bytes (memfd_create, ftruncate): the memory of one handle

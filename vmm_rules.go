@@ -113,7 +113,7 @@ func (b *vmmBook) reserve(size int) (DevicePtr, error) {
 	defer b.mu.Unlock()
 	base, mem, err := b.mem.memReserve(size)
 	if err != nil {
-		return 0, fmt.Errorf("%s.reserve(%d bytes): %w", b.name, size, err)
+		return 0, errorf("%s.reserve(%d bytes): %w", b.name, size, err)
 	}
 	r := &vmmReservation{base: base, size: size, mem: mem}
 	i := sort.Search(len(b.res), func(i int) bool { return b.res[i].base > r.base })
@@ -134,14 +134,14 @@ func (b *vmmBook) free(base DevicePtr, size int) error {
 	defer b.mu.Unlock()
 	i := sort.Search(len(b.res), func(i int) bool { return b.res[i].base >= base })
 	if i == len(b.res) || b.res[i].base != base || b.res[i].size != size {
-		return fmt.Errorf("%w: %s.free(%#x, %d bytes): not a whole reservation", ErrInvalidArgument, b.name, uintptr(base), size)
+		return errorf("%s.free(%#x, %d bytes): not a whole reservation: %w", b.name, uintptr(base), size, ErrInvalidArgument)
 	}
 	r := b.res[i]
 	if len(r.maps) > 0 {
-		return fmt.Errorf("%w: %s.free(%#x, %d bytes): %d mappings are left in the reservation, the first at %#x", ErrInvalidArgument, b.name, uintptr(base), size, len(r.maps), uintptr(r.maps[0].addr))
+		return errorf("%s.free(%#x, %d bytes): %d mappings are left in the reservation, the first at %#x: %w", b.name, uintptr(base), size, len(r.maps), uintptr(r.maps[0].addr), ErrInvalidArgument)
 	}
 	if err := b.mem.memFree(r); err != nil {
-		return fmt.Errorf("%s.free(%#x, %d bytes): %w", b.name, uintptr(base), size, err)
+		return errorf("%s.free(%#x, %d bytes): %w", b.name, uintptr(base), size, err)
 	}
 	b.res = append(b.res[:i], b.res[i+1:]...)
 	b.counts.Reservations--
@@ -156,11 +156,11 @@ func (b *vmmBook) create(size int) (vmmHandle, error) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	if b.limit > 0 && size > b.limit-b.physical {
-		return 0, fmt.Errorf("%w: %s.create(%d bytes): %d of the limit of %d bytes are already created", ErrOutOfMemory, b.name, size, b.physical, b.limit)
+		return 0, errorf("%s.create(%d bytes): %d of the limit of %s are already created: %w", b.name, size, b.physical, bytesText(b.limit), ErrOutOfMemory)
 	}
 	fd, err := b.mem.memCreate(size)
 	if err != nil {
-		return 0, fmt.Errorf("%s.create(%d bytes): %w", b.name, size, err)
+		return 0, errorf("%s.create(%d bytes): %w", b.name, size, err)
 	}
 	b.next++
 	b.handles[b.next] = &vmmBookHandle{size: size, fd: fd}
@@ -219,11 +219,11 @@ func (b *vmmBook) wholeMappings(op string, addr DevicePtr, size int, contiguous 
 		return nil, 0, 0, err
 	}
 	if r = b.reservationOf(addr, size); r == nil {
-		return nil, 0, 0, fmt.Errorf("%w: %s.%s(%#x, %d bytes): not inside a reservation", ErrInvalidArgument, b.name, op, uintptr(addr), size)
+		return nil, 0, 0, errorf("%s.%s(%#x, %d bytes): not inside a reservation: %w", b.name, op, uintptr(addr), size, ErrInvalidArgument)
 	}
 	i, j, why := r.wholeMappings(addr, addr+DevicePtr(size), contiguous)
 	if why != "" {
-		return nil, 0, 0, fmt.Errorf("%w: %s.%s(%#x, %d bytes): not whole mappings: %s", ErrInvalidArgument, b.name, op, uintptr(addr), size, why)
+		return nil, 0, 0, errorf("%s.%s(%#x, %d bytes): not whole mappings: %s: %w", b.name, op, uintptr(addr), size, why, ErrInvalidArgument)
 	}
 	return r, i, j, nil
 }
@@ -236,7 +236,7 @@ func (b *vmmBook) mapAt(addr DevicePtr, size int, h vmmHandle) error {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	bad := func(format string, a ...any) error {
-		return fmt.Errorf("%w: %s.mapAt(%#x, %d bytes, handle %d): %s", ErrInvalidArgument, b.name, uintptr(addr), size, uint64(h), fmt.Sprintf(format, a...))
+		return errorf("%s.mapAt(%#x, %s, handle %d): %s: %w", b.name, uintptr(addr), bytesText(size), uint64(h), fmt.Sprintf(format, a...), ErrInvalidArgument)
 	}
 	r := b.reservationOf(addr, size)
 	if r == nil {
@@ -257,7 +257,7 @@ func (b *vmmBook) mapAt(addr DevicePtr, size int, h vmmHandle) error {
 		return bad("overlaps the mapping [%#x, %#x)", uintptr(m.addr), uintptr(m.addr)+uintptr(m.size))
 	}
 	if hd.maps > 0 && b.oneMapping {
-		return fmt.Errorf("%w: %s.mapAt(%#x, %d bytes, handle %d): the handle is already mapped, and host memory cannot show one handle at two addresses", ErrNotSupported, b.name, uintptr(addr), size, uint64(h))
+		return errorf("%s.mapAt(%#x, %s, handle %d): the handle is already mapped, and host memory cannot show one handle at two addresses: %w", b.name, uintptr(addr), bytesText(size), uint64(h), ErrNotSupported)
 	}
 	r.maps = append(r.maps, vmmMapping{})
 	copy(r.maps[i+1:], r.maps[i:])
@@ -277,7 +277,7 @@ func (b *vmmBook) setAccess(addr DevicePtr, size int) error {
 		return err
 	}
 	if err := b.mem.memAccess(r.maps[i:j]); err != nil {
-		return fmt.Errorf("%s.setAccess(%#x, %d bytes): %w", b.name, uintptr(addr), size, err)
+		return errorf("%s.setAccess(%#x, %d bytes): %w", b.name, uintptr(addr), size, err)
 	}
 	for k := i; k < j; k++ {
 		r.maps[k].access = true
@@ -298,7 +298,7 @@ func (b *vmmBook) unmap(addr DevicePtr, size int) error {
 		return nil
 	}
 	if err := b.mem.memUnmap(r.maps[i:j]); err != nil {
-		return fmt.Errorf("%s.unmap(%#x, %d bytes): %w", b.name, uintptr(addr), size, err)
+		return errorf("%s.unmap(%#x, %d bytes): %w", b.name, uintptr(addr), size, err)
 	}
 	for _, m := range r.maps[i:j] {
 		hd := b.handles[m.h]
@@ -319,7 +319,7 @@ func (b *vmmBook) release(h vmmHandle) error {
 	defer b.mu.Unlock()
 	hd := b.handles[h]
 	if hd == nil || hd.released {
-		return fmt.Errorf("%w: %s.release(handle %d): unknown or already released handle", ErrInvalidArgument, b.name, uint64(h))
+		return errorf("%s.release(handle %d): unknown or already released handle: %w", b.name, uint64(h), ErrInvalidArgument)
 	}
 	if hd.maps > 0 {
 		hd.released = true

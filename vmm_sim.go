@@ -1,7 +1,5 @@
 package rmm
 
-import "fmt"
-
 // simulatedVMMBase is where simulated reservations start: above the 47-bit user address space,
 // like SimulatedMemoryResource's addresses, and apart from them.
 const simulatedVMMBase = uintptr(1) << 56
@@ -39,7 +37,7 @@ func (v *simVMM) memFree(*vmmReservation) error { return nil }
 func (v *simVMM) memCreate(size int) (int, error) {
 	if v.failNext > 0 {
 		v.failNext--
-		return -1, fmt.Errorf("%w: refused", ErrOutOfMemory)
+		return -1, errorf("refused: %w", ErrOutOfMemory)
 	}
 	return -1, nil
 }

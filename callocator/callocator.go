@@ -28,11 +28,11 @@ package callocator
 import "C"
 
 import (
-	"fmt"
 	"sync"
 	"unsafe"
 
 	rmm "github.com/gormm/rmm"
+	"github.com/gormm/rmm/internal/errshape"
 )
 
 // Allocator binds a Go memory resource to the C functions.
@@ -85,7 +85,7 @@ func lookup(ctx unsafe.Pointer) (*Allocator, error) {
 	a := reg[uintptr(ctx)]
 	regMu.RUnlock()
 	if a == nil {
-		return nil, fmt.Errorf("%w: callocator: ctx %#x names no open Allocator", rmm.ErrInvalidArgument, uintptr(ctx))
+		return nil, errshape.Errorf("callocator: ctx %#x names no open Allocator: %w", uintptr(ctx), rmm.ErrInvalidArgument)
 	}
 	return a, nil
 }
@@ -121,7 +121,7 @@ func rmmCallocatorLastError() *C.char { return (*C.char)(LastError()) }
 func Allocate(mr rmm.MemoryResource, size uintptr, device int, stream uintptr) (p unsafe.Pointer) {
 	defer func() {
 		if r := recover(); r != nil {
-			setError(fmt.Errorf("callocator: alloc(%d, device %d, stream %#x) panicked: %v", size, device, stream, r))
+			setError(errshape.Errorf("callocator: alloc(%d, device %d, stream %#x) panicked: %v", size, device, stream, r))
 			p = nil
 		}
 	}()
@@ -132,7 +132,7 @@ func Allocate(mr rmm.MemoryResource, size uintptr, device int, stream uintptr) (
 	}
 	mr, s, err := resolve(mr, device, stream, "alloc")
 	if err == nil && size > uintptr(int(^uint(0)>>1)) {
-		err = fmt.Errorf("%w: callocator: alloc(%d): the size overflows an int", rmm.ErrInvalidArgument, size)
+		err = errshape.Errorf("callocator: alloc(%d): the size overflows an int: %w", size, rmm.ErrInvalidArgument)
 	}
 	if err != nil {
 		setError(err)
@@ -140,7 +140,7 @@ func Allocate(mr rmm.MemoryResource, size uintptr, device int, stream uintptr) (
 	}
 	ptr, err := mr.Allocate(int(size), s)
 	if err != nil {
-		setError(fmt.Errorf("callocator: alloc(%d, device %d, stream %#x): %w", size, device, stream, err))
+		setError(errshape.Errorf("callocator: alloc(%d, device %d, stream %#x): %w", size, device, stream, err))
 		return nil
 	}
 	return C.rmm_callocator_ptr(C.ulonglong(ptr)) // a device address, for C
@@ -151,7 +151,7 @@ func Allocate(mr rmm.MemoryResource, size uintptr, device int, stream uintptr) (
 func Deallocate(mr rmm.MemoryResource, ptr unsafe.Pointer, size uintptr, device int, stream uintptr) {
 	defer func() {
 		if r := recover(); r != nil {
-			setError(fmt.Errorf("callocator: free(%p, %d, device %d, stream %#x) panicked: %v", ptr, size, device, stream, r))
+			setError(errshape.Errorf("callocator: free(%p, %d, device %d, stream %#x) panicked: %v", ptr, size, device, stream, r))
 		}
 	}()
 	if ptr == nil {
@@ -163,26 +163,26 @@ func Deallocate(mr rmm.MemoryResource, ptr unsafe.Pointer, size uintptr, device 
 		return
 	}
 	if err := mr.Deallocate(rmm.DevicePtr(uintptr(ptr)), int(size), s); err != nil {
-		setError(fmt.Errorf("callocator: free(%p, %d, device %d, stream %#x): %w", ptr, size, device, stream, err))
+		setError(errshape.Errorf("callocator: free(%p, %d, device %d, stream %#x): %w", ptr, size, device, stream, err))
 	}
 }
 
 // resolve finds the resource and the stream view of a call.
 func resolve(mr rmm.MemoryResource, device int, stream uintptr, op string) (rmm.MemoryResource, rmm.StreamView, error) {
 	if device < 0 {
-		return nil, rmm.StreamView{}, fmt.Errorf("%w: callocator: %s: device %d", rmm.ErrInvalidArgument, op, device)
+		return nil, rmm.StreamView{}, errshape.Errorf("callocator: %s: device %d: %w", op, device, rmm.ErrInvalidArgument)
 	}
 	if mr == nil {
 		var err error
 		if mr, err = rmm.PerDeviceResource(rmm.Device(device)); err != nil {
-			return nil, rmm.StreamView{}, fmt.Errorf("callocator: %s: %w", op, err)
+			return nil, rmm.StreamView{}, errshape.Errorf("callocator: %s: %w", op, err)
 		}
 	} else if d := rmm.DeviceOf(mr); int(d) != device {
-		return nil, rmm.StreamView{}, fmt.Errorf("%w: callocator: %s: device %d, but the Allocator's resource is on %v", rmm.ErrInvalidArgument, op, device, d)
+		return nil, rmm.StreamView{}, errshape.Errorf("callocator: %s: device %d, but the Allocator's resource is on %v: %w", op, device, d, rmm.ErrInvalidArgument)
 	}
 	s, err := rmm.NewStreamView(rmm.Device(device), stream)
 	if err != nil {
-		return nil, rmm.StreamView{}, fmt.Errorf("callocator: %s: stream %#x on device %d: %w", op, stream, device, err)
+		return nil, rmm.StreamView{}, errshape.Errorf("callocator: %s: stream %#x on device %d: %w", op, stream, device, err)
 	}
 	return mr, s, nil
 }

@@ -208,7 +208,7 @@ func run(args []string, stdout, stderr io.Writer) error {
 	s := &setup{dev: rmm.Device(*device), cudaErr: rmm.CUDAAvailable(),
 		initial: initial, maximum: maximum, simulate: simulate, expandable: *expandable, expSet: expSet, stitch: *stitch}
 	if s.cudaErr != nil {
-		s.where = "no CUDA device: " + strings.TrimPrefix(s.cudaErr.Error(), rmm.ErrNoDevice.Error()+": ")
+		s.where = "no CUDA device: " + noDeviceReason(s.cudaErr)
 	}
 	if err := rmm.SetCurrentDevice(s.dev); err != nil {
 		return fmt.Errorf("%w: -device %d: %w", errUsage, *device, err)

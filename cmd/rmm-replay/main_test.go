@@ -434,3 +434,35 @@ func TestReplayStitch(t *testing.T) {
 	require.Equal(t, 2, exitStatus(err))
 	require.ErrorContains(t, err, "-stitch works with the expandable pool only")
 }
+
+// The library's errors reach the user in their one shape: the command's context ("-mr pool: "),
+// then "rmm: Op: what went wrong: cause" with "rmm: " once, and no Go type names.
+func TestLibraryErrorShape(t *testing.T) {
+	bad := filepath.Join(t.TempDir(), "bad.csv")
+	require.NoError(t, os.WriteFile(bad, []byte(rmm.LogHeader+"\n0,00:00:00.000000,allocate,0x100,-5,0\n"), 0o644))
+	for _, tc := range []struct {
+		args     []string
+		sentinel error
+		want     string
+	}{
+		{[]string{"-expandable=false", "-initial", "1TiB", "-simulate", "1GiB", cupy}, rmm.ErrOutOfMemory,
+			"-mr pool: rmm: NewPoolMemoryResource: taking the initial 1099511627776 bytes (1 TiB) from SimulatedMemoryResource: SimulatedMemoryResource (capacity 1073741824, in use 0): failed to allocate 1099511627776 bytes (1 TiB): out of memory"},
+		{[]string{"-initial", "100", cupy}, rmm.ErrInvalidArgument,
+			"-mr pool: rmm: NewPoolMemoryResource: InitialPoolSize 100 is not a multiple of 256 bytes: invalid argument"},
+		{[]string{"-simulate", "1GiB", bad}, rmm.ErrMalformedLog,
+			"rmm: " + bad + ":2: column Size: negative size -5: malformed event log"},
+		{[]string{"-device", "7", cupy}, rmm.ErrInvalidArgument,
+			"usage: -device 7: rmm: SetCurrentDevice: device 7 does not exist ("},
+	} {
+		var out, errOut bytes.Buffer
+		err := run(tc.args, &out, &errOut)
+		require.ErrorIs(t, err, tc.sentinel, "%v", tc.args)
+		msg := err.Error()
+		require.True(t, strings.HasPrefix(msg, tc.want), "%v: %s", tc.args, msg)
+		require.Equal(t, 1, strings.Count(msg, "rmm: "), msg)
+		require.True(t, strings.HasSuffix(msg, strings.TrimPrefix(tc.sentinel.Error(), "rmm: ")), msg)
+		for _, internal := range []string{"*rmm.", "main.", "%!"} {
+			require.NotContains(t, msg, internal, msg)
+		}
+	}
+}

@@ -157,11 +157,19 @@ func (t *target) legend() string {
 	return t.name
 }
 
+// noDeviceReason is why rmm.CUDAAvailable says there is no device, in words: its error's text
+// without the leading "rmm: " and the trailing sentinel ("no CUDA device"), which the caller says
+// its own way.
+func noDeviceReason(err error) string {
+	msg := strings.TrimPrefix(err.Error(), "rmm: ")
+	return strings.TrimSuffix(msg, ": "+strings.TrimPrefix(rmm.ErrNoDevice.Error(), "rmm: "))
+}
+
 // unavailable returns why the resource name stands for cannot be made here (it needs a GPU,
 // and there is none), or nil.
 func (s *setup) unavailable(name string) error {
 	if typ := needsGPU(name); typ != "" && s.cudaErr != nil {
-		why := strings.TrimPrefix(s.cudaErr.Error(), rmm.ErrNoDevice.Error()+": ")
+		why := noDeviceReason(s.cudaErr)
 		return fmt.Errorf("-mr %s: %s needs a CUDA device, and there is none (%s); pool, plain, expandable and system run on host memory", name, typ, why)
 	}
 	return nil

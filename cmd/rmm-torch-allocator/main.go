@@ -36,10 +36,12 @@ import "C"
 
 import (
 	"fmt"
+	"strings"
 	"unsafe"
 
 	rmm "github.com/gormm/rmm"
 	"github.com/gormm/rmm/callocator"
+	"github.com/gormm/rmm/internal/errshape"
 )
 
 //export rmm_torch_alloc
@@ -80,12 +82,12 @@ func rmm_torch_reinitialize(pool C.int, initial, maximum C.size_t, statistics C.
 func rmm_torch_statistics(device C.int, out *C.longlong) C.int {
 	mr, err := rmm.PerDeviceResource(rmm.Device(device))
 	if err != nil {
-		callocator.SetError(fmt.Errorf("rmm_torch_statistics: %w", err))
+		callocator.SetError(errshape.Errorf("rmm_torch_statistics: %w", err))
 		return -1
 	}
 	st, ok := mr.(*rmm.StatisticsResourceAdaptor)
 	if !ok {
-		callocator.SetError(fmt.Errorf("%w: rmm_torch_statistics: device %d's resource counts nothing (a %T; rmm_torch_reinitialize with statistics != 0 makes one that does)", rmm.ErrNotSupported, int(device), mr))
+		callocator.SetError(errshape.Errorf("rmm_torch_statistics: device %d's resource counts nothing (a %s; rmm_torch_reinitialize with statistics != 0 makes one that does): %w", int(device), strings.TrimPrefix(fmt.Sprintf("%T", mr), "*rmm."), rmm.ErrNotSupported))
 		return -1
 	}
 	s := st.Stats()
@@ -122,7 +124,7 @@ func rmm_torch_check_pool(device C.int) C.int {
 func poolOf(device int, op string) (*rmm.PoolMemoryResource, error) {
 	mr, err := rmm.PerDeviceResource(rmm.Device(device))
 	if err != nil {
-		return nil, fmt.Errorf("%s: %w", op, err)
+		return nil, errshape.Errorf("%s: %w", op, err)
 	}
 	for {
 		if p, ok := mr.(*rmm.PoolMemoryResource); ok {
@@ -130,7 +132,7 @@ func poolOf(device int, op string) (*rmm.PoolMemoryResource, error) {
 		}
 		u, ok := mr.(rmm.Upstreamer)
 		if !ok {
-			return nil, fmt.Errorf("%w: %s: no pool under device %d's resource", rmm.ErrNotSupported, op, device)
+			return nil, errshape.Errorf("%s: no pool under device %d's resource: %w", op, device, rmm.ErrNotSupported)
 		}
 		mr = u.Upstream()
 	}
