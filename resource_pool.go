@@ -161,6 +161,9 @@ type PoolOptions struct {
 	// stitchNoDeps (with stitchPiece; measurements): lend no chunk of a free block that names
 	// other lists among its deps.
 	stitchNoDeps bool
+	// minGrowth (expandable pools; measurements): the least growth, rounded up to the
+	// granularity; 0: expandableMinChunk.
+	minGrowth int
 }
 
 // PoolMemoryResource is a coalescing best-fit sub-allocator over an upstream [MemoryResource],
@@ -316,7 +319,7 @@ func newExpandablePool(upstream MemoryResource, vm vmm, o PoolOptions) (*PoolMem
 		o.stitchFrac = cmp.Or(o.stitchFrac, stitchFracDefault)
 	}
 	switch {
-	case o.stitchPiece < 0 || o.stitchMin < 0 || o.stitchKeep < 0 || o.stitchFrac < 0:
+	case o.stitchPiece < 0 || o.stitchMin < 0 || o.stitchKeep < 0 || o.stitchFrac < 0 || o.minGrowth < 0:
 		return nil, errorf("NewPoolMemoryResource: negative stitching option: %w", ErrInvalidArgument)
 	case o.stitchPiece > 0 && o.carvePage > 0:
 		// Carving unmaps free chunks and maps them elsewhere, which an alias of them would have
@@ -327,6 +330,7 @@ func newExpandablePool(upstream MemoryResource, vm vmm, o PoolOptions) (*PoolMem
 	if err != nil {
 		return nil, err
 	}
+	e.minChunk = cmp.Or(o.minGrowth, expandableMinChunk)
 	if o.stitchPiece > 0 {
 		e.piece, _ = alignUpChecked(o.stitchPiece, e.gran)
 		e.stitchMin = cmp.Or(o.stitchMin, stitchMinDefault)

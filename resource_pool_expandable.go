@@ -62,6 +62,7 @@ type expandable struct {
 	stitches     int // aliases made
 	evicted      int // aliases unmapped
 
+	minChunk  int // the least growth (expandableMinChunk unless PoolOptions.minGrowth)
 	threshold int // ReleaseThreshold; 0: never trim by itself
 	trimAt    int // free mapped bytes above which Deallocate trims
 }
@@ -178,7 +179,7 @@ func (e *expandable) resetTrim(free int) {
 
 // chunkSize is the size to map for a growth that needs need more bytes, with size mapped now.
 func (e *expandable) chunkSize(need, size int) int {
-	step := min(max(size/expandableGrowthDivisor, expandableMinChunk), expandableMaxChunk)
+	step := min(max(size/expandableGrowthDivisor, e.minChunk), expandableMaxChunk)
 	k, _ := alignUpChecked(max(need, step), e.gran)
 	return k
 }

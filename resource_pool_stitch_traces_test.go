@@ -31,6 +31,8 @@ var stitchNoDepsFlag = flag.Bool("rmm.stitchnodeps", false, "with -rmm.stitchtra
 
 var stitchKeepFlag = flag.Int("rmm.stitchkeep", 0, "with -rmm.stitchtraces: PoolOptions.stitchKeep (0: the default)")
 
+var stitchMinGrowthFlag = flag.Int("rmm.mingrowth", 0, "with -rmm.stitchtraces: PoolOptions.minGrowth, the least growth (0: the default)")
+
 // TestStitchTraces is the measurement behind stitching's figures:
 //
 //	go test -run TestStitchTraces -rmm.stitchtraces 8388608,2097152,33554432 -v -timeout 1h
@@ -70,7 +72,7 @@ func TestStitchTraces(t *testing.T) {
 		require.NoError(t, err)
 		for _, v := range vs {
 			vm := newCountingVMM(newVMM())
-			o := PoolOptions{MaximumPoolSize: maximum, stitchPiece: v.piece, stitchRest: v.rest, stitchKeep: *stitchKeepFlag, stitchFrac: *stitchFracFlag, stitchNoDeps: *stitchNoDepsFlag}
+			o := PoolOptions{MaximumPoolSize: maximum, stitchPiece: v.piece, stitchRest: v.rest, stitchKeep: *stitchKeepFlag, stitchFrac: *stitchFracFlag, stitchNoDeps: *stitchNoDepsFlag, minGrowth: *stitchMinGrowthFlag}
 			if *stitchMinFlag < 0 {
 				o.stitchMin = v.piece
 			} else {
