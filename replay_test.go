@@ -482,6 +482,18 @@ var traceTable = []traceFacts{
 		streams: map[uintptr]int{0: 100010}, threads: 1,
 		csvSHA256: "e1c5f6833f25ff2d59ee0e333e1ff08fac31427561483f303694bb6a656a0a6c",
 	},
+	{
+		file: "dit_varres_train_accum_bf16.csv.gz", events: 101641, allocates: 50822, frees: 50819, failure: 0,
+		neverFreed: 3, neverFreedMiB: "65.0", peakLive: 2777260872, distinctSizes: 94,
+		streams: map[uintptr]int{0: 101641}, threads: 1,
+		csvSHA256: "760944a646cfd295edeb6fff31bd7d740c1eb342ed6b3d1f5d644b0fca437735",
+	},
+	{
+		file: "speech_encdec_greedy_varlen_fp16.csv.gz", events: 107924, allocates: 53963, frees: 53961, failure: 0,
+		neverFreed: 2, neverFreedMiB: "33.0", peakLive: 245213208, distinctSizes: 201,
+		streams: map[uintptr]int{0: 107924}, threads: 1,
+		csvSHA256: "5ed30cc6ab51d4800cb8b93d0898bfb79dc4a60013d6060943a82caa9df09f18",
+	},
 }
 
 // TestReadTraces reads every committed trace and checks it against the figures published with it;
