@@ -187,6 +187,19 @@ func routeOf(op string, a Access) (route, error) {
 	return 0, errorf("%s: the memory has no access (an address-only resource such as SimulatedMemoryResource): it cannot be read or written: %w", op, ErrNotSupported)
 }
 
+// memRoute is the start every copy and fill makes: ErrClosed for a closed s, nothing to do
+// (skip) for n == 0, else the route to the memory of access a.
+func memRoute(op string, a Access, n int, s StreamView) (r route, skip bool, err error) {
+	if s.closed() {
+		return 0, false, errStreamClosed(op, s)
+	}
+	if n == 0 {
+		return 0, true, nil
+	}
+	r, err = routeOf(op, a)
+	return r, false, err
+}
+
 // copyMem copies n bytes from src to dst (not overlapping), choosing by where each lies:
 //   - both device-accessible: deviceCopy (cuMemcpyAsync), asynchronous on s;
 //   - both host-accessible: the CPU (after synchronising s when one end is also device memory
@@ -194,14 +207,8 @@ func routeOf(op string, a Access) (route, error) {
 //   - host-only and device memory: cuMemcpyHtoDAsync / cuMemcpyDtoHAsync on s, then s is
 //     synchronised, because the host end is then touched by the CPU without stream order.
 func copyMem(op string, dst, src memRef, n int, s StreamView) error {
-	if s.closed() {
-		return errStreamClosed(op, s)
-	}
-	if n == 0 {
-		return nil
-	}
-	dr, err := routeOf(op, dst.access)
-	if err != nil {
+	dr, skip, err := memRoute(op, dst.access, n, s)
+	if skip || err != nil {
 		return err
 	}
 	sr, err := routeOf(op, src.access)
@@ -259,14 +266,8 @@ func copyMem(op string, dst, src memRef, n int, s StreamView) error {
 // driver infers the source's kind through unified addressing (cuMemcpyAsync on s; s is then
 // synchronised when dst is host-only memory). Without CUDA src must be host memory.
 func copyFromAddr(op string, dst memRef, src DevicePtr, n int, s StreamView) error {
-	if s.closed() {
-		return errStreamClosed(op, s)
-	}
-	if n == 0 {
-		return nil
-	}
-	dr, err := routeOf(op, dst.access)
-	if err != nil {
+	dr, skip, err := memRoute(op, dst.access, n, s)
+	if skip || err != nil {
 		return err
 	}
 	if CUDAAvailable() != nil {
@@ -289,14 +290,8 @@ func copyFromAddr(op string, dst memRef, src DevicePtr, n int, s StreamView) err
 // copyFromGo copies Go memory (which must hold no Go pointers) to dst; finished at return
 // (cuMemcpyHtoDAsync on s, then s synchronised, in one driver call).
 func copyFromGo(op string, dst memRef, src unsafe.Pointer, n int, s StreamView) error {
-	if s.closed() {
-		return errStreamClosed(op, s)
-	}
-	if n == 0 {
-		return nil
-	}
-	r, err := routeOf(op, dst.access)
-	if err != nil {
+	r, skip, err := memRoute(op, dst.access, n, s)
+	if skip || err != nil {
 		return err
 	}
 	if r == routeHost {
@@ -316,14 +311,8 @@ func copyFromGo(op string, dst memRef, src unsafe.Pointer, n int, s StreamView) 
 // copyToGo copies n bytes at src into Go memory; finished at return (cuMemcpyDtoHAsync on s,
 // then s synchronised).
 func copyToGo(op string, dst unsafe.Pointer, src memRef, n int, s StreamView) error {
-	if s.closed() {
-		return errStreamClosed(op, s)
-	}
-	if n == 0 {
-		return nil
-	}
-	r, err := routeOf(op, src.access)
-	if err != nil {
+	r, skip, err := memRoute(op, src.access, n, s)
+	if skip || err != nil {
 		return err
 	}
 	if r == routeHost {
@@ -343,14 +332,8 @@ func copyToGo(op string, dst unsafe.Pointer, src memRef, n int, s StreamView) er
 // fillMem writes elem repeatedly over nbytes at dst (nbytes a multiple of len(elem)): deviceFill
 // (driver memset or fill kernels, asynchronous on s) on device memory, the CPU on host memory.
 func fillMem(op string, dst memRef, nbytes int, elem []byte, s StreamView) error {
-	if s.closed() {
-		return errStreamClosed(op, s)
-	}
-	if nbytes == 0 {
-		return nil
-	}
-	r, err := routeOf(op, dst.access)
-	if err != nil {
+	r, skip, err := memRoute(op, dst.access, nbytes, s)
+	if skip || err != nil {
 		return err
 	}
 	if r == routeHost {
