@@ -1,6 +1,7 @@
 package rmm
 
 import (
+	"cmp"
 	"sync"
 	"testing"
 	"unsafe"
@@ -191,33 +192,62 @@ func TestGPUArenaSmallMediumLarge(t *testing.T) {
 	require.NoError(t, arena.CheckInvariants())
 }
 
-// A large block freed on A (into the global arena: the free does not wait, B waits on the device
-// for A's work when it takes the block) is given to B.
-func TestGPUArenaLargeCrossStreamReuse(t *testing.T) {
-	requireGPU(t)
+// gpuCrossStreamRounds runs the cross-stream case over mr (whose upstream is the device's
+// CudaMemoryResource cuda), rounds times: A allocates n bytes (at first, when first is not 0),
+// queues suballocQueueWork on them and frees them; with fresh, A is a new stream closed (its work
+// still running) before B allocates. B then allocates sizeB bytes (0: n), must get A's block,
+// and overwrites it at once; after waiting for both (the device, with fresh), A's copy must hold
+// 0x07 and B's block 0x09. after runs at the end of each round.
+func gpuCrossStreamRounds(t *testing.T, mr MemoryResource, n, sizeB, rounds int, first DevicePtr, fresh bool, after func()) {
+	t.Helper()
 	cuda, ctx := suballocCuda(t)
-	const n = 256 << 20
-	arena, err := NewArenaMemoryResource(cuda, &ArenaOptions{ArenaSize: 2 * n})
-	require.NoError(t, err)
-	defer arena.Close()
 	a, b := suballocStreams(t)
 	result, err := cuda.Allocate(n, DefaultStream)
 	require.NoError(t, err)
 	defer cuda.Deallocate(result, n, DefaultStream)
-	for round := 0; round < 3; round++ {
-		x := arenaAlloc(t, arena, n, a.View())
-		require.Equal(t, arena.base, x)
+	sizeB = cmp.Or(sizeB, n)
+	for round := range rounds {
+		if fresh {
+			a, err = NewStream(0, &StreamOptions{NonBlocking: true})
+			require.NoError(t, err)
+		}
+		x := arenaAlloc(t, mr, n, a.View())
+		if first != 0 {
+			require.Equal(t, first, x, "round %d", round)
+		}
 		suballocQueueWork(t, ctx, x, result, n, a.View())
-		require.NoError(t, arena.Deallocate(x, n, a.View()))
-		y := arenaAlloc(t, arena, n, b.View())
-		require.Equal(t, x, y)
+		require.NoError(t, mr.Deallocate(x, n, a.View()))
+		if fresh {
+			require.NoError(t, a.Close())
+		}
+		y := arenaAlloc(t, mr, sizeB, b.View())
+		require.Equal(t, x, y, "round %d: B gets A's block", round)
 		require.NoError(t, deviceFill(0, y, n, le64(0x0909090909090909), b.View()))
-		require.NoError(t, a.Synchronize())
-		require.NoError(t, b.Synchronize())
+		if fresh {
+			require.NoError(t, Device(0).Synchronize())
+		} else {
+			require.NoError(t, a.Synchronize())
+			require.NoError(t, b.Synchronize())
+		}
 		checkAll(t, ctx, result, n, 0x07)
 		checkAll(t, ctx, y, n, 0x09)
-		require.NoError(t, arena.Deallocate(y, n, b.View()))
+		require.NoError(t, mr.Deallocate(y, sizeB, b.View()))
+		if after != nil {
+			after()
+		}
 	}
+}
+
+// A large block freed on A (into the global arena: the free does not wait, B waits on the device
+// for A's work when it takes the block) is given to B.
+func TestGPUArenaLargeCrossStreamReuse(t *testing.T) {
+	requireGPU(t)
+	cuda, _ := suballocCuda(t)
+	const n = 256 << 20
+	arena, err := NewArenaMemoryResource(cuda, &ArenaOptions{ArenaSize: 2 * n})
+	require.NoError(t, err)
+	defer arena.Close()
+	gpuCrossStreamRounds(t, arena, n, 0, 3, arena.base, false, nil)
 	require.NoError(t, arena.CheckInvariants())
 }
 
@@ -225,34 +255,12 @@ func TestGPUArenaLargeCrossStreamReuse(t *testing.T) {
 // superblocks to the global arena, and B, which takes them, must not overtake A's work.
 func TestGPUArenaReuseAfterStreamClose(t *testing.T) {
 	requireGPU(t)
-	cuda, ctx := suballocCuda(t)
-	const n = 1 << 20
+	cuda, _ := suballocCuda(t)
 	arena, err := NewArenaMemoryResource(cuda, &ArenaOptions{ArenaSize: 64 << 20})
 	require.NoError(t, err)
 	defer arena.Close()
-	_, b := suballocStreams(t)
-	result, err := cuda.Allocate(n, DefaultStream)
-	require.NoError(t, err)
-	defer cuda.Deallocate(result, n, DefaultStream)
-	for round := 0; round < 3; round++ {
-		a, err := NewStream(0, &StreamOptions{NonBlocking: true})
-		require.NoError(t, err)
-		x := arenaAlloc(t, arena, n, a.View())
-		require.Equal(t, arena.base, x)
-		suballocQueueWork(t, ctx, x, result, n, a.View())
-		require.NoError(t, arena.Deallocate(x, n, a.View()))
-		require.NoError(t, a.Close())
-		y := arenaAlloc(t, arena, n, b.View())
-		require.Equal(t, x, y, "B took A's superblock from the global arena")
-		require.NoError(t, deviceFill(0, y, n, le64(0x0909090909090909), b.View()))
-		require.NoError(t, b.Synchronize())
-		checkAll(t, ctx, result, n, 0x07)
-		checkAll(t, ctx, y, n, 0x09)
-		require.NoError(t, arena.Deallocate(y, n, b.View()))
-		require.NoError(t, b.Synchronize())
-		// B keeps its superblock; give it back so the next round starts from the base again.
-		require.NoError(t, arena.Release())
-	}
+	// B keeps its superblock; Release gives it back so the next round starts from the base again.
+	gpuCrossStreamRounds(t, arena, 1<<20, 0, 3, arena.base, true, func() { require.NoError(t, arena.Release()) })
 	require.NoError(t, arena.CheckInvariants())
 }
 
@@ -292,30 +300,12 @@ func TestGPUArenaDefragmentOrdersPendingWork(t *testing.T) {
 // taken by B after B waits on A's event.
 func TestGPUFixedSizeCrossStreamReuse(t *testing.T) {
 	requireGPU(t)
-	cuda, ctx := suballocCuda(t)
+	cuda, _ := suballocCuda(t)
 	const n = 256 << 20
 	fixed, err := NewFixedSizeMemoryResource(cuda, &FixedSizeOptions{BlockSize: n, BlocksToPreallocate: 1})
 	require.NoError(t, err)
 	defer fixed.Close()
-	a, b := suballocStreams(t)
-	result, err := cuda.Allocate(n, DefaultStream)
-	require.NoError(t, err)
-	defer cuda.Deallocate(result, n, DefaultStream)
-	for round := 0; round < 3; round++ {
-		x, err := fixed.Allocate(n, a.View())
-		require.NoError(t, err)
-		suballocQueueWork(t, ctx, x, result, n, a.View())
-		require.NoError(t, fixed.Deallocate(x, n, a.View()))
-		y, err := fixed.Allocate(n-1000, b.View())
-		require.NoError(t, err)
-		require.Equal(t, x, y, "one block: B gets A's")
-		require.NoError(t, deviceFill(0, y, n, le64(0x0909090909090909), b.View()))
-		require.NoError(t, a.Synchronize())
-		require.NoError(t, b.Synchronize())
-		checkAll(t, ctx, result, n, 0x07)
-		checkAll(t, ctx, y, n, 0x09)
-		require.NoError(t, fixed.Deallocate(y, n-1000, b.View()))
-	}
+	gpuCrossStreamRounds(t, fixed, n, n-1000, 3, 0, false, nil)
 	require.Equal(t, 1, fixed.Stats().UpstreamBlocks, "never grew")
 	require.NoError(t, fixed.CheckInvariants())
 }
@@ -324,32 +314,12 @@ func TestGPUFixedSizeCrossStreamReuse(t *testing.T) {
 // default stream behind a device-side wait.
 func TestGPUFixedSizeReuseAfterStreamClose(t *testing.T) {
 	requireGPU(t)
-	cuda, ctx := suballocCuda(t)
+	cuda, _ := suballocCuda(t)
 	const n = 256 << 20
 	fixed, err := NewFixedSizeMemoryResource(cuda, &FixedSizeOptions{BlockSize: n, BlocksToPreallocate: 1})
 	require.NoError(t, err)
 	defer fixed.Close()
-	_, b := suballocStreams(t)
-	result, err := cuda.Allocate(n, DefaultStream)
-	require.NoError(t, err)
-	defer cuda.Deallocate(result, n, DefaultStream)
-	for round := 0; round < 2; round++ {
-		a, err := NewStream(0, &StreamOptions{NonBlocking: true})
-		require.NoError(t, err)
-		x, err := fixed.Allocate(n, a.View())
-		require.NoError(t, err)
-		suballocQueueWork(t, ctx, x, result, n, a.View())
-		require.NoError(t, fixed.Deallocate(x, n, a.View()))
-		require.NoError(t, a.Close())
-		y, err := fixed.Allocate(n, b.View())
-		require.NoError(t, err)
-		require.Equal(t, x, y)
-		require.NoError(t, deviceFill(0, y, n, le64(0x0909090909090909), b.View()))
-		require.NoError(t, Device(0).Synchronize())
-		checkAll(t, ctx, result, n, 0x07)
-		checkAll(t, ctx, y, n, 0x09)
-		require.NoError(t, fixed.Deallocate(y, n, b.View()))
-	}
+	gpuCrossStreamRounds(t, fixed, n, 0, 2, 0, true, nil)
 	require.NoError(t, fixed.CheckInvariants())
 }
 
@@ -365,25 +335,8 @@ func TestGPUBinningCrossStreamReuse(t *testing.T) {
 	binning, err := NewBinningMemoryResource(cuda, nil)
 	require.NoError(t, err)
 	require.NoError(t, binning.AddBin(n, bin))
-	a, b := suballocStreams(t)
-	result, err := cuda.Allocate(n, DefaultStream)
-	require.NoError(t, err)
-	defer cuda.Deallocate(result, n, DefaultStream)
-	for round := 0; round < 3; round++ {
-		x, err := binning.Allocate(n, a.View())
-		require.NoError(t, err)
-		suballocQueueWork(t, ctx, x, result, n, a.View())
-		require.NoError(t, binning.Deallocate(x, n, a.View()))
-		y, err := binning.Allocate(n/2+1, b.View())
-		require.NoError(t, err)
-		require.Equal(t, x, y, "the same bin's only block")
-		require.NoError(t, deviceFill(0, y, n, le64(0x0909090909090909), b.View()))
-		require.NoError(t, a.Synchronize())
-		require.NoError(t, b.Synchronize())
-		checkAll(t, ctx, result, n, 0x07)
-		checkAll(t, ctx, y, n, 0x09)
-		require.NoError(t, binning.Deallocate(y, n/2+1, b.View()))
-	}
+	gpuCrossStreamRounds(t, binning, n, n/2+1, 3, 0, false, nil)
+	a, _ := suballocStreams(t)
 	big, err := binning.Allocate(n+1, a.View())
 	require.NoError(t, err)
 	require.Equal(t, 1, bin.Stats().UpstreamBlocks)
