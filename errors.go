@@ -96,7 +96,10 @@ const rmmPrefix = errshape.Prefix
 // errorf is fmt.Errorf for this package's errors, and the one way they are made: it writes
 // "rmm: " in front of the formatted text, and formats each error among args without its own
 // leading "rmm: ", so that the message reads "rmm: Op: what went wrong: cause" with "rmm: " once
-// (see errshape.Errorf). The errors given to %w are wrapped as fmt.Errorf wraps them.
+// (see errshape.Errorf). The errors given to %w are wrapped as fmt.Errorf wraps them. Op is the
+// call that went wrong, which is not always the one the user made: an adaptor returns its
+// upstream's errors unchanged, so a double free through a StatisticsResourceAdaptor over a pool
+// names PoolMemoryResource.Deallocate.
 func errorf(format string, args ...any) error { return errshape.Errorf(format, args...) }
 
 // trimRMM returns an error's text without its leading "rmm: ": the text of a cause.

@@ -11,6 +11,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"testing"
+
+	"github.com/stretchr/testify/require"
 )
 
 // requireGPU skips the test when no CUDA device is usable.
@@ -449,4 +451,36 @@ func adpInterleave(mr MemoryResource, up *adpReuseUpstream, nbytes int, check fu
 	close(release)
 	<-done0
 	return p0, p1, errs
+}
+
+// The adaptors' tests.
+
+// adpUpstreams are the upstreams every adaptor is tested over: real host memory and addresses
+// without memory (which lets sizes be large).
+func adpUpstreams() []struct {
+	name string
+	new  func() MemoryResource
+} {
+	return []struct {
+		name string
+		new  func() MemoryResource
+	}{
+		{"system", func() MemoryResource { return NewSystemMemoryResource() }},
+		{"simulated", func() MemoryResource { sim, _ := NewSimulatedMemoryResource(1 << 40); return sim }},
+	}
+}
+
+func adpAlloc(t *testing.T, mr MemoryResource, n int) DevicePtr {
+	t.Helper()
+	p, err := mr.Allocate(n, DefaultStream)
+	require.NoError(t, err)
+	if n > 0 {
+		require.NotZero(t, p)
+	}
+	return p
+}
+
+func adpFree(t *testing.T, mr MemoryResource, p DevicePtr, n int) {
+	t.Helper()
+	require.NoError(t, mr.Deallocate(p, n, DefaultStream))
 }

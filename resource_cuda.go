@@ -13,7 +13,7 @@ type CudaMemoryResource struct {
 // wrapping ErrNoDevice without CUDA, ErrInvalidArgument for a bad ordinal.
 func NewCudaMemoryResource(dev Device) (*CudaMemoryResource, error) {
 	if _, err := dev.ctx(); err != nil {
-		return nil, err
+		return nil, errorf("NewCudaMemoryResource(%d): %w", dev, err)
 	}
 	return &CudaMemoryResource{dev: dev}, nil
 }

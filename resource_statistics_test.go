@@ -10,40 +10,10 @@ import (
 	"github.com/stretchr/testify/require"
 )
 
-// adpUpstreams are the upstreams every adaptor is tested over: real host memory and addresses
-// without memory (which lets sizes be large).
-func adpUpstreams() []struct {
-	name string
-	new  func() MemoryResource
-} {
-	return []struct {
-		name string
-		new  func() MemoryResource
-	}{
-		{"system", func() MemoryResource { return NewSystemMemoryResource() }},
-		{"simulated", func() MemoryResource { sim, _ := NewSimulatedMemoryResource(1 << 40); return sim }},
-	}
-}
-
 func adpNewStats(t *testing.T, up MemoryResource) *StatisticsResourceAdaptor {
 	t.Helper()
 	r := NewStatisticsResourceAdaptor(up)
 	return r
-}
-
-func adpAlloc(t *testing.T, mr MemoryResource, n int) DevicePtr {
-	t.Helper()
-	p, err := mr.Allocate(n, DefaultStream)
-	require.NoError(t, err)
-	if n > 0 {
-		require.NotZero(t, p)
-	}
-	return p
-}
-
-func adpFree(t *testing.T, mr MemoryResource, p DevicePtr, n int) {
-	t.Helper()
-	require.NoError(t, mr.Deallocate(p, n, DefaultStream))
 }
 
 func TestStatisticsEmpty(t *testing.T) {

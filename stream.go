@@ -77,6 +77,8 @@ func (s StreamView) String() string {
 	switch {
 	case s.id == 0:
 		return "DefaultStream"
+	case s.id&ownedStreamBit != 0 && s.h == 0:
+		return fmt.Sprintf("Stream#%d(host)", s.id&^ownedStreamBit) // made without CUDA
 	case s.id&ownedStreamBit != 0:
 		return fmt.Sprintf("Stream#%d(%#x)", s.id&^ownedStreamBit, s.h)
 	default:

@@ -120,7 +120,7 @@ func (r *streamLists[L]) listFor(s StreamView) (L, error) {
 	var zero L
 	if l, ok := r.byStream[s.id]; ok {
 		if l.order().closed {
-			return zero, errStreamClosed(r.name, s)
+			return zero, errStreamClosed(r.name+".Allocate", s)
 		}
 		return l, nil
 	}
@@ -129,7 +129,7 @@ func (r *streamLists[L]) listFor(s StreamView) (L, error) {
 	o.stream, o.lazy = s.deviceView(r.dev), s.lifetimeKnown()
 	if o.lazy && s.id != 0 && !r.hooked[s.id] {
 		if !addStreamCloseHook(s, r.hook) {
-			return zero, errStreamClosed(r.name, s)
+			return zero, errStreamClosed(r.name+".Allocate", s)
 		}
 		r.hooked[s.id] = true
 	}
