@@ -182,6 +182,8 @@ func (e *OutOfMemoryError) Error() string {
 			fmt.Fprintf(&b, " (and %s more the pool may take)", bytesText(e.Headroom))
 		}
 		fmt.Fprintf(&b, " but the largest free block is %s", bytesText(e.LargestFreeBlock))
+	case e.TooLarge && e.Detail != "": // the detail says why it is too large
+		fmt.Fprintf(&b, "; %s free, largest free block %s", bytesText(e.FreeBytes), bytesText(e.LargestFreeBlock))
 	case e.TooLarge:
 		fmt.Fprintf(&b, "; larger than the resource can ever serve: %s free, largest free block %s", bytesText(e.FreeBytes), bytesText(e.LargestFreeBlock))
 	default:

@@ -77,7 +77,7 @@ func TestArenaOutOfMemoryExhausted(t *testing.T) {
 		Resource: "ArenaMemoryResource", Requested: 5 * mb, PoolSize: 4 * mb, FreeBytes: 4 * mb,
 		LargestFreeBlock: 4 * mb, MaximumSize: 4 * mb, TooLarge: true, Detail: "the request is larger than the arena (4194304 bytes)",
 	}, *oom)
-	require.Contains(t, err.Error(), "the request is larger than the arena (4194304 bytes); larger than the resource can ever serve: 4194304 bytes (4 MiB) free")
+	require.Contains(t, err.Error(), "the request is larger than the arena (4194304 bytes); 4194304 bytes (4 MiB) free")
 	for range 15 {
 		arenaAlloc(t, a, q, DefaultStream)
 	}
@@ -189,7 +189,7 @@ func TestFixedSizeOutOfMemoryAboveBlockSize(t *testing.T) {
 		LargestFreeBlock: bs, TooLarge: true,
 		Detail: "maximum allocation size exceeded: every block is 4096 bytes, and larger requests always fail",
 	}, *oom)
-	require.Contains(t, err.Error(), "maximum allocation size exceeded: every block is 4096 bytes, and larger requests always fail; larger than the resource can ever serve: 12288 bytes (12 KiB) free, largest free block 4096 bytes (4 KiB); pool size 16384 (16 KiB), no maximum: out of memory")
+	require.Contains(t, err.Error(), "maximum allocation size exceeded: every block is 4096 bytes, and larger requests always fail; 12288 bytes (12 KiB) free, largest free block 4096 bytes (4 KiB); pool size 16384 (16 KiB), no maximum: out of memory")
 
 	var ps []DevicePtr
 	for range 3 {
@@ -203,7 +203,7 @@ func TestFixedSizeOutOfMemoryAboveBlockSize(t *testing.T) {
 		Resource: "FixedSizeMemoryResource", Requested: bs + 1, PoolSize: 4 * bs, TooLarge: true,
 		Detail: "maximum allocation size exceeded: every block is 4096 bytes, and larger requests always fail",
 	}, *oom)
-	require.Contains(t, err.Error(), "larger than the resource can ever serve: 0 bytes free, largest free block 0 bytes")
+	require.Contains(t, err.Error(), "and larger requests always fail; 0 bytes free, largest free block 0 bytes")
 	require.Equal(t, 1, f.Stats().UpstreamBlocks, "no growth for a request above the block size")
 	require.NoError(t, f.Deallocate(p, 100, DefaultStream))
 	for _, q := range ps {
