@@ -103,11 +103,10 @@ func fragmentedCarvePool(t *testing.T, page int) (*PoolMemoryResource, *counting
 	return fragmentedCarvePoolWith(t, PoolOptions{MaximumPoolSize: 1 << 30, carvePage: page})
 }
 
-func fragmentedCarvePoolWith(t *testing.T, o PoolOptions) (*PoolMemoryResource, *countingVMM, []DevicePtr) {
+// sixteenBlocksOfOneGrowth allocates sixteen 2 MiB blocks on the default stream of an empty
+// expandable pool: one growth of the minimum chunk (32 MiB).
+func sixteenBlocksOfOneGrowth(t *testing.T, p *PoolMemoryResource) []DevicePtr {
 	t.Helper()
-	vm := newCountingVMM(newSimVMM(hostVMMGranularity, 0))
-	p := newExpTestPool(t, vm, o)
-	t.Cleanup(func() { p.Close() })
 	var ptrs []DevicePtr
 	for range 16 {
 		q, err := p.Allocate(2*mib, DefaultStream)
@@ -115,6 +114,15 @@ func fragmentedCarvePoolWith(t *testing.T, o PoolOptions) (*PoolMemoryResource, 
 		ptrs = append(ptrs, q)
 	}
 	require.Equal(t, 32*mib, p.PoolSize(), "one growth of the minimum chunk")
+	return ptrs
+}
+
+func fragmentedCarvePoolWith(t *testing.T, o PoolOptions) (*PoolMemoryResource, *countingVMM, []DevicePtr) {
+	t.Helper()
+	vm := newCountingVMM(newSimVMM(hostVMMGranularity, 0))
+	p := newExpTestPool(t, vm, o)
+	t.Cleanup(func() { p.Close() })
+	ptrs := sixteenBlocksOfOneGrowth(t, p)
 	for i := 1; i < 8; i += 2 {
 		require.NoError(t, p.Deallocate(ptrs[i], 2*mib, DefaultStream))
 	}

@@ -75,13 +75,7 @@ func newStitchTestPool(t *testing.T, o PoolOptions, host bool, free ...int) *sti
 	}
 	p := newExpTestPool(t, vm, o)
 	t.Cleanup(func() { p.Close() })
-	var ptrs []DevicePtr
-	for range 16 {
-		q, err := p.Allocate(2*mib, DefaultStream)
-		require.NoError(t, err)
-		ptrs = append(ptrs, q)
-	}
-	require.Equal(t, 32*mib, p.PoolSize(), "one growth of the minimum chunk")
+	ptrs := sixteenBlocksOfOneGrowth(t, p)
 	require.Equal(t, 16, vm.counts().creates, "in 2 MiB handles")
 	for _, i := range free {
 		require.NoError(t, p.Deallocate(ptrs[i], 2*mib, DefaultStream))
