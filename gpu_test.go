@@ -14,6 +14,10 @@ import (
 
 // TestMain lets a run load freshly generated PTX (RMM_TEST_PTX_DIR holding fill.ptx and
 // copy.ptx) instead of the embedded kernels, to check kernels before they are committed.
+// TestMain quiets the debug log. The tests that take seconds of host work on resources of their
+// own (property tests, walks, traces) call t.Parallel(): they run side by side after the others,
+// which halves the package's time on a two-core machine. A test that touches global state (the
+// debug logger, the current device resource, a global counter it checks) stays serial.
 func TestMain(m *testing.M) {
 	if os.Getenv("RMM_DEBUG_LOG_FILE") == "" && os.Getenv("RMM_DEBUG_LOG_LEVEL") == "" {
 		// Tests provoke warnings on purpose (leaks, pools closed in use): keep the output clean.

@@ -27,6 +27,7 @@ import (
 	"math"
 	"math/rand/v2"
 	"strings"
+	"sync/atomic"
 	"testing"
 
 	"github.com/gormm/rmm"
@@ -183,6 +184,7 @@ func propPoolOptions(c propPool, upstream func() rmm.MemoryResource, capacity in
 
 // Over real host memory: patterns in every byte catch overlaps in memory.
 func TestPoolPropertySystem(t *testing.T) {
+	t.Parallel() // seconds of work on its own resources: see TestMain
 	cov := rmmtest.RunConfigurations(t, func(r *rand.Rand) rmmtest.Configuration {
 		c := propPool{streams: propStreams(r)}
 		if r.IntN(2) == 0 {
@@ -209,6 +211,7 @@ func TestPoolPropertySystem(t *testing.T) {
 // Over an address-only upstream of 100 GiB: initial pools up to 100 GiB, maximums, allocations
 // of tens of GiB, so growth runs into the upstream's capacity and the maximum.
 func TestPoolPropertySimulated(t *testing.T) {
+	t.Parallel() // seconds of work on its own resources: see TestMain
 	const capacity = 100 * propGiB
 	cov := rmmtest.RunConfigurations(t, func(r *rand.Rand) rmmtest.Configuration {
 		c := propPool{streams: propStreams(r)}
@@ -260,6 +263,7 @@ func propCappedPool(r *rand.Rand, initial bool) (propPool, func(*rand.Rand) int)
 }
 
 func TestPoolPropertyCappedUpstream(t *testing.T) {
+	t.Parallel() // seconds of work on its own resources: see TestMain
 	cov := rmmtest.RunConfigurations(t, func(r *rand.Rand) rmmtest.Configuration {
 		c, size := propCappedPool(r, true)
 		opts := propPoolOptions(c, propCapped(c.upstreamLimit), 1<<60, false, size)
@@ -275,6 +279,7 @@ func TestPoolPropertyCappedUpstream(t *testing.T) {
 // the checks (free lists, live table, sizes, out-of-memory figures, what the upstream holds) must
 // hold as without a device. No initial size: every list gets a (fake) event.
 func TestPoolPropertyFakeDevice(t *testing.T) {
+	t.Parallel() // seconds of work on its own resources: see TestMain
 	cov := rmmtest.RunConfigurations(t, func(r *rand.Rand) rmmtest.Configuration {
 		c, size := propCappedPool(r, false)
 		opts := propPoolOptions(c, propCapped(c.upstreamLimit), 1<<60, false, size)
@@ -382,6 +387,7 @@ type propExpandable struct {
 	capacity         int // the address range (the maximum when there is none)
 	size             func(*rand.Rand) int
 	fullPattern      bool
+	remaps           *atomic.Int64 // counts the handles carving mapped again elsewhere; nil: uncounted
 }
 
 func (c propExpandable) String() string {
@@ -411,6 +417,7 @@ func (c propExpandable) configuration() rmmtest.Configuration {
 			if err != nil {
 				t.Fatalf("building an %v: %v", c, err)
 			}
+			v.Remaps = c.remaps
 			vm = v
 			return p
 		},
@@ -434,10 +441,11 @@ func (c propExpandable) configuration() rmmtest.Configuration {
 }
 
 func TestExpandablePoolProperty(t *testing.T) {
+	t.Parallel() // seconds of work on its own resources: see TestMain
 	const gran, capacity = 4 * propKiB, 64 * propMiB
-	remaps := rmm.TrackedRemaps()
+	var remaps atomic.Int64
 	cov := rmmtest.RunConfigurations(t, func(r *rand.Rand) rmmtest.Configuration {
-		c := propExpandable{streams: propStreams(r), gran: gran, capacity: capacity}
+		c := propExpandable{streams: propStreams(r), gran: gran, capacity: capacity, remaps: &remaps}
 		if r.IntN(2) == 0 {
 			c.initial = gran * r.IntN(256)
 		}
@@ -462,17 +470,18 @@ func TestExpandablePoolProperty(t *testing.T) {
 	require.Positive(t, cov.Allocations)
 	require.Positive(t, cov.CrossStreamFrees)
 	require.Positive(t, cov.OutOfMemory)
-	require.Greater(t, rmm.TrackedRemaps(), remaps, "no growth carved free memory")
+	require.Positive(t, remaps.Load(), "no growth carved free memory")
 }
 
 // Over real host memory mapped with a 4 KiB granularity: a pattern in every byte of every live
 // allocation, checked after every step, catches overlaps and pages mapped twice, and memory
 // unmapped under a live block (reading it would fault).
 func TestExpandablePoolPropertyHostMemory(t *testing.T) {
+	t.Parallel() // seconds of work on its own resources: see TestMain
 	const gran, capacity = 4 * propKiB, 32 * propMiB
-	remaps := rmm.TrackedRemaps()
+	var remaps atomic.Int64
 	cov := rmmtest.RunConfigurations(t, func(r *rand.Rand) rmmtest.Configuration {
-		c := propExpandable{streams: propStreams(r), gran: gran, host: true, capacity: capacity, maximum: capacity, fullPattern: true}
+		c := propExpandable{streams: propStreams(r), gran: gran, host: true, capacity: capacity, maximum: capacity, fullPattern: true, remaps: &remaps}
 		if r.IntN(2) == 0 {
 			c.initial = gran * r.IntN(64)
 		}
@@ -495,11 +504,12 @@ func TestExpandablePoolPropertyHostMemory(t *testing.T) {
 	}, &rmmtest.Options{Sequences: 200, MaxCommands: 100})
 	require.Positive(t, cov.Allocations)
 	require.Positive(t, cov.CrossStreamFrees)
-	require.Greater(t, rmm.TrackedRemaps(), remaps, "no growth carved free memory")
+	require.Positive(t, remaps.Load(), "no growth carved free memory")
 }
 
 // With a physical limit below the range: the device refuses chunks.
 func TestExpandablePoolPropertyPhysicalLimit(t *testing.T) {
+	t.Parallel() // seconds of work on its own resources: see TestMain
 	const gran, capacity = 4 * propKiB, 64 * propMiB
 	cov := rmmtest.RunConfigurations(t, func(r *rand.Rand) rmmtest.Configuration {
 		c := propExpandable{streams: propStreams(r), gran: gran, capacity: capacity, maximum: capacity}
@@ -546,6 +556,7 @@ func propArena(size int) func(rmm.MemoryResource) (rmm.MemoryResource, error) {
 
 // An arena keeps its one upstream allocation until Close (ReleaseKeepsMemory), and fragments.
 func TestArenaPropertySystem(t *testing.T) {
+	t.Parallel() // seconds of work on its own resources: see TestMain
 	const size = 16 * propMiB
 	cov := rmmtest.RunConfigurations(t, propFixedConfiguration("arena of 16 MiB over SystemMemoryResource", propArena(size), rmmtest.Options{
 		Upstream: propSystem,
@@ -568,6 +579,7 @@ func TestArenaPropertySystem(t *testing.T) {
 }
 
 func TestArenaPropertySimulated(t *testing.T) {
+	t.Parallel() // seconds of work on its own resources: see TestMain
 	const size = 1 * propGiB
 	cov := rmmtest.RunConfigurations(t, propFixedConfiguration("arena of 1 GiB over an address-only upstream", propArena(size), rmmtest.Options{
 		Upstream: propSimulated(2 * propGiB),

@@ -14,6 +14,7 @@ import (
 // upstream gives no failure, the trace's peak live bytes, and exactly the pool size librmm's pool
 // reaches on the same trace (notes/benchmarks.md, W4): the same growth and best-fit rules.
 func TestReplayBundledTraces(t *testing.T) {
+	t.Parallel() // seconds of work on its own resources: see TestMain
 	want := map[string]struct {
 		peakLive, poolSize int64
 		left               int

@@ -245,6 +245,7 @@ func memProfBound(n int, q float64) float64 {
 // in-use ones are estimates of the blocks left after every other block was freed. The seeded
 // runs are reproducible; the unseeded one uses the adaptor's own random source.
 func TestMemoryProfileSampledEstimates(t *testing.T) {
+	t.Parallel() // seconds of work on its own resources: see TestMain
 	const rate = 64 << 10
 	sizes := []struct{ size, count int }{
 		{4 << 10, 200_000}, // sampled with probability 0.061

@@ -272,7 +272,8 @@ func depSeqWalkF(t *testing.T, e *poolSyncEnv, seed uint64, ops int, withRelease
 }
 
 func TestDepCoalesceSeqWalk(t *testing.T) {
-	remaps := 0 // pages carving moved, over every seed
+	t.Parallel() // seconds of work on its own resources: see TestMain
+	remaps := 0  // pages carving moved, over every seed
 	// Stitched ranges made, and how many of their blocks named other streams' lists (so that
 	// Allocate waited for them), over every seed.
 	stitched, stitchedDeps := 0, 0
@@ -321,6 +322,7 @@ func TestDepCoalesceSeqWalk(t *testing.T) {
 }
 
 func TestDepCoalesceSeqWalkTrim(t *testing.T) {
+	t.Parallel() // seconds of work on its own resources: see TestMain
 	for seed := uint64(0); seed < 60; seed++ {
 		t.Run(fmt.Sprintf("seed%d", seed), func(t *testing.T) {
 			vm := newGatedVMM(0)
@@ -334,6 +336,7 @@ func TestDepCoalesceSeqWalkTrim(t *testing.T) {
 }
 
 func TestDepCoalesceSeqWalkFaulty(t *testing.T) {
+	t.Parallel() // seconds of work on its own resources: see TestMain
 	for seed := uint64(0); seed < 80; seed++ {
 		for _, exp := range []bool{false, true} {
 			t.Run(fmt.Sprintf("seed%d-exp%v", seed, exp), func(t *testing.T) {
@@ -487,6 +490,7 @@ func depConcWalk(t *testing.T, e *poolSyncEnv, workers, rounds, ops int, seed ui
 }
 
 func TestDepCoalesceConcWalk(t *testing.T) {
+	t.Parallel() // seconds of work on its own resources: see TestMain
 	for seed := uint64(0); seed < 12; seed++ {
 		modes := []string{"plain", "exp", "trim", "plain-faults", "exp-faults", "carve", "carve-faults", "stitch", "stitch-faults"}
 		for _, mode := range modes {

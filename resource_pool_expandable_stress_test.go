@@ -543,6 +543,7 @@ func (m *expRandState) allocateLoose(r *rand.Rand, g int) {
 }
 
 func TestExpandablePoolRandomized(t *testing.T) {
+	t.Parallel() // seconds of work on its own resources: see TestMain
 	base := time.Now().UnixNano()
 	if v := os.Getenv("RMM_EXP_SEED"); v != "" {
 		var err error

@@ -32,6 +32,7 @@ func freelistCheck(t *testing.T, l *freeList, want []*block) {
 // lowest address among equals) and the largest block, after every step, with sizes that share a
 // class, sizes in neighbouring classes and levels, sizes off the 256-byte grid and huge ones.
 func TestFreelistAgainstModel(t *testing.T) {
+	t.Parallel() // seconds of work on its own resources: see TestMain
 	r := rand.New(rand.NewPCG(3, 5))
 	l := &freeList{rng: 1}
 	var model []*block // sorted by (size, address)

@@ -76,6 +76,7 @@ func (u *poolRetryUpstream) holds(p DevicePtr, n int) bool {
 // never refuses gives nothing back except at Release, and a capped pool over an upstream without limit fails only when neither a
 // free block nor the headroom (after giving back its wholly free blocks) holds the request.
 func TestPoolReleaseRetryRandomized(t *testing.T) {
+	t.Parallel() // seconds of work on its own resources: see TestMain
 	base := time.Now().UnixNano()
 	for i := range 40 {
 		seed := base + int64(i)

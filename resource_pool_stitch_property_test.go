@@ -636,6 +636,7 @@ func testStitchProperty(t *testing.T, mode string, piece int, rest bool) {
 }
 
 func TestStitchPropertySim(t *testing.T) {
+	t.Parallel() // seconds of work on its own resources: see TestMain
 	for _, c := range []struct {
 		piece int
 		rest  bool
@@ -645,6 +646,7 @@ func TestStitchPropertySim(t *testing.T) {
 }
 
 func TestStitchPropertyHost(t *testing.T) {
+	t.Parallel() // seconds of work on its own resources: see TestMain
 	if _, err := newHostVMMAliasing(hostVMMGranularity, 0); err != nil {
 		t.Skip(err)
 	}
