@@ -163,3 +163,69 @@ func memProfReportCPU(b *testing.B, cpu0 time.Duration, ok bool) {
 		b.ReportMetric(float64((cpu1-cpu0).Nanoseconds())/float64(b.N), "cpu-ns/op")
 	}
 }
+
+// w1PairBlock is how many pairs BenchmarkW1ProfiledPaired times at once: about 50 µs over a pool,
+// long beside the clock's cost (two reads of about 25 ns), short beside the changes of speed of a
+// shared host.
+const w1PairBlock = 1024
+
+// W1 through a MemoryProfileResourceAdaptor at DefaultMemoryProfileRate ("prof") and through an
+// adaptor that only passes the calls on ("fwd"), each beside the resource alone ("base"), in one
+// loop: blocks of w1PairBlock pairs alternate between the three (each round starts with the next
+// of them), and each block is timed on its own. A change of the host's speed during the run then
+// falls on the three alike; the cells of BenchmarkW1Profiled, run one after the other, fell near
+// 55 or near 80 ns a pair on the H200's host whatever the rate. Metrics: ns a pair of each, and
+// prof-% and fwd-%, what the adaptor adds in percent of the resource alone (ns/op is a round:
+// three blocks).
+//
+//	go test -run '^$' -bench W1ProfiledPaired -count 10 > paired.txt
+//	benchstat paired.txt
+func BenchmarkW1ProfiledPaired(b *testing.B) {
+	for _, r := range benchResources(b) {
+		for _, size := range []int{256, 64 << 10, 1 << 20, 64 << 20} {
+			b.Run(fmt.Sprintf("mr=%s/size=%s", r.name, sizeName(size)), func(b *testing.B) {
+				up, closeMR := r.make(b)
+				defer closeMR()
+				prof, err := NewMemoryProfileResourceAdaptor(up, nil)
+				if err != nil {
+					b.Fatal(err)
+				}
+				arms := []MemoryResource{up, prof, &memProfForward{up}}
+				s := benchStream(b)
+				block := func(mr MemoryResource) time.Duration {
+					start := time.Now()
+					for range w1PairBlock {
+						p, err := mr.Allocate(size, s)
+						if err != nil {
+							b.Fatal(err)
+						}
+						if err := mr.Deallocate(p, size, s); err != nil {
+							b.Fatal(err)
+						}
+					}
+					return time.Since(start)
+				}
+				for _, mr := range arms { // warm up: first blocks, tables grown
+					block(mr)
+				}
+				var spent [3]time.Duration
+				round := 0
+				for b.Loop() {
+					for i := range arms {
+						k := (round + i) % len(arms)
+						spent[k] += block(arms[k])
+					}
+					round++
+				}
+				s.Synchronize()
+				pairs := float64(round * w1PairBlock)
+				ns := func(k int) float64 { return float64(spent[k].Nanoseconds()) / pairs }
+				b.ReportMetric(ns(0), "base-ns/pair")
+				b.ReportMetric(ns(1), "prof-ns/pair")
+				b.ReportMetric(ns(2), "fwd-ns/pair")
+				b.ReportMetric(100*(ns(1)/ns(0)-1), "prof-%")
+				b.ReportMetric(100*(ns(2)/ns(0)-1), "fwd-%")
+			})
+		}
+	}
+}
