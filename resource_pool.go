@@ -119,14 +119,15 @@ type PoolOptions struct {
 	// Stitch (expandable pools only; off by default) keeps the memory an expandable pool maps
 	// close to what is live when request sizes keep changing, for a slower first pass: growths map
 	// physical memory in pieces of the granularity (2 MiB) or a 64th of the growth where that is
-	// more, and a request of 2 MiB or more that no free block holds is served by mapping the
+	// more, a growth maps what the request needs but at least 16 MiB and a 64th of the pool
+	// (instead of 32 MiB and a 16th), and a request of 2 MiB or more that no free block holds is served by mapping the
 	// pieces lying in free memory a second time, back to back, into an address range of its own
 	// (cuMemAddressReserve, cuMemMap, cuMemSetAccess), after growing only what they lack. The
 	// range is kept, and serves a later request with no driver call once its pieces are free
 	// again; kept ranges are unmapped after a host wait for the streams' work (at Release, Close,
 	// or past 1,024 of them). Memory freed on other streams is used after the allocating stream
 	// waits for them, as for any block. ExportIPC exports the pieces under a stitched block.
-	// BENCHMARKS.md gives the footprints and the first pass's cost on sixteen real traces.
+	// BENCHMARKS.md gives the footprints and the first pass's cost on twenty real traces.
 	Stitch bool
 	// Exportable (expandable pools over device memory only) creates the pool's physical memory
 	// exportable as POSIX file descriptors, so that its allocations can be shared with other
@@ -162,8 +163,11 @@ type PoolOptions struct {
 	// other lists among its deps.
 	stitchNoDeps bool
 	// minGrowth (expandable pools; measurements): the least growth, rounded up to the
-	// granularity; 0: expandableMinChunk.
+	// granularity; 0: expandableMinChunk, or stitchMinGrowth with stitchPiece.
 	minGrowth int
+	// growthDivisor (expandable pools; measurements): a growth maps at least the pool's size
+	// divided by this; 0: expandableGrowthDivisor, or stitchGrowthDivisor with stitchPiece.
+	growthDivisor int
 }
 
 // PoolMemoryResource is a coalescing best-fit sub-allocator over an upstream [MemoryResource],
@@ -319,7 +323,7 @@ func newExpandablePool(upstream MemoryResource, vm vmm, o PoolOptions) (*PoolMem
 		o.stitchFrac = cmp.Or(o.stitchFrac, stitchFracDefault)
 	}
 	switch {
-	case o.stitchPiece < 0 || o.stitchMin < 0 || o.stitchKeep < 0 || o.stitchFrac < 0 || o.minGrowth < 0:
+	case o.stitchPiece < 0 || o.stitchMin < 0 || o.stitchKeep < 0 || o.stitchFrac < 0 || o.minGrowth < 0 || o.growthDivisor < 0:
 		return nil, errorf("NewPoolMemoryResource: negative stitching option: %w", ErrInvalidArgument)
 	case o.stitchPiece > 0 && o.carvePage > 0:
 		// Carving unmaps free chunks and maps them elsewhere, which an alias of them would have
@@ -331,6 +335,11 @@ func newExpandablePool(upstream MemoryResource, vm vmm, o PoolOptions) (*PoolMem
 		return nil, err
 	}
 	e.minChunk = cmp.Or(o.minGrowth, expandableMinChunk)
+	e.growthDiv = cmp.Or(o.growthDivisor, expandableGrowthDivisor)
+	if o.stitchPiece > 0 {
+		e.minChunk = cmp.Or(o.minGrowth, stitchMinGrowth)
+		e.growthDiv = cmp.Or(o.growthDivisor, stitchGrowthDivisor)
+	}
 	if o.stitchPiece > 0 {
 		e.piece, _ = alignUpChecked(o.stitchPiece, e.gran)
 		e.stitchMin = cmp.Or(o.stitchMin, stitchMinDefault)

@@ -113,7 +113,7 @@ func sixteenBlocksOfOneGrowth(t *testing.T, p *PoolMemoryResource) []DevicePtr {
 		require.NoError(t, err)
 		ptrs = append(ptrs, q)
 	}
-	require.Equal(t, 32*mib, p.PoolSize(), "one growth of the minimum chunk")
+	require.Equal(t, 32*mib, p.PoolSize(), "one growth of the minimum chunk (two of a stitching pool's)")
 	return ptrs
 }
 

@@ -63,6 +63,7 @@ type expandable struct {
 	evicted      int // aliases unmapped
 
 	minChunk  int // the least growth (expandableMinChunk unless PoolOptions.minGrowth)
+	growthDiv int // a growth maps at least size/growthDiv (expandableGrowthDivisor unless PoolOptions.growthDivisor)
 	threshold int // ReleaseThreshold; 0: never trim by itself
 	trimAt    int // free mapped bytes above which Deallocate trims
 }
@@ -179,7 +180,7 @@ func (e *expandable) resetTrim(free int) {
 
 // chunkSize is the size to map for a growth that needs need more bytes, with size mapped now.
 func (e *expandable) chunkSize(need, size int) int {
-	step := min(max(size/expandableGrowthDivisor, e.minChunk), expandableMaxChunk)
+	step := min(max(size/e.growthDiv, e.minChunk), expandableMaxChunk)
 	k, _ := alignUpChecked(max(need, step), e.gran)
 	return k
 }
@@ -279,17 +280,7 @@ func (p *PoolMemoryResource) growExpandable(n int, l *freeList, exact int) (*blo
 	if err != nil {
 		return nil, p.growErr(n, k, err)
 	}
-	nb := p.addChunk(at, k, h)
-	p.logGrowth(nb)
-	nb.prev = e.tail
-	if e.tail != nil {
-		e.tail.next = nb
-	} else {
-		e.head = nb
-	}
-	e.tail = nb
-	e.top = nb.end()
-	return p.takeGrown(nb, n, l)
+	return p.takeGrown(p.appendChunk(at, k, h), n, l)
 }
 
 // mapChunk maps k bytes of physical memory at addr (spare handles first, then new ones) and
@@ -404,6 +395,24 @@ func (p *PoolMemoryResource) addChunk(addr DevicePtr, k int, cs []vmChunk) *bloc
 	b := p.newBlock(addr, k)
 	b.free = false
 	return b
+}
+
+// appendChunk records the chunks cs just mapped over [addr, addr+k) at the top of the range
+// (pool locked), logs the growth, and returns a new block over them linked at the chain's tail
+// (not free yet).
+func (p *PoolMemoryResource) appendChunk(addr DevicePtr, k int, cs []vmChunk) *block {
+	e := p.exp
+	nb := p.addChunk(addr, k, cs)
+	p.logGrowth(nb)
+	nb.prev = e.tail
+	if e.tail != nil {
+		e.tail.next = nb
+	} else {
+		e.head = nb
+	}
+	e.tail = nb
+	e.top = nb.end()
+	return nb
 }
 
 // logGrowth writes a growth by the block nb to the debug log.

@@ -282,29 +282,13 @@ func (l *freeList) largest() *block {
 }
 
 // each calls f for every block in (size, address) order; f must not change the list.
-func (l *freeList) each(f func(*block)) {
-	var walk func(*block)
-	walk = func(t *block) {
-		if t == nil {
-			return
-		}
-		walk(t.left)
-		f(t)
-		walk(t.right)
-	}
-	for top := l.top; top != 0; top &= top - 1 {
-		level := bits.TrailingZeros64(top)
-		for sub := l.sub[level]; sub != 0; sub &= sub - 1 {
-			walk(l.levels[level][bits.TrailingZeros64(sub)])
-		}
-	}
-}
+func (l *freeList) each(f func(*block)) { l.eachAtLeast(0, f) }
 
 // eachAtLeast calls f for every block of the classes that may hold n bytes or more (some blocks
 // of n's own class may be smaller), in (size, address) order.
 func (l *freeList) eachAtLeast(n int, f func(*block)) {
 	var walk func(*block)
-	walk = func(t *block) {
+	walk = func(t *block) { // in order
 		if t == nil {
 			return
 		}

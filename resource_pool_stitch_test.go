@@ -218,7 +218,8 @@ func TestStitchReleaseWithKeptAlias(t *testing.T) {
 }
 
 // With stitchRest, free handles holding 6 MiB of an 8 MiB request: 2 MiB is grown at the end and
-// the four handles stitched (34 MiB), where the pool would otherwise grow a step (64 MiB).
+// the four handles stitched (34 MiB), where the pool would otherwise grow a step (stitchMinGrowth:
+// 48 MiB).
 func TestStitchRest(t *testing.T) {
 	for _, rest := range []bool{false, true} {
 		s := newStitchTestPool(t, PoolOptions{stitchRest: rest}, false, 1, 3, 5)
@@ -229,7 +230,7 @@ func TestStitchRest(t *testing.T) {
 		require.NoError(t, p.CheckInvariants())
 		if !rest {
 			require.True(t, s.inPrimary(q))
-			require.Equal(t, 64*mib, p.PoolSize())
+			require.Equal(t, 32*mib+stitchMinGrowth, p.PoolSize())
 			continue
 		}
 		require.False(t, s.inPrimary(q))

@@ -33,6 +33,8 @@ var stitchKeepFlag = flag.Int("rmm.stitchkeep", 0, "with -rmm.stitchtraces: Pool
 
 var stitchMinGrowthFlag = flag.Int("rmm.mingrowth", 0, "with -rmm.stitchtraces: PoolOptions.minGrowth, the least growth (0: the default)")
 
+var stitchGrowthDivFlag = flag.Int("rmm.growthdiv", 0, "with -rmm.stitchtraces: PoolOptions.growthDivisor (0: the default)")
+
 // TestStitchTraces is the measurement behind stitching's figures:
 //
 //	go test -run TestStitchTraces -rmm.stitchtraces 8388608,2097152,33554432 -v -timeout 1h
@@ -72,7 +74,7 @@ func TestStitchTraces(t *testing.T) {
 		require.NoError(t, err)
 		for _, v := range vs {
 			vm := newCountingVMM(newVMM())
-			o := PoolOptions{MaximumPoolSize: maximum, stitchPiece: v.piece, stitchRest: v.rest, stitchKeep: *stitchKeepFlag, stitchFrac: *stitchFracFlag, stitchNoDeps: *stitchNoDepsFlag, minGrowth: *stitchMinGrowthFlag}
+			o := PoolOptions{MaximumPoolSize: maximum, stitchPiece: v.piece, stitchRest: v.rest, stitchKeep: *stitchKeepFlag, stitchFrac: *stitchFracFlag, stitchNoDeps: *stitchNoDepsFlag, minGrowth: *stitchMinGrowthFlag, growthDivisor: *stitchGrowthDivFlag}
 			if *stitchMinFlag < 0 {
 				o.stitchMin = v.piece
 			} else {
