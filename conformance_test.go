@@ -97,6 +97,10 @@ func TestConformance(t *testing.T) {
 				if err := rmm.CUDAAvailable(); err != nil {
 					t.Skipf("no CUDA device: %v", err)
 				}
+			} else {
+				// The host cases run side by side, after the GPU ones (one at a time): rmmtest's
+				// suites take turns at the current device resource.
+				t.Parallel()
 			}
 			rmmtest.Run(t, func(t *testing.T, up rmm.MemoryResource) rmm.MemoryResource {
 				mr, err := c.new(up)

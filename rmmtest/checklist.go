@@ -549,9 +549,25 @@ func sameResource(a, b rmm.MemoryResource) bool {
 	return ta == tb && ta.Comparable() && a == b
 }
 
+// currentMu is held by a suite while it changes the process-wide current device resource
+// (testCurrentDeviceResource), and read-held by the default upstream (currentResource), so that
+// suites running in parallel tests neither take turns at it together nor build over another
+// suite's resource.
+var currentMu sync.RWMutex
+
+// currentResource is the default Options.Upstream: rmm.CurrentDeviceResource, read while no suite
+// changes it.
+func currentResource() rmm.MemoryResource {
+	currentMu.RLock()
+	defer currentMu.RUnlock()
+	return rmm.CurrentDeviceResource()
+}
+
 // Item 7: setting and getting the current device resource from many goroutines is consistent.
 func (s *suite) testCurrentDeviceResource(t tester) {
 	in := s.newInstance(t, 0)
+	currentMu.Lock()
+	defer currentMu.Unlock()
 	in.concurrent = true
 	if !reflect.TypeOf(in.mr).Comparable() {
 		t.Skipf("%T is not comparable (see Equality)", in.mr)

@@ -383,7 +383,7 @@ func resolve(opts *Options) (*config, error) {
 		concurrentInvariants:   o.ConcurrentInvariants,
 	}
 	if c.upstream == nil {
-		c.upstream = rmm.CurrentDeviceResource
+		c.upstream = currentResource
 	}
 	switch {
 	case c.maxAllocationSize < 0:
@@ -453,7 +453,9 @@ func (c *config) mayRunOut(live, n int) bool {
 // what the resource promises; nil means the defaults (see Options).
 //
 // The CurrentDeviceResource sub-test changes the process-wide current device resource while it
-// runs: do not call Run from a parallel test (t.Parallel) while other tests depend on it.
+// runs. The suites of a process take turns at it, and the default upstream is read between
+// turns, so Run may be called from parallel tests (t.Parallel); other code of theirs that uses
+// the current device resource may see the resource under test meanwhile.
 func Run(t *testing.T, newResource func(t *testing.T, upstream rmm.MemoryResource) rmm.MemoryResource, opts *Options) {
 	t.Helper()
 	c, err := resolve(opts)
