@@ -29,6 +29,7 @@ type arenaSyncFake struct {
 	nextEv  uintptr
 	dead    map[uintptr]bool // handles of destroyed streams: a call naming one is an error
 	errs    []string
+	deadArg string // a destroyed stream named by the call being logged (s), reported by add
 	model   *arenaSyncModel
 	onSync  func() // called within each cuCtxSynchronize
 	// onCall, when set, is called (f.mu not held) at the start of each stream wait, record and
@@ -131,7 +132,7 @@ func (f *arenaSyncFake) s(h uintptr) string {
 		n = fmt.Sprintf("%#x", h)
 	}
 	if f.dead[h] {
-		f.errs = append(f.errs, "a call names the destroyed stream "+n)
+		f.deadArg = n
 	}
 	return n
 }
@@ -148,6 +149,10 @@ func (f *arenaSyncFake) e(h uintptr) string {
 }
 
 func (f *arenaSyncFake) add(format string, args ...any) {
+	if f.deadArg != "" {
+		f.errs = append(f.errs, fmt.Sprintf("a call names the destroyed stream %s: "+format, append([]any{f.deadArg}, args...)...))
+		f.deadArg = ""
+	}
 	f.calls++
 	if !f.quiet {
 		f.log = append(f.log, fmt.Sprintf(format, args...))
@@ -988,4 +993,17 @@ func TestArenaWaitedRing(t *testing.T) {
 	for _, v := range views {
 		require.False(t, x.hasWaited(v.id))
 	}
+}
+
+// The fake reports a call naming a destroyed stream, with the call.
+func TestArenaSyncFakeReportsDestroyedStream(t *testing.T) {
+	f := newArenaSyncFake(nil) // no model: the calls only logged
+	f.names[0x51] = "S"
+	d := f.driver()
+	require.NoError(t, d.streamSynchronize(1, 0x51))
+	require.Empty(t, f.errors())
+	f.kill(0x51)
+	require.NoError(t, d.recordAndWait(1, 0x1001, 0x51, cuStreamLegacy))
+	require.NoError(t, d.streamSynchronize(1, cuStreamLegacy))
+	require.Equal(t, []string{"a call names the destroyed stream S: record e1 on S, wait default"}, f.errors())
 }
