@@ -1,6 +1,12 @@
 package rmm_test
 
 import (
+	"go/ast"
+	"go/parser"
+	"go/token"
+	"path/filepath"
+	"reflect"
+	"strings"
 	"testing"
 
 	"github.com/gormm/rmm"
@@ -319,4 +325,74 @@ func confAsyncView(rmm.MemoryResource) (rmm.MemoryResource, error) {
 		return nil, err
 	}
 	return rmm.NewCudaAsyncViewMemoryResource(rmm.CurrentDevice(), pool)
+}
+
+// Every exported adaptor type of the package is among the resources that conformanceCases' host
+// cases build (each case over its suite's upstream, the chain followed through Upstream), so
+// rmmtest checks every adaptor's contract on any machine.
+func TestConformanceCoversEveryAdaptor(t *testing.T) {
+	files, err := filepath.Glob("*.go")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var want []string
+	fset := token.NewFileSet()
+	for _, name := range files {
+		if strings.HasSuffix(name, "_test.go") {
+			continue
+		}
+		f, err := parser.ParseFile(fset, name, nil, parser.SkipObjectResolution)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, d := range f.Decls {
+			if g, ok := d.(*ast.GenDecl); ok && g.Tok == token.TYPE {
+				for _, sp := range g.Specs {
+					if n := sp.(*ast.TypeSpec).Name.Name; ast.IsExported(n) && strings.HasSuffix(n, "ResourceAdaptor") {
+						want = append(want, n)
+					}
+				}
+			}
+		}
+	}
+	if len(want) == 0 {
+		t.Fatal("no adaptor type found")
+	}
+	seen := map[string]bool{}
+	for _, c := range conformanceCases {
+		if c.gpu {
+			continue
+		}
+		up := confSystem()
+		if c.opts.Upstream != nil {
+			up = c.opts.Upstream()
+		}
+		mr, err := c.new(up)
+		if err != nil {
+			t.Fatalf("building %s: %v", c.name, err)
+		}
+		var chain []rmm.MemoryResource
+		for r := mr; r != nil && r != up; {
+			if h, ok := r.(confHideStats); ok {
+				r = h.r
+			}
+			chain = append(chain, r)
+			seen[reflect.Indirect(reflect.ValueOf(r)).Type().Name()] = true
+			u, ok := r.(rmm.Upstreamer)
+			if !ok {
+				break
+			}
+			r = u.Upstream()
+		}
+		for _, r := range chain {
+			if c, ok := r.(interface{ Close() error }); ok {
+				c.Close()
+			}
+		}
+	}
+	for _, n := range want {
+		if !seen[n] {
+			t.Errorf("no host case of conformanceCases (conformance_test.go) builds a %s: rmmtest does not check it", n)
+		}
+	}
 }
