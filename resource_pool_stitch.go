@@ -34,18 +34,15 @@ import (
 // after a host wait for the work behind every free, as Release waits before it unmaps chunks:
 // unmap does not wait for the device.
 //
-// Why it is not on by default (TestStitchTraces, sixteen traces replayed over an address-only
-// device, peak mapped / peak live after 1, 3 and 10 passes): with 2 MiB pieces and stitchRest
-// every trace is at most 1.049 at every pass but the two-stream CuPy trace (1.249 → 1.048 /
-// 1.055): LSTM 1.115 → 1.002, one-stream CuPy 1.545 → 1.007, UNet 1.166 / 1.168 → 1.006,
-// three-stream pipeline 1.291 → 1.027, ViT 1.069 / 1.085 → 1.012, graph network 1.247 → 1.041,
-// image decoder 1.089 → 1.001, the same at passes 3 and 10 within 0.007, with no driver call
-// after the first pass. But the first pass creates 10 to 600 times as many handles (T5: 19,394
-// instead of 273, about 1.4 s of cuMemCreate + cuMemMap at 71 µs each on the H200), and nothing
-// was measured on a device yet. With 8 MiB pieces the first pass creates about a quarter of that,
-// and the two multi-stream traces stay at 1.126 / 1.147 and 1.093 / 1.104; without stitchRest,
-// LoRA and GPT-2 training get worse than without stitching (1.071 / 1.083 at 2 MiB against 1.006
-// / 1.019), and the LSTM and the image decoder are unchanged.
+// Why it is not on by default: on the twenty traces of testdata/traces, replayed on an H200
+// (BENCHMARKS.md, fifteenth run), a stitching pool takes 1.001-1.055 x peak live at passes 1 and
+// 3 (the two-thread CuPy trace at its 2 MiB page floor), against 1.001-1.545 without stitching,
+// with no driver call after the first pass. But the first pass maps 10 to 600 times as many
+// handles (T5: about 9 µs per event, the driver's 50-80 µs per mapping, serialised), and later
+// passes cost 0.1-1.5 µs per event where the pool without stitching runs at 0.1-0.44. Over the
+// address-only VMM (TestStitchTraces), 8 MiB pieces left the two multi-stream traces at 1.126 /
+// 1.147 and 1.093 / 1.104; without stitchRest, LoRA and GPT-2 training got worse than without
+// stitching (1.071 / 1.083 at 2 MiB against 1.006 / 1.019).
 
 // stitchAlias is a range of address space into which chunks of the pool are mapped back to back.
 // While its block is live the chunks are lent; once freed it is kept, for a later request that
