@@ -103,8 +103,19 @@ func (f *arenaSyncFake) name(h uintptr, name string) {
 	delete(f.dead, h)
 }
 
-// kill marks the stream with handle h destroyed.
+// kill marks the stream with handle h destroyed, unless a live Stream has that handle again: with
+// CUDA the driver may give a destroyed stream's handle to the next stream made, perhaps by another
+// goroutine and named (name) before the caller's kill. (Seen on an H200: a walk's worker killed
+// the handle of the stream it had closed after another worker's new stream had it.)
 func (f *arenaSyncFake) kill(h uintptr) {
+	reused := false
+	streamRegistry.Range(func(_, x any) bool {
+		reused = x.(*Stream).view.h == h
+		return !reused
+	})
+	if reused {
+		return
+	}
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.dead[h] = true
