@@ -27,9 +27,9 @@ func ExampleStatisticsResourceAdaptor() {
 	_, err := stats.PopCounters()
 	fmt.Println(err)
 	// Output:
-	// {CurrentBytes:3000 CurrentCount:1 PeakBytes:4000 PeakCount:2 TotalBytes:4000 TotalCount:2}
-	// {CurrentBytes:-2500 CurrentCount:0 PeakBytes:500 PeakCount:1 TotalBytes:500 TotalCount:1}
-	// {CurrentBytes:0 CurrentCount:0 PeakBytes:4000 PeakCount:2 TotalBytes:4500 TotalCount:3}
+	// current 3000 bytes in 1, peak 4000 bytes in 2, total 4000 bytes in 2
+	// current -2500 bytes in 0, peak 500 bytes in 1, total 500 bytes in 1
+	// current 0 bytes in 0, peak 4000 bytes in 2, total 4500 bytes in 3
 	// rmm: StatisticsResourceAdaptor.PopCounters: cannot pop the last level of counters: index out of range
 }
 

@@ -1,6 +1,7 @@
 package rmm
 
 import (
+	"fmt"
 	"sync"
 	"sync/atomic"
 )
@@ -16,6 +17,13 @@ type Statistics struct {
 	PeakCount    int64 // the most CurrentCount has been
 	TotalBytes   int64 // bytes allocated in all, freed or not
 	TotalCount   int64 // allocations made in all, freed or not
+}
+
+// String reads, for example, "current 4194304 bytes in 1, peak 4194304 bytes in 1, total 4194304
+// bytes in 1".
+func (s Statistics) String() string {
+	return fmt.Sprintf("current %d bytes in %d, peak %d bytes in %d, total %d bytes in %d",
+		s.CurrentBytes, s.CurrentCount, s.PeakBytes, s.PeakCount, s.TotalBytes, s.TotalCount)
 }
 
 // StatisticsCounter is one counter of a StatisticsResourceAdaptor level: its value now, the

@@ -535,3 +535,8 @@ func TestStatisticsOverlappingScopes(t *testing.T) {
 	require.ErrorIs(t, err, ErrInvalidArgument)
 	require.Same(t, plain, CurrentDeviceResource())
 }
+
+func TestStatisticsString(t *testing.T) {
+	s := Statistics{CurrentBytes: 4096, CurrentCount: 1, PeakBytes: 8192, PeakCount: 2, TotalBytes: 12288, TotalCount: 3}
+	require.Equal(t, "current 4096 bytes in 1, peak 8192 bytes in 2, total 12288 bytes in 3", s.String())
+}
