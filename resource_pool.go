@@ -334,12 +334,11 @@ func newExpandablePool(upstream MemoryResource, vm vmm, o PoolOptions) (*PoolMem
 	if err != nil {
 		return nil, err
 	}
-	e.minChunk = cmp.Or(o.minGrowth, expandableMinChunk)
-	e.growthDiv = cmp.Or(o.growthDivisor, expandableGrowthDivisor)
+	minChunk, growthDiv := expandableMinChunk, expandableGrowthDivisor
 	if o.stitchPiece > 0 {
-		e.minChunk = cmp.Or(o.minGrowth, stitchMinGrowth)
-		e.growthDiv = cmp.Or(o.growthDivisor, stitchGrowthDivisor)
+		minChunk, growthDiv = stitchMinGrowth, stitchGrowthDivisor
 	}
+	e.minChunk, e.growthDiv = cmp.Or(o.minGrowth, minChunk), cmp.Or(o.growthDivisor, growthDiv)
 	if o.stitchPiece > 0 {
 		e.piece, _ = alignUpChecked(o.stitchPiece, e.gran)
 		e.stitchMin = cmp.Or(o.stitchMin, stitchMinDefault)
