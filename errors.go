@@ -90,9 +90,6 @@ func (e *CUDAError) Is(target error) bool {
 	return false
 }
 
-// rmmPrefix starts every error message of this package, once.
-const rmmPrefix = errshape.Prefix
-
 // errorf is fmt.Errorf for this package's errors, and the one way they are made: it writes
 // "rmm: " in front of the formatted text, and formats each error among args without its own
 // leading "rmm: ", so that the message reads "rmm: Op: what went wrong: cause" with "rmm: " once
@@ -101,9 +98,6 @@ const rmmPrefix = errshape.Prefix
 // upstream's errors unchanged, so a double free through a StatisticsResourceAdaptor over a pool
 // names PoolMemoryResource.Deallocate.
 func errorf(format string, args ...any) error { return errshape.Errorf(format, args...) }
-
-// trimRMM returns an error's text without its leading "rmm: ": the text of a cause.
-func trimRMM(err error) string { return errshape.Trim(err) }
 
 // outOfMemory builds the error a resource returns when it cannot provide nbytes.
 func outOfMemory(resource string, nbytes int, cause error) error {
@@ -157,7 +151,7 @@ type OutOfMemoryError struct {
 // itself, once).
 func (e *OutOfMemoryError) Error() string {
 	var b strings.Builder
-	b.WriteString(rmmPrefix)
+	b.WriteString(errshape.Prefix)
 	if e.Limited {
 		fmt.Fprintf(&b, "%s (limit %d, allocated %d): failed to allocate %d bytes (%s)", e.Resource, e.MaximumSize, e.PoolSize, e.Requested, FormatBytes(int64(e.Requested)))
 		if e.Detail != "" {
@@ -208,11 +202,11 @@ func (e *OutOfMemoryError) Error() string {
 func (e *OutOfMemoryError) writeCause(b *strings.Builder) {
 	if e.Cause == nil || !errors.Is(e.Cause, ErrOutOfMemory) {
 		b.WriteString(": ")
-		b.WriteString(trimRMM(ErrOutOfMemory))
+		b.WriteString(errshape.Trim(ErrOutOfMemory))
 	}
 	if e.Cause != nil {
 		b.WriteString(": upstream: ")
-		b.WriteString(trimRMM(e.Cause))
+		b.WriteString(errshape.Trim(e.Cause))
 	}
 }
 

@@ -12,6 +12,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/gormm/rmm/internal/errshape"
 )
 
 // LogHeader is the first line (without its newline) of RMM's CSV event log: the format librmm's
@@ -97,7 +99,7 @@ type LogParseError struct {
 // where the log was not read from a file).
 func (e *LogParseError) Error() string {
 	var b strings.Builder
-	b.WriteString(rmmPrefix)
+	b.WriteString(errshape.Prefix)
 	if e.File != "" {
 		b.WriteString(e.File)
 		b.WriteString(":")
@@ -113,7 +115,7 @@ func (e *LogParseError) Error() string {
 	b.WriteString(": ")
 	b.WriteString(e.Msg)
 	b.WriteString(": ")
-	b.WriteString(trimRMM(ErrMalformedLog))
+	b.WriteString(errshape.Trim(ErrMalformedLog))
 	return b.String()
 }
 
