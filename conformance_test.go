@@ -64,6 +64,10 @@ var conformanceCases = []confCase{
 	{"StreamStatisticsOverSimulated", false, confStreamStatistics, rmmtest.Options{IgnoresStreams: true, Upstream: confSimulated(100 * confGiB), MaxAllocationSize: 40 * confGiB, Capacity: 100 * confGiB}},
 	{"MemoryProfileEveryAllocationOverPool", false, confAdaptorOverPool(confMemoryProfile(1)), rmmtest.Options{DetectsInvalidFree: true, Upstream: confSystem}},
 	{"MemoryProfileSampledOverPool", false, confAdaptorOverPool(confMemoryProfile(64 << 10)), rmmtest.Options{DetectsInvalidFree: true, Upstream: confSystem}},
+	// Pools sampling their own allocations into a MemoryProfile (PoolOptions.MemoryProfile).
+	{"PoolProfilingEveryAllocationOverSystem", false, confPool(&rmm.PoolOptions{MemoryProfile: confNewProfile(1)}), rmmtest.Options{DetectsInvalidFree: true, Upstream: confSystem}},
+	{"PoolProfilingSampledOverSimulated", false, confPool(&rmm.PoolOptions{MemoryProfile: confNewProfile(64 << 10)}), confSimulatedOpts(100 * confGiB)},
+	{"ExpandablePoolProfilingOverHost", false, confExpandableProfiling(confGiB, confNewProfile(1)), rmmtest.Options{DetectsInvalidFree: true, MaxAllocationSize: 128 * confMiB, Capacity: confGiB}},
 
 	// The other sub-allocators and resources.
 	{"ArenaOverSystem", false, confArena(64 * confMiB), rmmtest.Options{DetectsInvalidFree: true, ReleaseKeepsMemory: true, Upstream: confSystem, MaxAllocationSize: 8 * confMiB, Capacity: 64 * confMiB}},
@@ -245,6 +249,22 @@ func confMemoryProfile(rate int) func(rmm.MemoryResource) (rmm.MemoryResource, e
 	return func(up rmm.MemoryResource) (rmm.MemoryResource, error) {
 		return rmm.NewMemoryProfileResourceAdaptor(up, &rmm.MemoryProfileOptions{Rate: rate})
 	}
+}
+
+// confExpandableProfiling is an expandable pool over host memory sampling into prof.
+func confExpandableProfiling(maximum int, prof *rmm.MemoryProfile) func(rmm.MemoryResource) (rmm.MemoryResource, error) {
+	return func(rmm.MemoryResource) (rmm.MemoryResource, error) {
+		return rmm.NewPoolMemoryResource(confSystem(), &rmm.PoolOptions{Expandable: true, MaximumPoolSize: maximum, MemoryProfile: prof})
+	}
+}
+
+// confNewProfile is a MemoryProfile at rate, shared by every resource a case builds.
+func confNewProfile(rate int) *rmm.MemoryProfile {
+	m, err := rmm.NewMemoryProfile(&rmm.MemoryProfileOptions{Rate: rate})
+	if err != nil {
+		panic(err)
+	}
+	return m
 }
 
 func confLimiting(limit int) func(rmm.MemoryResource) (rmm.MemoryResource, error) {

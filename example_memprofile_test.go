@@ -13,7 +13,7 @@ import (
 // profile. At rate 1 every allocation is recorded and the figures are exact; the default rate
 // samples (DefaultMemoryProfileRate). A program serving net/http/pprof also mounts
 //
-//	http.Handle("/debug/pprof/devicemem", rmm.MemoryProfileHandler(prof))
+//	http.Handle("/debug/pprof/devicemem", rmm.MemoryProfileHandler(prof.MemoryProfile))
 //
 // and reads it with go tool pprof http://localhost:6060/debug/pprof/devicemem.
 func ExampleMemoryProfileResourceAdaptor() {

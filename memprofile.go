@@ -29,7 +29,7 @@ import (
 //     one mapping, the executable (os.Executable), marked as already symbolized.
 //
 // The profile is the caller's to change.
-func (r *MemoryProfileResourceAdaptor) Profile() *profile.Profile {
+func (r *MemoryProfile) Profile() *profile.Profile {
 	p := &profile.Profile{
 		SampleType: []*profile.ValueType{
 			{Type: "alloc_objects", Unit: "count"},
@@ -80,7 +80,7 @@ func scaleHeapSample(count, size, rate int64) (int64, int64) {
 
 // WriteProfile writes Profile() to w in pprof's format (gzip-compressed protocol buffers), as
 // runtime/pprof writes Go's heap profile; go tool pprof reads it.
-func (r *MemoryProfileResourceAdaptor) WriteProfile(w io.Writer) error {
+func (r *MemoryProfile) WriteProfile(w io.Writer) error {
 	return r.Profile().Write(w)
 }
 

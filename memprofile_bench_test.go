@@ -169,14 +169,15 @@ func memProfReportCPU(b *testing.B, cpu0 time.Duration, ok bool) {
 // shared host.
 const w1PairBlock = 1024
 
-// W1 through a MemoryProfileResourceAdaptor at DefaultMemoryProfileRate ("prof") and through an
-// adaptor that only passes the calls on ("fwd"), each beside the resource alone ("base"), in one
-// loop: blocks of w1PairBlock pairs alternate between the three (each round starts with the next
-// of them), and each block is timed on its own. A change of the host's speed during the run then
-// falls on the three alike; the cells of BenchmarkW1Profiled, run one after the other, fell near
-// 55 or near 80 ns a pair on the H200's host whatever the rate. Metrics: ns a pair of each, and
-// prof-% and fwd-%, what the adaptor adds in percent of the resource alone (ns/op is a round:
-// three blocks).
+// W1 through a MemoryProfileResourceAdaptor at DefaultMemoryProfileRate ("prof") and at 4 GiB
+// ("prof4g"), through an adaptor that only passes the calls on ("fwd") and, over the pools,
+// through the pool's own PoolOptions.MemoryProfile at the default rate ("inpool": the same pool
+// instance, its profile set for the block), each beside the resource alone ("base"), in one
+// loop: blocks of w1PairBlock pairs alternate between them (each round starts with the next of
+// them), and each block is timed on its own. A change of the host's speed during the run then
+// falls on all alike; the cells of BenchmarkW1Profiled, run one after the other, fell near 55 or
+// near 80 ns a pair on the H200's host whatever the rate. Metrics: ns a pair of each, and what
+// each adds in percent of the resource alone (ns/op is a round: a block of each).
 //
 //	go test -run '^$' -bench W1ProfiledPaired -count 10 > paired.txt
 //	benchstat paired.txt
@@ -190,25 +191,48 @@ func BenchmarkW1ProfiledPaired(b *testing.B) {
 				if err != nil {
 					b.Fatal(err)
 				}
-				arms := []MemoryResource{up, prof, &memProfForward{up}}
+				prof4g, err := NewMemoryProfileResourceAdaptor(up, &MemoryProfileOptions{Rate: 4 << 30})
+				if err != nil {
+					b.Fatal(err)
+				}
+				type arm struct {
+					name string
+					mr   MemoryResource
+					pool *PoolMemoryResource // inpool: the pool whose profile is set for the block
+				}
+				arms := []arm{{"base", up, nil}, {"prof", prof, nil}, {"fwd", &memProfForward{up}, nil}, {"prof4g", prof4g, nil}}
+				inpool, err := NewMemoryProfile(nil)
+				if err != nil {
+					b.Fatal(err)
+				}
+				if p, ok := up.(*PoolMemoryResource); ok {
+					arms = append(arms, arm{"inpool", up, p})
+				}
 				s := benchStream(b)
-				block := func(mr MemoryResource) time.Duration {
+				block := func(a arm) time.Duration {
+					if a.pool != nil {
+						a.pool.prof = inpool // one goroutine: no allocation runs meanwhile
+					}
 					start := time.Now()
 					for range w1PairBlock {
-						p, err := mr.Allocate(size, s)
+						p, err := a.mr.Allocate(size, s)
 						if err != nil {
 							b.Fatal(err)
 						}
-						if err := mr.Deallocate(p, size, s); err != nil {
+						if err := a.mr.Deallocate(p, size, s); err != nil {
 							b.Fatal(err)
 						}
 					}
-					return time.Since(start)
+					d := time.Since(start)
+					if a.pool != nil {
+						a.pool.prof = nil
+					}
+					return d
 				}
-				for _, mr := range arms { // warm up: first blocks, tables grown
-					block(mr)
+				for _, a := range arms { // warm up: first blocks, tables grown
+					block(a)
 				}
-				var spent [3]time.Duration
+				spent := make([]time.Duration, len(arms))
 				round := 0
 				for b.Loop() {
 					for i := range arms {
@@ -221,10 +245,10 @@ func BenchmarkW1ProfiledPaired(b *testing.B) {
 				pairs := float64(round * w1PairBlock)
 				ns := func(k int) float64 { return float64(spent[k].Nanoseconds()) / pairs }
 				b.ReportMetric(ns(0), "base-ns/pair")
-				b.ReportMetric(ns(1), "prof-ns/pair")
-				b.ReportMetric(ns(2), "fwd-ns/pair")
-				b.ReportMetric(100*(ns(1)/ns(0)-1), "prof-%")
-				b.ReportMetric(100*(ns(2)/ns(0)-1), "fwd-%")
+				for k := 1; k < len(arms); k++ {
+					b.ReportMetric(ns(k), arms[k].name+"-ns/pair")
+					b.ReportMetric(100*(ns(k)/ns(0)-1), arms[k].name+"-%")
+				}
 			})
 		}
 	}

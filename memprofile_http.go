@@ -23,11 +23,11 @@ import (
 // and read it with
 //
 //	go tool pprof http://localhost:6060/debug/pprof/devicemem
-func MemoryProfileHandler(r *MemoryProfileResourceAdaptor) http.Handler {
+func MemoryProfileHandler(r *MemoryProfile) http.Handler {
 	return memProfHandler{r}
 }
 
-type memProfHandler struct{ r *MemoryProfileResourceAdaptor }
+type memProfHandler struct{ r *MemoryProfile }
 
 func (h memProfHandler) ServeHTTP(w http.ResponseWriter, req *http.Request) {
 	w.Header().Set("X-Content-Type-Options", "nosniff")

@@ -109,7 +109,7 @@ func memorySiteOf(s *profile.Sample) (profile.Line, bool) {
 // TopSites returns the n call sites (all of them when n <= 0) with the most device memory by
 // orderedBy, from the adaptor's profile now (MemorySites(Profile(), orderedBy)). The figures are
 // estimates at the adaptor's sampling rate; at rate 1 they are exact.
-func (r *MemoryProfileResourceAdaptor) TopSites(n int, orderedBy string) ([]MemorySite, error) {
+func (r *MemoryProfile) TopSites(n int, orderedBy string) ([]MemorySite, error) {
 	sites, err := MemorySites(r.Profile(), orderedBy)
 	if err != nil {
 		return nil, err
@@ -125,7 +125,7 @@ func (r *MemoryProfileResourceAdaptor) TopSites(n int, orderedBy string) ([]Memo
 // inuse_objects, inuse_space, alloc_objects and alloc_space right-aligned under their names, with
 // thousands separators, then two spaces and the site ("<file>:<line>(<function>)") — without a
 // final newline. With no samples the table is "No samples". orderedBy is as for MemorySites.
-func (r *MemoryProfileResourceAdaptor) Report(n int, orderedBy string) (string, error) {
+func (r *MemoryProfile) Report(n int, orderedBy string) (string, error) {
 	if orderedBy == "" {
 		orderedBy = "inuse_space"
 	}

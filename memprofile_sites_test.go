@@ -169,7 +169,7 @@ func TestMemoryProfileHandler(t *testing.T) {
 	}()
 
 	mux := http.NewServeMux()
-	mux.Handle("/debug/pprof/devicemem", rmm.MemoryProfileHandler(prof))
+	mux.Handle("/debug/pprof/devicemem", rmm.MemoryProfileHandler(prof.MemoryProfile))
 	srv := httptest.NewServer(mux)
 	defer srv.Close()
 

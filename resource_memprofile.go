@@ -103,16 +103,11 @@ type MemoryProfileOptions struct {
 //
 // Safe for concurrent use by many goroutines.
 type MemoryProfileResourceAdaptor struct {
-	upstream MemoryResource
-	rate     int
-	// step is ceil(2^64/rate) (MaxUint64 at rate 1): n*step bounds 2^64 times the probability
-	// with which an allocation of n bytes is sampled, for n up to fastMax, MaxUint64/step,
-	// beyond which the product overflows (see sample).
-	step, fastMax uint64
+	// MemoryProfile holds the samples: its methods (Profile, WriteProfile, TopSites, Report,
+	// Rate) are the adaptor's, and MemoryProfileHandler serves it.
+	*MemoryProfile
 
-	// testRand, when set (by tests, before any allocation), replaces the per-thread random
-	// source so that a test's samples are reproducible. It is not safe for concurrent use.
-	testRand *rand.Rand
+	upstream MemoryResource
 
 	// shards hold the sampled blocks not yet freed, by pointer hash.
 	shards [1 << memProfShardBits]memProfShard
@@ -121,6 +116,27 @@ type MemoryProfileResourceAdaptor struct {
 	// sampled blocks not yet freed whose pointer falls into it: a free whose slot holds 0 was
 	// not sampled.
 	maybe [1 << memProfFilterBits]atomic.Uint32
+}
+
+// MemoryProfile is a profile of device memory by the Go call stacks that allocated it, sampled
+// as Go's heap profile is: what a MemoryProfileResourceAdaptor records, and what a
+// PoolMemoryResource made with PoolOptions.MemoryProfile records of its own allocations. Profile
+// and WriteProfile give it in pprof's format, MemoryProfileHandler serves it over HTTP, TopSites
+// and Report sum it by call site. See MemoryProfileResourceAdaptor for what is sampled and the
+// estimates' error.
+//
+// One MemoryProfile may take the samples of several resources at once (the call stacks tell them
+// apart only by their callers). Safe for concurrent use by many goroutines.
+type MemoryProfile struct {
+	rate int
+	// step is ceil(2^64/rate) (MaxUint64 at rate 1): n*step bounds 2^64 times the probability
+	// with which an allocation of n bytes is sampled, for n up to fastMax, MaxUint64/step,
+	// beyond which the product overflows (see sample).
+	step, fastMax uint64
+
+	// testRand, when set (by tests, before any allocation), replaces the per-thread random
+	// source so that a test's samples are reproducible. It is not safe for concurrent use.
+	testRand *rand.Rand
 
 	// buckets finds a bucket by its stack and size without a lock (see bucket); mu guards its
 	// changes and all.
@@ -171,35 +187,46 @@ type memProfBucket struct {
 }
 
 // NewMemoryProfileResourceAdaptor returns an adaptor that samples the allocations made through it
-// from upstream (nil: the current device resource) at opts.Rate (nil: DefaultMemoryProfileRate).
-// A negative rate returns an error wrapping ErrInvalidArgument.
+// from upstream (nil: the current device resource) at opts.Rate (nil: DefaultMemoryProfileRate),
+// into a MemoryProfile of its own. A negative rate returns an error wrapping ErrInvalidArgument.
 func NewMemoryProfileResourceAdaptor(upstream MemoryResource, opts *MemoryProfileOptions) (*MemoryProfileResourceAdaptor, error) {
+	m, err := newMemoryProfile("NewMemoryProfileResourceAdaptor", opts)
+	if err != nil {
+		return nil, err
+	}
+	return &MemoryProfileResourceAdaptor{MemoryProfile: m, upstream: resourceOrCurrent(upstream)}, nil
+}
+
+// NewMemoryProfile returns an empty profile that samples at opts.Rate (nil:
+// DefaultMemoryProfileRate), for PoolOptions.MemoryProfile. A negative rate returns an error
+// wrapping ErrInvalidArgument.
+func NewMemoryProfile(opts *MemoryProfileOptions) (*MemoryProfile, error) {
+	return newMemoryProfile("NewMemoryProfile", opts)
+}
+
+func newMemoryProfile(op string, opts *MemoryProfileOptions) (*MemoryProfile, error) {
 	rate := DefaultMemoryProfileRate
 	if opts != nil {
 		switch {
 		case opts.Rate < 0:
-			return nil, errorf("NewMemoryProfileResourceAdaptor: negative sampling rate %d (bytes per sample; 1 records every allocation, 0 means the default %d): %w", opts.Rate, DefaultMemoryProfileRate, ErrInvalidArgument)
+			return nil, errorf("%s: negative sampling rate %d (bytes per sample; 1 records every allocation, 0 means the default %d): %w", op, opts.Rate, DefaultMemoryProfileRate, ErrInvalidArgument)
 		case opts.Rate > 0:
 			rate = opts.Rate
 		}
 	}
-	r := &MemoryProfileResourceAdaptor{
-		upstream: resourceOrCurrent(upstream),
-		rate:     rate,
-		step:     math.MaxUint64,
-	}
-	r.buckets.Store(&memProfTable{slots: make([]atomic.Pointer[memProfBucket], 64)})
+	m := &MemoryProfile{rate: rate, step: math.MaxUint64}
+	m.buckets.Store(&memProfTable{slots: make([]atomic.Pointer[memProfBucket], 64)})
 	if rate > 1 {
 		// ceil(2^64/rate) = floor((2^64-1)/rate) + 1, for rate > 1: where rate divides 2^64 (a
 		// power of two) the floor is one less than the quotient, elsewhere it is the quotient's.
-		r.step = math.MaxUint64/uint64(rate) + 1
+		m.step = math.MaxUint64/uint64(rate) + 1
 	}
-	r.fastMax = math.MaxUint64 / r.step
-	return r, nil
+	m.fastMax = math.MaxUint64 / m.step
+	return m, nil
 }
 
 // Rate returns the sampling rate in bytes (1: every allocation is recorded).
-func (r *MemoryProfileResourceAdaptor) Rate() int { return r.rate }
+func (m *MemoryProfile) Rate() int { return m.rate }
 
 // memProfHash mixes a pointer's bits (they are multiples of 256) into the top bits.
 func memProfHash(p DevicePtr) uint64 { return uint64(p) * 0x9e3779b97f4a7c15 }
@@ -233,13 +260,13 @@ func (r *MemoryProfileResourceAdaptor) Allocate(nbytes int, s StreamView) (Devic
 // not sampled, whatever its bottom bits: when hi exceeds the top 32 bits of n*step (the bound
 // on the threshold that sample tests first), since the variate is then at least
 // (hi<<32) > n*step.
-func (r *MemoryProfileResourceAdaptor) rejects(n uint64, hi uint32) bool {
+func (r *MemoryProfile) rejects(n uint64, hi uint32) bool {
 	return n <= r.fastMax && uint64(hi) > n*r.step>>32
 }
 
 // sampleDraw is Allocate's test of an allocation of n > 0 bytes whose variate's top 32 bits,
 // hi, the fast test did not reject (or with testRand set, which hi is then ignored for).
-func (r *MemoryProfileResourceAdaptor) sampleDraw(n uint64, hi uint32) bool {
+func (r *MemoryProfile) sampleDraw(n uint64, hi uint32) bool {
 	if r.testRand != nil {
 		return r.sample(n, r.testRand.Uint64())
 	}
@@ -250,7 +277,7 @@ func (r *MemoryProfileResourceAdaptor) sampleDraw(n uint64, hi uint32) bool {
 // drawn for it is u: when u < t(n) = floor(2^64 p(n)), p(n) = 1-exp(-n/rate), so with
 // probability p(n) to within 2^-64, independently of every other allocation. At rate 1 every
 // allocation is.
-func (r *MemoryProfileResourceAdaptor) sample(n, u uint64) bool {
+func (r *MemoryProfile) sample(n, u uint64) bool {
 	// p(n) <= n/rate, so t(n) <= n*step: a u above n*step, the common case, is not sampled, at
 	// the cost of a multiplication. Where n*step would overflow, the bound says nothing.
 	if n <= r.fastMax && u > n*r.step {
@@ -260,7 +287,7 @@ func (r *MemoryProfileResourceAdaptor) sample(n, u uint64) bool {
 }
 
 // sampleExact is sample's test of a variate u that the bound did not reject.
-func (r *MemoryProfileResourceAdaptor) sampleExact(n, u uint64) bool {
+func (r *MemoryProfile) sampleExact(n, u uint64) bool {
 	if r.rate == 1 {
 		return true
 	}
@@ -315,7 +342,7 @@ func (r *MemoryProfileResourceAdaptor) record(p DevicePtr, nbytes int) {
 }
 
 // bucket returns the bucket of stack stk and size, making it the first time.
-func (r *MemoryProfileResourceAdaptor) bucket(stk []uintptr, size int64) *memProfBucket {
+func (r *MemoryProfile) bucket(stk []uintptr, size int64) *memProfBucket {
 	h := uint64(size) * 0x100000001b3
 	for _, pc := range stk {
 		h = (h ^ uint64(pc)) * 0x100000001b3
@@ -513,8 +540,70 @@ func (r *MemoryProfileResourceAdaptor) Access() Access { return AccessOf(r.upstr
 func (r *MemoryProfileResourceAdaptor) Device() Device { return DeviceOf(r.upstream) }
 
 // snapshot returns the buckets made so far, in the order they were made.
-func (r *MemoryProfileResourceAdaptor) snapshot() []*memProfBucket {
+func (r *MemoryProfile) snapshot() []*memProfBucket {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	return slices.Clip(r.all)
+}
+
+// nextSample returns the bytes a pool allocates before its next sample: a variate of the
+// exponential distribution of mean rate (0 at rate, and for a nil profile). A pool counts the
+// bytes asked of it down from there and samples the allocation that takes the count below 0: an
+// allocation of n bytes then covers a stretch of n bytes of a Poisson process of one point per
+// rate bytes, and is sampled when a point falls into it, with probability 1-exp(-n/rate),
+// independently of every other allocation (the stretches do not overlap), as the adaptor's draw
+// samples it; Profile scales both alike. This is how Go's runtime samples its heap. The count is
+// the pool's (or a per-stream cache's), kept under the lock the allocation holds anyway, so
+// that an allocation not sampled costs a subtraction and a comparison.
+func (m *MemoryProfile) nextSample() int {
+	if m == nil || m.rate == 1 {
+		return 0
+	}
+	var u uint64
+	if m.testRand != nil {
+		u = m.testRand.Uint64()
+	} else {
+		u = draw()
+	}
+	// -ln of a uniform variate in (0, 1]: 53 bits, so at most 36.7 times the rate.
+	return int(-math.Log(float64(u>>11+1)*0x1p-53) * float64(m.rate))
+}
+
+// profTake counts an allocation of nbytes down the pool's countdown to its next sample (pool
+// locked) and reports whether it is sampled (see nextSample). Without a profile, false.
+func (p *PoolMemoryResource) profTake(nbytes int) bool {
+	if p.prof == nil {
+		return false
+	}
+	if p.profLeft -= nbytes; p.profLeft >= 0 {
+		return false
+	}
+	p.profLeft = p.prof.nextSample()
+	return true
+}
+
+// recordBlock records the pool's sampled block b of nbytes with the stack of Allocate's caller,
+// keeping the record's bucket on b for its free (dropSample).
+//
+//go:noinline
+func (m *MemoryProfile) recordBlock(b *block, nbytes int) {
+	var pcs [maxTrackedFrames]uintptr
+	// Frames 1, 2 and 3: recordBlock, PoolMemoryResource.Allocate (never inlined: it is far too
+	// large), Allocate's caller; as in the adaptor's record.
+	n, complete := fpwalk.Callers(3, pcs[:])
+	if !complete {
+		n = runtime.Callers(3, pcs[:])
+	}
+	bk := m.bucket(pcs[:n], int64(nbytes))
+	bk.allocs.Add(1)
+	b.sample = bk
+}
+
+// dropSample counts b's free in its sample's bucket, if it was sampled (b's list or cache
+// locked, the free certain).
+func (b *block) dropSample() {
+	if b.sample != nil {
+		b.sample.frees.Add(1)
+		b.sample = nil
+	}
 }

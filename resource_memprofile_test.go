@@ -3,6 +3,7 @@ package rmm
 import (
 	"bytes"
 	"fmt"
+	"io"
 	"math"
 	"math/bits"
 	"math/rand/v2"
@@ -32,7 +33,7 @@ func memProfNew(t testing.TB, up MemoryResource, rate int, seed uint64) *MemoryP
 
 // memProfParse writes r's profile and reads it back, checking that it is well formed and shaped
 // as Go's heap profile.
-func memProfParse(t *testing.T, r *MemoryProfileResourceAdaptor) *profile.Profile {
+func memProfParse(t *testing.T, r memProfSource) *profile.Profile {
 	t.Helper()
 	var buf bytes.Buffer
 	require.NoError(t, r.WriteProfile(&buf))
@@ -49,6 +50,12 @@ func memProfParse(t *testing.T, r *MemoryProfileResourceAdaptor) *profile.Profil
 	require.Equal(t, "bytes", p.PeriodType.Unit)
 	require.Equal(t, int64(r.Rate()), p.Period)
 	return p
+}
+
+// memProfSource is a MemoryProfile or a MemoryProfileResourceAdaptor.
+type memProfSource interface {
+	WriteProfile(io.Writer) error
+	Rate() int
 }
 
 // memProfTotals sums the four values of p's samples of allocations of size bytes (all sizes

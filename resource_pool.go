@@ -135,6 +135,14 @@ type PoolOptions struct {
 	// driver cannot export such memory, or the pool maps host memory. Default false. (A plain
 	// pool needs no option: it exports through its upstream.)
 	Exportable bool
+	// MemoryProfile, when set, makes the pool record a sample of its own allocations in it, as a
+	// MemoryProfileResourceAdaptor over the pool would, at less cost: the pool draws which
+	// allocations to sample inside its own locks and keeps a sampled block's record on the block,
+	// so that an allocation not sampled costs a subtraction and a comparison, and no adaptor call
+	// is made (BENCHMARKS.md gives W1 with either). Every allocation of the pool is sampled at the
+	// profile's rate, whoever calls Allocate; the stacks start at Allocate's caller. A profile may
+	// be shared by several pools and adaptors. Default nil: no profile.
+	MemoryProfile *MemoryProfile
 
 	// carvePage (expandable pools, not yet exported): when > 0, growths map their memory as
 	// handles of at least carvePage bytes that can be unmapped one by one, and a growth first moves
@@ -228,7 +236,12 @@ type PoolMemoryResource struct {
 	// one stream does not take that line from the cores running the fast paths of the others.
 	_      [64]byte
 	caches atomic.Pointer[streamSet[*poolCache]] // per-stream caches (resource_pool_cache.go)
-	_      [56]byte
+	// prof is PoolOptions.MemoryProfile, never changed after construction, read beside caches.
+	prof *MemoryProfile
+	_    [48]byte
+	// profLeft is the bytes still to allocate, outside the caches, before the next sample
+	// (pool locked; see profTake).
+	profLeft int
 }
 
 // NewPoolMemoryResource returns a pool over upstream (nil: the current device resource; for an
@@ -273,6 +286,8 @@ func NewPoolMemoryResource(upstream MemoryResource, opts *PoolOptions) (*PoolMem
 		upstream:  upstream,
 		maximum:   o.MaximumPoolSize,
 		upstreams: map[DevicePtr]int{},
+		prof:      o.MemoryProfile,
+		profLeft:  o.MemoryProfile.nextSample(),
 	}
 	if err := p.initStreams("PoolMemoryResource", DeviceOf(upstream), p, newFreeList); err != nil {
 		return nil, err
@@ -358,6 +373,8 @@ func newExpandablePool(upstream MemoryResource, vm vmm, o PoolOptions) (*PoolMem
 		maximum:   maximum,
 		upstreams: map[DevicePtr]int{},
 		exp:       e,
+		prof:      o.MemoryProfile,
+		profLeft:  o.MemoryProfile.nextSample(),
 	}
 	if err := p.initStreams("PoolMemoryResource", dev, p, newFreeList); err != nil {
 		vm.free(e.base, e.reserved)
@@ -436,7 +453,10 @@ func (p *PoolMemoryResource) Allocate(nbytes int, s StreamView) (DevicePtr, erro
 	}
 	n, ok := alignSize(nbytes)
 	if ok && n <= poolCacheMaxBlock {
-		if ptr := p.allocateCached(n, nbytes, s); ptr != 0 {
+		if ptr, sb := p.allocateCached(n, nbytes, s); ptr != 0 {
+			if sb != nil {
+				p.prof.recordBlock(sb, nbytes)
+			}
 			return ptr, nil
 		}
 	}
@@ -474,7 +494,11 @@ func (p *PoolMemoryResource) Allocate(nbytes int, s StreamView) (DevicePtr, erro
 	p.peakLive = max(p.peakLive, p.liveBytes)
 	ptr := b.addr
 	if w.o == nil && dw == nil {
+		sampled := p.profTake(nbytes)
 		p.mu.Unlock()
+		if sampled {
+			p.prof.recordBlock(b, nbytes)
+		}
 		return ptr, nil
 	}
 	// Taken from another stream's list, or holding memory freed on other streams: the block is
@@ -540,9 +564,13 @@ func (p *PoolMemoryResource) Allocate(nbytes int, s StreamView) (DevicePtr, erro
 	}
 	p.unpin(l)
 	p.endWait(w, werr)
+	sampled := werr == nil && p.profTake(nbytes)
 	p.mu.Unlock()
 	if werr != nil {
 		return 0, werr
+	}
+	if sampled {
+		p.prof.recordBlock(b, nbytes)
 	}
 	return ptr, nil
 }
@@ -1069,6 +1097,7 @@ func (p *PoolMemoryResource) Deallocate(ptr DevicePtr, nbytes int, s StreamView)
 	if err != nil {
 		return err
 	}
+	b.dropSample()
 	p.live.del(ptr)
 	if b.stitched {
 		// Never cached: its chunks go back into l (resource_pool_stitch.go).
@@ -1432,6 +1461,7 @@ func (p *PoolMemoryResource) deallocateAfterClose(b *block, s StreamView) error 
 	if err := p.syncAfterClose(s); err != nil {
 		return err
 	}
+	b.dropSample()
 	p.live.del(b.addr)
 	if b.stitched {
 		// Its stream is synchronised: the alias can go at once, before its chunks can.

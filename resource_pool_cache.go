@@ -64,7 +64,10 @@ type poolCache struct {
 	next   int // the slot replaced when all are in use
 	slots  [poolCacheSlots]*block
 	issued blockTable // blocks taken from the slots and not freed yet
-	_      [64]byte
+	// profLeft is the bytes still to allocate from the cache before the next sample of the
+	// pool's MemoryProfile (see PoolMemoryResource.profTake).
+	profLeft int
+	_        [64]byte
 }
 
 // note updates c.busy (c locked).
@@ -99,15 +102,15 @@ func (p *PoolMemoryResource) cacheOf(s StreamView) *poolCache {
 // alone: a loop that asks the same size again writes nothing to the block (blocks are small
 // objects that lie next to other streams' blocks, so a write to one would take the cache line
 // from the cores using its neighbours).
-func (p *PoolMemoryResource) allocateCached(n, nbytes int, s StreamView) DevicePtr {
+func (p *PoolMemoryResource) allocateCached(n, nbytes int, s StreamView) (DevicePtr, *block) {
 	c := p.cacheOf(s)
 	if c == nil || !c.busy.Load() {
-		return 0
+		return 0, nil
 	}
 	c.mu.Lock()
 	if c.dead {
 		c.mu.Unlock()
-		return 0
+		return 0, nil
 	}
 	for i := 0; i < c.n; i++ {
 		if b := c.slots[i]; b.size == n {
@@ -118,12 +121,19 @@ func (p *PoolMemoryResource) allocateCached(n, nbytes int, s StreamView) DeviceP
 				b.req = nbytes
 			}
 			c.issued.put(b)
+			var sampled *block
+			if m := p.prof; m != nil {
+				// The cache's own countdown, under its lock (see profTake).
+				if c.profLeft -= nbytes; c.profLeft < 0 {
+					c.profLeft, sampled = m.nextSample(), b
+				}
+			}
 			c.mu.Unlock()
-			return b.addr
+			return b.addr, sampled
 		}
 	}
 	c.mu.Unlock()
-	return 0
+	return 0, nil
 }
 
 // deallocateCached frees ptr on s when s's cache handed it out and has a slot for it. It reports
@@ -145,6 +155,7 @@ func (p *PoolMemoryResource) deallocateCached(ptr DevicePtr, nbytes int, s Strea
 	if b.req != nbytes {
 		return false, errorf("PoolMemoryResource.Deallocate(%#x, %d): the block was allocated with %s: %w", uintptr(ptr), nbytes, bytesText(b.req), ErrInvalidFree)
 	}
+	b.dropSample()
 	c.issued.del(ptr)
 	c.slots[c.n] = b // b.req stays: see allocateCached
 	c.n++
@@ -187,7 +198,7 @@ func (p *PoolMemoryResource) cacheFree(l *freeList, b *block, s StreamView) bool
 	}
 	c := p.cacheOf(s)
 	if c == nil {
-		c = &poolCache{stream: l.stream}
+		c = &poolCache{stream: l.stream, profLeft: p.prof.nextSample()}
 		old := p.caches.Load()
 		m := old.with(s.id, c)
 		if m == old {

@@ -32,6 +32,10 @@ type block struct {
 	list        *freeList // free and indexed: its list; nil otherwise
 	prev, next  *block    // address neighbours within the upstream allocation
 	req         int       // allocated: the size asked
+	// sample: allocated and sampled for the pool's MemoryProfile: the bucket its free is
+	// counted in. Written by the allocating goroutine once the block is out of every list and
+	// table lock (before the caller has its address), read and cleared at its free.
+	sample *memProfBucket
 	// deps: free, listed: other lists whose events a taker must also wait on (memory freed on
 	// their streams coalesced into this block; resource_pool_deps.go). Nil almost always.
 	deps []*freeList
