@@ -12,7 +12,7 @@ import (
 	"github.com/google/pprof/profile"
 )
 
-// Profile returns the adaptor's samples as a profile in pprof's model, as Go's heap profile
+// Profile returns the samples as a profile in pprof's model, as Go's heap profile
 // (runtime/pprof's "heap"):
 //
 //   - sample types alloc_objects/count, alloc_space/bytes, inuse_objects/count and
@@ -23,7 +23,8 @@ import (
 //     estimates of all allocations as runtime/pprof scales its own: each multiplied by
 //     1/(1-exp(-size/rate)), or left as they are at rate 1; a numeric label "bytes" holds the
 //     allocation size;
-//   - its locations innermost first, starting at the caller of Allocate, with functions, files
+//   - its locations innermost first, starting at the caller of Allocate (the adaptor's or the
+//     pool's), with functions, files
 //     and lines from runtime.CallersFrames, inlined calls folded into their caller's location
 //     and the wrappers the compiler generates left out (as runtime.Callers leaves them out);
 //     one mapping, the executable (os.Executable), marked as already symbolized.

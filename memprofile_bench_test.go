@@ -22,6 +22,7 @@ var memProfBenchRates = []struct {
 	{"512MiB", 512 << 20},
 	{"1GiB", 1 << 30},
 	{"2GiB", 2 << 30},
+	{"4GiB", 4 << 30},
 }
 
 // W1 (one allocate+free pair in a loop on one stream) through a MemoryProfileResourceAdaptor
@@ -169,8 +170,8 @@ func memProfReportCPU(b *testing.B, cpu0 time.Duration, ok bool) {
 // shared host.
 const w1PairBlock = 1024
 
-// W1 through a MemoryProfileResourceAdaptor at DefaultMemoryProfileRate ("prof") and at 4 GiB
-// ("prof4g"), through an adaptor that only passes the calls on ("fwd") and, over the pools,
+// W1 through a MemoryProfileResourceAdaptor at DefaultMemoryProfileRate ("prof") and at 1 GiB
+// ("prof1g", the default before 4 GiB), through an adaptor that only passes the calls on ("fwd") and, over the pools,
 // through the pool's own PoolOptions.MemoryProfile at the default rate ("inpool": the same pool
 // instance, its profile set for the block), each beside the resource alone ("base"), in one
 // loop: blocks of w1PairBlock pairs alternate between them (each round starts with the next of
@@ -191,7 +192,7 @@ func BenchmarkW1ProfiledPaired(b *testing.B) {
 				if err != nil {
 					b.Fatal(err)
 				}
-				prof4g, err := NewMemoryProfileResourceAdaptor(up, &MemoryProfileOptions{Rate: 4 << 30})
+				prof1g, err := NewMemoryProfileResourceAdaptor(up, &MemoryProfileOptions{Rate: 1 << 30})
 				if err != nil {
 					b.Fatal(err)
 				}
@@ -200,7 +201,7 @@ func BenchmarkW1ProfiledPaired(b *testing.B) {
 					mr   MemoryResource
 					pool *PoolMemoryResource // inpool: the pool whose profile is set for the block
 				}
-				arms := []arm{{"base", up, nil}, {"prof", prof, nil}, {"fwd", &memProfForward{up}, nil}, {"prof4g", prof4g, nil}}
+				arms := []arm{{"base", up, nil}, {"prof", prof, nil}, {"fwd", &memProfForward{up}, nil}, {"prof1g", prof1g, nil}}
 				inpool, err := NewMemoryProfile(nil)
 				if err != nil {
 					b.Fatal(err)

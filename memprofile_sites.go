@@ -107,8 +107,8 @@ func memorySiteOf(s *profile.Sample) (profile.Line, bool) {
 }
 
 // TopSites returns the n call sites (all of them when n <= 0) with the most device memory by
-// orderedBy, from the adaptor's profile now (MemorySites(Profile(), orderedBy)). The figures are
-// estimates at the adaptor's sampling rate; at rate 1 they are exact.
+// orderedBy, from the profile now (MemorySites(Profile(), orderedBy)). The figures are
+// estimates at the profile's sampling rate; at rate 1 they are exact.
 func (r *MemoryProfile) TopSites(n int, orderedBy string) ([]MemorySite, error) {
 	sites, err := MemorySites(r.Profile(), orderedBy)
 	if err != nil {

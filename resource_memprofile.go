@@ -13,22 +13,21 @@ import (
 	"github.com/gormm/rmm/internal/fpwalk"
 )
 
-// DefaultMemoryProfileRate is the sampling rate, in bytes, of a MemoryProfileResourceAdaptor made
-// without one: on average one allocation is recorded per GiB allocated, 2048 times Go's own
-// default (runtime.MemProfileRate, 512 KiB). Device programs allocate far more bytes than Go
-// programs do on their heap, and a sub-allocator hands out a block of any size in tens of
-// nanoseconds, while recording a sampled allocation costs about 60 ns whatever its size (on the
-// benchmark host; see the type's comment). 1 GiB is the smallest power of two at which sampling
-// and the cost of the allocations not sampled together add at most 10% to benchmark W1's pairs
-// of 64 MiB over the pools and the arena (100-120 ns a pair there): 6% of these allocations are
-// sampled at 1 GiB, 12% at 512 MiB, which comes to about 9% and 12% more in all (from the two
-// costs measured apart; BenchmarkW1Profiled's own differences at these rates are within its
-// noise on that host). W1's smaller sizes are sampled at most 0.1% of the time at 1 GiB; what
-// the adaptor adds to them, about 5 ns a pair on that host (half of it what any adaptor costs;
-// 10-15% of a pool's 35-45 ns there; see the type's comment), is the same at every rate. A
-// profile at this rate holds about one sample per GiB in use; set MemoryProfileOptions.Rate
-// lower for more detail.
-const DefaultMemoryProfileRate = 1 << 30
+// DefaultMemoryProfileRate is the sampling rate, in bytes, of a MemoryProfile made without one:
+// on average one allocation is recorded per 4 GiB allocated (an allocation of n bytes with
+// probability 1-exp(-n/4 GiB): one of 64 MiB in 65, one of 1 GiB in 4.5, one of 16 GiB almost
+// surely), 8192 times Go's own default (runtime.MemProfileRate, 512 KiB). Device programs allocate
+// far more bytes than Go programs do on their heap, and a sub-allocator hands out a block of any
+// size in tens of nanoseconds, while a sample costs a walk of the stack and a record: 0.1-0.3 µs a
+// pair on an H200's host. 4 GiB is the power of two at which a MemoryProfileResourceAdaptor adds
+// at most 10% to benchmark W1 over the arena and binning resources, its pairs of 64 MiB included
+// (BENCHMARKS.md, sixteenth run: at 1 GiB the arena's 64 MiB pairs cost 14% more, at 4 GiB 8%);
+// a pool sampling into its own profile (PoolOptions.MemoryProfile) adds under 1% below 64 MiB and
+// 4.4% at 64 MiB even at 1 GiB. The price is detail: a profile holds about one sample per 4 GiB
+// in use, so that 60 GiB held in blocks of 100 MiB are estimated from about 15 samples (a
+// standard deviation of about a quarter; see MemoryProfileResourceAdaptor); set
+// MemoryProfileOptions.Rate lower for more.
+const DefaultMemoryProfileRate = 4 << 30
 
 // MemoryProfileOptions configures a MemoryProfileResourceAdaptor. nil means the defaults.
 type MemoryProfileOptions struct {
@@ -95,6 +94,12 @@ type MemoryProfileOptions struct {
 // a record (about 100 bytes plus 8 per frame) for the life of the adaptor, as Go's heap profiler
 // keeps its own; each sampled block not yet freed, an entry of 32 to 64 bytes; the adaptor itself
 // takes about 18 KiB.
+//
+// Over a PoolMemoryResource, PoolOptions.MemoryProfile gives the same profile for less: the pool
+// counts bytes down to its next sample under the lock its allocation takes anyway and keeps a
+// sampled block's record on the block, and no adaptor call is made. On an H200's host that adds
+// under 1% to W1's pairs below 64 MiB, where this adaptor adds 9-11% (half of it any adaptor's two
+// calls), and 4.4% at 64 MiB at a rate of 1 GiB (BENCHMARKS.md, sixteenth run).
 //
 // Why an adaptor of its own rather than an option of TrackingResourceAdaptor: the tracking
 // adaptor's purpose is an entry for every outstanding allocation (to list leaks exactly), which
