@@ -2,6 +2,7 @@ package rmm
 
 import (
 	"bytes"
+	"fmt"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -159,4 +160,26 @@ func TestGPUAlignedAndTracking(t *testing.T) {
 	require.NoError(t, al.Deallocate(p, n, DefaultStream))
 	require.Empty(t, tr.OutstandingAllocations())
 	require.Zero(t, tr.AllocatedBytes())
+}
+
+// A pool over the device sampling into a MemoryProfile at rate 1 (plain, expandable and
+// stitching) counts every allocation and free exactly, on the stream cache's path and the pool's.
+func TestGPUPoolMemoryProfile(t *testing.T) {
+	requireGPU(t)
+	for _, o := range []PoolOptions{{InitialPoolSize: 64 << 20}, {Expandable: true, MaximumPoolSize: 1 << 30}, {Expandable: true, Stitch: true, MaximumPoolSize: 1 << 30}} {
+		t.Run(fmt.Sprintf("expandable=%v/stitch=%v", o.Expandable, o.Stitch), func(t *testing.T) {
+			poolProfRateOne(t, func(prof *MemoryProfile) *PoolMemoryResource {
+				o.MemoryProfile = prof
+				var up MemoryResource // expandable: the current device
+				if !o.Expandable {
+					cuda, err := NewCudaMemoryResource(0)
+					require.NoError(t, err)
+					up = cuda
+				}
+				p, err := NewPoolMemoryResource(up, &o)
+				require.NoError(t, err)
+				return p
+			})
+		})
+	}
 }

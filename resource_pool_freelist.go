@@ -33,8 +33,8 @@ type block struct {
 	prev, next  *block    // address neighbours within the upstream allocation
 	req         int       // allocated: the size asked
 	// sample: allocated and sampled for the pool's MemoryProfile: the bucket its free is
-	// counted in. Written by the allocating goroutine once the block is out of every list and
-	// table lock (before the caller has its address), read and cleared at its free.
+	// counted in. Written by the allocating goroutine after it unlocks, before Allocate returns
+	// the address (so before any free of it), read and cleared by the free under its lock.
 	sample *memProfBucket
 	// deps: free, listed: other lists whose events a taker must also wait on (memory freed on
 	// their streams coalesced into this block; resource_pool_deps.go). Nil almost always.

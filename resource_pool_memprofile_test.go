@@ -59,59 +59,65 @@ func poolProfSite(p *profile.Profile, fn string) [4]int64 {
 // At rate 1 a pool's profile counts every allocation and free exactly, by the caller's stack, on
 // the per-stream cache's path, the pool's own and after Close; refused frees change nothing.
 func TestPoolMemoryProfileRateOne(t *testing.T) {
-	const small, large = 64 << 10, 8 << 20
-	const fnSmall, fnLarge = "github.com/gormm/rmm.poolProfAllocSmall", "github.com/gormm/rmm.poolProfAllocLarge"
 	for _, k := range poolProfKinds {
 		t.Run(k.name, func(t *testing.T) {
-			prof, err := NewMemoryProfile(&MemoryProfileOptions{Rate: 1})
-			require.NoError(t, err)
-			p := newProfPool(t, k.opts, prof)
-			s := poolCacheTestStream(t)
-
-			var ps []DevicePtr
-			for range 10 {
-				ps = append(ps, poolProfAllocSmall(t, p, small, s))
-			}
-			for _, ptr := range ps[6:] {
-				require.NoError(t, p.Deallocate(ptr, small, s))
-			}
-			ps = ps[:6]
-			cached := p.Stats().CachedBlocks
-			require.Positive(t, cached, "the frees went to the stream's cache")
-			for range 3 {
-				ps = append(ps, poolProfAllocSmall(t, p, small, s))
-			}
-			require.Equal(t, cached-3, p.Stats().CachedBlocks, "the cache served the next three")
-			a := poolProfAllocLarge(t, p, large, s)
-			b := poolProfAllocLarge(t, p, large, DefaultStream)
-
-			pr := memProfParse(t, prof)
-			require.Equal(t, [4]int64{13, 13 * small, 9, 9 * small}, poolProfSite(pr, fnSmall))
-			require.Equal(t, [4]int64{2, 2 * large, 2, 2 * large}, poolProfSite(pr, fnLarge))
-			require.Contains(t, memProfFunctions(pr.Sample[0]), "github.com/gormm/rmm.TestPoolMemoryProfileRateOne.func1")
-
-			// Refused frees: another size, a pointer never handed out; then a double free.
-			require.ErrorIs(t, p.Deallocate(ps[0], small+256, s), ErrInvalidFree)
-			require.ErrorIs(t, p.Deallocate(a, large-256, s), ErrInvalidFree)
-			require.ErrorIs(t, p.Deallocate(a+256, large, s), ErrInvalidFree)
-			require.NoError(t, p.Deallocate(a, large, s))
-			require.ErrorIs(t, p.Deallocate(a, large, s), ErrInvalidFree)
-			pr = memProfParse(t, prof)
-			require.Equal(t, [4]int64{13, 13 * small, 9, 9 * small}, poolProfSite(pr, fnSmall))
-			require.Equal(t, [4]int64{2, 2 * large, 1, large}, poolProfSite(pr, fnLarge))
-
-			for _, ptr := range ps {
-				require.NoError(t, p.Deallocate(ptr, small, s))
-			}
-			// b is freed after Close, which takes it back still.
-			require.NoError(t, p.Close())
-			require.Equal(t, [4]int64{2, 2 * large, 1, large}, poolProfSite(memProfParse(t, prof), fnLarge))
-			require.NoError(t, p.Deallocate(b, large, DefaultStream))
-			pr = memProfParse(t, prof)
-			require.Equal(t, [4]int64{13, 13 * small, 0, 0}, poolProfSite(pr, fnSmall))
-			require.Equal(t, [4]int64{2, 2 * large, 0, 0}, poolProfSite(pr, fnLarge))
+			poolProfRateOne(t, func(prof *MemoryProfile) *PoolMemoryResource { return newProfPool(t, k.opts, prof) })
 		})
 	}
+}
+
+// poolProfRateOne is TestPoolMemoryProfileRateOne's case over the pool newPool makes (host or
+// device).
+func poolProfRateOne(t *testing.T, newPool func(*MemoryProfile) *PoolMemoryResource) {
+	const small, large = 64 << 10, 8 << 20
+	const fnSmall, fnLarge = "github.com/gormm/rmm.poolProfAllocSmall", "github.com/gormm/rmm.poolProfAllocLarge"
+	prof, err := NewMemoryProfile(&MemoryProfileOptions{Rate: 1})
+	require.NoError(t, err)
+	p := newPool(prof)
+	s := poolCacheTestStream(t)
+
+	var ps []DevicePtr
+	for range 10 {
+		ps = append(ps, poolProfAllocSmall(t, p, small, s))
+	}
+	for _, ptr := range ps[6:] {
+		require.NoError(t, p.Deallocate(ptr, small, s))
+	}
+	ps = ps[:6]
+	cached := p.Stats().CachedBlocks
+	require.Positive(t, cached, "the frees went to the stream's cache")
+	for range 3 {
+		ps = append(ps, poolProfAllocSmall(t, p, small, s))
+	}
+	require.Equal(t, cached-3, p.Stats().CachedBlocks, "the cache served the next three")
+	a := poolProfAllocLarge(t, p, large, s)
+	b := poolProfAllocLarge(t, p, large, DefaultStream)
+
+	pr := memProfParse(t, prof)
+	require.Equal(t, [4]int64{13, 13 * small, 9, 9 * small}, poolProfSite(pr, fnSmall))
+	require.Equal(t, [4]int64{2, 2 * large, 2, 2 * large}, poolProfSite(pr, fnLarge))
+	require.Contains(t, memProfFunctions(pr.Sample[0]), "github.com/gormm/rmm.poolProfRateOne")
+
+	// Refused frees: another size, a pointer never handed out; then a double free.
+	require.ErrorIs(t, p.Deallocate(ps[0], small+256, s), ErrInvalidFree)
+	require.ErrorIs(t, p.Deallocate(a, large-256, s), ErrInvalidFree)
+	require.ErrorIs(t, p.Deallocate(a+256, large, s), ErrInvalidFree)
+	require.NoError(t, p.Deallocate(a, large, s))
+	require.ErrorIs(t, p.Deallocate(a, large, s), ErrInvalidFree)
+	pr = memProfParse(t, prof)
+	require.Equal(t, [4]int64{13, 13 * small, 9, 9 * small}, poolProfSite(pr, fnSmall))
+	require.Equal(t, [4]int64{2, 2 * large, 1, large}, poolProfSite(pr, fnLarge))
+
+	for _, ptr := range ps {
+		require.NoError(t, p.Deallocate(ptr, small, s))
+	}
+	// b is freed after Close, which takes it back still.
+	require.NoError(t, p.Close())
+	require.Equal(t, [4]int64{2, 2 * large, 1, large}, poolProfSite(memProfParse(t, prof), fnLarge))
+	require.NoError(t, p.Deallocate(b, large, DefaultStream))
+	pr = memProfParse(t, prof)
+	require.Equal(t, [4]int64{13, 13 * small, 0, 0}, poolProfSite(pr, fnSmall))
+	require.Equal(t, [4]int64{2, 2 * large, 0, 0}, poolProfSite(pr, fnLarge))
 }
 
 // Sampled: a pool's countdown samples each allocation with probability 1-exp(-size/rate), as the
