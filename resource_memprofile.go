@@ -570,8 +570,12 @@ func (m *MemoryProfile) nextSample() int {
 	} else {
 		u = draw()
 	}
-	// -ln of a uniform variate in (0, 1]: 53 bits, so at most 36.7 times the rate.
-	return int(-math.Log(float64(u>>11+1)*0x1p-53) * float64(m.rate))
+	// -ln of a uniform variate in (0, 1]: 53 bits, so at most 36.7 times the rate, which past
+	// MaxInt/36.7 may exceed what an int holds (float64(MaxInt) is 2^63).
+	if x := -math.Log(float64(u>>11+1)*0x1p-53) * float64(m.rate); x < math.MaxInt {
+		return int(x)
+	}
+	return math.MaxInt
 }
 
 // profTake counts an allocation of nbytes down the pool's countdown to its next sample (pool

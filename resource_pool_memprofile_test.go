@@ -198,6 +198,16 @@ func TestMemoryProfileNextSample(t *testing.T) {
 	q := math.Exp(-1)
 	require.InDelta(t, q*n, float64(above), 6*math.Sqrt(n*q*(1-q)))
 
+	// Rates near the largest int: never negative (the product is clamped to MaxInt).
+	for _, huge := range []int{1 << 61, math.MaxInt} {
+		m, err := NewMemoryProfile(&MemoryProfileOptions{Rate: huge})
+		require.NoError(t, err)
+		m.testRand = rand.New(rand.NewPCG(9, 9))
+		for range 10_000 {
+			require.GreaterOrEqual(t, m.nextSample(), 0, "rate %d", huge)
+		}
+	}
+
 	_, err = NewMemoryProfile(&MemoryProfileOptions{Rate: -5})
 	require.ErrorIs(t, err, ErrInvalidArgument)
 	require.ErrorContains(t, err, "NewMemoryProfile: negative sampling rate -5")
@@ -269,4 +279,165 @@ func TestPoolMemoryProfileConcurrent(t *testing.T) {
 	}
 	wg.Wait()
 	require.Equal(t, [4]int64{int64(total), int64(bytes), 0, 0}, memProfTotals(memProfParse(t, prof), 0))
+}
+
+type poolProfHeld struct {
+	p    *PoolMemoryResource
+	ptr  DevicePtr
+	size int
+	s    StreamView
+}
+
+// poolProfCheck checks the totals of prof: allocs and bytes allocated, live objects and bytes.
+func poolProfCheck(t *testing.T, prof *MemoryProfile, allocs, bytes int, live []poolProfHeld, msg string) {
+	t.Helper()
+	lb := 0
+	for _, h := range live {
+		lb += h.size
+	}
+	require.Equal(t, [4]int64{int64(allocs), int64(bytes), int64(len(live)), int64(lb)}, memProfTotals(memProfParse(t, prof), 0), msg)
+}
+
+// Failed allocations record nothing: out of memory (a capped pool, or a full upstream), at the
+// cache's sizes and larger, a negative size, a size that overflows when rounded, and allocations
+// after Close; zero-byte allocations and frees record nothing either. At rate 1 the profile
+// counts exactly the allocations that succeeded.
+func TestPoolMemoryProfileFailuresRecordNothing(t *testing.T) {
+	for _, k := range poolProfKinds {
+		t.Run(k.name, func(t *testing.T) {
+			prof, err := NewMemoryProfile(&MemoryProfileOptions{Rate: 1})
+			require.NoError(t, err)
+			o := k.opts
+			o.MemoryProfile = prof
+			if !o.Expandable {
+				o.MaximumPoolSize = 32 << 20
+			}
+			p, _ := newSimPool(t, 32<<20, &o)
+			s := poolCacheTestStream(t)
+			var live []poolProfHeld
+			allocs, bytes := 0, 0
+			for _, sz := range []int{0, 0} {
+				ptr, err := p.Allocate(sz, s)
+				require.NoError(t, err)
+				require.Zero(t, ptr)
+				require.NoError(t, p.Deallocate(ptr, sz, s))
+			}
+			for {
+				ptr, err := p.Allocate(4<<20, s)
+				if err != nil {
+					require.ErrorIs(t, err, ErrOutOfMemory)
+					break
+				}
+				live = append(live, poolProfHeld{p, ptr, 4 << 20, s})
+				allocs, bytes = allocs+1, bytes+4<<20
+			}
+			for {
+				ptr, err := p.Allocate(64<<10, s)
+				if err != nil {
+					require.ErrorIs(t, err, ErrOutOfMemory)
+					break
+				}
+				live = append(live, poolProfHeld{p, ptr, 64 << 10, s})
+				allocs, bytes = allocs+1, bytes+64<<10
+			}
+			for range 5 {
+				_, err := p.Allocate(1<<30, s)
+				require.Error(t, err)
+				_, err = p.Allocate(256, DefaultStream)
+				require.Error(t, err)
+				_, err = p.Allocate(-1, s)
+				require.Error(t, err)
+				_, err = p.Allocate(1<<62+1, s)
+				require.Error(t, err)
+			}
+			poolProfCheck(t, prof, allocs, bytes, live, "after failures")
+			for _, h := range live {
+				require.NoError(t, p.Deallocate(h.ptr, h.size, h.s))
+			}
+			poolProfCheck(t, prof, allocs, bytes, nil, "all freed")
+			require.NoError(t, p.Close())
+			_, err = p.Allocate(256, s)
+			require.Error(t, err)
+			_, err = p.Allocate(2<<20, s)
+			require.Error(t, err)
+			poolProfCheck(t, prof, allocs, bytes, nil, "after close")
+		})
+	}
+}
+
+//go:noinline
+func poolProfAllocSite(p *PoolMemoryResource, n int, s StreamView) (DevicePtr, error) {
+	return p.Allocate(n, s)
+}
+
+// Every sample's first frame is the caller of Allocate: cache path, slow path, the path that
+// waits on another stream (block freed on another stream), stitched blocks.
+func TestPoolMemoryProfileStacksEveryPath(t *testing.T) {
+	const fn = "github.com/gormm/rmm.poolProfAllocSite"
+	for _, k := range poolProfKinds {
+		t.Run(k.name, func(t *testing.T) {
+			prof, err := NewMemoryProfile(&MemoryProfileOptions{Rate: 1})
+			require.NoError(t, err)
+			o := k.opts
+			o.MemoryProfile = prof
+			p, _ := newSimPool(t, 1<<30, &o)
+			s1 := poolCacheTestStream(t)
+			s2 := poolCacheTestStream(t)
+			n, stitched := 0, 0
+			alloc := func(sz int, s StreamView) DevicePtr {
+				ptr, err := poolProfAllocSite(p, sz, s)
+				require.NoError(t, err)
+				n++
+				if p.exp != nil && p.exp.aliases != nil {
+					p.mu.Lock()
+					if _, ok := p.exp.aliases[ptr]; ok {
+						stitched++
+					}
+					p.mu.Unlock()
+				}
+				return ptr
+			}
+			for range 3 {
+				for _, sz := range []int{256, 64 << 10, 1 << 20, 3 << 20, 9 << 20} {
+					a := alloc(sz, s1)
+					require.NoError(t, p.Deallocate(a, sz, s1))
+					a = alloc(sz, s1) // cache path for small
+					require.NoError(t, p.Deallocate(a, sz, s2))
+					a = alloc(sz, s1) // taken back from s2's list (wait path)
+					b := alloc(sz, s2)
+					require.NoError(t, p.Deallocate(a, sz, s1))
+					require.NoError(t, p.Deallocate(b, sz, s2))
+				}
+				// Stitching: many distinct large sizes.
+				var ps []DevicePtr
+				var ss []int
+				for i := range 12 {
+					sz := (2 << 20) + i*(768<<10) + 512
+					ps = append(ps, alloc(sz, s1))
+					ss = append(ss, sz)
+				}
+				for i := 0; i < len(ps); i += 2 {
+					require.NoError(t, p.Deallocate(ps[i], ss[i], s2))
+				}
+				for i := range 6 {
+					sz := (5 << 20) + i*(1<<20) + 256
+					x := alloc(sz, s1)
+					require.NoError(t, p.Deallocate(x, sz, s1))
+				}
+				for i := 1; i < len(ps); i += 2 {
+					require.NoError(t, p.Deallocate(ps[i], ss[i], s1))
+				}
+			}
+			pr := memProfParse(t, prof)
+			for _, smp := range pr.Sample {
+				fns := memProfFunctions(smp)
+				require.Equal(t, fn, fns[0], "stack %v", fns)
+			}
+			v := poolProfSite(pr, fn)
+			require.Equal(t, int64(n), v[0])
+			require.Zero(t, v[2])
+			require.Zero(t, v[3])
+			t.Logf("%s: %d allocations, %d stitched", k.name, n, stitched)
+		})
+	}
 }
