@@ -694,9 +694,7 @@ func (p *PoolMemoryResource) allocateSlow(l *freeList, n int, s StreamView) (*bl
 // Pool locked, l pinned; a merge unlocks and relocks.
 func (p *PoolMemoryResource) findBlock(l *freeList, n int, s StreamView) (*block, takeWait, error) {
 	if b := l.bestFit(n); b != nil {
-		l.remove(b)
-		p.split(b, n, l)
-		return b, takeWait{}, nil
+		return p.takeFront(l, b, n), takeWait{}, nil
 	}
 	// Blocks in the other streams' caches are free memory: put them where this search (and the
 	// merging after it) sees them.
@@ -708,9 +706,7 @@ func (p *PoolMemoryResource) findBlock(l *freeList, n int, s StreamView) (*block
 			continue
 		}
 		if b := o.bestFit(n); b != nil {
-			o.remove(b)
-			p.split(b, n, o)
-			return b, p.beginWait(o), nil
+			return p.takeFront(o, b, n), p.beginWait(o), nil
 		}
 	}
 	// Merge whole lists into ours, so that neighbours from different streams coalesce. Each
@@ -873,6 +869,38 @@ func (p *PoolMemoryResource) split(b *block, n int, home *freeList) {
 	p.copyDeps(r, b)
 	p.dropDep(r, home)
 	home.insert(r)
+}
+
+// takeFront takes the first n bytes of b, a free block of list l of at least n bytes, and returns
+// them as a block out of every list, with b's deps; the rest stays free in l (pool locked).
+func (p *PoolMemoryResource) takeFront(l *freeList, b *block, n int) *block {
+	if b.size > n && l.resize(b, b.size-n) {
+		// The rest keeps b's node in l, alone in its class's treap (see resize), so that no
+		// treap removal and insertion is made: the n bytes become a new block before b. A loop
+		// that allocates and frees one size from a large free block (W1 once its block
+		// coalesced with its neighbours) then costs no treap operation either way (see
+		// freeInto).
+		a := p.newBlock(b.addr, n)
+		p.copyDeps(a, b)
+		p.linkBefore(a, b)
+		b.addr += DevicePtr(n)
+		return a
+	}
+	l.remove(b)
+	p.split(b, n, l)
+	return b
+}
+
+// linkBefore puts a into b's chain right before b (a's memory is what precedes b's). At the head of
+// an expandable pool's chain, a becomes its head.
+func (p *PoolMemoryResource) linkBefore(a, b *block) {
+	a.prev, a.next = b.prev, b
+	if b.prev != nil {
+		b.prev.next = a
+	} else if p.exp != nil && p.exp.head == b {
+		p.exp.head = a
+	}
+	b.prev = a
 }
 
 // linkAfter puts r into b's chain right after b (r's memory is the end of what b had). At the end
@@ -1130,6 +1158,23 @@ func (p *PoolMemoryResource) freeInto(l *freeList, b *block) *block {
 	l.frees++
 	if len(b.deps) > 0 {
 		p.forgetDropped(b)
+	}
+	// The next neighbour free in l, alone in its class's treap, with no other neighbour to
+	// coalesce with: it takes b's bytes with no treap's descent (see resize and takeFront). The neighbours are checked against the merged size, as the loop below checks
+	// them after a merge; nx's next needs no check when nx alone reaches poolCrossCoalesceMin
+	// (had it joined nx, it would have then).
+	if nx := b.next; len(b.deps) == 0 && nx != nil && nx.free && nx.list == l &&
+		!joins(b.prev, l, nx.size+b.size) && (nx.size >= poolCrossCoalesceMin || !joins(nx.next, l, nx.size+b.size)) &&
+		l.resize(nx, nx.size+b.size) {
+		nx.addr = b.addr
+		nx.prev = b.prev
+		if b.prev != nil {
+			b.prev.next = nx
+		} else if p.exp != nil && p.exp.head == b {
+			p.exp.head = nx
+		}
+		p.recycle(b)
+		return nx
 	}
 	// Both sides again after each merge: a neighbour too small to coalesce across streams with
 	// b alone may coalesce with what b has become.

@@ -213,6 +213,35 @@ func (l *freeList) remove(b *block) {
 	l.bytes -= b.size
 }
 
+// resize gives b, a block of l, size bytes without a treap's descent when it can, and reports
+// whether it did: when b is alone in its class's treap and the class of size is b's or holds no
+// block, b stays or becomes that class's only block, so that no order among l's blocks needs
+// looking at (the caller changes b's address to match, l.bytes is updated here).
+func (l *freeList) resize(b *block, size int) bool {
+	if b.parent != nil || b.left != nil || b.right != nil || b.lent || b.hole || b.stitched {
+		return false
+	}
+	l1, c1 := freeClass(b.size)
+	l2, c2 := freeClass(size)
+	if l1 != l2 || c1 != c2 {
+		if l.sub[l2]&(1<<c2) != 0 {
+			return false // another block's class: b would have to go into its treap
+		}
+		root, _, _ := l.rootOf(size)
+		l.levels[l1][c1] = nil
+		l.sub[l1] &^= 1 << c1
+		if l.sub[l1] == 0 {
+			l.top &^= 1 << l1
+		}
+		*root = b
+		l.sub[l2] |= 1 << c2
+		l.top |= 1 << l2
+	}
+	l.bytes += size - b.size
+	b.size = size
+	return true
+}
+
 // treapJoin merges two treaps where every key of a is below every key of b. The parent link of
 // the result is left to the caller.
 func treapJoin(a, b *block) *block {

@@ -465,3 +465,67 @@ func TestPoolOutOfMemoryDetailUnderMaximum(t *testing.T) {
 		})
 	}
 }
+
+// A free block alone in its class gives the front of itself to an allocation and takes a freed
+// neighbour back without leaving its place in the list (takeFront, freeInto, freeList.resize):
+// the list's one block stays the same node through allocate-free pairs, also when its size moves
+// between classes (8 GiB is the first size of its class; less 64 MiB is in the class below), and
+// the pool's invariants hold after each step.
+func TestPoolResizesInPlace(t *testing.T) {
+	const initial, n = 8 << 30, 64 << 20
+	p, _ := newSimPool(t, 16<<30, &PoolOptions{InitialPoolSize: initial})
+	only := func() *block {
+		t.Helper()
+		p.mu.Lock()
+		defer p.mu.Unlock()
+		l, err := p.listFor(DefaultStream)
+		require.NoError(t, err)
+		require.Equal(t, 1, l.count)
+		return l.bestFit(1)
+	}
+	b0 := only()
+	base := b0.addr
+	require.Equal(t, initial, b0.size)
+	for i := range 3 {
+		a, err := p.Allocate(n, DefaultStream)
+		require.NoError(t, err)
+		require.Equal(t, base, a, "pair %d: the front of the block", i)
+		require.Same(t, b0, only(), "pair %d: the rest kept the node", i)
+		require.Equal(t, base+n, b0.addr)
+		require.Equal(t, initial-n, b0.size)
+		require.NoError(t, p.CheckInvariants())
+		require.NoError(t, p.Deallocate(a, n, DefaultStream))
+		require.Same(t, b0, only(), "pair %d: the freed bytes went back into the node", i)
+		require.Equal(t, base, b0.addr)
+		require.Equal(t, initial, b0.size)
+		require.NoError(t, p.CheckInvariants())
+	}
+	// When the class the rest moves to holds another block, the rest goes into that class's
+	// treap the usual way: A (64 MiB) free apart from the big block R by B, then all of R but 64
+	// MiB taken.
+	pa, err := p.Allocate(n, DefaultStream)
+	require.NoError(t, err)
+	pb, err := p.Allocate(n, DefaultStream)
+	require.NoError(t, err)
+	require.NoError(t, p.Deallocate(pa, n, DefaultStream))
+	rest := initial - 3*n
+	pr, err := p.Allocate(rest, DefaultStream)
+	require.NoError(t, err)
+	require.Equal(t, pb+n, pr)
+	require.NoError(t, p.CheckInvariants())
+	p.mu.Lock()
+	l, _ := p.listFor(DefaultStream)
+	require.Equal(t, 2, l.count, "A and R's rest, both of 64 MiB")
+	p.mu.Unlock()
+	for _, f := range []struct {
+		ptr  DevicePtr
+		size int
+	}{{pr, rest}, {pb, n}} {
+		require.NoError(t, p.Deallocate(f.ptr, f.size, DefaultStream))
+		require.NoError(t, p.CheckInvariants())
+	}
+	require.Equal(t, initial, p.Stats().FreeBytes)
+	last := only() // all coalesced again (into another node: R's went to the allocation)
+	require.Equal(t, base, last.addr)
+	require.Equal(t, initial, last.size)
+}
