@@ -144,21 +144,25 @@ func (p *PoolMemoryResource) deallocateCached(ptr DevicePtr, nbytes int, s Strea
 		return false, nil
 	}
 	c.mu.Lock()
-	defer c.mu.Unlock()
 	if c.dead || c.n == poolCacheSlots {
+		c.mu.Unlock()
 		return false, nil
 	}
 	b := c.issued.get(ptr)
 	if b == nil {
+		c.mu.Unlock()
 		return false, nil
 	}
 	if b.req != nbytes {
-		return false, errorf("PoolMemoryResource.Deallocate(%#x, %d): the block was allocated with %s: %w", uintptr(ptr), nbytes, bytesText(b.req), ErrInvalidFree)
+		req := b.req
+		c.mu.Unlock()
+		return false, errorf("PoolMemoryResource.Deallocate(%#x, %d): the block was allocated with %s: %w", uintptr(ptr), nbytes, bytesText(req), ErrInvalidFree)
 	}
 	b.dropSample()
 	c.issued.del(ptr)
 	c.slots[c.n] = b // b.req stays: see allocateCached
 	c.n++
+	c.mu.Unlock()
 	return true, nil
 }
 
