@@ -320,18 +320,7 @@ func (r *MemoryProfile) sampleExact(n, u uint64) bool {
 //
 //go:noinline
 func (r *MemoryProfileResourceAdaptor) record(p DevicePtr, nbytes int) {
-	var pcs [maxTrackedFrames]uintptr
-	// Frames 1, 2 and 3: record, Allocate, Allocate's caller. The walk by frame pointers gives
-	// physical frames (see memProfLocations.stack); runtime.Callers, when the walk stopped
-	// short, logical ones. Both start at Allocate's caller: neither record nor Allocate is
-	// inlined, and a wrapper between Allocate and its caller, which runtime.Callers skips and
-	// the walk does not, is left out of the profile.
-	n, complete := fpwalk.Callers(3, pcs[:])
-	if !complete {
-		n = runtime.Callers(3, pcs[:])
-	}
-	b := r.bucket(pcs[:n], int64(nbytes))
-	b.allocs.Add(1)
+	b := r.callerBucket(nbytes)
 	h := memProfHash(p)
 	sh := &r.shards[h>>(64-memProfShardBits)]
 	sh.mu.Lock()
@@ -344,6 +333,27 @@ func (r *MemoryProfileResourceAdaptor) record(p DevicePtr, nbytes int) {
 		return
 	}
 	r.maybe[h>>(64-memProfFilterBits)].Add(1)
+}
+
+// callerBucket counts a sampled allocation of nbytes in the bucket of its stack, which starts at
+// the caller of Allocate, and returns the bucket. It is called by the function that Allocate
+// called to record the sample (the adaptor's record, the pool's recordBlock).
+//
+//go:noinline
+func (m *MemoryProfile) callerBucket(nbytes int) *memProfBucket {
+	var pcs [maxTrackedFrames]uintptr
+	// Frames 1 to 4: callerBucket, the recording function, Allocate, Allocate's caller. The walk
+	// by frame pointers gives physical frames (see memProfLocations.stack); runtime.Callers, when
+	// the walk stopped short, logical ones. Both start at Allocate's caller: none of the three
+	// is inlined, and a wrapper between Allocate and its caller, which runtime.Callers skips and
+	// the walk does not, is left out of the profile.
+	n, complete := fpwalk.Callers(4, pcs[:])
+	if !complete {
+		n = runtime.Callers(4, pcs[:])
+	}
+	b := m.bucket(pcs[:n], int64(nbytes))
+	b.allocs.Add(1)
+	return b
 }
 
 // bucket returns the bucket of stack stk and size, making it the first time.
@@ -596,16 +606,8 @@ func (p *PoolMemoryResource) profTake(nbytes int) bool {
 //
 //go:noinline
 func (m *MemoryProfile) recordBlock(b *block, nbytes int) {
-	var pcs [maxTrackedFrames]uintptr
-	// Frames 1, 2 and 3: recordBlock, PoolMemoryResource.Allocate (never inlined: it is far too
-	// large), Allocate's caller; as in the adaptor's record.
-	n, complete := fpwalk.Callers(3, pcs[:])
-	if !complete {
-		n = runtime.Callers(3, pcs[:])
-	}
-	bk := m.bucket(pcs[:n], int64(nbytes))
-	bk.allocs.Add(1)
-	b.sample = bk
+	// PoolMemoryResource.Allocate is never inlined either: it is far too large.
+	b.sample = m.callerBucket(nbytes)
 }
 
 // dropSample counts b's free in its sample's bucket, if it was sampled (b's list or cache

@@ -322,23 +322,16 @@ func TestPoolMemoryProfileFailuresRecordNothing(t *testing.T) {
 				require.Zero(t, ptr)
 				require.NoError(t, p.Deallocate(ptr, sz, s))
 			}
-			for {
-				ptr, err := p.Allocate(4<<20, s)
-				if err != nil {
-					require.ErrorIs(t, err, ErrOutOfMemory)
-					break
+			for _, size := range []int{4 << 20, 64 << 10} { // until out of memory
+				for {
+					ptr, err := p.Allocate(size, s)
+					if err != nil {
+						require.ErrorIs(t, err, ErrOutOfMemory)
+						break
+					}
+					live = append(live, poolProfHeld{p, ptr, size, s})
+					allocs, bytes = allocs+1, bytes+size
 				}
-				live = append(live, poolProfHeld{p, ptr, 4 << 20, s})
-				allocs, bytes = allocs+1, bytes+4<<20
-			}
-			for {
-				ptr, err := p.Allocate(64<<10, s)
-				if err != nil {
-					require.ErrorIs(t, err, ErrOutOfMemory)
-					break
-				}
-				live = append(live, poolProfHeld{p, ptr, 64 << 10, s})
-				allocs, bytes = allocs+1, bytes+64<<10
 			}
 			for range 5 {
 				_, err := p.Allocate(1<<30, s)
