@@ -18,7 +18,7 @@ import (
 //
 // Mount it beside net/http/pprof's handlers (its index page does not list it):
 //
-//	http.Handle("/debug/pprof/devicemem", rmm.MemoryProfileHandler(prof))
+//	http.Handle("/debug/pprof/devicemem", rmm.MemoryProfileHandler(prof.MemoryProfile)) // prof: a MemoryProfileResourceAdaptor
 //
 // and read it with
 //

@@ -29,12 +29,14 @@ import (
 // MemoryProfileOptions.Rate lower for more.
 const DefaultMemoryProfileRate = 4 << 30
 
-// MemoryProfileOptions configures a MemoryProfileResourceAdaptor. nil means the defaults.
+// MemoryProfileOptions configures a MemoryProfile (NewMemoryProfile) or the one of a
+// MemoryProfileResourceAdaptor. nil means the defaults.
 type MemoryProfileOptions struct {
 	// Rate is the sampling rate in bytes, as runtime.MemProfileRate is for Go's heap: an
 	// allocation of n bytes is recorded with probability 1-exp(-n/Rate), so that on average one
 	// allocation is recorded per Rate bytes allocated and an allocation of many times Rate bytes
-	// is always recorded. 1 records every allocation (the profile is then exact). 0 means
+	// is always recorded. 1 is the exception: it records every allocation, of any size (the
+	// profile is then exact). 0 means
 	// DefaultMemoryProfileRate; a negative rate is refused with ErrInvalidArgument.
 	Rate int
 }

@@ -136,10 +136,12 @@ type PoolOptions struct {
 	// pool needs no option: it exports through its upstream.)
 	Exportable bool
 	// MemoryProfile, when set, makes the pool record a sample of its own allocations in it, as a
-	// MemoryProfileResourceAdaptor over the pool would, at less cost: the pool draws which
-	// allocations to sample inside its own locks and keeps a sampled block's record on the block,
-	// so that an allocation not sampled costs a subtraction and a comparison, and no adaptor call
-	// is made (BENCHMARKS.md gives W1 with either). Every allocation of the pool is sampled at the
+	// MemoryProfileResourceAdaptor over the pool would, at less cost: each allocation of n bytes
+	// is sampled with the same probability, 1-exp(-n/rate) (all of them at rate 1), but the pool
+	// draws by counting the bytes asked of it down to the next sample (as Go's runtime samples its
+	// heap) inside its own locks, and keeps a sampled block's record on the block, so that an
+	// allocation not sampled costs a subtraction and a comparison, and no adaptor call is made
+	// (BENCHMARKS.md gives W1 with either). Every allocation of the pool is sampled at the
 	// profile's rate, whoever calls Allocate; the stacks start at Allocate's caller. A profile may
 	// be shared by several pools and adaptors. Default nil: no profile.
 	MemoryProfile *MemoryProfile
