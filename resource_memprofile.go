@@ -590,17 +590,19 @@ func (m *MemoryProfile) nextSample() int {
 	return math.MaxInt
 }
 
-// profTake counts an allocation of nbytes down the pool's countdown to its next sample (pool
-// locked) and reports whether it is sampled (see nextSample). Without a profile, false.
-func (p *PoolMemoryResource) profTake(nbytes int) bool {
-	if p.prof == nil {
-		return false
+// take counts an allocation of nbytes down *left, the bytes still to allocate before the next
+// sample (a pool's or a stream cache's count, under the lock that guards it), and reports
+// whether the allocation is sampled, drawing the next count when it is (see nextSample). A nil
+// profile samples nothing.
+func (m *MemoryProfile) take(left *int, nbytes int) bool {
+	// Small enough to be inlined into the pool's paths.
+	if m != nil {
+		if *left -= nbytes; *left < 0 {
+			*left = m.nextSample()
+			return true
+		}
 	}
-	if p.profLeft -= nbytes; p.profLeft >= 0 {
-		return false
-	}
-	p.profLeft = p.prof.nextSample()
-	return true
+	return false
 }
 
 // recordBlock records the pool's sampled block b of nbytes with the stack of Allocate's caller,

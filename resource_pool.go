@@ -242,7 +242,7 @@ type PoolMemoryResource struct {
 	prof *MemoryProfile
 	_    [48]byte
 	// profLeft is the bytes still to allocate, outside the caches, before the next sample
-	// (pool locked; see profTake).
+	// (pool locked; see MemoryProfile.take).
 	profLeft int
 }
 
@@ -496,7 +496,7 @@ func (p *PoolMemoryResource) Allocate(nbytes int, s StreamView) (DevicePtr, erro
 	p.peakLive = max(p.peakLive, p.liveBytes)
 	ptr := b.addr
 	if w.o == nil && dw == nil {
-		sampled := p.profTake(nbytes)
+		sampled := p.prof.take(&p.profLeft, nbytes)
 		p.mu.Unlock()
 		if sampled {
 			p.prof.recordBlock(b, nbytes)
@@ -566,7 +566,7 @@ func (p *PoolMemoryResource) Allocate(nbytes int, s StreamView) (DevicePtr, erro
 	}
 	p.unpin(l)
 	p.endWait(w, werr)
-	sampled := werr == nil && p.profTake(nbytes)
+	sampled := werr == nil && p.prof.take(&p.profLeft, nbytes)
 	p.mu.Unlock()
 	if werr != nil {
 		return 0, werr
@@ -1162,9 +1162,10 @@ func (p *PoolMemoryResource) freeInto(l *freeList, b *block) *block {
 		p.forgetDropped(b)
 	}
 	// The next neighbour free in l, alone in its class's treap, with no other neighbour to
-	// coalesce with: it takes b's bytes with no treap's descent (see resize and takeFront). The neighbours are checked against the merged size, as the loop below checks
-	// them after a merge; nx's next needs no check when nx alone reaches poolCrossCoalesceMin
-	// (had it joined nx, it would have then).
+	// coalesce with: it takes b's bytes with no treap's descent (see resize and takeFront). The
+	// neighbours are checked against the merged size, as the loop below checks them after a
+	// merge; nx's next needs no check when nx alone reaches poolCrossCoalesceMin (had it joined
+	// nx, it would have then).
 	if nx := b.next; len(b.deps) == 0 && nx != nil && nx.free && nx.list == l &&
 		!joins(b.prev, l, nx.size+b.size) && (nx.size >= poolCrossCoalesceMin || !joins(nx.next, l, nx.size+b.size)) &&
 		l.resize(nx, nx.size+b.size) {

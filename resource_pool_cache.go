@@ -65,7 +65,7 @@ type poolCache struct {
 	slots  [poolCacheSlots]*block
 	issued blockTable // blocks taken from the slots and not freed yet
 	// profLeft is the bytes still to allocate from the cache before the next sample of the
-	// pool's MemoryProfile (see PoolMemoryResource.profTake).
+	// pool's MemoryProfile (see MemoryProfile.take).
 	profLeft int
 	_        [64]byte
 }
@@ -122,11 +122,8 @@ func (p *PoolMemoryResource) allocateCached(n, nbytes int, s StreamView) (Device
 			}
 			c.issued.put(b)
 			var sampled *block
-			if m := p.prof; m != nil {
-				// The cache's own countdown, under its lock (see profTake).
-				if c.profLeft -= nbytes; c.profLeft < 0 {
-					c.profLeft, sampled = m.nextSample(), b
-				}
+			if p.prof.take(&c.profLeft, nbytes) { // the cache's own count, under its lock
+				sampled = b
 			}
 			c.mu.Unlock()
 			return b.addr, sampled
