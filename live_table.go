@@ -142,6 +142,18 @@ func (bt *blockTable) get(p DevicePtr) *block {
 	return b
 }
 
+// at returns the slot of the block at p and the block; -1 and nil when p is not in the table.
+// The slot stays valid until the table next changes.
+func (bt *blockTable) at(p DevicePtr) (int, *block) {
+	if i := bt.t.find(p); i >= 0 {
+		return i, bt.t.slots[i].v
+	}
+	return -1, nil
+}
+
+// delAt removes the block in slot i (from at, the table unchanged since).
+func (bt *blockTable) delAt(i int) { bt.t.delAt(i) }
+
 // put adds b, whose address must not be in the table.
 func (bt *blockTable) put(b *block) { bt.t.put(b.addr, b) }
 

@@ -473,15 +473,22 @@ func (p *PoolMemoryResource) Allocate(nbytes int, s StreamView) (DevicePtr, erro
 		p.mu.Unlock()
 		return 0, errorf("PoolMemoryResource.Allocate: called after Close: %w", ErrClosed)
 	}
-	l, err := p.listFor(s)
-	if err != nil {
-		p.mu.Unlock()
-		return 0, err
+	var err error
+	l, ok := p.byStream[s.id] // listFor's common case, spelt out
+	if !ok || l.closed {
+		if l, err = p.listFor(s); err != nil {
+			p.mu.Unlock()
+			return 0, err
+		}
 	}
 	p.flushCache(l, s)
 	l.noteAllocation(n)
-	b, w, l, err := p.allocateSlow(l, n, s)
-	if err != nil {
+	// The stream's own list first, as findBlock would: no unlock, so nothing to pin.
+	var b *block
+	var w takeWait
+	if b = l.bestFit(n); b != nil {
+		b = p.takeFront(l, b, n)
+	} else if b, w, l, err = p.allocateSlow(l, n, s); err != nil {
 		p.mu.Unlock()
 		var oom *OutOfMemoryError
 		if errors.As(err, &oom) {
@@ -489,7 +496,11 @@ func (p *PoolMemoryResource) Allocate(nbytes int, s StreamView) (DevicePtr, erro
 		}
 		return 0, err
 	}
-	dw, deps := p.beginDepWaits(b, l, w.o)
+	var dw []takeWait
+	var deps []*freeList
+	if len(b.deps) > 0 {
+		dw, deps = p.beginDepWaits(b, l, w.o)
+	}
 	b.free, b.req = false, nbytes
 	p.live.put(b)
 	p.liveBytes += n
@@ -1090,7 +1101,7 @@ func (p *PoolMemoryResource) Deallocate(ptr DevicePtr, nbytes int, s StreamView)
 	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	b := p.live.get(ptr)
+	at, b := p.live.at(ptr) // at: b's slot while the table is unchanged; -1 otherwise
 	if b == nil {
 		b = p.takeIssued(ptr, nbytes)
 	}
@@ -1110,25 +1121,37 @@ func (p *PoolMemoryResource) Deallocate(ptr DevicePtr, nbytes int, s StreamView)
 	// is in l a taker may wait on l's event, which must hold this record by then (moving it out
 	// would need the block kept out of l until the record is made, a second lock round trip on
 	// every such free).
-	l, s, err := p.freeTo(s, func() error {
-		if p.ctx == 0 {
-			return nil
+	l, ok := p.byStream[s.id]
+	switch {
+	case ok && !l.closed && (l.lazy || p.ctx == 0):
+		l.dirty = true // freeTo's common case, spelt out: s's own list, no record to make
+	default:
+		var err error
+		at = -1
+		l, s, err = p.freeTo(s, func() error {
+			if p.ctx == 0 {
+				return nil
+			}
+			p.live.del(ptr)
+			p.merging++
+			p.mu.Unlock()
+			err := p.syncClosed(s)
+			p.mu.Lock()
+			p.merging--
+			p.wake()
+			p.live.put(b)
+			return err
+		})
+		if err != nil {
+			return err
 		}
-		p.live.del(ptr)
-		p.merging++
-		p.mu.Unlock()
-		err := p.syncClosed(s)
-		p.mu.Lock()
-		p.merging--
-		p.wake()
-		p.live.put(b)
-		return err
-	})
-	if err != nil {
-		return err
 	}
 	b.dropSample()
-	p.live.del(ptr)
+	if at >= 0 {
+		p.live.delAt(at)
+	} else {
+		p.live.del(ptr)
+	}
 	if b.stitched {
 		// Never cached: its chunks go back into l (resource_pool_stitch.go).
 		b = p.freeStitched(l, b)

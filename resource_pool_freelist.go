@@ -227,13 +227,16 @@ func (l *freeList) resize(b *block, size int) bool {
 		if l.sub[l2]&(1<<c2) != 0 {
 			return false // another block's class: b would have to go into its treap
 		}
-		root, _, _ := l.rootOf(size)
+		lv := l.levels[l2]
+		if lv == nil {
+			lv = new([freeSubs]*block)
+			l.levels[l2] = lv
+		}
 		l.levels[l1][c1] = nil
-		l.sub[l1] &^= 1 << c1
-		if l.sub[l1] == 0 {
+		if l.sub[l1] &^= 1 << c1; l.sub[l1] == 0 {
 			l.top &^= 1 << l1
 		}
-		*root = b
+		lv[c2] = b
 		l.sub[l2] |= 1 << c2
 		l.top |= 1 << l2
 	}
