@@ -197,7 +197,7 @@ func (p *PoolMemoryResource) checkLiveRange(ptr DevicePtr, n int) error {
 	if b == nil {
 		return errorf("PoolMemoryResource.ExportIPC(%#x, %d): the range is not inside one live allocation of the pool: %w", uintptr(ptr), n, ErrInvalidArgument)
 	}
-	if end := b.addr + DevicePtr(b.req); uintptr(ptr-b.addr)+uintptr(n) > uintptr(b.req) {
+	if end := b.addr + DevicePtr(b.req()); uintptr(ptr-b.addr)+uintptr(n) > uintptr(b.req()) {
 		return errorf("PoolMemoryResource.ExportIPC(%#x, %d): the range runs past the end of the allocation [%#x, %#x) it starts in: %w", uintptr(ptr), n, uintptr(b.addr), uintptr(end), ErrInvalidArgument)
 	}
 	return nil

@@ -611,14 +611,15 @@ func (m *MemoryProfile) take(left *int, nbytes int) bool {
 //go:noinline
 func (m *MemoryProfile) recordBlock(b *block, nbytes int) {
 	// PoolMemoryResource.Allocate is never inlined either: it is far too large.
-	b.sample = m.callerBucket(nbytes)
+	b.rareFields().sample = m.callerBucket(nbytes)
 }
 
 // dropSample counts b's free in its sample's bucket, if it was sampled (b's list or cache
 // locked, the free certain).
 func (b *block) dropSample() {
-	if b.sample != nil {
-		b.sample.frees.Add(1)
-		b.sample = nil
+	if r := b.rare; r != nil && r.sample != nil {
+		r.sample.frees.Add(1)
+		r.sample = nil
+		b.tidyRare()
 	}
 }

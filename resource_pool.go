@@ -498,10 +498,11 @@ func (p *PoolMemoryResource) Allocate(nbytes int, s StreamView) (DevicePtr, erro
 	}
 	var dw []takeWait
 	var deps []*freeList
-	if len(b.deps) > 0 {
+	if len(b.deps()) > 0 {
 		dw, deps = p.beginDepWaits(b, l, w.o)
 	}
-	b.free, b.req = false, nbytes
+	b.free = false
+	b.setReq(nbytes)
 	p.live.put(b)
 	p.liveBytes += n
 	p.peakLive = max(p.peakLive, p.liveBytes)
@@ -1108,8 +1109,8 @@ func (p *PoolMemoryResource) Deallocate(ptr DevicePtr, nbytes int, s StreamView)
 	if b == nil {
 		return errorf("PoolMemoryResource.Deallocate(%#x, %d): the pointer was not allocated by this pool or was already freed: %w", uintptr(ptr), nbytes, ErrInvalidFree)
 	}
-	if b.req != nbytes {
-		return errorf("PoolMemoryResource.Deallocate(%#x, %d): the block was allocated with %s: %w", uintptr(ptr), nbytes, bytesText(b.req), ErrInvalidFree)
+	if b.req() != nbytes {
+		return errorf("PoolMemoryResource.Deallocate(%#x, %d): the block was allocated with %s: %w", uintptr(ptr), nbytes, bytesText(b.req()), ErrInvalidFree)
 	}
 	if p.closed {
 		return p.deallocateAfterClose(b, s)
@@ -1179,9 +1180,9 @@ func (p *PoolMemoryResource) Deallocate(ptr DevicePtr, nbytes int, s StreamView)
 // which its taker waits for (resource_pool_deps.go). Blocks free but in no list (in flight between lists,
 // or held out while the pool is unlocked) are left alone.
 func (p *PoolMemoryResource) freeInto(l *freeList, b *block) *block {
-	b.free, b.req = true, 0
+	b.free, b.slack = true, 0
 	l.frees++
-	if len(b.deps) > 0 {
+	if len(b.deps()) > 0 {
 		p.forgetDropped(b)
 	}
 	// The next neighbour free in l, alone in its class's treap, with no other neighbour to
@@ -1189,7 +1190,7 @@ func (p *PoolMemoryResource) freeInto(l *freeList, b *block) *block {
 	// neighbours are checked against the merged size, as the loop below checks them after a
 	// merge; nx's next needs no check when nx alone reaches poolCrossCoalesceMin (had it joined
 	// nx, it would have then).
-	if nx := b.next; len(b.deps) == 0 && nx != nil && nx.free && nx.list == l &&
+	if nx := b.next; len(b.deps()) == 0 && nx != nil && nx.free && nx.list == l &&
 		!joins(b.prev, l, nx.size+b.size) && (nx.size >= poolCrossCoalesceMin || !joins(nx.next, l, nx.size+b.size)) &&
 		l.resize(nx, nx.size+b.size) {
 		nx.addr = b.addr

@@ -117,8 +117,8 @@ func (p *PoolMemoryResource) allocateCached(n, nbytes int, s StreamView) (Device
 			c.n--
 			c.slots[i] = c.slots[c.n]
 			c.slots[c.n] = nil
-			if b.req != nbytes {
-				b.req = nbytes
+			if b.req() != nbytes {
+				b.setReq(nbytes)
 			}
 			c.issued.put(b)
 			var sampled *block
@@ -150,14 +150,14 @@ func (p *PoolMemoryResource) deallocateCached(ptr DevicePtr, nbytes int, s Strea
 		c.mu.Unlock()
 		return false, nil
 	}
-	if b.req != nbytes {
-		req := b.req
+	if b.req() != nbytes {
+		req := b.req()
 		c.mu.Unlock()
 		return false, errorf("PoolMemoryResource.Deallocate(%#x, %d): the block was allocated with %s: %w", uintptr(ptr), nbytes, bytesText(req), ErrInvalidFree)
 	}
 	b.dropSample()
 	c.issued.del(ptr)
-	c.slots[c.n] = b // b.req stays: see allocateCached
+	c.slots[c.n] = b // the asked size stays: see allocateCached
 	c.n++
 	c.mu.Unlock()
 	return true, nil
@@ -175,7 +175,7 @@ func (p *PoolMemoryResource) takeIssued(ptr DevicePtr, nbytes int) *block {
 	for _, c := range m.all() {
 		c.mu.Lock()
 		b := c.issued.get(ptr)
-		if b != nil && b.req == nbytes {
+		if b != nil && b.req() == nbytes {
 			c.issued.del(ptr)
 			c.note()
 			p.live.put(b)
@@ -208,7 +208,6 @@ func (p *PoolMemoryResource) cacheFree(l *freeList, b *block, s StreamView) bool
 		p.caches.Store(m)
 	}
 	c.mu.Lock()
-	b.req = 0
 	if c.n < poolCacheSlots {
 		c.slots[c.n] = b
 		c.n++
@@ -380,11 +379,11 @@ func (p *PoolMemoryResource) checkCaches(all map[DevicePtr]*block) (int, error) 
 			held += b.size
 		}
 		for _, b := range c.slots[:c.n] {
-			add(b, "cached") // its req is the size last asked, or 0: see allocateCached
+			add(b, "cached") // its asked size is the last one: see allocateCached
 		}
 		c.issued.each(func(b *block) {
-			if n, _ := alignSize(b.req); err == nil && n != b.size {
-				err = errorf("block %#x handed out by the cache of stream %#x has %s, asked %d", uintptr(b.addr), id, bytesText(b.size), b.req)
+			if n, _ := alignSize(b.req()); err == nil && n != b.size {
+				err = errorf("block %#x handed out by the cache of stream %#x has %s, asked %d", uintptr(b.addr), id, bytesText(b.size), b.req())
 			}
 			add(b, "handed-out")
 		})

@@ -113,7 +113,7 @@ func (p *PoolMemoryResource) CheckInvariants() (err error) {
 			if all[t.addr] != nil {
 				return errorf("block %#x is indexed twice", uintptr(t.addr))
 			}
-			for _, o := range t.deps {
+			for _, o := range t.deps() {
 				if o == l || p.byStream[o.stream.id] != o {
 					return errorf("free block %#x of %v names its own list or a list the pool dropped (%v) among its deps", uintptr(t.addr), l.stream, o.stream)
 				}
@@ -158,12 +158,12 @@ func (p *PoolMemoryResource) CheckInvariants() (err error) {
 	p.live.each(func(b *block) { lives = append(lives, b) })
 	for _, b := range lives {
 		ptr := b.addr
-		n, _ := alignSize(b.req)
+		n, _ := alignSize(b.req())
 		switch {
 		case b.free || b.list != nil:
 			return errorf("live block %#x is marked free or listed", uintptr(ptr))
 		case b.size != n:
-			return errorf("live block %#x of %s was asked for %d", uintptr(ptr), bytesText(b.size), b.req)
+			return errorf("live block %#x of %s was asked for %d", uintptr(ptr), bytesText(b.size), b.req())
 		case all[ptr] != nil:
 			return errorf("block %#x is both free and live", uintptr(ptr))
 		}

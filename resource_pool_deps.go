@@ -40,36 +40,44 @@ import "slices"
 
 // addDep records that a taker of the free block b must also wait for list o (unless b is in o).
 func (p *PoolMemoryResource) addDep(b *block, o *freeList) {
-	if p.ctx == 0 || o == nil || slices.Contains(b.deps, o) {
+	if p.ctx == 0 || o == nil || slices.Contains(b.deps(), o) {
 		// Without CUDA nothing is ordered on a stream: no wait is ever needed.
 		return
 	}
-	b.deps = append(b.deps, o)
+	r := b.rareFields()
+	r.deps = append(r.deps, o)
 	o.depRefs++
 }
 
 // dropDep removes o from b's deps (b now lies in o: o's own takers need no wait for it).
 func (p *PoolMemoryResource) dropDep(b *block, o *freeList) {
-	if i := slices.Index(b.deps, o); i >= 0 {
-		b.deps = slices.Delete(b.deps, i, i+1)
+	if i := slices.Index(b.deps(), o); i >= 0 {
+		r := b.rare
+		r.deps = slices.Delete(r.deps, i, i+1)
 		o.depRefs--
-		if len(b.deps) == 0 {
-			b.deps = nil
+		if len(r.deps) == 0 {
+			r.deps = nil
+			b.tidyRare()
 		}
 	}
 }
 
 // clearDeps forgets every dep of b.
 func (p *PoolMemoryResource) clearDeps(b *block) {
-	for _, o := range b.deps {
+	r := b.rare
+	if r == nil {
+		return
+	}
+	for _, o := range r.deps {
 		o.depRefs--
 	}
-	b.deps = nil
+	r.deps = nil
+	b.tidyRare()
 }
 
 // mergeDeps gives dst the deps of src and clears src's (src is about to be absorbed by dst).
 func (p *PoolMemoryResource) mergeDeps(dst, src *block) {
-	for _, o := range src.deps {
+	for _, o := range src.deps() {
 		p.addDep(dst, o)
 	}
 	p.clearDeps(src)
@@ -77,7 +85,7 @@ func (p *PoolMemoryResource) mergeDeps(dst, src *block) {
 
 // copyDeps gives dst (a remainder split off src) src's deps as well.
 func (p *PoolMemoryResource) copyDeps(dst, src *block) {
-	for _, o := range src.deps {
+	for _, o := range src.deps() {
 		p.addDep(dst, o)
 	}
 }
@@ -95,7 +103,7 @@ func (p *PoolMemoryResource) retargetDeps(o, to *freeList) bool {
 	renamed := false
 	for _, l := range p.lists {
 		l.each(func(b *block) {
-			if slices.Contains(b.deps, o) {
+			if slices.Contains(b.deps(), o) {
 				p.dropDep(b, o)
 				if l != to {
 					p.addDep(b, to)
@@ -136,11 +144,11 @@ func (p *PoolMemoryResource) clearAllDeps() {
 // meanwhile, and a list dropped then (a merge into another stream's list drops one no block
 // names) would be forgotten by the restore with nothing having ordered its frees.
 func (p *PoolMemoryResource) beginDepWaits(b *block, l, from *freeList) (waits []takeWait, deps []*freeList) {
-	if len(b.deps) == 0 {
+	if len(b.deps()) == 0 {
 		return nil, nil
 	}
-	deps = slices.Clone(b.deps)
-	for _, o := range b.deps {
+	deps = slices.Clone(b.deps())
+	for _, o := range b.deps() {
 		if o == l || o == from {
 			continue
 		}
@@ -164,8 +172,8 @@ func (p *PoolMemoryResource) restoreDeps(b *block, deps []*freeList) {
 // forgetDropped removes from b's deps the lists the pool dropped (their streams' work behind the
 // frees was waited for before).
 func (p *PoolMemoryResource) forgetDropped(b *block) {
-	for i := 0; i < len(b.deps); {
-		if o := b.deps[i]; o.dropped {
+	for i := 0; i < len(b.deps()); {
+		if o := b.deps()[i]; o.dropped {
 			p.dropDep(b, o)
 			continue
 		}
@@ -190,7 +198,7 @@ func (p *PoolMemoryResource) coveredDeps(l *freeList, w takeWait) {
 	}
 	dropped := false
 	l.each(func(b *block) {
-		if slices.Contains(b.deps, o) {
+		if slices.Contains(b.deps(), o) {
 			p.dropDep(b, o)
 			dropped = true
 		}

@@ -120,7 +120,7 @@ func depCheckDepRefs(p *PoolMemoryResource) error {
 	var err error
 	for _, l := range p.lists {
 		l.each(func(b *block) {
-			for _, o := range b.deps {
+			for _, o := range b.deps() {
 				count[o]++
 				if o.dropped && err == nil {
 					err = fmt.Errorf("listed block %#x names a dropped list (%v)", uintptr(b.addr), o.stream)

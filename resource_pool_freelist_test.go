@@ -6,9 +6,29 @@ import (
 	"math/rand/v2"
 	"slices"
 	"testing"
+	"unsafe"
 
 	"github.com/stretchr/testify/require"
 )
+
+// TestBlockSize keeps a pool block at 80 bytes (see block): the runtime's size classes go 80, 96,
+// 112, and W2 below 1 MiB slowed by 11-15% at 96 bytes.
+func TestBlockSize(t *testing.T) {
+	require.EqualValues(t, 80, unsafe.Sizeof(block{}))
+}
+
+// TestBlockReq: an allocated block keeps the size asked as its difference from its size, which
+// must be that size rounded up to Alignment.
+func TestBlockReq(t *testing.T) {
+	b := &block{size: 4 * Alignment}
+	for _, n := range []int{3*Alignment + 1, 4*Alignment - 1, 4 * Alignment} {
+		b.setReq(n)
+		require.Equal(t, n, b.req())
+	}
+	require.Panics(t, func() { b.setReq(3 * Alignment) }, "a request a whole Alignment below the block")
+	require.Panics(t, func() { b.setReq(4*Alignment + 1) }, "a request above the block")
+	require.Equal(t, 4*Alignment, b.req(), "a refused request changes nothing")
+}
 
 // freelistCheck verifies l (freeList.check) and that it holds exactly want, in (size, address)
 // order.

@@ -114,7 +114,7 @@ func (p *PoolMemoryResource) stitchCands(l *freeList) []chunkCand {
 	var cs []chunkCand
 	// Only blocks of a granule or more can hold a chunk.
 	l.eachAtLeast(e.gran, func(b *block) {
-		if len(b.deps) == 0 || !e.noDepLend {
+		if len(b.deps()) == 0 || !e.noDepLend {
 			cs = e.chunksIn(b, cs)
 		}
 	})
@@ -249,7 +249,7 @@ func (p *PoolMemoryResource) stitchedBlock(a *stitchAlias, n int, l *freeList) *
 		p.forgetDropped(h)
 		p.mergeDeps(b, h)
 	}
-	if len(b.deps) > 0 {
+	if len(b.deps()) > 0 {
 		e.stitchedDeps++
 	}
 	a.b = b
