@@ -20,6 +20,10 @@ type FixedSizeOptions struct {
 	BlocksToPreallocate int
 }
 
+// fixedStreams is the resource's registry of per-stream lists (stream_order.go), named so that
+// go doc leaves the embedded field out, as it does any unexported field.
+type fixedStreams = streamLists[*fixedList]
+
 // FixedSizeMemoryResource hands out blocks of one fixed size, as librmm's
 // fixed_size_memory_resource: memory is taken from the upstream in chunks of
 // BlockSize × BlocksToPreallocate bytes (one at construction, on the default stream; another on
@@ -46,7 +50,7 @@ type FixedSizeMemoryResource struct {
 
 	mu sync.Mutex
 	// The per-stream lists, with the device, its context and the driver (stream_order.go).
-	streamLists[*fixedList]
+	fixedStreams
 	chunks []fixedChunk      // sorted by address
 	live   map[DevicePtr]int // allocated block -> size asked
 	closed bool

@@ -180,6 +180,10 @@ type PoolOptions struct {
 	growthDivisor int
 }
 
+// poolStreams is the pool's registry of per-stream free lists (stream_order.go), named so that go
+// doc leaves the embedded field out, as it does any unexported field.
+type poolStreams = streamLists[*freeList]
+
 // PoolMemoryResource is a coalescing best-fit sub-allocator over an upstream [MemoryResource],
 // with librmm's pool semantics: memory taken from the upstream in large blocks is cut into
 // allocations and coalesced again as they are freed. Memory freed on a stream is reused on that
@@ -211,7 +215,7 @@ type PoolMemoryResource struct {
 
 	mu sync.Mutex
 	// The per-stream free lists, with the device, its context and the driver (stream_order.go).
-	streamLists[*freeList]
+	poolStreams
 	size       int // bytes taken from upstream
 	upstreams  map[DevicePtr]int
 	live       blockTable // allocated blocks by address
