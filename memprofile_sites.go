@@ -29,6 +29,23 @@ func (s MemorySite) String() string {
 	return fmt.Sprintf("%s:%d(%s)", s.File, s.Line, s.Function)
 }
 
+// Format prints the site's name (String) for %v and %s; %+v adds its figures ("<site>: in use
+// 2 allocations, 4096 bytes; allocated 5, 10240 bytes"), %#v the Go syntax of the struct.
+func (s MemorySite) Format(f fmt.State, verb rune) {
+	switch {
+	case verb == 'v' && f.Flag('#'):
+		type plain MemorySite // without Format
+		g := fmt.Sprintf("%#v", plain(s))
+		fmt.Fprint(f, "rmm.MemorySite"+g[strings.IndexByte(g, '{'):])
+	case verb == 'v' && f.Flag('+'):
+		fmt.Fprintf(f, "%s: in use %d allocations, %d bytes; allocated %d, %d bytes", s, s.InUseObjects, s.InUseBytes, s.AllocObjects, s.AllocBytes)
+	case verb == 'v' || verb == 's':
+		fmt.Fprint(f, s.String())
+	default:
+		fmt.Fprintf(f, "%%!%c(rmm.MemorySite=%s)", verb, s.String())
+	}
+}
+
 // memorySiteOrders are the orders of MemorySites, by sample type.
 var memorySiteOrders = map[string]func(MemorySite) int64{
 	"inuse_space":   func(s MemorySite) int64 { return s.InUseBytes },

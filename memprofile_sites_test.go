@@ -2,6 +2,7 @@ package rmm_test
 
 import (
 	"bytes"
+	"fmt"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -216,4 +217,13 @@ func TestMemoryProfileHandler(t *testing.T) {
 	t.Logf("go tool pprof -top:\n%s", out)
 	require.Contains(t, string(out), "Type: inuse_space")
 	require.Regexp(t, regexp.MustCompile(`(?m)^ +6MB +100% +100% +6MB +100% +github\.com/gormm/rmm_test\.memLoadWeights$`), string(out))
+}
+
+func TestMemorySiteFormat(t *testing.T) {
+	s := rmm.MemorySite{Function: "main.load", File: "/src/main.go", Line: 12, InUseObjects: 2, InUseBytes: 4096, AllocObjects: 5, AllocBytes: 10240}
+	require.Equal(t, "/src/main.go:12(main.load)", fmt.Sprintf("%v", s))
+	require.Equal(t, "/src/main.go:12(main.load)", fmt.Sprintf("%s", s))
+	require.Equal(t, "/src/main.go:12(main.load): in use 2 allocations, 4096 bytes; allocated 5, 10240 bytes", fmt.Sprintf("%+v", s))
+	require.Equal(t, `rmm.MemorySite{Function:"main.load", File:"/src/main.go", Line:12, InUseObjects:2, InUseBytes:4096, AllocObjects:5, AllocBytes:10240}`, fmt.Sprintf("%#v", s))
+	require.Equal(t, "%!d(rmm.MemorySite=/src/main.go:12(main.load))", fmt.Sprintf("%d", s))
 }
