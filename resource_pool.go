@@ -491,7 +491,7 @@ func (p *PoolMemoryResource) Allocate(nbytes int, s StreamView) (DevicePtr, erro
 	var b *block
 	var w takeWait
 	if b = l.bestFit(n); b != nil {
-		b = p.takeFront(l, b, n)
+		b = p.takeOwn(l, b, n)
 	} else if b, w, l, err = p.allocateSlow(l, n, s); err != nil {
 		p.mu.Unlock()
 		var oom *OutOfMemoryError
@@ -712,7 +712,7 @@ func (p *PoolMemoryResource) allocateSlow(l *freeList, n int, s StreamView) (*bl
 // Pool locked, l pinned; a merge unlocks and relocks.
 func (p *PoolMemoryResource) findBlock(l *freeList, n int, s StreamView) (*block, takeWait, error) {
 	if b := l.bestFit(n); b != nil {
-		return p.takeFront(l, b, n), takeWait{}, nil
+		return p.takeOwn(l, b, n), takeWait{}, nil
 	}
 	// Blocks in the other streams' caches are free memory: put them where this search (and the
 	// merging after it) sees them.
@@ -781,12 +781,28 @@ func (p *PoolMemoryResource) findBlock(l *freeList, n int, s StreamView) (*block
 			p.dropList(o)
 		}
 		if b := l.bestFit(n); b != nil {
+			if p.exp != nil {
+				if sb := p.keptAtEnd(n, l, b); sb != nil {
+					return sb, takeWait{}, nil
+				}
+			}
 			l.remove(b)
 			p.split(b, n, l)
 			return b, takeWait{}, nil
 		}
 	}
 	return nil, takeWait{}, nil
+}
+
+// takeOwn takes a block of n bytes for l's stream out of l, whose best fit is b: in a stitching
+// pool a kept alias may serve it instead (keptAtEnd). Pool locked; it does not unlock.
+func (p *PoolMemoryResource) takeOwn(l *freeList, b *block, n int) *block {
+	if p.exp != nil && p.exp.aliases != nil {
+		if sb := p.keptAtEnd(n, l, b); sb != nil {
+			return sb
+		}
+	}
+	return p.takeFront(l, b, n)
 }
 
 // growAny grows the pool for an n-byte request on s, whose list is l.
