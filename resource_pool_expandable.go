@@ -58,9 +58,12 @@ type expandable struct {
 	// stitchedDeps counts the stitched blocks that named other lists (Allocate waited for them).
 	stitchedDeps int
 	aliases      map[DevicePtr]*stitchAlias
-	stitchTick   uint64
-	stitches     int // aliases made
-	evicted      int // aliases unmapped
+	blockScratch []*block // scratch for freeByAddr
+	// endIndex: the aliases that hold each stitchEnd among their ends (keptAtEnd).
+	endIndex   map[stitchEnd][]*stitchAlias
+	stitchTick uint64
+	stitches   int // aliases made
+	evicted    int // aliases unmapped
 
 	minChunk  int // the least growth (expandableMinChunk unless PoolOptions.minGrowth)
 	growthDiv int // a growth maps at least size/growthDiv (expandableGrowthDivisor unless PoolOptions.growthDivisor)

@@ -147,10 +147,10 @@ func (p *PoolMemoryResource) stitchCands(l *freeList) []chunkCand {
 // Pool locked, busy token held, l pinned; it may unlock and relock.
 func (p *PoolMemoryResource) stitch(n int, l *freeList) (b *block, again bool) {
 	e := p.exp
-	cands := p.stitchCands(l)
-	if a := p.keptFor(n, cands); a != nil {
-		return p.lendAlias(a, n, l, cands), false
+	if a, pick := p.keptFor(n, l); a != nil {
+		return p.lendAlias(a, n, l, pick), false
 	}
+	cands := p.stitchCands(l)
 	if len(e.aliases) >= e.keepMax && p.evictAliases() {
 		cands = p.stitchCands(l) // the pool was unlocked
 	}
@@ -207,37 +207,34 @@ func pickChunks(cands []chunkCand, n int) ([]chunkCand, int) {
 	return pick, sum
 }
 
-// keptFor returns the smallest kept alias (not live) that serves n bytes and whose chunks are all
-// among cands, or nil.
-func (p *PoolMemoryResource) keptFor(n int, cands []chunkCand) *stitchAlias {
+// keptFor returns the smallest kept alias (not live) that serves n bytes and whose chunks all lie
+// wholly in free blocks of l that may lend them (as stitchCands lists them), with those chunks
+// in its order and their blocks; nil when none does.
+func (p *PoolMemoryResource) keptFor(n int, l *freeList) (*stitchAlias, []chunkCand) {
 	e := p.exp
-	if len(e.aliases) == 0 || len(cands) == 0 {
-		return nil
+	if len(e.aliases) == 0 {
+		return nil, nil
 	}
-	free := make(map[DevicePtr]vmmHandle, len(cands))
-	for _, c := range cands {
-		free[c.c.addr] = c.c.h
-	}
-	var best *stitchAlias
+	var as []*stitchAlias
 	for _, a := range e.aliases {
-		if a.b != nil || a.size < n || a.size > n+n/stitchReuseSlack+e.gran {
-			continue
-		}
-		if best != nil && (a.size > best.size || (a.size == best.size && a.va > best.va)) {
-			continue
-		}
-		ok := true
-		for _, c := range a.chunks {
-			if h, in := free[c.addr]; !in || h != c.h {
-				ok = false
-				break
-			}
-		}
-		if ok {
-			best = a
+		if a.b == nil && a.size >= n && a.size <= n+n/stitchReuseSlack+e.gran {
+			as = append(as, a)
 		}
 	}
-	return best
+	if len(as) == 0 {
+		return nil, nil
+	}
+	slices.SortFunc(as, func(x, y *stitchAlias) int {
+		return cmp.Or(cmp.Compare(x.size, y.size), cmp.Compare(x.va, y.va))
+	})
+	bs := p.freeByAddr(l)
+	defer e.dropScratch()
+	for _, a := range as {
+		if pick := pickIn(a, bs); pick != nil {
+			return a, pick
+		}
+	}
+	return nil, nil
 }
 
 // endAt returns where the chain's end stands for stitchEnd: the start of the free block at the
@@ -247,6 +244,60 @@ func (e *expandable) endAt() DevicePtr {
 		return t.addr
 	}
 	return e.top
+}
+
+// noteEnd records r in a.ends, replacing its oldest, and in the pool's endIndex.
+func (e *expandable) noteEnd(a *stitchAlias, r stitchEnd) {
+	if old := a.ends[a.endNext]; old.at != 0 {
+		e.unindexEnd(a, old)
+	}
+	a.ends[a.endNext] = r
+	a.endNext = (a.endNext + 1) % stitchEnds
+	if e.endIndex == nil {
+		e.endIndex = map[stitchEnd][]*stitchAlias{}
+	}
+	if !slices.Contains(e.endIndex[r], a) { // the same end may be recorded twice
+		e.endIndex[r] = append(e.endIndex[r], a)
+	}
+}
+
+// unindexEnd takes a out of endIndex[r] unless another of its ends is r.
+func (e *expandable) unindexEnd(a *stitchAlias, r stitchEnd) {
+	k := 0
+	for _, x := range a.ends {
+		if x == r {
+			k++
+		}
+	}
+	if k > 1 {
+		return
+	}
+	as := slices.DeleteFunc(e.endIndex[r], func(x *stitchAlias) bool { return x == a })
+	if len(as) == 0 {
+		delete(e.endIndex, r)
+	} else {
+		e.endIndex[r] = as
+	}
+}
+
+// indexEnds adds (with drop false) or takes out the ends of a in endIndex, as a enters or leaves
+// the aliases.
+func (e *expandable) indexEnds(a *stitchAlias, drop bool) {
+	for i, r := range a.ends {
+		if r.at == 0 || slices.Contains(a.ends[:i], r) {
+			continue
+		}
+		if drop {
+			as := slices.DeleteFunc(e.endIndex[r], func(x *stitchAlias) bool { return x == a })
+			if len(as) == 0 {
+				delete(e.endIndex, r)
+			} else {
+				e.endIndex[r] = as
+			}
+		} else {
+			e.endIndex[r] = append(e.endIndex[r], a)
+		}
+	}
 }
 
 // keptAtEnd serves an n-byte request on l, whose best fit is the free block at the end of the
@@ -278,56 +329,96 @@ func (p *PoolMemoryResource) keptAtEnd(n int, l *freeList, t *block) *block {
 		return nil
 	}
 	var best *stitchAlias
-	for _, a := range e.aliases {
+	for _, a := range e.endIndex[stitchEnd{t.addr, n}] {
 		if a.b != nil || a.size < n || a.size > n+n/stitchReuseSlack+e.gran {
 			continue
 		}
-		if best != nil && (a.size > best.size || (a.size == best.size && a.va > best.va)) {
-			continue
-		}
-		for _, r := range a.ends {
-			if r.at == t.addr && r.n == n {
-				best = a
-				break
-			}
+		if best == nil || a.size < best.size || (a.size == best.size && a.va < best.va) {
+			best = a
 		}
 	}
 	if best == nil {
 		return nil
 	}
-	cands := p.stitchCands(l)
-	if !keptIn(best, cands) {
+	pick := pickIn(best, p.freeByAddr(l))
+	e.dropScratch()
+	if pick == nil {
 		return nil
 	}
-	return p.lendAlias(best, n, l, cands)
+	return p.lendAlias(best, n, l, pick)
 }
 
-// keptIn reports whether the chunks of the alias a are all among cands.
-func keptIn(a *stitchAlias, cands []chunkCand) bool {
-	free := make(map[DevicePtr]vmmHandle, len(cands))
-	for _, c := range cands {
-		free[c.c.addr] = c.c.h
-	}
+// freeByAddr returns l's free blocks of a granule or more that may lend chunks (those
+// stitchCands lists chunks of) sorted by address: the pool's scratch slice, valid until the next
+// call; dropScratch clears it after use.
+func (p *PoolMemoryResource) freeByAddr(l *freeList) []*block {
+	e := p.exp
+	bs := e.blockScratch[:0]
+	l.eachAtLeast(e.gran, func(b *block) {
+		if len(b.deps()) == 0 || !e.noDepLend {
+			bs = append(bs, b)
+		}
+	})
+	slices.SortFunc(bs, func(x, y *block) int { return cmp.Compare(x.addr, y.addr) })
+	e.blockScratch = bs
+	return bs
+}
+
+// dropScratch clears freeByAddr's slice, so that it holds no block.
+func (e *expandable) dropScratch() { clear(e.blockScratch) }
+
+// pickIn returns the chunks of the alias a, in its order, each with the block of bs (sorted by
+// address) it lies wholly in; nil when one lies in none. Looking each chunk up among the free
+// blocks costs less than listing every chunk of every free block (stitchCands) in a pool of
+// many chunks.
+func pickIn(a *stitchAlias, bs []*block) []chunkCand {
+	// First whether every chunk lies in one (most aliases looked at do not), then the blocks.
+	at := -1
 	for _, c := range a.chunks {
-		if h, in := free[c.addr]; !in || h != c.h {
-			return false
+		if at = blockOf(bs, c, at); at < 0 {
+			return nil
 		}
 	}
-	return true
+	pick := make([]chunkCand, len(a.chunks))
+	at = -1
+	for i, c := range a.chunks {
+		at = blockOf(bs, c, at)
+		pick[i] = chunkCand{c, bs[at]}
+	}
+	return pick
 }
 
-// lendAlias makes the kept alias a live again for an n-byte request on l: its chunks, all among
-// cands, are lent out of l. No driver call.
-func (p *PoolMemoryResource) lendAlias(a *stitchAlias, n int, l *freeList, cands []chunkCand) *block {
+// blockOf returns the index of the block of bs (sorted by address, disjoint) that holds the
+// chunk c wholly, or -1. hint is the index the previous chunk of an alias was found at (or -1):
+// an alias's chunks often lie in one block, or in address order.
+func blockOf(bs []*block, c vmChunk, hint int) int {
+	lo, hi := 0, len(bs) // the last block starting at or below c.addr is in [lo-1, hi)
+	if hint >= 0 {
+		if bs[hint].addr <= c.addr {
+			lo = hint + 1
+		} else {
+			hi = hint
+		}
+	}
+	for lo < hi {
+		m := int(uint(lo+hi) >> 1)
+		if bs[m].addr <= c.addr {
+			lo = m + 1
+		} else {
+			hi = m
+		}
+	}
+	j := lo - 1
+	if j < 0 || c.end() > bs[j].end() {
+		return -1
+	}
+	return j
+}
+
+// lendAlias makes the kept alias a live again for an n-byte request on l: its chunks, listed in
+// pick in its order with the free blocks of l they lie in, are lent out of l. No driver call.
+func (p *PoolMemoryResource) lendAlias(a *stitchAlias, n int, l *freeList, pick []chunkCand) *block {
 	end := p.exp.endAt()
-	in := make(map[DevicePtr]chunkCand, len(cands))
-	for _, c := range cands {
-		in[c.c.addr] = c
-	}
-	pick := make([]chunkCand, len(a.chunks))
-	for i, c := range a.chunks {
-		pick[i] = in[c.addr]
-	}
 	a.lent = p.lendChunks(pick, l)
 	return p.stitchedBlock(a, n, l, end)
 }
@@ -351,8 +442,7 @@ func (p *PoolMemoryResource) stitchedBlock(a *stitchAlias, n int, l *freeList, e
 	l.depRefs++
 	e.stitchTick++
 	a.used = e.stitchTick
-	a.ends[a.endNext] = stitchEnd{end, n}
-	a.endNext = (a.endNext + 1) % stitchEnds
+	e.noteEnd(a, stitchEnd{end, n})
 	// Allocate counts n: the chunks' bytes beyond it are held too (PoolSize = free + live).
 	p.liveBytes += a.size - n
 	return b
@@ -560,6 +650,7 @@ func (p *PoolMemoryResource) dropAliases(as []*stitchAlias, hold bool) {
 	}
 	for _, a := range as {
 		delete(e.aliases, a.va)
+		e.indexEnds(a, true)
 	}
 	p.unlockUnless(hold)
 	failed := make([]bool, len(as))
@@ -580,6 +671,7 @@ func (p *PoolMemoryResource) dropAliases(as []*stitchAlias, hold bool) {
 	for i, a := range as {
 		if failed[i] {
 			e.aliases[a.va] = a
+			e.indexEnds(a, false)
 		} else {
 			e.evicted++
 		}
@@ -720,6 +812,20 @@ func (p *PoolMemoryResource) checkStitches(lentSeen map[*block]bool) (int, error
 	for h := range lentSeen {
 		if owner[h] == nil {
 			return 0, errorf("lent block %#x belongs to no live stitched range", uintptr(h.addr))
+		}
+	}
+	for r, as := range e.endIndex {
+		for _, a := range as {
+			if e.aliases[a.va] != a || !slices.Contains(a.ends[:], r) {
+				return 0, errorf("stitched range %#x indexed under an end it does not hold", uintptr(a.va))
+			}
+		}
+	}
+	for _, a := range e.aliases {
+		for _, r := range a.ends {
+			if r.at != 0 && !slices.Contains(e.endIndex[r], a) {
+				return 0, errorf("stitched range %#x: an end it holds is not indexed", uintptr(a.va))
+			}
 		}
 	}
 	stitchedBlocks := 0
