@@ -781,7 +781,8 @@ func (p *PoolMemoryResource) findBlock(l *freeList, n int, s StreamView) (*block
 			p.dropList(o)
 		}
 		if b := l.bestFit(n); b != nil {
-			if p.exp != nil {
+			if p.exp != nil && p.exp.aliases != nil {
+				b = p.endLast(l, n, b)
 				if sb := p.keptAtEnd(n, l, b); sb != nil {
 					return sb, takeWait{}, nil
 				}
@@ -795,9 +796,11 @@ func (p *PoolMemoryResource) findBlock(l *freeList, n int, s StreamView) (*block
 }
 
 // takeOwn takes a block of n bytes for l's stream out of l, whose best fit is b: in a stitching
-// pool a kept alias may serve it instead (keptAtEnd). Pool locked; it does not unlock.
+// pool another block when b is the free block at the end of the chain (endLast), or a kept
+// alias (keptAtEnd). Pool locked; it does not unlock.
 func (p *PoolMemoryResource) takeOwn(l *freeList, b *block, n int) *block {
 	if p.exp != nil && p.exp.aliases != nil {
+		b = p.endLast(l, n, b)
 		if sb := p.keptAtEnd(n, l, b); sb != nil {
 			return sb
 		}

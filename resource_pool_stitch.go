@@ -120,6 +120,14 @@ const (
 	// ViT at 1.082, and mapped up to twice as many chunks.
 	stitchMinGrowth     = 16 << 20
 	stitchGrowthDivisor = 64
+	// stitchEndLastDivisor: endLast leaves the free block at the end of the chain to requests of
+	// at least the pool's size divided by this. Over the address-only VMM (TestStitchTraces,
+	// three passes, with keptAtEnd): 8 keeps every trace within 0.002 of its footprint without
+	// endLast; with no bound (endLast for every request) and with 4 the VAE decoder, whose
+	// requests reach a third of its pool, took 1.006 instead of 1.004 (a late growth for a
+	// request the free chunks then held 25 MiB too little of); with 16 the one-stream CuPy trace
+	// took 1.014 at pass 3 and its second pass mapped 213 handles instead of none.
+	stitchEndLastDivisor = 8
 )
 
 // stitchCands returns the chunks lying wholly in free blocks of l. Those of blocks that name
@@ -300,6 +308,50 @@ func (e *expandable) indexEnds(a *stitchAlias, drop bool) {
 	}
 }
 
+// endLast returns the block of l that serves an n-byte request, b being l's best fit: another
+// block of l when b is the free block at the end of the chain and one fits, as long as n is less
+// than an eighth of the pool (stitchEndLastDivisor) and no other stream's list holds free blocks;
+// else b.
+//
+// Why: the first steps of a training loop grow the pool, and a growth leaves what it mapped
+// beyond the request free at the end; the next small requests fit there best and go there.
+// Later steps find the memory of every growth free at the end: it is then the largest block,
+// and the same requests go to the free blocks between live ones instead, so that placement, and
+// the chunks the step's stitches find free, differ from the first step's, and the second step
+// makes new aliases (keptAtEnd covers the stitched requests themselves). Served last, the end
+// of the chain is placed the same way whatever it holds. Over the address-only VMM
+// (TestStitchTraces, three passes), on top of keptAtEnd, the second pass's mappings fell from
+// 6,802 to 1,268 over the twenty traces: the UNet 2,791 → 0, GPT-2 LoRA 1,101 → 0, ViT 798 →
+// 0, Faster R-CNN 417 → 0, DiT 321 → 0, T5 219 → 0, GPT-2 training 96 → 0, the one-stream CuPy
+// trace 85 → 0; the two-thread CuPy trace (151) and the three-stream pipeline (823 → 1,117)
+// are the only ones left mapping. The first pass mapped 93,483 → 93,639 handles. Footprints at
+// passes 1 / 3: the UNet 1.006 → 1.008, GPT-2 LoRA 1.001 → 1.002, T5 1.005 → 1.006; ViT
+// 1.011 → 1.009, GPT-2 training 1.010 / 1.013 → 1.009, DiT 1.010 → 1.008, the video model
+// 1.007 → 1.005, four more 0.001 lower, the rest unchanged. With several streams' free blocks
+// apart, placement depends on which list a block is in, not only on where the end stands: on
+// the two-thread CuPy trace endLast without that condition took the first pass to 1.052
+// (1.045) and mapped as much in the second. The price is CPU where the second pass mapped
+// nothing before: the VAE decoder's later passes now lend aliases of many chunks where they took
+// the end of the chain, 113 → about 250 ns per event over the address-only VMM.
+func (p *PoolMemoryResource) endLast(l *freeList, n int, b *block) *block {
+	e := p.exp
+	if b != e.tail || n >= p.size/stitchEndLastDivisor {
+		return b
+	}
+	for _, o := range p.lists {
+		if o != l && o.count > 0 {
+			return b
+		}
+	}
+	l.remove(b)
+	o := l.bestFit(n)
+	l.insert(b)
+	if o == nil {
+		return b
+	}
+	return o
+}
+
 // keptAtEnd serves an n-byte request on l, whose best fit is the free block at the end of the
 // chain (t), with a kept alias when one was stitched for n bytes while the end stood where it
 // stands now, and its chunks all lie in free blocks of l; else it returns nil. No driver call.
@@ -316,7 +368,7 @@ func (e *expandable) indexEnds(a *stitchAlias, drop bool) {
 // ResNet-50 294 → 0, GPT-2 generation 66 → 0, DLRM 8 → 0, the UNet 2,940 → 2,791; but GPT-2
 // LoRA rose 930 → 1,101, ViT 510 → 798 and T5 196 → 219, where placement differs for other
 // reasons (small requests that the first step placed in what a growth left free at the end,
-// which later steps place elsewhere). Footprints at passes 1 and 3 stayed within 0.002 (GPT-2
+// which later steps place elsewhere: see endLast). Footprints at passes 1 and 3 stayed within 0.002 (GPT-2
 // generation 1.009 → 1.011, the VAE decoder 1.002 → 1.004; ResNet-50 1.008 → 1.007 and ViT
 // 1.012 → 1.011 at pass 3). The first pass mapped 94,370 → 93,483 handles.
 //
