@@ -106,19 +106,20 @@ func (f *arenaSyncFake) name(h uintptr, name string) {
 // kill marks the stream with handle h destroyed, unless a live Stream has that handle again: with
 // CUDA the driver may give a destroyed stream's handle to the next stream made, perhaps by another
 // goroutine and named (name) before the caller's kill. (Seen on an H200: a walk's worker killed
-// the handle of the stream it had closed after another worker's new stream had it.)
+// the handle of the stream it had closed after another worker's new stream had it.) The look at
+// the live Streams is made under f.mu, as name is: made before it, a new Stream with h made and
+// named between the look and the mark would find its name marked dead (seen once on an H200).
 func (f *arenaSyncFake) kill(h uintptr) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
 	reused := false
 	streamRegistry.Range(func(_, x any) bool {
 		reused = x.(*Stream).view.h == h
 		return !reused
 	})
-	if reused {
-		return
+	if !reused {
+		f.dead[h] = true
 	}
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	f.dead[h] = true
 }
 
 // take returns the calls logged since the last take.
