@@ -506,6 +506,18 @@ var traceTable = []traceFacts{
 		streams: map[uintptr]int{0: 100441}, threads: 1,
 		csvSHA256: "371141cd1124c4c5842c4bd0bdc34ab4309fdb3e8ab12ec04e994391a7dedafa",
 	},
+	{
+		file: "bert_base_mlm_accum_eval_varlen_bf16.csv.gz", events: 104689, allocates: 52346, frees: 52343, failure: 0,
+		neverFreed: 3, neverFreedMiB: "65.0", peakLive: 7419071632, distinctSizes: 605,
+		streams: map[uintptr]int{0: 104689}, threads: 1,
+		csvSHA256: "b3415c050963541e535b6f8c1c7f5387eadce32e50cd7ce86d8810ce43d7c4b4",
+	},
+	{
+		file: "segformer_mit_train_varcrop_2streams_bf16.csv.gz", events: 101147, allocates: 50575, frees: 50572, failure: 0,
+		neverFreed: 3, neverFreedMiB: "65.0", peakLive: 17125317976, distinctSizes: 371,
+		streams: map[uintptr]int{0: 100717, 0x3bdbde00: 430}, threads: 1,
+		csvSHA256: "0a9f92499e178bc54a03e1f9f9502072ef734a57fcd889d23477e98046509147",
+	},
 }
 
 // TestReadTraces reads every committed trace and checks it against the figures published with it;
