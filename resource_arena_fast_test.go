@@ -2,6 +2,7 @@ package rmm
 
 import (
 	"fmt"
+	"maps"
 	"math/rand/v2"
 	"slices"
 	"testing"
@@ -363,4 +364,39 @@ func TestArenaFastByStream(t *testing.T) {
 		_, ok := full.find(2*id + 1)
 		require.True(t, ok)
 	}
+}
+
+// A set past streamSetScan ids finds them through its hash index: against a map, through sets
+// growing and shrinking between none and 200 ids, every id present is found with its value and
+// every other id (0 to 199) is not, and a set left behind by a change still answers as it did.
+func TestStreamSetIndexed(t *testing.T) {
+	rng := rand.New(rand.NewPCG(3, 4))
+	var p *streamSet[int]
+	model := map[uint64]int{}
+	check := func(p *streamSet[int], model map[uint64]int) {
+		t.Helper()
+		for id := range uint64(200) {
+			v, ok := p.find(id)
+			want, in := model[id]
+			require.Equal(t, in, ok, "id %d among %d", id, len(model))
+			require.Equal(t, want, v, "id %d", id)
+		}
+	}
+	for step := range 2000 {
+		id := uint64(rng.IntN(200))
+		old, oldModel := p, maps.Clone(model)
+		if step%400 < 250 {
+			p = p.with(id, step)
+			model[id] = step
+		} else {
+			p = p.without(id)
+			delete(model, id)
+		}
+		require.Len(t, p.all(), len(model))
+		if step%50 == 0 {
+			check(p, model)
+			check(old, oldModel)
+		}
+	}
+	require.Greater(t, len(model), 0)
 }
