@@ -1170,7 +1170,9 @@ func (p *PoolMemoryResource) Deallocate(ptr DevicePtr, nbytes int, s StreamView)
 			return err
 		}
 	}
-	b.dropSample()
+	if p.prof != nil { // only the pool's own profile samples its blocks
+		b.dropSample()
+	}
 	if at >= 0 {
 		p.live.delAt(at)
 	} else {
@@ -1556,7 +1558,9 @@ func (p *PoolMemoryResource) deallocateAfterClose(b *block, s StreamView) error 
 	if err := p.syncAfterClose(s); err != nil {
 		return err
 	}
-	b.dropSample()
+	if p.prof != nil { // only the pool's own profile samples its blocks
+		b.dropSample()
+	}
 	p.live.del(b.addr)
 	if b.stitched {
 		// Its stream is synchronised: the alias can go at once, before its chunks can.

@@ -155,7 +155,9 @@ func (p *PoolMemoryResource) deallocateCached(ptr DevicePtr, nbytes int, s Strea
 		c.mu.Unlock()
 		return false, errorf("PoolMemoryResource.Deallocate(%#x, %d): the block was allocated with %s: %w", uintptr(ptr), nbytes, bytesText(req), ErrInvalidFree)
 	}
-	b.dropSample()
+	if p.prof != nil { // only the pool's own profile samples its blocks
+		b.dropSample()
+	}
 	c.issued.del(ptr)
 	c.slots[c.n] = b // the asked size stays: see allocateCached
 	c.n++
