@@ -35,12 +35,14 @@ import (
 // after a host wait for the work behind every free, as Release waits before it unmaps chunks:
 // unmap does not wait for the device.
 //
-// Why it is not on by default: on the twenty traces of testdata/traces, replayed on an H200
-// (BENCHMARKS.md, fifteenth run), a stitching pool takes 1.001-1.055 x peak live at passes 1 and
-// 3 (the two-thread CuPy trace at its 2 MiB page floor), against 1.001-1.545 without stitching,
-// with no driver call after the first pass. But the first pass maps 10 to 600 times as many
-// handles (T5: about 9 µs per event, the driver's 50-80 µs per mapping, serialised), and later
-// passes cost 0.1-1.5 µs per event where the pool without stitching runs at 0.1-0.44. Over the
+// Why it is not on by default: on the twenty-two traces of testdata/traces, replayed on an H200
+// (BENCHMARKS.md, eighteenth run), a stitching pool takes 1.001-1.055 x peak live at passes 1
+// and 3 (the two-thread CuPy trace at its 2 MiB page floor), against 1.001-1.545 without
+// stitching, with no driver call after the second pass (after the first on one-stream traces).
+// But the first pass makes 17 to 260 times as many mappings (T5: 11.5 µs per event, the driver's
+// 48-57 µs per mapping, serialised), and the median of three passes costs 0.16-0.58 µs per
+// event on one-stream traces and up to 4 µs on multi-stream ones, where the pool without
+// stitching runs at 0.14-0.59. Over the
 // address-only VMM (TestStitchTraces), 8 MiB pieces left the two multi-stream traces at 1.126 /
 // 1.147 and 1.093 / 1.104; without stitchRest, LoRA and GPT-2 training got worse than without
 // stitching (1.071 / 1.083 at 2 MiB against 1.006 / 1.019).
@@ -377,7 +379,7 @@ func (p *PoolMemoryResource) endLast(l *freeList, n int, b *block) *block {
 // works on out of the lists and out of the aliases meanwhile.
 func (p *PoolMemoryResource) keptAtEnd(n int, l *freeList, t *block) *block {
 	e := p.exp
-	if e.aliases == nil || len(e.aliases) == 0 || n < e.stitchMin || t != e.tail {
+	if len(e.aliases) == 0 || n < e.stitchMin || t != e.tail {
 		return nil
 	}
 	var best *stitchAlias
