@@ -245,6 +245,28 @@ func memProfBound(n int, q float64) float64 {
 	return 6*math.Sqrt(float64(n)*(1-q)/q) + 1
 }
 
+// memProfRequireCounts checks the object counts of size in pr against count allocations, live of
+// them in use, each sampled with probability 1-exp(-size/rate), within memProfBound; it returns
+// the four totals (memProfTotals) and the two bounds, for the caller's further checks.
+func memProfRequireCounts(t *testing.T, pr *profile.Profile, size, count, live int, rate float64) (got [4]int64, b, bLive float64) {
+	t.Helper()
+	q := 1 - math.Exp(-float64(size)/rate)
+	got = memProfTotals(pr, int64(size))
+	b, bLive = memProfBound(count, q), memProfBound(live, q)
+	t.Logf("size %d: q %.4f, alloc_objects %d of %d (bound ±%.0f), inuse_objects %d of %d (±%.0f)", size, q, got[0], count, b, got[2], live, bLive)
+	require.InDelta(t, count, got[0], b, "alloc_objects, size %d", size)
+	require.InDelta(t, live, got[2], bLive, "inuse_objects, size %d", size)
+	return got, b, bLive
+}
+
+// memProfRateOne returns a new MemoryProfile that records every allocation.
+func memProfRateOne(t *testing.T) *MemoryProfile {
+	t.Helper()
+	m, err := NewMemoryProfile(&MemoryProfileOptions{Rate: 1})
+	require.NoError(t, err)
+	return m
+}
+
 // Sampled: the scaled figures estimate the allocations made within a bound computed from the
 // binomial distribution of the number of samples (memProfBound: six standard deviations, so a
 // failure by chance has a probability under 1e-8). Each size is sampled with probability
@@ -273,14 +295,9 @@ func TestMemoryProfileSampledEstimates(t *testing.T) {
 			}
 			prof := memProfParse(t, r)
 			for _, sz := range sizes {
-				q := 1 - math.Exp(-float64(sz.size)/rate)
-				got := memProfTotals(prof, int64(sz.size))
 				live := sz.count / 2
-				b, bLive := memProfBound(sz.count, q), memProfBound(live, q)
-				t.Logf("size %d: q %.4f, alloc_objects %d of %d (bound ±%.0f), inuse_objects %d of %d (±%.0f)", sz.size, q, got[0], sz.count, b, got[2], live, bLive)
-				require.InDelta(t, sz.count, got[0], b, "alloc_objects, size %d", sz.size)
+				got, b, bLive := memProfRequireCounts(t, prof, sz.size, sz.count, live, rate)
 				require.InDelta(t, sz.count*sz.size, got[1], b*float64(sz.size), "alloc_space, size %d", sz.size)
-				require.InDelta(t, live, got[2], bLive, "inuse_objects, size %d", sz.size)
 				require.InDelta(t, live*sz.size, got[3], bLive*float64(sz.size), "inuse_space, size %d", sz.size)
 				// The values are the sampled counts scaled by 1/q, as runtime/pprof's
 				// scaleHeapSample does (one bucket per size: one call site).

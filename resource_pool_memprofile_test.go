@@ -71,8 +71,7 @@ func TestPoolMemoryProfileRateOne(t *testing.T) {
 func poolProfRateOne(t *testing.T, newPool func(*MemoryProfile) *PoolMemoryResource) {
 	const small, large = 64 << 10, 8 << 20
 	const fnSmall, fnLarge = "github.com/gormm/rmm.poolProfAllocSmall", "github.com/gormm/rmm.poolProfAllocLarge"
-	prof, err := NewMemoryProfile(&MemoryProfileOptions{Rate: 1})
-	require.NoError(t, err)
+	prof := memProfRateOne(t)
 	p := newPool(prof)
 	s := poolCacheTestStream(t)
 
@@ -159,13 +158,7 @@ func TestPoolMemoryProfileSampled(t *testing.T) {
 				}
 				pr := memProfParse(t, prof)
 				for _, sz := range sizes {
-					q := 1 - math.Exp(-float64(sz.size)/rate)
-					got := memProfTotals(pr, int64(sz.size))
-					live := sz.count / 4
-					b, bLive := memProfBound(sz.count, q), memProfBound(live, q)
-					t.Logf("size %d: q %.4f, alloc_objects %d of %d (bound ±%.0f), inuse_objects %d of %d (±%.0f)", sz.size, q, got[0], sz.count, b, got[2], live, bLive)
-					require.InDelta(t, sz.count, got[0], b, "alloc_objects, size %d", sz.size)
-					require.InDelta(t, live, got[2], bLive, "inuse_objects, size %d", sz.size)
+					memProfRequireCounts(t, pr, sz.size, sz.count, sz.count/4, rate)
 				}
 			})
 		}
@@ -221,8 +214,7 @@ func TestMemoryProfileNextSample(t *testing.T) {
 // in use at the end.
 func TestPoolMemoryProfileConcurrent(t *testing.T) {
 	t.Parallel()
-	prof, err := NewMemoryProfile(&MemoryProfileOptions{Rate: 1})
-	require.NoError(t, err)
+	prof := memProfRateOne(t)
 	pools := []*PoolMemoryResource{newProfPool(t, PoolOptions{}, prof), newProfPool(t, PoolOptions{Expandable: true}, prof)}
 	shared := poolCacheTestStream(t)
 	const workers, rounds = 6, 3000
@@ -305,8 +297,7 @@ func poolProfCheck(t *testing.T, prof *MemoryProfile, allocs, bytes int, live []
 func TestPoolMemoryProfileFailuresRecordNothing(t *testing.T) {
 	for _, k := range poolProfKinds {
 		t.Run(k.name, func(t *testing.T) {
-			prof, err := NewMemoryProfile(&MemoryProfileOptions{Rate: 1})
-			require.NoError(t, err)
+			prof := memProfRateOne(t)
 			o := k.opts
 			o.MemoryProfile = prof
 			if !o.Expandable {
@@ -349,7 +340,7 @@ func TestPoolMemoryProfileFailuresRecordNothing(t *testing.T) {
 			}
 			poolProfCheck(t, prof, allocs, bytes, nil, "all freed")
 			require.NoError(t, p.Close())
-			_, err = p.Allocate(256, s)
+			_, err := p.Allocate(256, s)
 			require.Error(t, err)
 			_, err = p.Allocate(2<<20, s)
 			require.Error(t, err)
@@ -369,8 +360,7 @@ func TestPoolMemoryProfileStacksEveryPath(t *testing.T) {
 	const fn = "github.com/gormm/rmm.poolProfAllocSite"
 	for _, k := range poolProfKinds {
 		t.Run(k.name, func(t *testing.T) {
-			prof, err := NewMemoryProfile(&MemoryProfileOptions{Rate: 1})
-			require.NoError(t, err)
+			prof := memProfRateOne(t)
 			o := k.opts
 			o.MemoryProfile = prof
 			p, _ := newSimPool(t, 1<<30, &o)
