@@ -781,15 +781,7 @@ func (p *PoolMemoryResource) findBlock(l *freeList, n int, s StreamView) (*block
 			p.dropList(o)
 		}
 		if b := l.bestFit(n); b != nil {
-			if p.exp != nil && p.exp.aliases != nil {
-				b = p.endLast(l, n, b)
-				if sb := p.keptAtEnd(n, l, b); sb != nil {
-					return sb, takeWait{}, nil
-				}
-			}
-			l.remove(b)
-			p.split(b, n, l)
-			return b, takeWait{}, nil
+			return p.takeOwn(l, b, n), takeWait{}, nil
 		}
 	}
 	return nil, takeWait{}, nil

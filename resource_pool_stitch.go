@@ -282,6 +282,11 @@ func (e *expandable) unindexEnd(a *stitchAlias, r stitchEnd) {
 	if k > 1 {
 		return
 	}
+	e.dropIndexed(a, r)
+}
+
+// dropIndexed takes a out of endIndex[r].
+func (e *expandable) dropIndexed(a *stitchAlias, r stitchEnd) {
 	as := slices.DeleteFunc(e.endIndex[r], func(x *stitchAlias) bool { return x == a })
 	if len(as) == 0 {
 		delete(e.endIndex, r)
@@ -298,12 +303,7 @@ func (e *expandable) indexEnds(a *stitchAlias, drop bool) {
 			continue
 		}
 		if drop {
-			as := slices.DeleteFunc(e.endIndex[r], func(x *stitchAlias) bool { return x == a })
-			if len(as) == 0 {
-				delete(e.endIndex, r)
-			} else {
-				e.endIndex[r] = as
-			}
+			e.dropIndexed(a, r)
 		} else {
 			e.endIndex[r] = append(e.endIndex[r], a)
 		}
