@@ -146,6 +146,38 @@ func TestStitchServesAndReuses(t *testing.T) {
 	require.NoError(t, p.Deallocate(x, 2*mib, DefaultStream))
 }
 
+// Chunks that lie back to back in the chain are lent as one block (a run): free handles 1-3 and
+// 5 serve an 8 MiB request through two lent blocks, and the kept alias is found and lent again
+// a run at a time; the blocks around them are unchanged.
+func TestStitchLendsRuns(t *testing.T) {
+	s := newStitchTestPool(t, PoolOptions{}, false, 1, 2, 3, 5)
+	p := s.p
+	q, err := p.Allocate(8*mib, DefaultStream)
+	require.NoError(t, err)
+	a := p.exp.aliases[q]
+	require.NotNil(t, a)
+	require.Len(t, a.chunks, 4)
+	require.Equal(t, []vmChunk{{addr: s.ptrs[1], size: 6 * mib}, {addr: s.ptrs[5], size: 2 * mib}}, a.runs)
+	require.Len(t, a.lent, 2)
+	require.Equal(t, s.ptrs[1], a.lent[0].addr)
+	require.Equal(t, 6*mib, a.lent[0].size)
+	require.Equal(t, s.ptrs[5], a.lent[1].addr)
+	require.Equal(t, 2*mib, a.lent[1].size)
+	require.NoError(t, p.CheckInvariants())
+
+	require.NoError(t, p.Deallocate(q, 8*mib, DefaultStream))
+	require.NoError(t, p.CheckInvariants())
+	require.Equal(t, 8*mib, p.Stats().FreeBytes, "the runs are free again")
+	c0 := s.vm.counts()
+	q2, err := p.Allocate(8*mib, DefaultStream)
+	require.NoError(t, err)
+	require.Equal(t, q, q2, "the kept alias again")
+	require.Equal(t, c0, s.vm.counts(), "no driver call")
+	require.Len(t, a.lent, 2)
+	require.NoError(t, p.CheckInvariants())
+	require.NoError(t, p.Deallocate(q2, 8*mib, DefaultStream))
+}
+
 // The same over host memory: bytes written through the stitched range are those of the handles'
 // own addresses, and the other way round.
 func TestStitchHostAliases(t *testing.T) {
