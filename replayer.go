@@ -27,6 +27,12 @@ type ReplayOptions struct {
 	// whatever mr does). It runs in the timed part of the replay, so it should be quick: it is
 	// meant for sampling a resource's footprint along the trace. Default: none, at no cost.
 	AfterEvent func(i int, liveBytes int64)
+	// Serial replays every event from the calling goroutine, whatever thread logged it, as
+	// librmm's replay benchmark does when run single-threaded: the resource gets the same calls
+	// in the same order (the log's, which the goroutine per logged thread keep too), without
+	// the hand-off from one goroutine to the next where the logged thread changes. Default:
+	// one goroutine per logged thread.
+	Serial bool
 }
 
 // ReplayResult is what a Replay measured.
@@ -37,7 +43,7 @@ type ReplayResult struct {
 	LoggedFailures  int           // "allocate failure" lines in the log, skipped
 	Failures        int           // allocations that failed during the replay
 	UnmatchedFrees  int           // frees of pointers the log never allocated (skipped)
-	Threads         int           // goroutines used: one per logged thread
+	Threads         int           // logged threads: the goroutines used, unless Serial
 	Wall            time.Duration // time to replay all events, in their logged order
 	PeakLiveBytes   int64         // highest sum of live (requested) sizes during the replay
 	LeftAllocations int           // allocations the log never frees
@@ -54,10 +60,11 @@ func (r ReplayResult) NsPerEvent() float64 {
 
 // Replay replays an RMM event log (as read by ReadLog) against mr in the log's exact global
 // order: one goroutine per logged thread, each event waiting for the one before it in the log,
-// as librmm's replay benchmark does. Logged pointers are remapped to the pointers mr returns;
-// "allocate failure" lines are skipped; a free of a pointer the log never allocated is skipped and
-// counted. Allocations the log leaves live are freed after the timed part. The error is non-nil
-// only for a failed Deallocate (which means a bug in mr) or a stream that cannot be created.
+// as librmm's replay benchmark does (or all from one goroutine: ReplayOptions.Serial). Logged
+// pointers are remapped to the pointers mr returns; "allocate failure" lines are skipped; a free
+// of a pointer the log never allocated is skipped and counted. Allocations the log leaves live
+// are freed after the timed part. The error is non-nil only for a failed Deallocate (which means
+// a bug in mr) or a stream that cannot be created.
 func Replay(events []LogEvent, mr MemoryResource, opts *ReplayOptions) (ReplayResult, error) {
 	mr = resourceOrCurrent(mr)
 	var o ReplayOptions
@@ -233,7 +240,7 @@ func Replay(events []LogEvent, mr MemoryResource, opts *ReplayOptions) (ReplayRe
 		}
 	}
 	start := time.Now()
-	if len(threads) <= 1 {
+	if len(threads) <= 1 || o.Serial {
 		all := make([]int32, len(events))
 		for i := range all {
 			all[i] = int32(i)

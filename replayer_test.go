@@ -3,6 +3,7 @@ package rmm
 import (
 	"fmt"
 	"path/filepath"
+	"runtime"
 	"strings"
 	"sync"
 	"testing"
@@ -120,6 +121,57 @@ func TestReplayGlobalOrder(t *testing.T) {
 		require.Equal(t, int64(1300), r.LeftBytes)
 		require.Equal(t, int64(100+300+400+500), r.PeakLiveBytes)
 	}
+}
+
+// With Serial, the same log gives the same calls in the same order, all made from the goroutine
+// that called Replay (its stack holds this test), and the same counts; without it, from the
+// goroutines of the logged threads.
+func TestReplaySerial(t *testing.T) {
+	log := LogHeader + "\n" +
+		"1,00:00:00.000001,allocate,0x1000,100,0\n" +
+		"2,00:00:00.000002,allocate,0x2000,200,0x10\n" +
+		"1,00:00:00.000003,free,0x2000,200,0\n" +
+		"2,00:00:00.000004,allocate,0x3000,300,0x10\n" +
+		"2,00:00:00.000005,free,0x1000,100,0x10\n"
+	events, err := ReadLog(strings.NewReader(log))
+	require.NoError(t, err)
+	for _, serial := range []bool{true, false} {
+		rec := &goroutineRecorder{orderRecorder: orderRecorder{inner: NewSystemMemoryResource()}, mark: "TestReplaySerial"}
+		r, err := Replay(events, rec, &ReplayOptions{Serial: serial})
+		require.NoError(t, err)
+		require.Equal(t, []string{"a100", "a200", "f200", "a300", "f100", "f300"}, rec.calls)
+		require.Equal(t, 2, r.Threads, "the logged threads")
+		require.Equal(t, 1, r.LeftAllocations)
+		require.Equal(t, int64(300), r.LeftBytes)
+		// The timed calls (the last is the leftover's free, made by Replay itself).
+		require.Equal(t, []bool{serial, serial, serial, serial, serial}, rec.onCaller[:5], "serial %v", serial)
+	}
+}
+
+// goroutineRecorder is an orderRecorder that also records, for each call, whether the calling
+// goroutine's stack holds the function named mark.
+type goroutineRecorder struct {
+	orderRecorder
+	mark     string
+	onCaller []bool
+}
+
+func (r *goroutineRecorder) note() {
+	buf := make([]byte, 64<<10)
+	buf = buf[:runtime.Stack(buf, false)]
+	r.mu.Lock()
+	r.onCaller = append(r.onCaller, strings.Contains(string(buf), r.mark))
+	r.mu.Unlock()
+}
+
+func (r *goroutineRecorder) Allocate(n int, s StreamView) (DevicePtr, error) {
+	r.note()
+	return r.orderRecorder.Allocate(n, s)
+}
+
+func (r *goroutineRecorder) Deallocate(p DevicePtr, n int, s StreamView) error {
+	r.note()
+	return r.orderRecorder.Deallocate(p, n, s)
 }
 
 // A pointer the log allocates twice without a free in between leaves the first allocation live;

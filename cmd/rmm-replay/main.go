@@ -39,6 +39,10 @@
 //	-device N         CUDA device (default 0)
 //	-passes N         replay N times on the same resource (a pool keeps what it grew in earlier
 //	                  passes); report each wall time and the median (default 1)
+//	-serial           replay every event from one goroutine, as librmm's replay benchmark does
+//	                  single-threaded (rmm.ReplayOptions.Serial): the same calls in the same order,
+//	                  without the hand-off between goroutines where the logged thread changes
+//	                  (default: one goroutine per logged thread)
 //	-floor PAGE       also report the page floor: the most bytes of PAGE-sized pages (e.g. 2MiB,
 //	                  the granularity of the driver's virtual memory on current GPUs; at least
 //	                  4KiB) that held part of a live allocation at once, at the addresses the
@@ -145,6 +149,7 @@ func run(args []string, stdout, stderr io.Writer) error {
 	stitch := fs.Bool("stitch", false, "the expandable pools stitch (PoolOptions.Stitch): free pieces of physical memory mapped again under a new range serve a request no free block holds")
 	device := fs.Int("device", 0, "CUDA device")
 	passes := fs.Int("passes", 1, "replay this many times on the same resource (a pool keeps what it grew); report the median")
+	serial := fs.Bool("serial", false, "replay every event from one goroutine (as librmm's replay benchmark does single-threaded), not one goroutine per logged thread")
 	verbose := fs.Bool("v", false, "print every allocation that fails during the replay")
 	asJSON := fs.Bool("json", false, "write the result as JSON instead of text: an object per resource (name, resource, trace, events, failures, passes, wall_ns, ns_per_event, peak_live_bytes, peak_reserved_bytes, reserved_over_live, pool_at_end, ...), a list of them when -mr names several")
 	allowFailures := fs.Bool("allow-failures", false, "exit 0 even when allocations the trace did not log as failures fail in the replay (default: exit 3)")
@@ -260,7 +265,7 @@ func run(args []string, stdout, stderr io.Writer) error {
 	for _, n := range names {
 		width = max(width, len(n))
 	}
-	rp := &replayer{events: events, passes: *passes, stderr: stderr, several: len(names) > 1}
+	rp := &replayer{events: events, passes: *passes, serial: *serial, stderr: stderr, several: len(names) > 1}
 	if floor.set {
 		rp.floorPage = floor.n
 	}
@@ -364,7 +369,8 @@ func run(args []string, stdout, stderr io.Writer) error {
 type replayer struct {
 	events    []rmm.LogEvent
 	passes    int
-	floorPage int // -floor, or 0
+	serial    bool // -serial
+	floorPage int  // -floor, or 0
 	onFailure func(name string, e rmm.LogEvent, err error)
 	stderr    io.Writer
 	several   bool // more than one resource
@@ -374,6 +380,7 @@ type replayer struct {
 type replayRun struct {
 	name, desc string
 	legend     string // how a plot's legend names it
+	serial     bool   // -serial
 	results    []rmm.ReplayResult
 	failures   int            // over all passes
 	reserved   int64          // the most bytes the resource held (0: unknown)
@@ -388,8 +395,8 @@ func (rp *replayer) replay(t *target, progress string, live, reserved *series) (
 	if t.close != nil {
 		defer t.close()
 	}
-	run := &replayRun{name: t.name, desc: t.desc, legend: t.legend()}
-	opts := &rmm.ReplayOptions{}
+	run := &replayRun{name: t.name, desc: t.desc, legend: t.legend(), serial: rp.serial}
+	opts := &rmm.ReplayOptions{Serial: rp.serial}
 	if rp.onFailure != nil {
 		opts.OnFailure = func(e rmm.LogEvent, err error) { rp.onFailure(t.name, e, err) }
 	}
@@ -456,7 +463,7 @@ func (r *replayRun) json(path string) replayJSON {
 	median := r.median()
 	j := replayJSON{
 		Name: r.name, Resource: r.desc, Trace: path, Events: x.Events, Allocations: x.Allocations, Frees: x.Frees,
-		LoggedFailures: x.LoggedFailures, Threads: x.Threads, Failures: r.failures, Passes: len(r.results),
+		LoggedFailures: x.LoggedFailures, Threads: x.Threads, Serial: r.serial, Failures: r.failures, Passes: len(r.results),
 		MedianWallNs: median.Nanoseconds(), NsPerEvent: float64(median.Nanoseconds()) / float64(max(x.Events, 1)),
 		PeakLiveBytes: x.PeakLiveBytes, PeakReservedBytes: r.reserved,
 		LeftAllocations: x.LeftAllocations, LeftBytes: x.LeftBytes, UnmatchedFrees: x.UnmatchedFrees,
@@ -488,7 +495,7 @@ func (r *replayRun) report(w io.Writer, path string) {
 	x := r.results[0]
 	median := r.median()
 	fmt.Fprintf(w, "trace            %s\n", path)
-	fmt.Fprintf(w, "events           %s\n", eventCounts(x))
+	fmt.Fprintf(w, "events           %s\n", eventCounts(x, r.serial))
 	fmt.Fprintf(w, "failures         %d\n", r.failures)
 	if len(r.results) > 1 {
 		fmt.Fprintf(w, "passes           %d, wall times", len(r.results))
@@ -522,11 +529,14 @@ func (r *replayRun) report(w io.Writer, path string) {
 	}
 }
 
-// eventCounts describes the trace's events as a replay counted them.
-func eventCounts(x rmm.ReplayResult) string {
+// eventCounts describes the trace's events as a replay counted them; serial: replayed from one
+// goroutine (-serial).
+func eventCounts(x rmm.ReplayResult, serial bool) string {
 	threads := "threads"
 	if x.Threads == 1 {
 		threads = "thread"
+	} else if serial {
+		threads += ", replayed from one goroutine"
 	}
 	return fmt.Sprintf("%d (allocations %d, frees %d, logged failures %d; %d %s)", x.Events, x.Allocations, x.Frees, x.LoggedFailures, x.Threads, threads)
 }
@@ -536,7 +546,7 @@ func eventCounts(x rmm.ReplayResult) string {
 func writeTable(w io.Writer, path string, runs []*replayRun) {
 	x := runs[0].results[0]
 	fmt.Fprintf(w, "trace            %s\n", path)
-	fmt.Fprintf(w, "events           %s\n", eventCounts(x))
+	fmt.Fprintf(w, "events           %s\n", eventCounts(x, runs[0].serial))
 	fmt.Fprintf(w, "passes           %d on each resource\n", len(runs[0].results))
 	fmt.Fprintf(w, "peak live        %d bytes (%s)\n", x.PeakLiveBytes, rmm.FormatBytes(x.PeakLiveBytes))
 	fmt.Fprintf(w, "left allocated   %d allocations, %d bytes (freed after each replay)\n", x.LeftAllocations, x.LeftBytes)
@@ -631,6 +641,7 @@ type replayJSON struct {
 	Frees             int       `json:"frees"`
 	LoggedFailures    int       `json:"logged_failures"`
 	Threads           int       `json:"threads"`
+	Serial            bool      `json:"serial,omitempty"`
 	Failures          int       `json:"failures"`
 	Passes            int       `json:"passes"`
 	WallNs            []int64   `json:"wall_ns"`

@@ -35,6 +35,26 @@ func TestReplaySimulated(t *testing.T) {
 	require.Regexp(t, regexp.MustCompile(`passes           2, wall times \S+ \S+\n`), s)
 }
 
+// -serial replays the two-thread trace from one goroutine: the same calls in the same order, so
+// the same footprint (1.249 on the expandable pool, as in TestReplayDefaultExpandable), said in
+// the report and in -json.
+func TestReplaySerialFlag(t *testing.T) {
+	var out, errOut bytes.Buffer
+	require.NoError(t, run([]string{"-simulate", "16GiB", "-serial", "-passes", "2", cupy}, &out, &errOut), errOut.String())
+	s := out.String()
+	require.Contains(t, s, "events           110156 (allocations 55078, frees 55078, logged failures 0; 2 threads, replayed from one goroutine)\n")
+	require.Contains(t, s, "peak upstream    771751936 bytes (736 MiB), 1.249 x peak live\n")
+	out.Reset()
+	require.NoError(t, run([]string{"-json", "-simulate", "16GiB", "-serial", cupy}, &out, &errOut), errOut.String())
+	var j struct {
+		Threads int  `json:"threads"`
+		Serial  bool `json:"serial"`
+	}
+	require.NoError(t, json.Unmarshal(out.Bytes(), &j), out.String())
+	require.Equal(t, 2, j.Threads)
+	require.True(t, j.Serial)
+}
+
 // The default pool is the expandable one (on a GPU with virtual memory management, or over host
 // memory); its figure on the CuPy trace is the same over the GPU, host memory and addresses only.
 func TestReplayDefaultExpandable(t *testing.T) {
