@@ -230,26 +230,46 @@ func (p *PoolMemoryResource) keptFor(n int, l *freeList) (*stitchAlias, []chunkC
 	if len(e.aliases) == 0 {
 		return nil, nil
 	}
-	var as []*stitchAlias
-	for _, a := range e.aliases {
-		if a.b == nil && a.size >= n && a.size <= n+n/stitchReuseSlack+e.gran {
-			as = append(as, a)
+	var bs []*block
+	i, _ := slices.BinarySearchFunc(e.bySize, n, func(a *stitchAlias, n int) int { return cmp.Compare(a.size, n) })
+	for _, a := range e.bySize[i:] {
+		if a.size > n+n/stitchReuseSlack+e.gran {
+			break
 		}
-	}
-	if len(as) == 0 {
-		return nil, nil
-	}
-	slices.SortFunc(as, func(x, y *stitchAlias) int {
-		return cmp.Or(cmp.Compare(x.size, y.size), cmp.Compare(x.va, y.va))
-	})
-	bs := p.freeByAddr(l)
-	defer e.dropScratch()
-	for _, a := range as {
+		if a.b != nil {
+			continue
+		}
+		if bs == nil {
+			bs = p.freeByAddr(l)
+			defer e.dropScratch()
+		}
 		if pick := pickIn(a, bs); pick != nil {
 			return a, pick
 		}
 	}
 	return nil, nil
+}
+
+// aliasOrder orders aliases by size, then address (expandable.bySize).
+func aliasOrder(x, y *stitchAlias) int {
+	return cmp.Or(cmp.Compare(x.size, y.size), cmp.Compare(x.va, y.va))
+}
+
+// addAlias enters a among the aliases: in aliases, bySize and, by its ends, endIndex.
+func (e *expandable) addAlias(a *stitchAlias) {
+	e.aliases[a.va] = a
+	i, _ := slices.BinarySearchFunc(e.bySize, a, aliasOrder)
+	e.bySize = slices.Insert(e.bySize, i, a)
+	e.indexEnds(a, false)
+}
+
+// removeAlias takes a out of the aliases (addAlias).
+func (e *expandable) removeAlias(a *stitchAlias) {
+	delete(e.aliases, a.va)
+	if i, ok := slices.BinarySearchFunc(e.bySize, a, aliasOrder); ok {
+		e.bySize = slices.Delete(e.bySize, i, i+1)
+	}
+	e.indexEnds(a, true)
 }
 
 // endAt returns where the chain's end stands for stitchEnd: the start of the free block at the
@@ -644,7 +664,7 @@ func (p *PoolMemoryResource) newAlias(pick []chunkCand, n int, l *freeList) *blo
 		return nil
 	}
 	a := &stitchAlias{va: va, size: size, chunks: chunks, runs: aliasRuns(chunks), lent: lent}
-	e.aliases[va] = a
+	e.addAlias(a)
 	e.stitches++
 	return p.stitchedBlock(a, n, l, end)
 }
@@ -743,8 +763,7 @@ func (p *PoolMemoryResource) dropAliases(as []*stitchAlias, hold bool) {
 		return
 	}
 	for _, a := range as {
-		delete(e.aliases, a.va)
-		e.indexEnds(a, true)
+		e.removeAlias(a)
 	}
 	p.unlockUnless(hold)
 	failed := make([]bool, len(as))
@@ -764,8 +783,7 @@ func (p *PoolMemoryResource) dropAliases(as []*stitchAlias, hold bool) {
 	p.relockUnless(hold)
 	for i, a := range as {
 		if failed[i] {
-			e.aliases[a.va] = a
-			e.indexEnds(a, false)
+			e.addAlias(a)
 		} else {
 			e.evicted++
 		}
@@ -909,6 +927,14 @@ func (p *PoolMemoryResource) checkStitches(lentSeen map[*block]bool) (int, error
 	for h := range lentSeen {
 		if owner[h] == nil {
 			return 0, errorf("lent block %#x belongs to no live stitched range", uintptr(h.addr))
+		}
+	}
+	if len(e.bySize) != len(e.aliases) || !slices.IsSortedFunc(e.bySize, aliasOrder) {
+		return 0, errorf("the %d stitched ranges by size are not the %d stitched ranges, sorted", len(e.bySize), len(e.aliases))
+	}
+	for _, a := range e.bySize {
+		if e.aliases[a.va] != a {
+			return 0, errorf("stitched range %#x is listed by size but not kept", uintptr(a.va))
 		}
 	}
 	for r, as := range e.endIndex {
