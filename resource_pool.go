@@ -724,6 +724,11 @@ func (p *PoolMemoryResource) findBlock(l *freeList, n int, s StreamView) (*block
 			continue
 		}
 		if b := o.bestFit(n); b != nil {
+			if p.exp != nil && p.exp.aliases != nil {
+				if sb := p.keptAtEnd(n, l, b); sb != nil {
+					return sb, takeWait{}, nil // the lists lent out of are among its deps
+				}
+			}
 			return p.takeFront(o, b, n), p.beginWait(o), nil
 		}
 	}

@@ -23,8 +23,9 @@ import (
 // (pieceSize); cuMemSetAccess covers the adjacent mappings of a growth in one call.
 //
 // Stream order: the chunks come from free blocks of the allocating stream's own list (every list
-// was merged into it before the pool grows; keptAtEnd, before any merge, lends only chunks
-// already in it). Where such a block names other streams' lists among
+// was merged into it before the pool grows), or, through keptAtEnd, of any list: a chunk lent out
+// of another stream's list names that list among the stitched block's deps, which Allocate makes
+// the allocating stream wait for. Where a free block names other streams' lists among
 // its deps (memory coalesced across streams, resource_pool_deps.go), the stitched block names them too,
 // and Allocate makes the allocating stream wait for them before it returns the block, as for a
 // block taken whole; its free returns the chunks to the freeing stream's list as any free does.
@@ -380,9 +381,11 @@ func (p *PoolMemoryResource) endLast(l *freeList, n int, b *block) *block {
 	return o
 }
 
-// keptAtEnd serves an n-byte request on l, whose best fit is the free block at the end of the
-// chain (t), with a kept alias when one was stitched for n bytes while the end stood where it
-// stands now, and its chunks all lie in free blocks of l; else it returns nil. No driver call.
+// keptAtEnd serves an n-byte request on l's stream, whose best fit (in l, or in another stream's
+// list when l holds none) is the free block at the end of the chain (t), with a kept alias when
+// one was stitched for n bytes while the end stood where it stands now, and its chunks all lie
+// in free blocks of the lists; else it returns nil. Chunks lent out of another stream's list
+// name that list among the stitched block's deps (lendAlias). No driver call.
 //
 // Why: a training loop replays the same requests at every step, but its first step grows the
 // pool, and the later ones find the memory those growths mapped free at the end of the chain.
@@ -399,6 +402,15 @@ func (p *PoolMemoryResource) endLast(l *freeList, n int, b *block) *block {
 // which later steps place elsewhere: see endLast). Footprints at passes 1 and 3 stayed within 0.002 (GPT-2
 // generation 1.009 → 1.011, the VAE decoder 1.002 → 1.004; ResNet-50 1.008 → 1.007 and ViT
 // 1.012 → 1.011 at pass 3). The first pass mapped 94,370 → 93,483 handles.
+//
+// Where several streams allocate, the first pass stitched after merging every list into the
+// allocating stream's (findBlock, before growing), and a later pass, which does not grow, finds
+// the end of the chain in another stream's list and the alias's chunks spread over several
+// lists: so the request taken from another list, and the chunks lent out of any. Over the
+// address-only VMM (TestStitchTraces, three passes; keptAtEnd then looked at l alone), the
+// three-stream pipeline's second pass mapped 1,117 → 0 handles, the two-stream SegFormer's 8,311
+// → 7,683 (1.003 → 1.004 at pass 3; its second pass still places small requests where the first
+// pass's merges had emptied the default stream's list), every other trace the same.
 //
 // Pool locked; it does not unlock (so l need not be pinned). The busy token need not be held:
 // lending makes no driver call, and a growth, release or eviction that unlocks keeps what it
@@ -420,7 +432,11 @@ func (p *PoolMemoryResource) keptAtEnd(n int, l *freeList, t *block) *block {
 	if best == nil {
 		return nil
 	}
-	pick := pickIn(best, p.freeByAddr(l))
+	var src *freeList // nil: every list
+	if e.noDepLend {
+		src = l // lending out of another list names it among the deps
+	}
+	pick := pickIn(best, p.freeByAddr(src))
 	e.dropScratch()
 	if pick == nil {
 		return nil
@@ -428,17 +444,24 @@ func (p *PoolMemoryResource) keptAtEnd(n int, l *freeList, t *block) *block {
 	return p.lendAlias(best, n, l, pick)
 }
 
-// freeByAddr returns l's free blocks of a granule or more that may lend chunks (those
-// stitchCands lists chunks of) sorted by address: the pool's scratch slice, valid until the next
-// call; dropScratch clears it after use.
+// freeByAddr returns the free blocks of a granule or more that may lend chunks (those
+// stitchCands lists chunks of) of l, or of every list when l is nil, sorted by address: the
+// pool's scratch slice, valid until the next call; dropScratch clears it after use.
 func (p *PoolMemoryResource) freeByAddr(l *freeList) []*block {
 	e := p.exp
 	bs := e.blockScratch[:0]
-	l.eachAtLeast(e.gran, func(b *block) {
+	add := func(b *block) {
 		if len(b.deps()) == 0 || !e.noDepLend {
 			bs = append(bs, b)
 		}
-	})
+	}
+	if l != nil {
+		l.eachAtLeast(e.gran, add)
+	} else {
+		for _, o := range p.lists {
+			o.eachAtLeast(e.gran, add)
+		}
+	}
 	slices.SortFunc(bs, func(x, y *block) int { return cmp.Compare(x.addr, y.addr) })
 	e.blockScratch = bs
 	return bs
@@ -449,8 +472,8 @@ func (e *expandable) dropScratch() { clear(e.blockScratch) }
 
 // pickIn returns the runs of the alias a (stitchAlias.runs), in its order, each with the block
 // of bs (sorted by address) it lies wholly in; nil when one lies in none. A run's chunks lie back
-// to back, and two free blocks of one list never do (they coalesce): so the run lies in one
-// block when each of its chunks lies in one. Looking each run up among the free blocks costs
+// to back, and two free blocks of a granule or more never do (they coalesce, across lists too:
+// joins): so the run lies in one block when each of its chunks lies in one. Looking each run up among the free blocks costs
 // less than listing every chunk of every free block (stitchCands) in a pool of many chunks, and
 // lending a run as one block less than lending its chunks one by one: over the twenty-two
 // traces of testdata/traces the aliases' chunks form 10 to 48 times fewer runs (the VAE
@@ -528,12 +551,27 @@ func blockOf(bs []*block, c vmChunk, hint int) int {
 	return j
 }
 
-// lendAlias makes the kept alias a live again for an n-byte request on l: its chunks, listed in
-// pick in its order as runs with the free blocks of l they lie in (pickIn), are lent out of l.
-// No driver call.
+// lendAlias makes the kept alias a live again for an n-byte request on l's stream: its chunks,
+// listed in pick in its order as runs with the free blocks they lie in (pickIn), are lent out of
+// those blocks' lists. A run lent out of another stream's list names that list among the deps
+// that pass to the stitched block (Allocate makes l's stream wait for them). No driver call.
 func (p *PoolMemoryResource) lendAlias(a *stitchAlias, n int, l *freeList, pick []chunkCand) *block {
 	end := p.exp.endAt()
-	a.lent = p.lendChunks(pick, l)
+	var from []*freeList // by index in pick: the other stream's list it is lent out of
+	for i, c := range pick {
+		if o := c.b.list; o != l {
+			if from == nil {
+				from = make([]*freeList, len(pick))
+			}
+			from[i] = o
+		}
+	}
+	a.lent = p.lendChunks(pick)
+	for i, o := range from {
+		if o != nil {
+			p.addDep(a.lent[i], o)
+		}
+	}
 	return p.stitchedBlock(a, n, l, end)
 }
 
@@ -562,10 +600,11 @@ func (p *PoolMemoryResource) stitchedBlock(a *stitchAlias, n int, l *freeList, e
 	return b
 }
 
-// lendChunks takes the runs of chunks pick (each wholly in the free block of l given beside it,
-// as listed when chosen, with no unlock since) out of l and returns the lent block over each, in
-// the order of pick. The parts of their free blocks around them stay free in l.
-func (p *PoolMemoryResource) lendChunks(pick []chunkCand, l *freeList) []*block {
+// lendChunks takes the runs of chunks pick (each wholly in the free block given beside it, as
+// listed when chosen, with no unlock since) out of their blocks' lists and returns the lent block
+// over each, in the order of pick. The parts of their free blocks around them stay free in the
+// same lists.
+func (p *PoolMemoryResource) lendChunks(pick []chunkCand) []*block {
 	order := make([]int, len(pick))
 	for i := range order {
 		order[i] = i
@@ -576,6 +615,7 @@ func (p *PoolMemoryResource) lendChunks(pick []chunkCand, l *freeList) []*block 
 	lent := make([]*block, len(pick))
 	for _, i := range order {
 		c, b := pick[i].c, pick[i].b
+		l := b.list
 		l.remove(b)
 		if end := c.end(); end < b.end() {
 			r := p.newBlock(end, int(b.end()-end))
@@ -629,7 +669,7 @@ func (p *PoolMemoryResource) newAlias(pick []chunkCand, n int, l *freeList) *blo
 		size += c.c.size
 	}
 	end := e.endAt()
-	lent := p.lendChunks(runsOf(pick), l)
+	lent := p.lendChunks(runsOf(pick))
 	p.mu.Unlock()
 	va, err := e.vm.reserve(size)
 	if err == nil {
