@@ -494,15 +494,45 @@ func (p *PoolMemoryResource) takeGrown(nb *block, n int, l *freeList) (*block, e
 func (p *PoolMemoryResource) releaseChunks(def *freeList, limit int, hold bool) error {
 	e := p.exp
 	cands := p.releaseCands(def, limit)
-	p.pin(def) // it may unlock
-	dropped := p.dropAliasesOver(cands, hold)
-	p.unpin(def)
-	if dropped {
-		// Unlocked without hold: the free blocks may have changed. A chunk mapped by an alias
-		// that is live now, or could not be unmapped, stays.
-		cands = e.unaliased(p.releaseCands(def, limit))
+	if as := e.aliasesOver(cands); len(as) > 0 {
+		// The kept aliases over them go first, unlocked without hold. Meanwhile the blocks
+		// holding the chunks stay out of def, as unmapChunks keeps them: memory freed into def
+		// then (on the default stream, or merged from a closing stream's list), whose work no
+		// wait covered, must neither be given back with them nor coalesce into them, and no
+		// one may take them, or lend them through an alias.
+		var blocks []*block
+		for _, c := range cands {
+			if len(blocks) == 0 || blocks[len(blocks)-1] != c.b {
+				blocks = append(blocks, c.b)
+				def.remove(c.b)
+			}
+		}
+		p.pin(def)
+		p.dropAliases(as, hold)
+		p.unpin(def)
+		for _, b := range blocks {
+			p.freeInto(def, b)
+		}
+		// The same chunks, in the free blocks they lie in now; those of an alias that could
+		// not be unmapped stay.
+		cands = e.unaliased(p.chunksFreeIn(def, cands))
 	}
 	return p.unmapChunks(def, cands, hold, false)
+}
+
+// chunksFreeIn returns the chunks of cands (highest address first) each with the free block of
+// def that holds it now, in the same order; a chunk that no free block of def holds is left out.
+func (p *PoolMemoryResource) chunksFreeIn(def *freeList, cands []chunkCand) []chunkCand {
+	var bs []*block
+	def.each(func(b *block) { bs = append(bs, b) })
+	slices.SortFunc(bs, func(x, y *block) int { return cmp.Compare(x.addr, y.addr) })
+	out := cands[:0]
+	for _, c := range cands {
+		if j := blockOf(bs, c.c, -1); j >= 0 {
+			out = append(out, chunkCand{c.c, bs[j]})
+		}
+	}
+	return out
 }
 
 // releaseCands returns the chunks releaseChunks gives back, highest address first.

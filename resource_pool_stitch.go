@@ -830,13 +830,12 @@ func (p *PoolMemoryResource) dropAliases(as []*stitchAlias, hold bool) {
 	}
 }
 
-// dropAliasesOver drops the aliases (not live) that map one of the chunks cands, before those are
-// given back: a handle goes back only once every alias of it is unmapped. The work behind every
-// free must be known done. It reports whether it dropped any (unlocking the pool without hold).
-func (p *PoolMemoryResource) dropAliasesOver(cands []chunkCand, hold bool) bool {
-	e := p.exp
+// aliasesOver returns the aliases (not live) that map one of the chunks cands: before those are
+// given back, these must be unmapped (dropAliases), as a handle goes back only once every alias
+// of it is unmapped.
+func (e *expandable) aliasesOver(cands []chunkCand) []*stitchAlias {
 	if len(e.aliases) == 0 || len(cands) == 0 {
-		return false
+		return nil
 	}
 	in := make(map[vmmHandle]bool, len(cands))
 	for _, c := range cands {
@@ -854,8 +853,7 @@ func (p *PoolMemoryResource) dropAliasesOver(cands []chunkCand, hold bool) bool 
 			}
 		}
 	}
-	p.dropAliases(as, hold)
-	return len(as) > 0
+	return as
 }
 
 // unaliased returns cands less the chunks an alias still maps.

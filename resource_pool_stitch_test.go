@@ -375,3 +375,73 @@ func TestStitchEvictsLeastRecentlyUsed(t *testing.T) {
 	require.Equal(t, 1, p.exp.evicted)
 	require.NoError(t, p.Deallocate(q, 8*mib, DefaultStream))
 }
+
+// Release drops a kept alias (unlocked) before giving back the chunks under it; a block freed on
+// the default stream meanwhile makes another chunk wholly free in the default list. Release gives
+// back only the chunks whose frees it waited for: the model sees nothing given back before the
+// work behind its free finished. (releaseChunks once took its candidates again from the default
+// list after the alias's unmap, and gave that chunk back too.)
+func TestStitchReleaseKeepsUnsyncedFree(t *testing.T) {
+	vm := newGatedVMM(0)
+	p := newExpTestPool(t, vm, PoolOptions{MaximumPoolSize: 1 << 30, stitchPiece: 2 * mib})
+	e := newPoolSyncEnv(t, p)
+	vm.check = e.checkReturned
+	var blocks []DevicePtr
+	for range 16 {
+		blocks = append(blocks, e.mustAlloc(2*mib, DefaultStream, e.def))
+	}
+	require.Equal(t, 32*mib, p.PoolSize())
+	for _, i := range []int{1, 3, 5, 7} {
+		e.mustFree(blocks[i], 2*mib, DefaultStream, e.def)
+	}
+	k := e.mustAlloc(8*mib, DefaultStream, e.def)
+	require.Equal(t, 1, p.exp.stitches)
+	e.mustFree(k, 8*mib, DefaultStream, e.def) // the alias is kept
+	require.Len(t, p.exp.aliases, 1)
+
+	vm.unmap_.shut(t)
+	released := make(chan error, 1)
+	go func() { released <- p.Release() }()
+	require.Equal(t, "unmap", vm.unmap_.waitEntered(t)) // the alias's unmap, pool unlocked
+	// Meanwhile: block 9 freed on the default stream (its work still pending on the device).
+	e.mustFree(blocks[9], 2*mib, DefaultStream, e.def)
+	vm.unmap_.open()
+	require.NoError(t, <-released)
+	require.Empty(t, vm.errs, "Release gave back memory whose free it never waited for")
+	require.Equal(t, 24*mib, p.PoolSize(), "the four chunks freed before Release are given back, block 9's is not")
+	for _, i := range []int{0, 2, 4, 6, 8, 10, 11, 12, 13, 14, 15} {
+		e.mustFree(blocks[i], 2*mib, DefaultStream, e.def)
+	}
+	e.done()
+}
+
+// The same through the trim (ReleaseThreshold): a free that trims drops the kept alias unlocked;
+// a default-stream free meanwhile is not given back.
+func TestStitchTrimKeepsUnsyncedFree(t *testing.T) {
+	vm := newGatedVMM(0)
+	p := newExpTestPool(t, vm, PoolOptions{MaximumPoolSize: 1 << 30, stitchPiece: 2 * mib})
+	e := newPoolSyncEnv(t, p)
+	vm.check = e.checkReturned
+	var blocks []DevicePtr
+	for range 16 {
+		blocks = append(blocks, e.mustAlloc(2*mib, DefaultStream, e.def))
+	}
+	for _, i := range []int{1, 3, 5, 7} {
+		e.mustFree(blocks[i], 2*mib, DefaultStream, e.def)
+	}
+	k := e.mustAlloc(8*mib, DefaultStream, e.def)
+	require.Equal(t, 1, p.exp.stitches)
+	p.mu.Lock()
+	p.exp.threshold = 256 << 10 // as ReleaseThreshold: trim past 256 KiB free
+	p.exp.resetTrim(p.size - p.liveBytes)
+	p.mu.Unlock()
+	vm.unmap_.shut(t)
+	freed := make(chan error, 1)
+	go func() { freed <- e.free(k, 8*mib, DefaultStream, e.def) }() // frees 8 MiB of whole chunks: trims
+	require.Equal(t, "unmap", vm.unmap_.waitEntered(t))
+	e.mustFree(blocks[9], 2*mib, DefaultStream, e.def)
+	vm.unmap_.open()
+	require.NoError(t, <-freed)
+	require.Empty(t, vm.errs, "the trim gave back memory whose free it never waited for")
+	require.Equal(t, 24*mib, p.PoolSize(), "the trim gives back the four chunks under the stitched block, not block 9's")
+}
