@@ -1,0 +1,228 @@
+package rmm
+
+import (
+	"fmt"
+	"slices"
+	"sync/atomic"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+)
+
+// keptAtEnd lending a kept alias whose chunks lie in several streams' lists, on a stream whose
+// own list is empty (the request taken, in findBlock, from another stream's list).
+
+// keptLists is a stitching pool (2 MiB pieces, over the fake device and its model of stream
+// order) holding a kept alias of n bytes over eight 2 MiB chunks, every other one of sixteen,
+// whose chunks are live again as 2 MiB blocks of the default stream, and a 40 MiB block at the
+// end of the chain (y), live too.
+type keptLists struct {
+	e      *poolSyncEnv
+	p      *PoolMemoryResource
+	vm     *gatedVMM
+	cv     *countingVMM
+	n      int
+	va     DevicePtr   // the alias
+	chunks []DevicePtr // the 2 MiB blocks over its chunks, live on the default stream
+	y      DevicePtr   // 40 MiB at the end, live on the default stream
+	end    DevicePtr
+	blocks []DevicePtr
+	x      DevicePtr
+}
+
+func newKeptLists(t *testing.T, n int) *keptLists {
+	vm := newGatedVMM(0)
+	cv := newCountingVMM(vm.vmm)
+	vm.vmm = cv
+	p := newExpTestPool(t, vm, PoolOptions{MaximumPoolSize: 1 << 30, stitchPiece: 2 * mib})
+	e := newPoolSyncEnv(t, p)
+	vm.check = e.checkReturned
+	a := &keptLists{e: e, p: p, vm: vm, cv: cv, n: n}
+	for range 16 {
+		a.blocks = append(a.blocks, e.mustAlloc(2*mib, DefaultStream, e.def))
+	}
+	require.Equal(t, 32*mib, p.PoolSize())
+	for i := 1; i < 16; i++ {
+		require.Equal(t, a.blocks[0]+DevicePtr(2*mib*i), a.blocks[i])
+	}
+	a.x = e.mustAlloc(2*mib, DefaultStream, e.def)
+	require.Equal(t, a.blocks[15]+2*mib, a.x)
+	require.Equal(t, 48*mib, p.PoolSize())
+	a.end = a.x + 2*mib
+	var even []DevicePtr
+	for i := 0; i < 16; i += 2 {
+		e.mustFree(a.blocks[i], 2*mib, DefaultStream, e.def)
+		even = append(even, a.blocks[i])
+	}
+	s := e.mustAlloc(n, DefaultStream, e.def)
+	require.Equal(t, 1, p.exp.stitches)
+	require.Equal(t, 48*mib, p.PoolSize(), "stitched, not grown")
+	al := p.exp.aliases[s]
+	require.NotNil(t, al)
+	var cs []DevicePtr
+	for _, c := range al.chunks {
+		cs = append(cs, c.addr)
+	}
+	slices.Sort(cs)
+	require.Equal(t, even, cs, "the alias maps the eight free chunks")
+	require.Len(t, al.runs, 8)
+	a.va = s
+	a.y = e.mustAlloc(40*mib, DefaultStream, e.def)
+	require.Equal(t, a.end, a.y)
+	require.Equal(t, 1, p.exp.stitches)
+	e.mustFree(s, n, DefaultStream, e.def)
+	for range 8 {
+		a.chunks = append(a.chunks, e.mustAlloc(2*mib, DefaultStream, e.def))
+	}
+	got := slices.Clone(a.chunks)
+	slices.Sort(got)
+	require.Equal(t, even, got, "the 2 MiB requests took the alias's chunks")
+	require.NoError(t, p.CheckInvariants())
+	return a
+}
+
+// spread frees the end (y) into list of tail, and the alias's chunks: three on the default
+// stream, three on sa, two on sb.
+func (a *keptLists) spread(t *testing.T, tail StreamView, ti int, sa StreamView, ia int, sb StreamView, ib int) {
+	e := a.e
+	e.mustFree(a.y, 40*mib, tail, ti)
+	for i, c := range a.chunks {
+		switch {
+		case i < 3:
+			e.mustFree(c, 2*mib, DefaultStream, e.def)
+		case i < 6:
+			e.mustFree(c, 2*mib, sa, ia)
+		default:
+			e.mustFree(c, 2*mib, sb, ib)
+		}
+	}
+	require.NoError(t, a.p.CheckInvariants())
+}
+
+// drain allocates 2 MiB blocks on s until the pool would grow, checks each in the model, and
+// frees them again on s.
+func (a *keptLists) drain(t *testing.T, s StreamView, i int) {
+	e := a.e
+	size := a.p.PoolSize()
+	var got []DevicePtr
+	for {
+		free, _ := a.p.freeFigures()
+		if free < 2*mib {
+			break
+		}
+		q, err := e.alloc(2*mib, s, i)
+		require.NoError(t, err)
+		if a.p.PoolSize() != size {
+			e.mustFree(q, 2*mib, s, i)
+			break
+		}
+		got = append(got, q)
+		if len(got) > 64 {
+			break
+		}
+	}
+	require.NotEmpty(t, got)
+	for _, q := range got {
+		e.mustFree(q, 2*mib, s, i)
+	}
+}
+
+// The alias's chunks lie in three lists (default, A, B), the end of the chain in B's list; a
+// request for n on a fourth stream C (empty list) finds its best fit, the end, in B's list:
+// keptAtEnd lends the alias out of all three lists, and C must be ordered after every free.
+func TestStitchKeptAtEndThreeLists(t *testing.T) {
+	for _, n := range []int{16 * mib, 15*mib + 512*kiB} {
+		for _, freeOn := range []string{"C", "D", "default"} {
+			t.Run(fmt.Sprintf("%d-%s", n, freeOn), func(t *testing.T) {
+				a := newKeptLists(t, n)
+				e, p := a.e, a.p
+				sa, _, ia := e.stream(0xa, "A")
+				sb, _, ib := e.stream(0xb, "B")
+				sc, _, ic := e.stream(0xc, "C")
+				sd, _, id := e.stream(0xd, "D")
+				a.spread(t, sb, ib, sa, ia, sb, ib)
+				maps, deps := a.cv.counts().maps, p.exp.stitchedDeps
+				q, err := e.alloc(n, sc, ic)
+				require.NoError(t, err)
+				require.Equal(t, a.va, q, "the kept alias")
+				require.Equal(t, maps, a.cv.counts().maps)
+				require.Greater(t, p.exp.stitchedDeps, deps)
+				require.Empty(t, e.f.errors())
+				require.NoError(t, p.CheckInvariants())
+				fs, fi := sc, ic
+				switch freeOn {
+				case "D":
+					fs, fi = sd, id
+				case "default":
+					fs, fi = DefaultStream, e.def
+				}
+				e.mustFree(q, n, fs, fi)
+				require.NoError(t, p.CheckInvariants())
+				require.NoError(t, depCheckDepRefs(p))
+				// Every stream now takes what it can: each take checked in the model.
+				a.drain(t, sa, ia)
+				a.drain(t, DefaultStream, e.def)
+				a.drain(t, sd, id)
+				a.drain(t, sb, ib)
+				for i, b := range a.blocks {
+					if i%2 == 1 {
+						e.mustFree(b, 2*mib, DefaultStream, e.def)
+					}
+				}
+				e.mustFree(a.x, 2*mib, sa, ia)
+				a.drain(t, sc, ic)
+				e.done()
+				require.NoError(t, depCheckDepRefs(p))
+				require.NoError(t, p.Release())
+				require.Empty(t, a.vm.errs)
+				require.NoError(t, p.Close())
+				require.Empty(t, a.vm.errs)
+			})
+		}
+	}
+}
+
+// As above, with the dep waits of the lend failing: the allocation fails, the chunks go back
+// (to C's list) naming the lists they came from; the next takes on C must still be ordered.
+func TestStitchKeptAtEndFailedWait(t *testing.T) {
+	for seed := uint64(0); seed < 24; seed++ {
+		t.Run(fmt.Sprint(seed), func(t *testing.T) {
+			a := newKeptLists(t, 16*mib)
+			e, p := a.e, a.p
+			sa, _, ia := e.stream(0xa, "A")
+			sb, _, ib := e.stream(0xb, "B")
+			sc, _, ic := e.stream(0xc, "C")
+			a.spread(t, sb, ib, sa, ia, sb, ib)
+			var on atomic.Bool
+			every := 1 + int(seed%3)
+			p.drv = faultyDriver(p.drv, &on, []string{"record-and-wait", "wait", "record"}, every, seed)
+			on.Store(true)
+			q, err := e.alloc(16*mib, sc, ic)
+			on.Store(false)
+			if err == nil {
+				require.Equal(t, a.va, q)
+				e.mustFree(q, 16*mib, sc, ic)
+			} else {
+				t.Log("failed:", err)
+				require.NotContains(t, err.Error(), "got [")
+				require.Zero(t, q)
+			}
+			require.Empty(t, e.f.errors())
+			require.NoError(t, p.CheckInvariants())
+			require.NoError(t, depCheckDepRefs(p))
+			// C takes the chunks again, one at a time, then the whole alias.
+			var got []DevicePtr
+			for range 8 {
+				got = append(got, e.mustAlloc(2*mib, sc, ic))
+			}
+			for _, g := range got {
+				e.mustFree(g, 2*mib, sc, ic)
+			}
+			q = e.mustAlloc(16*mib, sc, ic)
+			e.mustFree(q, 16*mib, sa, ia)
+			a.drain(t, DefaultStream, e.def)
+			e.done()
+			require.NoError(t, depCheckDepRefs(p))
+		})
+	}
+}
