@@ -37,13 +37,13 @@ import (
 // unmap does not wait for the device.
 //
 // Why it is not on by default: on the twenty-two traces of testdata/traces, replayed on an H200
-// (BENCHMARKS.md, eighteenth run), a stitching pool takes 1.001-1.055 x peak live at passes 1
-// and 3 (the two-thread CuPy trace at its 2 MiB page floor), against 1.001-1.545 without
-// stitching, with no driver call after the second pass (after the first on one-stream traces).
-// But the first pass makes 17 to 260 times as many mappings (T5: 11.5 µs per event, the driver's
-// 48-57 µs per mapping, serialised), and the median of three passes costs 0.16-0.58 µs per
-// event on one-stream traces and up to 4 µs on multi-stream ones, where the pool without
-// stitching runs at 0.14-0.59. Over the
+// (BENCHMARKS.md, eighteenth and nineteenth runs), a stitching pool takes 1.001-1.055 x peak live
+// at passes 1 and 3 (the two-thread CuPy trace at its 2 MiB page floor), against 1.001-1.545
+// without stitching, with no driver call after the second pass (after the first on one-stream
+// traces and the three-stream one). But the first pass makes 17 to 260 times as many mappings
+// (T5: 8.4 µs per event, the driver's 40-57 µs per mapping, serialised), and the median of three
+// passes costs 93-308 ns per event where the pool without stitching runs at 108-229, and 3.3 µs
+// on the SegFormer, whose second pass still maps. Over the
 // address-only VMM (TestStitchTraces), 8 MiB pieces left the two multi-stream traces at 1.126 /
 // 1.147 and 1.093 / 1.104; without stitchRest, LoRA and GPT-2 training got worse than without
 // stitching (1.071 / 1.083 at 2 MiB against 1.006 / 1.019).
