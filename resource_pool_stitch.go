@@ -42,7 +42,7 @@ import (
 // without stitching, with no driver call after the second pass (after the first on one-stream
 // traces and the three-stream one). But the first pass makes 17 to 260 times as many mappings
 // (T5: 8.4 µs per event, the driver's 40-57 µs per mapping, serialised), and the median of three
-// passes costs 93-308 ns per event where the pool without stitching runs at 108-229, and 3.3 µs
+// passes costs 93-234 ns per event where the pool without stitching runs at 108-229, and 3.3 µs
 // on the SegFormer, whose second pass still maps. Over the
 // address-only VMM (TestStitchTraces), 8 MiB pieces left the two multi-stream traces at 1.126 /
 // 1.147 and 1.093 / 1.104; without stitchRest, LoRA and GPT-2 training got worse than without
@@ -54,6 +54,7 @@ import (
 // back.
 type stitchAlias struct {
 	va     DevicePtr // the start of its own reservation, of size bytes
+	seq    int       // the aliases made before it (expandable.stitches): its age, for aliasOrder
 	size   int       // the bytes of its chunks
 	chunks []vmChunk // mapped from va on, in order; addr: where the chunk lies in the chain
 	// runs: the chunks grouped into runs, in the same order: each the longest sequence of
@@ -223,9 +224,9 @@ func pickChunks(cands []chunkCand, n int) ([]chunkCand, int) {
 	return pick, sum
 }
 
-// keptFor returns the smallest kept alias (not live) that serves n bytes and whose chunks all lie
-// wholly in free blocks of l that may lend them (as stitchCands lists them), with those chunks
-// in its order and their blocks; nil when none does.
+// keptFor returns the smallest kept alias (the oldest of that size: aliasOrder), not live, that
+// serves n bytes and whose chunks all lie wholly in free blocks of l that may lend them (as
+// stitchCands lists them), with those chunks in its order and their blocks; nil when none does.
 func (p *PoolMemoryResource) keptFor(n int, l *freeList) (*stitchAlias, []chunkCand) {
 	e := p.exp
 	if len(e.aliases) == 0 {
@@ -251,9 +252,14 @@ func (p *PoolMemoryResource) keptFor(n int, l *freeList) (*stitchAlias, []chunkC
 	return nil, nil
 }
 
-// aliasOrder orders aliases by size, then address (expandable.bySize).
+// aliasOrder orders aliases by size, then by when they were made (expandable.bySize).
+//
+// Not by address: where the driver places a new reservation is its own choice (the address-only
+// VMM places each above the last, the device's did not), and with the alias of equal size chosen
+// by address, T5's second pass on the H200 lent another alias than over the address-only VMM,
+// and stitched a new one of 216 chunks where the address-only replay mapped none.
 func aliasOrder(x, y *stitchAlias) int {
-	return cmp.Or(cmp.Compare(x.size, y.size), cmp.Compare(x.va, y.va))
+	return cmp.Or(cmp.Compare(x.size, y.size), cmp.Compare(x.seq, y.seq))
 }
 
 // addAlias enters a among the aliases: in aliases, bySize and, by its ends, endIndex.
@@ -425,7 +431,7 @@ func (p *PoolMemoryResource) keptAtEnd(n int, l *freeList, t *block) *block {
 		if a.b != nil || a.size < n || a.size > n+n/stitchReuseSlack+e.gran {
 			continue
 		}
-		if best == nil || a.size < best.size || (a.size == best.size && a.va < best.va) {
+		if best == nil || aliasOrder(a, best) < 0 {
 			best = a
 		}
 	}
@@ -703,7 +709,7 @@ func (p *PoolMemoryResource) newAlias(pick []chunkCand, n int, l *freeList) *blo
 		p.unlend(lent, l)
 		return nil
 	}
-	a := &stitchAlias{va: va, size: size, chunks: chunks, runs: aliasRuns(chunks), lent: lent}
+	a := &stitchAlias{va: va, seq: e.stitches, size: size, chunks: chunks, runs: aliasRuns(chunks), lent: lent}
 	e.addAlias(a)
 	e.stitches++
 	return p.stitchedBlock(a, n, l, end)
