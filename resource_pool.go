@@ -127,6 +127,8 @@ type PoolOptions struct {
 	// again; kept ranges are unmapped after a host wait for the streams' work (at Release, Close,
 	// or past 1,024 of them). Memory freed on other streams is used after the allocating stream
 	// waits for them, as for any block. ExportIPC exports the pieces under a stitched block.
+	// Over host memory each piece is a memfd (Linux: memfd_create), which can be mapped at a second
+	// address: one open file descriptor per piece until the pool gives it back.
 	// BENCHMARKS.md gives the footprints and the first pass's cost on twenty real traces.
 	Stitch bool
 	// Exportable (expandable pools over device memory only) creates the pool's physical memory
@@ -324,7 +326,7 @@ func newExpandablePool(upstream MemoryResource, vm vmm, o PoolOptions) (*PoolMem
 	var dev Device
 	if vm == nil {
 		var err error
-		if vm, dev, err = vmmFor(upstream); err != nil {
+		if vm, dev, err = vmmFor(upstream, o.Stitch || o.stitchPiece > 0); err != nil {
 			return nil, err
 		}
 	} else {

@@ -1,6 +1,7 @@
 package rmm
 
 import (
+	"errors"
 	"sync"
 	"testing"
 
@@ -344,6 +345,47 @@ func TestStitchPublicOption(t *testing.T) {
 	require.Equal(t, 68, vm.counts().creates-before.creates, "952 MiB in 14 MiB pieces")
 	require.NoError(t, p.Deallocate(big, 1<<30-64*mib, DefaultStream))
 	require.NoError(t, p.CheckInvariants())
+}
+
+// Over host memory (the SystemMemoryResource, as rmm-replay without a GPU), a stitching pool maps
+// memfds, so that it stitches as on the device: the four free pieces serve an 8 MiB request with
+// no growth, and the bytes written through the stitched range are those of the pieces. (It once
+// mapped anonymous memory, which cannot be mapped twice: every stitch failed and the pool grew.)
+func TestStitchOverHostMemory(t *testing.T) {
+	p, err := NewPoolMemoryResource(NewSystemMemoryResource(), &PoolOptions{Expandable: true, Stitch: true, MaximumPoolSize: 1 << 30})
+	if errors.Is(err, ErrNotSupported) {
+		t.Skip(err) // host virtual memory management is implemented on Linux only
+	}
+	require.NoError(t, err)
+	defer p.Close()
+	var ptrs []DevicePtr
+	for range 16 {
+		q, err := p.Allocate(2*mib, DefaultStream)
+		require.NoError(t, err)
+		ptrs = append(ptrs, q)
+	}
+	require.Equal(t, 32*mib, p.PoolSize())
+	for i, q := range ptrs {
+		hostBytes(q, 2*mib)[0] = byte(i + 1)
+	}
+	for _, i := range []int{2, 6, 10, 14} {
+		require.NoError(t, p.Deallocate(ptrs[i], 2*mib, DefaultStream))
+	}
+	q, err := p.Allocate(8*mib, DefaultStream)
+	require.NoError(t, err)
+	require.Equal(t, 32*mib, p.PoolSize(), "stitched, not grown")
+	require.Equal(t, 1, p.exp.stitches)
+	b := hostBytes(q, 8*mib)
+	for k, i := range []int{2, 6, 10, 14} {
+		require.Equal(t, byte(i+1), b[k*2*mib], "piece %d of the stitched range shows handle %d's bytes", k, i)
+	}
+	require.NoError(t, p.CheckInvariants())
+	require.NoError(t, p.Deallocate(q, 8*mib, DefaultStream))
+	for i, q := range ptrs {
+		if i%4 != 2 {
+			require.NoError(t, p.Deallocate(q, 2*mib, DefaultStream))
+		}
+	}
 }
 
 // Past stitchKeep ranges, a new stitch first unmaps the least recently used one not live (after
