@@ -500,13 +500,7 @@ func (p *PoolMemoryResource) releaseChunks(def *freeList, limit int, hold bool) 
 		// then (on the default stream, or merged from a closing stream's list), whose work no
 		// wait covered, must neither be given back with them nor coalesce into them, and no
 		// one may take them, or lend them through an alias.
-		var blocks []*block
-		for _, c := range cands {
-			if len(blocks) == 0 || blocks[len(blocks)-1] != c.b {
-				blocks = append(blocks, c.b)
-				def.remove(c.b)
-			}
-		}
+		blocks := pullBlocks(def, cands)
 		p.pin(def)
 		p.dropAliases(as, hold)
 		p.unpin(def)
@@ -518,6 +512,19 @@ func (p *PoolMemoryResource) releaseChunks(def *freeList, limit int, hold bool) 
 		cands = e.unaliased(p.chunksFreeIn(def, cands))
 	}
 	return p.unmapChunks(def, cands, hold, false)
+}
+
+// pullBlocks takes the free blocks holding the chunks cands (highest address first, so a block's
+// chunks are next to each other) out of def and returns them, highest first.
+func pullBlocks(def *freeList, cands []chunkCand) []*block {
+	var blocks []*block
+	for _, c := range cands {
+		if len(blocks) == 0 || blocks[len(blocks)-1] != c.b {
+			blocks = append(blocks, c.b)
+			def.remove(c.b)
+		}
+	}
+	return blocks
 }
 
 // chunksFreeIn returns the chunks of cands (highest address first) each with the free block of
@@ -746,13 +753,7 @@ func (p *PoolMemoryResource) unmapChunks(def *freeList, cands []chunkCand, hold,
 		return nil
 	}
 	// The blocks holding the chunks, highest first, out of def while the pool is unlocked.
-	var blocks []*block
-	for _, c := range cands {
-		if len(blocks) == 0 || blocks[len(blocks)-1] != c.b {
-			blocks = append(blocks, c.b)
-			def.remove(c.b)
-		}
-	}
+	blocks := pullBlocks(def, cands)
 	p.pin(def)
 	p.unlockUnless(hold)
 	var firstErr error

@@ -424,20 +424,7 @@ func TestStitchEvictsLeastRecentlyUsed(t *testing.T) {
 // work behind its free finished. (releaseChunks once took its candidates again from the default
 // list after the alias's unmap, and gave that chunk back too.)
 func TestStitchReleaseKeepsUnsyncedFree(t *testing.T) {
-	vm := newGatedVMM(0)
-	p := newExpTestPool(t, vm, PoolOptions{MaximumPoolSize: 1 << 30, stitchPiece: 2 * mib})
-	e := newPoolSyncEnv(t, p)
-	vm.check = e.checkReturned
-	var blocks []DevicePtr
-	for range 16 {
-		blocks = append(blocks, e.mustAlloc(2*mib, DefaultStream, e.def))
-	}
-	require.Equal(t, 32*mib, p.PoolSize())
-	for _, i := range []int{1, 3, 5, 7} {
-		e.mustFree(blocks[i], 2*mib, DefaultStream, e.def)
-	}
-	k := e.mustAlloc(8*mib, DefaultStream, e.def)
-	require.Equal(t, 1, p.exp.stitches)
+	vm, p, e, blocks, k := unsyncedFreeSetup(t)
 	e.mustFree(k, 8*mib, DefaultStream, e.def) // the alias is kept
 	require.Len(t, p.exp.aliases, 1)
 
@@ -460,19 +447,7 @@ func TestStitchReleaseKeepsUnsyncedFree(t *testing.T) {
 // The same through the trim (ReleaseThreshold): a free that trims drops the kept alias unlocked;
 // a default-stream free meanwhile is not given back.
 func TestStitchTrimKeepsUnsyncedFree(t *testing.T) {
-	vm := newGatedVMM(0)
-	p := newExpTestPool(t, vm, PoolOptions{MaximumPoolSize: 1 << 30, stitchPiece: 2 * mib})
-	e := newPoolSyncEnv(t, p)
-	vm.check = e.checkReturned
-	var blocks []DevicePtr
-	for range 16 {
-		blocks = append(blocks, e.mustAlloc(2*mib, DefaultStream, e.def))
-	}
-	for _, i := range []int{1, 3, 5, 7} {
-		e.mustFree(blocks[i], 2*mib, DefaultStream, e.def)
-	}
-	k := e.mustAlloc(8*mib, DefaultStream, e.def)
-	require.Equal(t, 1, p.exp.stitches)
+	vm, p, e, blocks, k := unsyncedFreeSetup(t)
 	p.mu.Lock()
 	p.exp.threshold = 256 << 10 // as ReleaseThreshold: trim past 256 KiB free
 	p.exp.resetTrim(p.size - p.liveBytes)
@@ -486,4 +461,25 @@ func TestStitchTrimKeepsUnsyncedFree(t *testing.T) {
 	require.NoError(t, <-freed)
 	require.Empty(t, vm.errs, "the trim gave back memory whose free it never waited for")
 	require.Equal(t, 24*mib, p.PoolSize(), "the trim gives back the four chunks under the stitched block, not block 9's")
+}
+
+// unsyncedFreeSetup: a stitching pool over the fake device, its unmaps checked by the model,
+// holding sixteen 2 MiB blocks of the default stream (blocks; 1, 3, 5 and 7 freed) and k, an
+// 8 MiB block stitched from those four.
+func unsyncedFreeSetup(t *testing.T) (*gatedVMM, *PoolMemoryResource, *poolSyncEnv, []DevicePtr, DevicePtr) {
+	vm := newGatedVMM(0)
+	p := newExpTestPool(t, vm, PoolOptions{MaximumPoolSize: 1 << 30, stitchPiece: 2 * mib})
+	e := newPoolSyncEnv(t, p)
+	vm.check = e.checkReturned
+	var blocks []DevicePtr
+	for range 16 {
+		blocks = append(blocks, e.mustAlloc(2*mib, DefaultStream, e.def))
+	}
+	require.Equal(t, 32*mib, p.PoolSize())
+	for _, i := range []int{1, 3, 5, 7} {
+		e.mustFree(blocks[i], 2*mib, DefaultStream, e.def)
+	}
+	k := e.mustAlloc(8*mib, DefaultStream, e.def)
+	require.Equal(t, 1, p.exp.stitches)
+	return vm, p, e, blocks, k
 }
