@@ -129,7 +129,8 @@ type PoolOptions struct {
 	// waits for them, as for any block. ExportIPC exports the pieces under a stitched block.
 	// Over host memory each piece is a memfd (Linux: memfd_create), which can be mapped at a second
 	// address: one open file descriptor per piece until the pool gives it back.
-	// BENCHMARKS.md gives the footprints and the first pass's cost on twenty real traces.
+	// BENCHMARKS.md gives the footprints and the first pass's cost on the twenty-two bundled
+	// traces.
 	Stitch bool
 	// Exportable (expandable pools over device memory only) creates the pool's physical memory
 	// exportable as POSIX file descriptors, so that its allocations can be shared with other

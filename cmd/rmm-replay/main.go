@@ -223,7 +223,9 @@ func run(args []string, stdout, stderr io.Writer) error {
 		s.where = fmt.Sprintf("device %d (%s)", *device, name)
 	}
 	// A resource that cannot be made here (it needs a GPU) is left out with a note when others
-	// can run; alone, it fails the run before the trace is read.
+	// can run; alone, it fails the run before the trace is read. The report keeps the shape -mr
+	// asked for (a table, a JSON list) even when one resource is left.
+	several := len(names) > 1
 	var runnable []string
 	var skipped error
 	for _, n := range names {
@@ -265,7 +267,7 @@ func run(args []string, stdout, stderr io.Writer) error {
 	for _, n := range names {
 		width = max(width, len(n))
 	}
-	rp := &replayer{events: events, passes: *passes, serial: *serial, stderr: stderr, several: len(names) > 1}
+	rp := &replayer{events: events, passes: *passes, serial: *serial, stderr: stderr, several: several}
 	if floor.set {
 		rp.floorPage = floor.n
 	}
@@ -333,7 +335,7 @@ func run(args []string, stdout, stderr io.Writer) error {
 	}
 	var werr error
 	switch {
-	case *asJSON && len(runs) == 1:
+	case *asJSON && !several:
 		werr = writeJSON(stdout, runs[0].json(path))
 	case *asJSON:
 		list := make([]replayJSON, len(runs))
@@ -341,7 +343,7 @@ func run(args []string, stdout, stderr io.Writer) error {
 			list[i] = r.json(path)
 		}
 		werr = writeJSON(stdout, list)
-	case len(runs) == 1:
+	case !several:
 		runs[0].report(stdout, path)
 	default:
 		writeTable(stdout, path, runs)

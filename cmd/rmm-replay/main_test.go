@@ -387,6 +387,20 @@ func TestReplayNeedsGPU(t *testing.T) {
 		require.Contains(t, out.String(), "plain")
 		require.Contains(t, out.String(), "expandable")
 		require.NotContains(t, out.String(), name+" ")
+
+		// One left of two: still the table, and with -json still a list.
+		out.Reset()
+		require.NoError(t, run([]string{"-mr", name + ",system", cupy}, &out, &errOut))
+		require.Contains(t, out.String(), "rmm-replay: system  SystemMemoryResource")
+		require.Contains(t, out.String(), "passes           1 on each resource\n")
+		out.Reset()
+		require.NoError(t, run([]string{"-json", "-mr", name + ",system", cupy}, &out, &errOut))
+		var list []struct {
+			Name string `json:"name"`
+		}
+		require.NoError(t, json.Unmarshal(out.Bytes(), &list), out.String())
+		require.Len(t, list, 1)
+		require.Equal(t, "system", list[0].Name)
 	}
 }
 
