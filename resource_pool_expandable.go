@@ -58,7 +58,7 @@ type expandable struct {
 	// stitchedDeps counts the stitched blocks that named other lists (Allocate waited for them).
 	stitchedDeps int
 	aliases      map[DevicePtr]*stitchAlias
-	bySize       []*stitchAlias // the aliases sorted by size, then address (keptFor)
+	bySize       []*stitchAlias // the aliases sorted by size, then age (aliasOrder; keptFor)
 	blockScratch []*block       // scratch for freeByAddr
 	// endIndex: the aliases that hold each stitchEnd among their ends (keptAtEnd).
 	endIndex   map[stitchEnd][]*stitchAlias

@@ -479,11 +479,11 @@ func (e *expandable) dropScratch() { clear(e.blockScratch) }
 // pickIn returns the runs of the alias a (stitchAlias.runs), in its order, each with the block
 // of bs (sorted by address) it lies wholly in; nil when one lies in none. A run's chunks lie back
 // to back, and two free blocks of a granule or more never do (they coalesce, across lists too:
-// joins): so the run lies in one block when each of its chunks lies in one. Looking each run up among the free blocks costs
-// less than listing every chunk of every free block (stitchCands) in a pool of many chunks, and
-// lending a run as one block less than lending its chunks one by one: over the twenty-two
-// traces of testdata/traces the aliases' chunks form 10 to 48 times fewer runs (the VAE
-// decoder's seven aliases: 1,859 chunks, 39 runs).
+// joins): so the run lies in one block when each of its chunks lies in one. Looking each run up
+// among the free blocks costs less than listing every chunk of every free block (stitchCands) in
+// a pool of many chunks, and lending a run as one block less than lending its chunks one by one:
+// over the twenty-two traces of testdata/traces the aliases' chunks form 10 to 48 times fewer
+// runs (the VAE decoder's seven aliases: 1,859 chunks, 39 runs).
 func pickIn(a *stitchAlias, bs []*block) []chunkCand {
 	// First whether every run lies in one (most aliases looked at do not), then the blocks.
 	at := -1
@@ -501,21 +501,9 @@ func pickIn(a *stitchAlias, bs []*block) []chunkCand {
 	return pick
 }
 
-// aliasRuns returns the runs of chunks (see stitchAlias.runs).
-func aliasRuns(chunks []vmChunk) []vmChunk {
-	var runs []vmChunk
-	for i, c := range chunks {
-		if i > 0 && chunks[i-1].end() == c.addr {
-			runs[len(runs)-1].size += c.size
-			continue
-		}
-		runs = append(runs, vmChunk{addr: c.addr, size: c.size})
-	}
-	return runs
-}
-
-// runsOf merges the chunks pick (in the new alias's order, each with its free block) into the
-// alias's runs, each with its free block (a run's chunks lie in one: see pickIn).
+// runsOf merges the chunks pick (in an alias's order, each with its free block or none) into the
+// alias's runs (stitchAlias.runs), each with the block of its first chunk (a run's chunks lie in
+// one: see pickIn).
 func runsOf(pick []chunkCand) []chunkCand {
 	var runs []chunkCand
 	for i, c := range pick {
@@ -528,6 +516,24 @@ func runsOf(pick []chunkCand) []chunkCand {
 		runs = append(runs, chunkCand{vmChunk{addr: c.c.addr, size: c.c.size}, c.b})
 	}
 	return runs
+}
+
+// aliasRuns returns the runs of the alias chunks (stitchAlias.runs).
+func aliasRuns(chunks []vmChunk) []vmChunk {
+	cs := make([]chunkCand, len(chunks))
+	for i, c := range chunks {
+		cs[i].c = c
+	}
+	return runChunks(runsOf(cs))
+}
+
+// runChunks returns the runs of runs without their blocks.
+func runChunks(runs []chunkCand) []vmChunk {
+	rs := make([]vmChunk, len(runs))
+	for i, r := range runs {
+		rs[i] = r.c
+	}
+	return rs
 }
 
 // blockOf returns the index of the block of bs (sorted by address, disjoint) that holds the
@@ -675,7 +681,8 @@ func (p *PoolMemoryResource) newAlias(pick []chunkCand, n int, l *freeList) *blo
 		size += c.c.size
 	}
 	end := e.endAt()
-	lent := p.lendChunks(runsOf(pick))
+	runs := runsOf(pick)
+	lent := p.lendChunks(runs)
 	p.mu.Unlock()
 	va, err := e.vm.reserve(size)
 	if err == nil {
@@ -709,7 +716,7 @@ func (p *PoolMemoryResource) newAlias(pick []chunkCand, n int, l *freeList) *blo
 		p.unlend(lent, l)
 		return nil
 	}
-	a := &stitchAlias{va: va, seq: e.stitches, size: size, chunks: chunks, runs: aliasRuns(chunks), lent: lent}
+	a := &stitchAlias{va: va, seq: e.stitches, size: size, chunks: chunks, runs: runChunks(runs), lent: lent}
 	e.addAlias(a)
 	e.stitches++
 	return p.stitchedBlock(a, n, l, end)

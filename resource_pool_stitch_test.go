@@ -358,13 +358,7 @@ func TestStitchOverHostMemory(t *testing.T) {
 	}
 	require.NoError(t, err)
 	defer p.Close()
-	var ptrs []DevicePtr
-	for range 16 {
-		q, err := p.Allocate(2*mib, DefaultStream)
-		require.NoError(t, err)
-		ptrs = append(ptrs, q)
-	}
-	require.Equal(t, 32*mib, p.PoolSize())
+	ptrs := sixteenBlocksOfOneGrowth(t, p)
 	for i, q := range ptrs {
 		hostBytes(q, 2*mib)[0] = byte(i + 1)
 	}
