@@ -518,6 +518,18 @@ var traceTable = []traceFacts{
 		streams: map[uintptr]int{0: 100717, 0x3bdbde00: 430}, threads: 1,
 		csvSHA256: "0a9f92499e178bc54a03e1f9f9502072ef734a57fcd889d23477e98046509147",
 	},
+	{
+		file: "llm_serve_4streams_kvcache_fp16.csv.gz", events: 110612, allocates: 55310, frees: 55302, failure: 0,
+		neverFreed: 8, neverFreedMiB: "132.0", peakLive: 824295840, distinctSizes: 168,
+		streams: map[uintptr]int{0: 296, 0x1d2170f0: 27750, 0x1d25e1d0: 27522, 0x1d22aa30: 27482, 0x1d24f8b0: 27562}, threads: 1,
+		csvSHA256: "268ded80651440132654ad7a85fc46252d1f7e92db18d98f835712a2408c6351",
+	},
+	{
+		file: "cupy_signal_3streams_1thread.csv.gz", events: 110052, allocates: 55026, frees: 55026, failure: 0,
+		neverFreed: 0, neverFreedMiB: "0.0", peakLive: 1621257168, distinctSizes: 267,
+		streams: map[uintptr]int{0xa54eec0: 75172, 0xa542600: 18396, 0xa5424a0: 16484}, threads: 1,
+		csvSHA256: "d9f557be4c0aae3e71b64c92bcf9e2059f4b20b3fd4b866cc856c92e01167f54",
+	},
 }
 
 // TestReadTraces reads every committed trace and checks it against the figures published with it;
