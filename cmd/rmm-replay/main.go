@@ -104,7 +104,7 @@ func (f *sizeFlag) Set(s string) error {
 
 func main() {
 	err := run(os.Args[1:], os.Stdout, os.Stderr)
-	if err != nil && !errors.Is(err, flag.ErrHelp) {
+	if err != nil && !errors.Is(err, flag.ErrHelp) && !errors.Is(err, errPrinted) {
 		fmt.Fprintln(os.Stderr, "rmm-replay:", err)
 	}
 	os.Exit(exitStatus(err))
@@ -130,7 +130,16 @@ var (
 	// errFailures marks a replay in which allocations failed that the trace did not log as
 	// failures (the report was printed).
 	errFailures = errors.New("allocations failed")
+	// errPrinted marks an error already written to stderr (the flag package writes a flag it
+	// cannot parse, with the usage): main does not write it again.
+	errPrinted = errors.New("already printed")
 )
+
+// printedError is an error that was already written to stderr: it matches errPrinted, and what
+// it wraps.
+type printedError struct{ error }
+
+func (e printedError) Unwrap() []error { return []error{e.error, errPrinted} }
 
 // usagef returns a bad command line's error: "usage: " and the message, matching errUsage.
 func usagef(format string, a ...any) error {
@@ -166,7 +175,7 @@ func run(args []string, stdout, stderr io.Writer) error {
 		if errors.Is(err, flag.ErrHelp) {
 			return err
 		}
-		return fmt.Errorf("%w: %w", errUsage, err)
+		return printedError{fmt.Errorf("%w: %w", errUsage, err)}
 	}
 	if fs.NArg() != 1 {
 		fs.Usage()

@@ -446,6 +446,28 @@ func TestReplayErrorsNameTraceOnce(t *testing.T) {
 	}
 }
 
+// A flag that does not parse is written once, by the flag package with the usage; main does not
+// write it again (errPrinted), but the exit status is still that of a bad command line.
+func TestReplayBadFlagPrintedOnce(t *testing.T) {
+	var out, errOut bytes.Buffer
+	err := run([]string{"-bogus", "x", cupy}, &out, &errOut)
+	require.ErrorIs(t, err, errUsage)
+	require.ErrorIs(t, err, errPrinted)
+	require.Equal(t, 2, exitStatus(err))
+	require.Equal(t, 1, strings.Count(errOut.String(), "flag provided but not defined: -bogus"), errOut.String())
+	require.Contains(t, errOut.String(), "usage: rmm-replay [flags] TRACE.csv[.gz]")
+	// A bad value for a known flag is reported the same way.
+	errOut.Reset()
+	err = run([]string{"-passes", "two", cupy}, &out, &errOut)
+	require.ErrorIs(t, err, errPrinted)
+	require.Contains(t, errOut.String(), `invalid value "two" for flag -passes`)
+	// An error found after parsing is not marked: main writes it.
+	err = run([]string{"-passes", "0", cupy}, &out, &errOut)
+	require.ErrorIs(t, err, errUsage)
+	require.NotErrorIs(t, err, errPrinted)
+	require.Empty(t, out.String())
+}
+
 func TestShortBytes(t *testing.T) {
 	require.Equal(t, "589.5 MiB", shortBytes(618135910))
 	require.Equal(t, "1.471 GiB", shortBytes(1579564032))
