@@ -493,7 +493,10 @@ func (p *PoolMemoryResource) Allocate(nbytes int, s StreamView) (DevicePtr, erro
 	// The stream's own list first, as findBlock would: no unlock, so nothing to pin.
 	var b *block
 	var w takeWait
-	if b = l.bestFit(n); b != nil {
+	if b = l.bestFit(n); b != nil && p.exp != nil && b == p.exp.tail && p.exp.aliases != nil {
+		b = nil // a stitching pool serves the end of the chain last (findEndLast)
+	}
+	if b != nil {
 		b = p.takeOwn(l, b, n)
 	} else if b, w, l, err = p.allocateSlow(l, n, s); err != nil {
 		p.mu.Unlock()
@@ -709,11 +712,16 @@ func (p *PoolMemoryResource) allocateSlow(l *freeList, n int, s StreamView) (*bl
 }
 
 // findBlock takes a free block of at least n bytes for stream s out of the lists — own list l
-// first, then other lists, then merging other lists into l — and returns it cut to n bytes, its
-// remainder left in the list it came from; nil when none is free. A block from another stream's
+// first, then other lists, then merging other lists into l (a stitching pool merges none:
+// findEndLast) — and returns it cut to n bytes, its remainder left in the list it came from; nil
+// when none is free. A block from another stream's
 // list comes with the wait the caller must make once unlocked (s waits for that stream's event).
 // Pool locked, l pinned; a merge unlocks and relocks.
 func (p *PoolMemoryResource) findBlock(l *freeList, n int, s StreamView) (*block, takeWait, error) {
+	if p.exp != nil && p.exp.aliases != nil {
+		b, w := p.findEndLast(l, n)
+		return b, w, nil
+	}
 	if b := l.bestFit(n); b != nil {
 		return p.takeOwn(l, b, n), takeWait{}, nil
 	}
@@ -727,11 +735,6 @@ func (p *PoolMemoryResource) findBlock(l *freeList, n int, s StreamView) (*block
 			continue
 		}
 		if b := o.bestFit(n); b != nil {
-			if p.exp != nil && p.exp.aliases != nil {
-				if sb := p.keptAtEnd(n, l, b); sb != nil {
-					return sb, takeWait{}, nil // the lists lent out of are among its deps
-				}
-			}
 			return p.takeFront(o, b, n), p.beginWait(o), nil
 		}
 	}
@@ -795,12 +798,11 @@ func (p *PoolMemoryResource) findBlock(l *freeList, n int, s StreamView) (*block
 	return nil, takeWait{}, nil
 }
 
-// takeOwn takes a block of n bytes for l's stream out of l, whose best fit is b: in a stitching
-// pool another block when b is the free block at the end of the chain (endLast), or a kept
-// alias (keptAtEnd). Pool locked; it does not unlock.
+// takeOwn takes a block of n bytes for l's stream out of l, whose block b serves it: in a
+// stitching pool a kept alias instead when b is the free block at the end of the chain
+// (keptAtEnd). Pool locked; it does not unlock.
 func (p *PoolMemoryResource) takeOwn(l *freeList, b *block, n int) *block {
 	if p.exp != nil && p.exp.aliases != nil {
-		b = p.endLast(l, n, b)
 		if sb := p.keptAtEnd(n, l, b); sb != nil {
 			return sb
 		}
@@ -811,8 +813,8 @@ func (p *PoolMemoryResource) takeOwn(l *freeList, b *block, n int) *block {
 // growAny grows the pool for an n-byte request on s, whose list is l.
 func (p *PoolMemoryResource) growAny(n int, s StreamView, l *freeList) (*block, error) {
 	if p.exp != nil {
-		// When the free bytes already hold the request (every list was merged into l and the
-		// caches flushed before growing), the pool is fragmented, not exhausted: it maps only
+		// When the free bytes already hold the request (every list was merged into l, or in a
+		// stitching pool searched, and the caches flushed before growing), the pool is fragmented, not exhausted: it maps only
 		// what the request lacks beyond the free block at the end, but at least
 		// expandableFragmentedMin. A growth step there would stay free beside the scattered free
 		// memory. Replayed over an address-only device (-passes 1 / 3), this took GPT-2 LoRA

@@ -22,10 +22,9 @@ import (
 // For free memory to hold whole chunks, growths map handles of at most stitchPiece bytes
 // (pieceSize); cuMemSetAccess covers the adjacent mappings of a growth in one call.
 //
-// Stream order: the chunks come from free blocks of the allocating stream's own list (every list
-// was merged into it before the pool grows), or, through keptAtEnd, of any list: a chunk lent out
-// of another stream's list names that list among the stitched block's deps, which Allocate makes
-// the allocating stream wait for. Where a free block names other streams' lists among
+// Stream order: the chunks come from free blocks of any list (the lists are not merged before a
+// stitching pool grows: findEndLast): a chunk lent out of another stream's list names that list
+// among the stitched block's deps, which Allocate makes the allocating stream wait for. Where a free block names other streams' lists among
 // its deps (memory coalesced across streams, resource_pool_deps.go), the stitched block names them too,
 // and Allocate makes the allocating stream wait for them before it returns the block, as for a
 // block taken whole; its free returns the chunks to the freeing stream's list as any free does.
@@ -129,34 +128,35 @@ const (
 	// ViT at 1.082, and mapped up to twice as many chunks.
 	stitchMinGrowth     = 16 << 20
 	stitchGrowthDivisor = 64
-	// stitchEndLastDivisor: endLast leaves the free block at the end of the chain to requests of
-	// at least the pool's size divided by this. Over the address-only VMM (TestStitchTraces,
-	// three passes, with keptAtEnd): 8 keeps every trace within 0.002 of its footprint without
-	// endLast; with no bound (endLast for every request) and with 4 the VAE decoder, whose
-	// requests reach a third of its pool, took 1.006 instead of 1.004 (a late growth for a
-	// request the free chunks then held 25 MiB too little of); with 16 the one-stream CuPy trace
-	// took 1.014 at pass 3 and its second pass mapped 213 handles instead of none.
-	stitchEndLastDivisor = 8
 )
 
-// stitchCands returns the chunks lying wholly in free blocks of l. Those of blocks that name
-// other lists among their deps are lent too: the stitched block then names those lists, and
-// Allocate makes the allocating stream wait for them before it hands the block out, as it does
-// for a block taken whole.
+// stitchCands returns the chunks lying wholly in free blocks of any list (of l alone with
+// noDepLend). Those of another list, or of blocks that name other lists among their deps, are
+// lent too: the stitched block then names those lists (newAlias), and Allocate makes the
+// allocating stream wait for them before it hands the block out, as it does for a block taken
+// whole.
 func (p *PoolMemoryResource) stitchCands(l *freeList) []chunkCand {
 	e := p.exp
 	var cs []chunkCand
-	// Only blocks of a granule or more can hold a chunk.
-	l.eachAtLeast(e.gran, func(b *block) {
+	add := func(b *block) {
 		if len(b.deps()) == 0 || !e.noDepLend {
 			cs = e.chunksIn(b, cs)
 		}
-	})
+	}
+	// Only blocks of a granule or more can hold a chunk.
+	if e.noDepLend {
+		l.eachAtLeast(e.gran, add)
+		return cs
+	}
+	for _, o := range p.lists {
+		o.eachAtLeast(e.gran, add)
+	}
 	return cs
 }
 
-// stitch serves an n-byte request on l's stream with a stitched block when no free block holds
-// it (every list was merged into l and the caches flushed before: see growAny): it returns the
+// stitch serves an n-byte request on l's stream with a stitched block when no free block of any
+// list holds it (the caches were flushed before, and the end of the chain, if free, moved into
+// l: findEndLast): it returns the
 // block (size n, outside the chain, not free yet; liveBytes already counts the bytes of its
 // chunks beyond n) or nil when the pool should grow instead. again reports that it grew the rest
 // of the request at the end of the chain: the caller searches again, and stitches the next time.
@@ -225,7 +225,7 @@ func pickChunks(cands []chunkCand, n int) ([]chunkCand, int) {
 }
 
 // keptFor returns the smallest kept alias (the oldest of that size: aliasOrder), not live, that
-// serves n bytes and whose chunks all lie wholly in free blocks of l that may lend them (as
+// serves n bytes and whose chunks all lie wholly in free blocks that may lend them (as
 // stitchCands lists them), with those chunks in its order and their blocks; nil when none does.
 func (p *PoolMemoryResource) keptFor(n int, l *freeList) (*stitchAlias, []chunkCand) {
 	e := p.exp
@@ -242,7 +242,11 @@ func (p *PoolMemoryResource) keptFor(n int, l *freeList) (*stitchAlias, []chunkC
 			continue
 		}
 		if bs == nil {
-			bs = p.freeByAddr(l)
+			src := l // nil: every list (the lists lent out of are among the deps: lendAlias)
+			if !e.noDepLend {
+				src = nil
+			}
+			bs = p.freeByAddr(src)
 			defer e.dropScratch()
 		}
 		if pick := pickIn(a, bs); pick != nil {
@@ -342,49 +346,97 @@ func (e *expandable) indexEnds(a *stitchAlias, drop bool) {
 	}
 }
 
-// endLast returns the block of l that serves an n-byte request, b being l's best fit: another
-// block of l when b is the free block at the end of the chain and one fits, as long as n is less
-// than an eighth of the pool (stitchEndLastDivisor) and no other stream's list holds free blocks;
-// else b.
+// findEndLast takes a free block of at least n bytes for the stream of l (findBlock's work in a
+// stitching pool): the best fit in l, else in another stream's list, the free block at the end of
+// the chain (e.tail) only when no other block fits, in whichever list it lies. It returns the
+// block cut to n bytes, or a kept alias lent (keptAtEnd), with the wait the caller must make
+// when it came from another list; nil when nothing fits. The lists are not merged: the pool then
+// grows or stitches, and both take chunks from any list (stitchCands, keptFor), a list other than
+// l named among the stitched block's deps. A free block at the end of the chain too small for the
+// request moves into l naming its list among its deps (the growth extends it, as a free block of
+// l's, and whoever takes it waits for that list). Pool locked; it does not unlock.
 //
-// Why: the first steps of a training loop grow the pool, and a growth leaves what it mapped
-// beyond the request free at the end; the next small requests fit there best and go there.
-// Later steps find the memory of every growth free at the end: it is then the largest block,
-// and the same requests go to the free blocks between live ones instead, so that placement, and
-// the chunks the step's stitches find free, differ from the first step's, and the second step
-// makes new aliases (keptAtEnd covers the stitched requests themselves). Served last, the end
-// of the chain is placed the same way whatever it holds. Over the address-only VMM
-// (TestStitchTraces, three passes), on top of keptAtEnd, the second pass's mappings fell from
-// 6,802 to 1,268 over the twenty traces: the UNet 2,791 → 0, GPT-2 LoRA 1,101 → 0, ViT 798 →
-// 0, Faster R-CNN 417 → 0, DiT 321 → 0, T5 219 → 0, GPT-2 training 96 → 0, the one-stream CuPy
-// trace 85 → 0; the two-thread CuPy trace (151) and the three-stream pipeline (823 → 1,117)
-// are the only ones left mapping. The first pass mapped 93,483 → 93,639 handles. Footprints at
-// passes 1 / 3: the UNet 1.006 → 1.008, GPT-2 LoRA 1.001 → 1.002, T5 1.005 → 1.006; ViT
-// 1.011 → 1.009, GPT-2 training 1.010 / 1.013 → 1.009, DiT 1.010 → 1.008, the video model
-// 1.007 → 1.005, four more 0.001 lower, the rest unchanged. With several streams' free blocks
-// apart, placement depends on which list a block is in, not only on where the end stands: on
-// the two-thread CuPy trace endLast without that condition took the first pass to 1.052
-// (1.045) and mapped as much in the second. The price is CPU where the second pass mapped
-// nothing before: the VAE decoder's later passes now lend aliases of many chunks where they took
-// the end of the chain, 113 → about 250 ns per event over the address-only VMM; lending them a
-// run at a time (pickIn) took that back to 104-138.
-func (p *PoolMemoryResource) endLast(l *freeList, n int, b *block) *block {
-	e := p.exp
-	if b != e.tail || n >= p.size/stitchEndLastDivisor {
-		return b
+// Why: the first pass of a training loop grows the pool, and a growth leaves what it mapped
+// beyond the request free at the end of the chain, where the next small requests fit best. Later
+// passes find every growth's memory free at the end, the largest block; the same requests then
+// go to the free blocks between live ones, placement differs from the first pass's, and so do the
+// chunks its stitches find free: the second pass stitches new aliases. Served last, the end of the
+// chain is placed the same way however much it holds. The list a free block lies in depends on
+// the stream that freed it and on the merges: a pass that grew merged every list into the
+// growing stream's before each growth, a later pass that does not grow merges none, so that a
+// request found a block of its own list in one pass and of another in the next.
+//
+// Replayed over the address-only VMM (TestStitchTraces, twenty-four traces, four passes), this
+// replaces endLast, which served the end last in the stream's own list only, only for requests
+// under an eighth of the pool, and only while no other list held free blocks, and the merges
+// before a growth. The second pass's mappings: the two-thread CuPy trace 151 → 0, the
+// three-stream CuPy pipeline 563 → 0 (and its third pass 598 → 0), the SegFormer 7,683 → 7,739;
+// the third passes map none. Peak mapped / peak live at passes 1 / 3: the two-thread CuPy trace
+// 1.045 / 1.055 → 1.045 / 1.045 (its page floor at the old placement was 1.055), the
+// three-stream pipeline 1.027 → 1.022, the three-stream CuPy pipeline 1.005 / 1.010 → 1.012 /
+// 1.012, the VAE decoder 1.004 → 1.006 (without the eighth's bound), the SegFormer 1.003 /
+// 1.004 → 1.002 / 1.003; the nineteen others the same, with the same driver calls. The first
+// pass mapped 118,508 → 116,938 handles. Takes from another stream's list, each a wait for its
+// event, about doubled on the multi-stream traces (the three-stream pipeline: 866 → 2,244 a
+// pass over 55,124 allocations, with the model of stream order).
+func (p *PoolMemoryResource) findEndLast(l *freeList, n int) (*block, takeWait) {
+	t := p.exp.tail
+	if t != nil && (!t.free || t.list == nil) {
+		t = nil // live, or out of the lists while the pool is unlocked
 	}
+	if b := bestFitBut(l, n, t); b != nil {
+		return p.takeOwn(l, b, n), takeWait{}
+	}
+	// Blocks in the other streams' caches are free memory: put them where this search sees them.
+	p.flushCaches()
 	for _, o := range p.lists {
-		if o != l && o.count > 0 {
-			return b
+		if o == l {
+			continue
+		}
+		if b := bestFitBut(o, n, t); b != nil {
+			return p.takeOther(l, o, b, n)
 		}
 	}
-	l.remove(b)
-	o := l.bestFit(n)
-	l.insert(b)
-	if o == nil {
+	if t = p.exp.tail; t == nil || !t.free || t.list == nil {
+		return nil, takeWait{}
+	}
+	o := t.list
+	if t.size >= n {
+		if o == l {
+			return p.takeOwn(l, t, n), takeWait{}
+		}
+		return p.takeOther(l, o, t, n)
+	}
+	if o != l {
+		// As a free into l naming o (freeInto coalesces it with l's neighbours, and drops l
+		// from its deps: l's takers are ordered after l's frees).
+		o.remove(t)
+		p.addDep(t, o)
+		p.freeInto(l, t)
+	}
+	return nil, takeWait{}
+}
+
+// takeOther takes n bytes of b, a free block of another stream's list o, for l's stream: a kept
+// alias instead when b is the end of the chain (keptAtEnd; the lists it lends out of are among
+// its deps), else b cut to n bytes with the wait for o the caller makes once unlocked.
+func (p *PoolMemoryResource) takeOther(l, o *freeList, b *block, n int) (*block, takeWait) {
+	if sb := p.keptAtEnd(n, l, b); sb != nil {
+		return sb, takeWait{}
+	}
+	return p.takeFront(o, b, n), p.beginWait(o)
+}
+
+// bestFitBut returns o's best fit for n bytes other than the block x (nil: none).
+func bestFitBut(o *freeList, n int, x *block) *block {
+	b := o.bestFit(n)
+	if b == nil || b != x {
 		return b
 	}
-	return o
+	o.remove(x)
+	b = o.bestFit(n)
+	o.insert(x)
+	return b
 }
 
 // keptAtEnd serves an n-byte request on l's stream, whose best fit (in l, or in another stream's
@@ -405,12 +457,13 @@ func (p *PoolMemoryResource) endLast(l *freeList, n int, b *block) *block {
 // ResNet-50 294 → 0, GPT-2 generation 66 → 0, DLRM 8 → 0, the UNet 2,940 → 2,791; but GPT-2
 // LoRA rose 930 → 1,101, ViT 510 → 798 and T5 196 → 219, where placement differs for other
 // reasons (small requests that the first step placed in what a growth left free at the end,
-// which later steps place elsewhere: see endLast). Footprints at passes 1 and 3 stayed within 0.002 (GPT-2
+// which later steps place elsewhere: see findEndLast). Footprints at passes 1 and 3 stayed within 0.002 (GPT-2
 // generation 1.009 → 1.011, the VAE decoder 1.002 → 1.004; ResNet-50 1.008 → 1.007 and ViT
 // 1.012 → 1.011 at pass 3). The first pass mapped 94,370 → 93,483 handles.
 //
-// Where several streams allocate, the first pass stitched after merging every list into the
-// allocating stream's (findBlock, before growing), and a later pass, which does not grow, finds
+// Where several streams allocate, the first pass stitched (when this was measured) after merging
+// every list into the allocating stream's (findBlock, before growing; since findEndLast, no
+// list is merged), and a later pass, which does not grow, finds
 // the end of the chain in another stream's list and the alias's chunks spread over several
 // lists: so the request taken from another list, and the chunks lent out of any. Over the
 // address-only VMM (TestStitchTraces, three passes; keptAtEnd then looked at l alone), the
@@ -668,9 +721,10 @@ func (p *PoolMemoryResource) unlend(lent []*block, l *freeList) *block {
 	return last
 }
 
-// newAlias lends the chunks pick (holding at least n bytes) out of l, maps them back to back into
-// a new reservation and returns the stitched block over it; nil when a driver call failed (the
-// chunks are then free in l again and the caller grows). The driver calls are made unlocked,
+// newAlias lends the chunks pick (holding at least n bytes) out of their lists for l's stream
+// (another stream's list named among the stitched block's deps), maps them back to back into a
+// new reservation and returns the stitched block over it; nil when a driver call failed (the
+// chunks are then free in l again, with those deps, and the caller grows). The driver calls are made unlocked,
 // the lent blocks out of every list meanwhile.
 func (p *PoolMemoryResource) newAlias(pick []chunkCand, n int, l *freeList) *block {
 	e := p.exp
@@ -682,7 +736,21 @@ func (p *PoolMemoryResource) newAlias(pick []chunkCand, n int, l *freeList) *blo
 	}
 	end := e.endAt()
 	runs := runsOf(pick)
+	var from []*freeList // by index in runs: the other stream's list it is lent out of
+	for i, r := range runs {
+		if o := r.b.list; o != l {
+			if from == nil {
+				from = make([]*freeList, len(runs))
+			}
+			from[i] = o
+		}
+	}
 	lent := p.lendChunks(runs)
+	for i, o := range from {
+		if o != nil {
+			p.addDep(lent[i], o) // passes to the stitched block (stitchedBlock)
+		}
+	}
 	p.mu.Unlock()
 	va, err := e.vm.reserve(size)
 	if err == nil {

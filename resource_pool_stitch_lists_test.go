@@ -226,3 +226,103 @@ func TestStitchKeptAtEndFailedWait(t *testing.T) {
 		})
 	}
 }
+
+// A stitching pool over the fake device and its model of stream order, 2 MiB pieces, with two
+// streams A and B.
+func newEndLastPool(t *testing.T) (*poolSyncEnv, *PoolMemoryResource, *countingVMM, [2]StreamView, [2]int) {
+	vm := newGatedVMM(0)
+	cv := newCountingVMM(vm.vmm)
+	vm.vmm = cv
+	p := newExpTestPool(t, vm, PoolOptions{MaximumPoolSize: 1 << 30, stitchPiece: 2 * mib})
+	e := newPoolSyncEnv(t, p)
+	vm.check = e.checkReturned
+	sa, _, ia := e.stream(0xa, "A")
+	sb, _, ib := e.stream(0xb, "B")
+	return e, p, cv, [2]StreamView{sa, sb}, [2]int{ia, ib}
+}
+
+// The free block at the end of the chain is served last, whatever list it lies in (findEndLast):
+// A's own best fit is the end (in A's list), but a block of B's list fits, so A takes that one,
+// ordered after B's free by a wait.
+func TestStitchEndServedLastAcrossLists(t *testing.T) {
+	e, p, _, s, i := newEndLastPool(t)
+	a := e.mustAlloc(4*mib, s[0], i[0])
+	require.Equal(t, 16*mib, p.PoolSize(), "one growth of 16 MiB, the rest free at the end in A's list")
+	b := e.mustAlloc(8*mib, s[1], i[1])
+	require.Equal(t, a+4*mib, b, "B takes the end of the chain out of A's list")
+	sep := e.mustAlloc(2*mib, s[1], i[1])
+	require.Equal(t, b+8*mib, sep)
+	e.mustFree(b, 8*mib, s[1], i[1]) // 8 MiB free in B's list, between two live blocks
+	q := e.mustAlloc(2*mib, s[0], i[0])
+	require.Equal(t, b, q, "the block of B's list, not the 2 MiB left at the end in A's list")
+	require.Equal(t, 16*mib, p.PoolSize())
+	require.Empty(t, e.f.errors())
+	require.NoError(t, p.CheckInvariants())
+	for _, x := range []struct {
+		ptr DevicePtr
+		n   int
+		s   int
+	}{{a, 4 * mib, 0}, {q, 2 * mib, 0}, {sep, 2 * mib, 1}} {
+		e.mustFree(x.ptr, x.n, s[x.s], i[x.s])
+	}
+	e.done()
+	require.NoError(t, depCheckDepRefs(p))
+	require.NoError(t, p.Close())
+}
+
+// The end of the chain, too small for B's request and freed on A, moves into B's list naming A;
+// the growth extends it, and B is ordered after A's free of the bytes it gets.
+func TestStitchEndMovesToGrowingList(t *testing.T) {
+	e, p, _, s, i := newEndLastPool(t)
+	a := e.mustAlloc(4*mib, s[0], i[0])
+	a2 := e.mustAlloc(10*mib, s[0], i[0])
+	require.Equal(t, a+4*mib, a2)
+	e.mustFree(a2, 10*mib, s[0], i[0]) // the end of the chain: 12 MiB in A's list, used on A
+	q := e.mustAlloc(14*mib, s[1], i[1])
+	require.Equal(t, a+4*mib, q, "the growth extended the end of the chain")
+	require.Greater(t, p.PoolSize(), 16*mib)
+	require.Empty(t, e.f.errors())
+	require.NoError(t, p.CheckInvariants())
+	e.mustFree(q, 14*mib, s[1], i[1])
+	e.mustFree(a, 4*mib, s[0], i[0])
+	e.done()
+	require.NoError(t, depCheckDepRefs(p))
+	require.NoError(t, p.Close())
+}
+
+// A request on A that no free block holds is stitched from chunks of B's list (the lists are
+// not merged first): the stitched block names B's list, and A is ordered after B's frees.
+func TestStitchChunksOfAnotherList(t *testing.T) {
+	e, p, cv, s, i := newEndLastPool(t)
+	var blocks []DevicePtr
+	for range 17 {
+		blocks = append(blocks, e.mustAlloc(2*mib, s[1], i[1]))
+	}
+	require.Equal(t, 48*mib, p.PoolSize())
+	var even []DevicePtr
+	for k := 0; k < 16; k += 2 {
+		e.mustFree(blocks[k], 2*mib, s[1], i[1]) // used, then freed, on B
+		even = append(even, blocks[k])
+	}
+	maps, deps := cv.counts().maps, p.exp.stitchedDeps
+	q := e.mustAlloc(16*mib, s[0], i[0])
+	require.Equal(t, 1, p.exp.stitches)
+	require.Equal(t, 48*mib, p.PoolSize(), "stitched, not grown")
+	require.Equal(t, maps+8, cv.counts().maps)
+	require.Greater(t, p.exp.stitchedDeps, deps, "the stitched block names B's list")
+	var cs []DevicePtr
+	for _, c := range p.exp.aliases[q].chunks {
+		cs = append(cs, c.addr)
+	}
+	slices.Sort(cs)
+	require.Equal(t, even, cs, "the chunks B freed")
+	require.Empty(t, e.f.errors())
+	require.NoError(t, p.CheckInvariants())
+	e.mustFree(q, 16*mib, s[0], i[0])
+	for k := 1; k < 17; k += 2 {
+		e.mustFree(blocks[k], 2*mib, s[1], i[1])
+	}
+	e.done()
+	require.NoError(t, depCheckDepRefs(p))
+	require.NoError(t, p.Close())
+}
