@@ -219,6 +219,10 @@ type PoolMemoryResource struct {
 	mu sync.Mutex
 	// The per-stream free lists, with the device, its context and the driver (stream_order.go).
 	poolStreams
+	// lastList is the list byStream gave last (nil at first): while it is not dropped it is
+	// still its stream's, so that a run of calls on one stream finds its list with no map
+	// lookup (listOf).
+	lastList   *freeList
 	size       int // bytes taken from upstream
 	upstreams  map[DevicePtr]int
 	live       blockTable // allocated blocks by address
@@ -481,7 +485,7 @@ func (p *PoolMemoryResource) Allocate(nbytes int, s StreamView) (DevicePtr, erro
 		return 0, errorf("PoolMemoryResource.Allocate: called after Close: %w", ErrClosed)
 	}
 	var err error
-	l, ok := p.byStream[s.id] // listFor's common case, spelt out
+	l, ok := p.listOf(s.id) // listFor's common case, spelt out
 	if !ok || l.closed {
 		if l, err = p.listFor(s); err != nil {
 			p.mu.Unlock()
@@ -493,11 +497,15 @@ func (p *PoolMemoryResource) Allocate(nbytes int, s StreamView) (DevicePtr, erro
 	// The stream's own list first, as findBlock would: no unlock, so nothing to pin.
 	var b *block
 	var w takeWait
-	if b = l.bestFit(n); b != nil && p.exp != nil && b == p.exp.tail && p.exp.aliases != nil {
+	if b = l.bestFit(n); b != nil && p.exp != nil && p.exp.aliases != nil && b == p.exp.tail {
 		b = nil // a stitching pool serves the end of the chain last (findEndLast)
 	}
 	if b != nil {
-		b = p.takeOwn(l, b, n)
+		if p.exp == nil || p.exp.aliases == nil {
+			b = p.takeFront(l, b, n) // takeOwn's common case, spelt out
+		} else {
+			b = p.takeOwn(l, b, n)
+		}
 	} else if b, w, l, err = p.allocateSlow(l, n, s); err != nil {
 		p.mu.Unlock()
 		var oom *OutOfMemoryError
@@ -525,6 +533,38 @@ func (p *PoolMemoryResource) Allocate(nbytes int, s StreamView) (DevicePtr, erro
 		}
 		return ptr, nil
 	}
+	ptr, sampled, err := p.allocateWaited(b, l, w, dw, deps, s, n, nbytes)
+	if err != nil {
+		return 0, err
+	}
+	if sampled {
+		p.prof.recordBlock(b, nbytes)
+	}
+	return ptr, nil
+}
+
+// listOf returns the list of the stream whose StreamView.ID is id, if the pool has one (pool
+// locked). A list stays its stream's until dropped (dropList), and a stream gets a new list only
+// once its old one was dropped: the list found last serves while it is not dropped.
+func (p *PoolMemoryResource) listOf(id uint64) (*freeList, bool) {
+	if l := p.lastList; l != nil && l.stream.id == id && !l.dropped {
+		return l, true
+	}
+	l, ok := p.byStream[id]
+	if ok {
+		p.lastList = l
+	}
+	return l, ok
+}
+
+// allocateWaited ends an Allocate of nbytes (n rounded) on s, whose list is l, for the block b
+// (allocated, in the live table) that must wait before the caller uses it: taken from another
+// stream's list (w), or holding memory freed on other streams (dw, b's former deps being deps).
+// It unlocks the pool for the waits and returns b's address, or the failed wait's error (b back
+// in a list), and whether the allocation is sampled (pool locked; it unlocks). Kept out of
+// Allocate, whose common path needs none of it.
+func (p *PoolMemoryResource) allocateWaited(b *block, l *freeList, w takeWait, dw []takeWait, deps []*freeList, s StreamView, n, nbytes int) (DevicePtr, bool, error) {
+	ptr := b.addr
 	// Taken from another stream's list, or holding memory freed on other streams: the block is
 	// allocated (no one else can see it) and reaches the caller only once s waits for the
 	// freeing streams. If a wait fails the block goes back to home (w.o, pinned by beginWait, or
@@ -591,12 +631,9 @@ func (p *PoolMemoryResource) Allocate(nbytes int, s StreamView) (DevicePtr, erro
 	sampled := werr == nil && p.prof.take(&p.profLeft, nbytes)
 	p.mu.Unlock()
 	if werr != nil {
-		return 0, werr
+		return 0, false, werr
 	}
-	if sampled {
-		p.prof.recordBlock(b, nbytes)
-	}
-	return ptr, nil
+	return ptr, sampled, nil
 }
 
 // allocateSlow finds or grows a free block of n bytes for s, whose list is l, and returns it cut
@@ -1122,8 +1159,12 @@ func (p *PoolMemoryResource) Deallocate(ptr DevicePtr, nbytes int, s StreamView)
 	if ptr == 0 {
 		return nil
 	}
-	if done, err := p.deallocateCached(ptr, nbytes, s); done || err != nil {
-		return err
+	// A cache hands out blocks of at most poolCacheMaxBlock bytes; a larger nbytes asked for one
+	// of them is found by takeIssued below, and fails there as it would here.
+	if nbytes <= poolCacheMaxBlock {
+		if done, err := p.deallocateCached(ptr, nbytes, s); done || err != nil {
+			return err
+		}
 	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -1147,28 +1188,13 @@ func (p *PoolMemoryResource) Deallocate(ptr DevicePtr, nbytes int, s StreamView)
 	// is in l a taker may wait on l's event, which must hold this record by then (moving it out
 	// would need the block kept out of l until the record is made, a second lock round trip on
 	// every such free).
-	l, ok := p.byStream[s.id]
-	switch {
-	case ok && !l.closed && (l.lazy || p.ctx == 0):
+	l, ok := p.listOf(s.id)
+	if ok && !l.closed && (l.lazy || p.ctx == 0) {
 		l.dirty = true // freeTo's common case, spelt out: s's own list, no record to make
-	default:
+	} else {
 		var err error
 		at = -1
-		l, s, err = p.freeTo(s, func() error {
-			if p.ctx == 0 {
-				return nil
-			}
-			p.live.del(ptr)
-			p.merging++
-			p.mu.Unlock()
-			err := p.syncClosed(s)
-			p.mu.Lock()
-			p.merging--
-			p.wake()
-			p.live.put(b)
-			return err
-		})
-		if err != nil {
+		if l, s, err = p.freeListOf(ptr, b, s); err != nil {
 			return err
 		}
 	}
@@ -1188,7 +1214,7 @@ func (p *PoolMemoryResource) Deallocate(ptr DevicePtr, nbytes int, s StreamView)
 		}
 		return nil
 	}
-	if p.cacheFree(l, b, s) {
+	if b.size <= poolCacheMaxBlock && p.cacheFree(l, b, s) { // (cacheFree takes no larger block)
 		return nil
 	}
 	p.liveBytes -= b.size
@@ -1197,6 +1223,26 @@ func (p *PoolMemoryResource) Deallocate(ptr DevicePtr, nbytes int, s StreamView)
 		p.trimIfOver(b)
 	}
 	return nil
+}
+
+// freeListOf returns the list the allocated block b at ptr is freed into on s, and the stream it is
+// then ordered on (freeTo; pool locked, it may unlock). Kept out of Deallocate, whose common
+// case needs none of it.
+func (p *PoolMemoryResource) freeListOf(ptr DevicePtr, b *block, s StreamView) (*freeList, StreamView, error) {
+	return p.freeTo(s, func() error {
+		if p.ctx == 0 {
+			return nil
+		}
+		p.live.del(ptr)
+		p.merging++
+		p.mu.Unlock()
+		err := p.syncClosed(s)
+		p.mu.Lock()
+		p.merging--
+		p.wake()
+		p.live.put(b)
+		return err
+	})
 }
 
 // freeInto makes b free in list l, coalescing it with its address neighbours that are free in
@@ -1209,15 +1255,17 @@ func (p *PoolMemoryResource) Deallocate(ptr DevicePtr, nbytes int, s StreamView)
 func (p *PoolMemoryResource) freeInto(l *freeList, b *block) *block {
 	b.free, b.slack = true, 0
 	l.frees++
-	if len(b.deps()) > 0 {
+	noDeps := len(b.deps()) == 0
+	if !noDeps {
 		p.forgetDropped(b)
+		noDeps = len(b.deps()) == 0
 	}
 	// The next neighbour free in l, alone in its class's treap, with no other neighbour to
 	// coalesce with: it takes b's bytes with no treap's descent (see resize and takeFront). The
 	// neighbours are checked against the merged size, as the loop below checks them after a
 	// merge; nx's next needs no check when nx alone reaches poolCrossCoalesceMin (had it joined
 	// nx, it would have then).
-	if nx := b.next; len(b.deps()) == 0 && nx != nil && nx.free && nx.list == l &&
+	if nx := b.next; noDeps && nx != nil && nx.free && nx.list == l &&
 		!joins(b.prev, l, nx.size+b.size) && (nx.size >= poolCrossCoalesceMin || !joins(nx.next, l, nx.size+b.size)) &&
 		l.resize(nx, nx.size+b.size) {
 		nx.addr = b.addr

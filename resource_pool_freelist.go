@@ -62,10 +62,17 @@ func (b *block) req() int { return b.size - int(b.slack) }
 // setReq records n as the size asked for b, whose size is n rounded up to Alignment.
 func (b *block) setReq(n int) {
 	d := b.size - n
-	if d < 0 || d >= Alignment {
-		panic(fmt.Sprintf("rmm: a pool block of %d bytes handed out for %d", b.size, n))
+	if uint(d) >= Alignment {
+		badReq(b.size, n)
 	}
 	b.slack = uint8(d)
+}
+
+// badReq panics: a block of size bytes was handed out for n (out of line, so that setReq inlines).
+//
+//go:noinline
+func badReq(size, n int) {
+	panic(fmt.Sprintf("rmm: a pool block of %d bytes handed out for %d", size, n))
 }
 
 // deps returns the lists whose events a taker of b must also wait on (resource_pool_deps.go).
