@@ -91,8 +91,25 @@ func (l *freeList) noteAllocation(n int) {
 func (l *freeList) asksFor(n int) bool { return slices.Contains(l.recent[:], n) }
 
 func (p *PoolMemoryResource) cacheOf(s StreamView) *poolCache {
-	c, _ := p.caches.Load().find(s.id)
-	return c
+	m := p.caches.Load()
+	if m == nil {
+		return nil
+	}
+	if len(m.ids) > streamSetScan {
+		c, _ := m.lookup(s.id)
+		return c
+	}
+	// streamSet.find's scan, spelt out: its generic body is not inlined, and this is on every
+	// allocation and free.
+	for i, x := range m.ids {
+		if x >= s.id {
+			if x == s.id {
+				return m.vals[i]
+			}
+			break
+		}
+	}
+	return nil
 }
 
 // allocateCached takes a block of exactly n bytes (rounded) from s's cache, for a request of
@@ -145,7 +162,7 @@ func (p *PoolMemoryResource) deallocateCached(ptr DevicePtr, nbytes int, s Strea
 		c.mu.Unlock()
 		return false, nil
 	}
-	b := c.issued.get(ptr)
+	i, b := c.issued.at(ptr)
 	if b == nil {
 		c.mu.Unlock()
 		return false, nil
@@ -158,7 +175,7 @@ func (p *PoolMemoryResource) deallocateCached(ptr DevicePtr, nbytes int, s Strea
 	if p.prof != nil { // only the pool's own profile samples its blocks
 		b.dropSample()
 	}
-	c.issued.del(ptr)
+	c.issued.delAt(i)
 	c.slots[c.n] = b // the asked size stays: see allocateCached
 	c.n++
 	c.mu.Unlock()
