@@ -1303,12 +1303,12 @@ func (p *PoolMemoryResource) freeInto(l *freeList, b *block) *block {
 func (p *PoolMemoryResource) newBlock(ptr DevicePtr, n int) *block {
 	var b *block
 	if k := len(p.spare); k > 0 {
-		b = p.spare[k-1]
+		b = p.spare[k-1] // zeroed by recycle
 		p.spare = p.spare[:k-1]
 	} else {
 		b = new(block)
 	}
-	*b = block{addr: ptr, size: n, free: true}
+	b.addr, b.size, b.free = ptr, n, true
 	return b
 }
 
