@@ -35,14 +35,13 @@ import (
 // after a host wait for the work behind every free, as Release waits before it unmaps chunks:
 // unmap does not wait for the device.
 //
-// Why it is not on by default: on the twenty-two traces of testdata/traces, replayed on an H200
-// (BENCHMARKS.md, eighteenth and nineteenth runs), a stitching pool takes 1.001-1.055 x peak live
-// at passes 1 and 3 (the two-thread CuPy trace at its 2 MiB page floor), against 1.001-1.545
-// without stitching, with no driver call after the second pass (after the first on one-stream
-// traces and the three-stream one). But the first pass makes 17 to 260 times as many mappings
-// (T5: 8.4 µs per event, the driver's 40-57 µs per mapping, serialised), and the median of three
-// passes costs 93-234 ns per event where the pool without stitching runs at 108-229, and 3.3 µs
-// on the SegFormer, whose second pass still maps. Over the
+// Why it is not on by default: on the twenty-five traces of testdata/traces, replayed on an H200
+// (BENCHMARKS.md, twentieth run), a stitching pool takes 1.001-1.045 x peak live at passes 1 and
+// 3, against 1.001-1.545 without stitching, with no driver call after the first pass but on the
+// SegFormer (its second pass maps). But the first pass makes 17 to 260 times as many mappings
+// (T5: 11 µs per event, the driver's 40-57 µs per mapping, serialised), and the median of three
+// passes costs 131-260 ns per event where the pool without stitching runs at 82-258, and 3.7 µs
+// on the SegFormer. Over the
 // address-only VMM (TestStitchTraces), 8 MiB pieces left the two multi-stream traces at 1.126 /
 // 1.147 and 1.093 / 1.104; without stitchRest, LoRA and GPT-2 training got worse than without
 // stitching (1.071 / 1.083 at 2 MiB against 1.006 / 1.019).

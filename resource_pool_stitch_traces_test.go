@@ -165,18 +165,24 @@ func TestStitchReplaysAtEnd(t *testing.T) {
 // lists for Allocate to wait on. (Without those lists among the deps, the model saw stream 2
 // handed bytes stream 3 had freed, at line 5783 of the first pass.)
 //
-// The model also replays the two multi-stream traces recorded after that change (the
-// four-stream language-model service, the three-stream CuPy pipeline). Each pass gives every
-// stream a new one and the last pass's stay alive, with their lists: the second pass maps no
-// handle there either (before findEndLast they mapped 43 and 563 handles).
+// The model also replays the three multi-stream traces recorded after that change (the
+// four-stream language-model service, the three-stream CuPy pipeline, and a GPT trained beside a
+// side stream, recorded after findEndLast). Each pass gives every stream a new one and the last
+// pass's stay alive, with their lists. The first two map no handle in their second pass there
+// either (before findEndLast they mapped 43 and 563); the GPT maps 9,875 there (none in
+// rmm-replay's passes, whose streams end with the pass), as the SegFormer does in both: the
+// side stream's list, left holding free memory by the first pass, places the second pass's
+// requests elsewhere.
 func TestStitchTraceStreamOrder(t *testing.T) {
 	for _, tc := range []struct {
 		name      string
+		steady    bool // the second pass maps no handle
 		otherDeps bool // the second pass's stitched blocks lend out of other lists
 	}{
-		{"torch_3streams_resnet18_encoder_fp16", true},
-		{"llm_serve_4streams_kvcache_fp16", false},
-		{"cupy_signal_3streams_1thread", false},
+		{"torch_3streams_resnet18_encoder_fp16", true, true},
+		{"llm_serve_4streams_kvcache_fp16", true, false},
+		{"cupy_signal_3streams_1thread", true, false},
+		{"gpt_ema_sidestream_train_bf16", false, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			events, err := ReadLogFile(filepath.Join("testdata", "traces", tc.name+".csv.gz"))
@@ -208,7 +214,9 @@ func TestStitchTraceStreamOrder(t *testing.T) {
 				maps[pass], deps[pass] = vm.counts().maps, p.exp.stitchedDeps
 			}
 			require.Positive(t, p.exp.stitches, "the trace stitches")
-			require.Equal(t, maps[0], maps[1], "the second pass maps no handle")
+			if tc.steady {
+				require.Equal(t, maps[0], maps[1], "the second pass maps no handle")
+			}
 			if tc.otherDeps {
 				require.Greater(t, deps[1], deps[0], "stitched blocks of the second pass named other streams' lists")
 			}
