@@ -530,6 +530,12 @@ var traceTable = []traceFacts{
 		streams: map[uintptr]int{0xa54eec0: 75172, 0xa542600: 18396, 0xa5424a0: 16484}, threads: 1,
 		csvSHA256: "d9f557be4c0aae3e71b64c92bcf9e2059f4b20b3fd4b866cc856c92e01167f54",
 	},
+	{
+		file: "gpt_ema_sidestream_train_bf16.csv.gz", events: 110023, allocates: 55014, frees: 55009, failure: 0,
+		neverFreed: 5, neverFreedMiB: "98.0", peakLive: 11906382600, distinctSizes: 106,
+		streams: map[uintptr]int{0: 103103, 0xf4a5b70: 6920}, threads: 1,
+		csvSHA256: "4e473b06e419b0989b608fd4be215b8a7feb9a582de0fc5010062fb46df9775e",
+	},
 }
 
 // TestReadTraces reads every committed trace and checks it against the figures published with it;
