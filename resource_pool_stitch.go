@@ -37,8 +37,8 @@ import (
 //
 // Why it is not on by default: on the twenty-five traces of testdata/traces, replayed on an H200
 // (BENCHMARKS.md, twentieth run), a stitching pool takes 1.001-1.045 x peak live at passes 1 and
-// 3, against 1.001-1.545 without stitching, with no driver call after the first pass but on the
-// SegFormer (its second pass maps). But the first pass makes 17 to 260 times as many mappings
+// 3, against 1.001-1.545 without stitching, with no driver call after the first pass (the
+// SegFormer's second pass mapped then; see findEndLast). But the first pass makes 17 to 260 times as many mappings
 // (T5: 11 µs per event, the driver's 40-57 µs per mapping, serialised), and the median of three
 // passes costs 131-260 ns per event where the pool without stitching runs at 82-258, and 3.7 µs
 // on the SegFormer. Over the
@@ -378,6 +378,16 @@ func (e *expandable) indexEnds(a *stitchAlias, drop bool) {
 // pass mapped 118,508 → 116,938 handles. Takes from another stream's list, each a wait for its
 // event, about doubled on the multi-stream traces (the three-stream pipeline: 866 → 2,244 a
 // pass over 55,124 allocations, with the model of stream order).
+//
+// The end of the chain, taken for a request of another stream than the one whose list holds it,
+// moves into that stream's list first, so that the rest stays there: a first pass grows the end
+// for the stream that asks, and its rest lies in that stream's list, where the later passes,
+// which find the end free and large, then leave it too. Before, the rest stayed in the list that
+// held the end: the SegFormer's side stream took its first blocks from the default stream's list
+// in the second pass and from its own in the first, the blocks its default stream took next
+// differed (its 216th allocation on), and so did every stitch after that: its second pass mapped
+// 7,739 handles for 18 new aliases. Now 0 (TestStitchTraces, four passes; 1.002 / 1.003 → 1.002 /
+// 1.002), and the other twenty-four traces make the same driver calls with the same footprints.
 func (p *PoolMemoryResource) findEndLast(l *freeList, n int) (*block, takeWait) {
 	t := p.exp.tail
 	if t != nil && (!t.free || t.list == nil) {
@@ -404,7 +414,16 @@ func (p *PoolMemoryResource) findEndLast(l *freeList, n int) (*block, takeWait) 
 		if o == l {
 			return p.takeOwn(l, t, n), takeWait{}
 		}
-		return p.takeOther(l, o, t, n)
+		if sb := p.keptAtEnd(n, l, t); sb != nil {
+			return sb, takeWait{}
+		}
+		// The end moves into l naming o, as when it is too small below: what the request leaves
+		// of it stays in l, where a growth for l would have left it (see the note on the
+		// SegFormer above). Whoever takes it waits for o (its deps), this request included.
+		o.remove(t)
+		p.addDep(t, o)
+		t = p.freeInto(l, t)
+		return p.takeFront(l, t, n), takeWait{}
 	}
 	if o != l {
 		// As a free into l naming o (freeInto coalesces it with l's neighbours, and drops l

@@ -137,7 +137,7 @@ func TestStitchTraces(t *testing.T) {
 // merged before a growth (findEndLast), the two-thread CuPy trace's made 151 and the
 // three-stream CuPy pipeline's 563.
 func TestStitchReplaysAtEnd(t *testing.T) {
-	for _, name := range []string{"gnn_mpnn_varsize_fp32", "resnet50_train_b64_fp32", "unet_diffusion_multiscale_bf16", "torch_3streams_resnet18_encoder_fp16", "cupy_fft_linalg_2threads", "cupy_signal_3streams_1thread"} {
+	for _, name := range []string{"gnn_mpnn_varsize_fp32", "resnet50_train_b64_fp32", "unet_diffusion_multiscale_bf16", "torch_3streams_resnet18_encoder_fp16", "cupy_fft_linalg_2threads", "cupy_signal_3streams_1thread", "segformer_mit_train_varcrop_2streams_bf16"} {
 		t.Run(name, func(t *testing.T) {
 			events, err := ReadLogFile(filepath.Join("testdata", "traces", name+".csv.gz"))
 			require.NoError(t, err)
@@ -170,9 +170,11 @@ func TestStitchReplaysAtEnd(t *testing.T) {
 // side stream, recorded after findEndLast). Each pass gives every stream a new one and the last
 // pass's stay alive, with their lists. The first two map no handle in their second pass there
 // either (before findEndLast they mapped 43 and 563); the GPT maps 9,875 there (none in
-// rmm-replay's passes, whose streams end with the pass), as the SegFormer does in both: the
-// side stream's list, left holding free memory by the first pass, places the second pass's
-// requests elsewhere.
+// rmm-replay's passes, whose streams end with the pass; its third pass maps none either way):
+// the side stream's list, left holding free memory by the first pass, places the second pass's
+// requests elsewhere. The SegFormer maps none in its second pass since the end of the chain
+// moves into the list of the stream that takes it (findEndLast; 7,739 before, here and in
+// rmm-replay's passes).
 func TestStitchTraceStreamOrder(t *testing.T) {
 	for _, tc := range []struct {
 		name      string
@@ -183,6 +185,7 @@ func TestStitchTraceStreamOrder(t *testing.T) {
 		{"llm_serve_4streams_kvcache_fp16", true, false},
 		{"cupy_signal_3streams_1thread", true, false},
 		{"gpt_ema_sidestream_train_bf16", false, false},
+		{"segformer_mit_train_varcrop_2streams_bf16", true, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			events, err := ReadLogFile(filepath.Join("testdata", "traces", tc.name+".csv.gz"))
@@ -214,6 +217,7 @@ func TestStitchTraceStreamOrder(t *testing.T) {
 				maps[pass], deps[pass] = vm.counts().maps, p.exp.stitchedDeps
 			}
 			require.Positive(t, p.exp.stitches, "the trace stitches")
+			t.Logf("second pass: %d maps", maps[1]-maps[0])
 			if tc.steady {
 				require.Equal(t, maps[0], maps[1], "the second pass maps no handle")
 			}
