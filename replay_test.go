@@ -11,6 +11,7 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -555,6 +556,7 @@ func TestReadTraces(t *testing.T) {
 
 			var allocs, frees, failures int
 			live := map[DevicePtr]int{}
+			var starts []DevicePtr // the live allocations' pointers, sorted
 			var liveBytes, peak int
 			sizes := map[int]bool{}
 			streams := map[uintptr]int{}
@@ -580,6 +582,15 @@ func TestReadTraces(t *testing.T) {
 					if _, dup := live[e.Pointer]; dup {
 						t.Fatalf("line %d allocates a live pointer", e.Line)
 					}
+					// No overlap with the live allocation below it or the one above it.
+					k, _ := slices.BinarySearch(starts, e.Pointer)
+					if k > 0 && starts[k-1]+DevicePtr(live[starts[k-1]]) > e.Pointer {
+						t.Fatalf("line %d allocates %#x, inside the live allocation at %#x", e.Line, uintptr(e.Pointer), uintptr(starts[k-1]))
+					}
+					if k < len(starts) && e.Pointer+DevicePtr(e.Size) > starts[k] {
+						t.Fatalf("line %d allocates %#x+%d, over the live allocation at %#x", e.Line, uintptr(e.Pointer), e.Size, uintptr(starts[k]))
+					}
+					starts = slices.Insert(starts, k, e.Pointer)
 					live[e.Pointer] = e.Size
 					liveBytes += e.Size
 					peak = max(peak, liveBytes)
@@ -593,6 +604,8 @@ func TestReadTraces(t *testing.T) {
 						t.Fatalf("line %d frees %d bytes of a %d-byte allocation", e.Line, e.Size, size)
 					}
 					delete(live, e.Pointer)
+					k, _ := slices.BinarySearch(starts, e.Pointer)
+					starts = slices.Delete(starts, k, k+1)
 					liveBytes -= size
 				case ActionAllocateFailure:
 					failures++
