@@ -371,7 +371,11 @@ func run(args []string, stdout, stderr io.Writer) error {
 		if len(each) > 0 {
 			on = " (" + strings.Join(each, ", ") + ")"
 		}
-		return fmt.Errorf("%w: %d allocations failed in %d passes%s that the trace did not log as failures (-allow-failures to exit 0)", errFailures, failures, *passes, on)
+		in := "in one pass"
+		if *passes > 1 {
+			in = fmt.Sprintf("over %d passes", *passes)
+		}
+		return fmt.Errorf("%w: %d allocations failed %s%s that the trace did not log as failures (-allow-failures to exit 0)", errFailures, failures, in, on)
 	}
 	return nil
 }

@@ -147,12 +147,17 @@ func TestReplayCapped(t *testing.T) {
 	require.ErrorIs(t, err, errFailures)
 	m := regexp.MustCompile(`failures         ([1-9]\d*)\n`).FindStringSubmatch(out.String())
 	require.NotNil(t, m, out.String())
-	require.Contains(t, err.Error(), m[1]+" allocations failed in 1 passes")
+	require.Contains(t, err.Error(), m[1]+" allocations failed in one pass")
 	require.Contains(t, errOut.String(), "out of memory")
 
 	out.Reset()
 	require.NoError(t, run([]string{"-simulate", "256MiB", "-allow-failures", cupy}, &out, &errOut))
 	require.Contains(t, out.String(), "failures         "+m[1]+"\n")
+
+	out.Reset()
+	err = run([]string{"-simulate", "256MiB", "-passes", "2", cupy}, &out, &errOut)
+	require.ErrorIs(t, err, errFailures)
+	require.Regexp(t, `[1-9]\d* allocations failed over 2 passes that the trace`, err.Error())
 }
 
 // The plain pool's errors name the real upstream (no wrapper type of the command's).
@@ -352,7 +357,7 @@ func TestReplaySeveralCapped(t *testing.T) {
 	require.Len(t, list, 2)
 	require.Positive(t, list[0].Failures)
 	require.Positive(t, list[1].Failures)
-	require.Contains(t, err.Error(), fmt.Sprintf("%d allocations failed in 1 passes (%d on plain, %d on expandable)", list[0].Failures+list[1].Failures, list[0].Failures, list[1].Failures))
+	require.Contains(t, err.Error(), fmt.Sprintf("%d allocations failed in one pass (%d on plain, %d on expandable)", list[0].Failures+list[1].Failures, list[0].Failures, list[1].Failures))
 
 	out.Reset()
 	err = run([]string{"-simulate", "256MiB", "-mr", "plain,expandable", "-allow-failures", cupy}, &out, &errOut)
