@@ -36,12 +36,12 @@ import (
 // unmap does not wait for the device.
 //
 // Why it is not on by default: on the twenty-five traces of testdata/traces, replayed on an H200
-// (BENCHMARKS.md, twentieth run), a stitching pool takes 1.001-1.045 x peak live at passes 1 and
-// 3, against 1.001-1.545 without stitching, with no driver call after the first pass (the
-// SegFormer's second pass mapped then; see findEndLast). But the first pass makes 17 to 260 times as many mappings
-// (T5: 11 µs per event, the driver's 40-57 µs per mapping, serialised), and the median of three
-// passes costs 131-260 ns per event where the pool without stitching runs at 82-258, and 3.7 µs
-// on the SegFormer. Over the
+// (BENCHMARKS.md, twenty-first run), a stitching pool takes 1.001-1.045 x peak live at passes 1
+// and 3, against 1.001-1.545 without stitching, with no driver call after the first pass. But
+// the first pass makes 17 to 260 times as many mappings (T5: 9.5 µs per event, the driver's
+// 22-86 µs per mapping, serialised; the pieces alone, with nothing stitched, would cost over 300
+// ns per event on 21 of the traces), while the median of three passes costs about the same with
+// or without stitching (121-263 ns per event against 82-233, replayed from one goroutine). Over the
 // address-only VMM (TestStitchTraces), 8 MiB pieces left the two multi-stream traces at 1.126 /
 // 1.147 and 1.093 / 1.104; without stitchRest, LoRA and GPT-2 training got worse than without
 // stitching (1.071 / 1.083 at 2 MiB against 1.006 / 1.019).

@@ -254,7 +254,7 @@ func TestStitchEndServedLastAcrossLists(t *testing.T) {
 	require.Equal(t, b+8*mib, sep)
 	e.mustFree(b, 8*mib, s[1], i[1]) // 8 MiB free in B's list, between two live blocks
 	q := e.mustAlloc(2*mib, s[0], i[0])
-	require.Equal(t, b, q, "the block of B's list, not the 2 MiB left at the end in A's list")
+	require.Equal(t, b, q, "the block of B's list, not the 2 MiB left at the end (in B's list since B took from the end)")
 	require.Equal(t, 16*mib, p.PoolSize())
 	require.Empty(t, e.f.errors())
 	require.NoError(t, p.CheckInvariants())
@@ -285,6 +285,50 @@ func TestStitchEndMovesToGrowingList(t *testing.T) {
 	require.NoError(t, p.CheckInvariants())
 	e.mustFree(q, 14*mib, s[1], i[1])
 	e.mustFree(a, 4*mib, s[0], i[0])
+	e.done()
+	require.NoError(t, depCheckDepRefs(p))
+	require.NoError(t, p.Close())
+}
+
+// The end of the chain, large enough for B's request but in A's list, moves into B's list naming
+// A before B's bytes are cut from it: the rest stays in B's list, as a growth for B would have
+// left it, and B is ordered after A's frees (the model checks every byte B gets).
+func TestStitchEndRestStaysWithTaker(t *testing.T) {
+	e, p, _, s, i := newEndLastPool(t)
+	a := e.mustAlloc(4*mib, s[0], i[0])
+	a2 := e.mustAlloc(10*mib, s[0], i[0])
+	e.mustFree(a2, 10*mib, s[0], i[0]) // the end of the chain: 12 MiB in A's list, used on A
+	la, lb := p.byStream[s[0].id], p.byStream[s[1].id]
+	require.NotNil(t, la)
+	q := e.mustAlloc(6*mib, s[1], i[1])
+	require.Equal(t, a+4*mib, q, "B's bytes are cut from the front of the end")
+	p.mu.Lock() // read under the lock, checked after it (a failed check must not hold it)
+	tail := *p.exp.tail
+	lb = p.byStream[s[1].id]
+	aBytes := la.bytes
+	p.mu.Unlock()
+	require.True(t, tail.free)
+	require.Equal(t, q+6*mib, tail.addr)
+	require.Equal(t, 6*mib, tail.size)
+	require.Same(t, lb, tail.list, "the rest stays in B's list")
+	// It named A's list; B's wait for A, made before q was handed out, orders every taker of
+	// B's list after A's frees, so the name may already be dropped.
+	require.Zero(t, aBytes, "A's list holds nothing")
+	require.Empty(t, e.f.errors())
+	require.NoError(t, p.CheckInvariants())
+	// B takes the rest from its own list; A, whose list is empty, takes the end back from B's.
+	r := e.mustAlloc(2*mib, s[1], i[1])
+	require.Equal(t, q+6*mib, r)
+	w := e.mustAlloc(2*mib, s[0], i[0])
+	require.Equal(t, r+2*mib, w)
+	require.Equal(t, 16*mib, p.PoolSize(), "no growth")
+	for _, x := range []struct {
+		ptr DevicePtr
+		n   int
+		s   int
+	}{{q, 6 * mib, 1}, {r, 2 * mib, 1}, {w, 2 * mib, 0}, {a, 4 * mib, 0}} {
+		e.mustFree(x.ptr, x.n, s[x.s], i[x.s])
+	}
 	e.done()
 	require.NoError(t, depCheckDepRefs(p))
 	require.NoError(t, p.Close())
