@@ -298,13 +298,13 @@ func TestStitchEndRestStaysWithTaker(t *testing.T) {
 	a := e.mustAlloc(4*mib, s[0], i[0])
 	a2 := e.mustAlloc(10*mib, s[0], i[0])
 	e.mustFree(a2, 10*mib, s[0], i[0]) // the end of the chain: 12 MiB in A's list, used on A
-	la, lb := p.byStream[s[0].id], p.byStream[s[1].id]
+	la := p.byStream[s[0].id]
 	require.NotNil(t, la)
 	q := e.mustAlloc(6*mib, s[1], i[1])
 	require.Equal(t, a+4*mib, q, "B's bytes are cut from the front of the end")
 	p.mu.Lock() // read under the lock, checked after it (a failed check must not hold it)
 	tail := *p.exp.tail
-	lb = p.byStream[s[1].id]
+	lb := p.byStream[s[1].id]
 	aBytes := la.bytes
 	p.mu.Unlock()
 	require.True(t, tail.free)
