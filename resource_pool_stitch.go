@@ -397,7 +397,12 @@ func (p *PoolMemoryResource) findEndLast(l *freeList, n int) (*block, takeWait) 
 		return p.takeOwn(l, b, n), takeWait{}
 	}
 	// Blocks in the other streams' caches are free memory: put them where this search sees them.
+	// The end of the chain may be one of them: read it again, listed now, so that the other
+	// lists' best fits skip it as well.
 	p.flushCaches()
+	if t = p.exp.tail; t != nil && (!t.free || t.list == nil) {
+		t = nil
+	}
 	for _, o := range p.lists {
 		if o == l {
 			continue

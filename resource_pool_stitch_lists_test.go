@@ -334,6 +334,46 @@ func TestStitchEndRestStaysWithTaker(t *testing.T) {
 	require.NoError(t, p.Close())
 }
 
+// The end of the chain, just freed into its stream's cache (blocks up to 1 MiB), is still served
+// last: the search reads it again once the caches are flushed, so B takes a block of C's list
+// that fits rather than the end out of A's list.
+func TestStitchEndInCacheServedLast(t *testing.T) {
+	vm := newGatedVMM(0)
+	p := newExpTestPool(t, vm, PoolOptions{MaximumPoolSize: 1 << 30, stitchPiece: 2 * mib})
+	e := newPoolSyncEnv(t, p)
+	vm.check = e.checkReturned
+	var s [3]StreamView
+	var i [3]int
+	for k, h := range []uintptr{0xa, 0xb, 0xc} {
+		s[k], _, i[k] = e.stream(h, string(rune('A'+k)))
+	}
+	big := e.mustAlloc(14*mib, s[0], i[0])
+	var ys []DevicePtr
+	for range 4 {
+		ys = append(ys, e.mustAlloc(512*kiB, s[0], i[0]))
+	}
+	require.Equal(t, 16*mib, p.PoolSize())
+	x, end := ys[0], ys[3]
+	e.mustFree(x, 512*kiB, s[2], i[2])   // C's list
+	e.mustFree(end, 512*kiB, s[0], i[0]) // the end of the chain, into A's cache
+	p.mu.Lock()
+	cached := p.exp.tail.list == nil
+	p.mu.Unlock()
+	require.True(t, cached, "the end lies in A's cache, in no list")
+	q := e.mustAlloc(384*kiB, s[1], i[1])
+	require.Equal(t, x, q, "the block of C's list, not the end")
+	require.Empty(t, e.f.errors())
+	require.NoError(t, p.CheckInvariants())
+	e.mustFree(q, 384*kiB, s[1], i[1])
+	for _, y := range ys[1:3] {
+		e.mustFree(y, 512*kiB, s[0], i[0])
+	}
+	e.mustFree(big, 14*mib, s[0], i[0])
+	e.done()
+	require.NoError(t, depCheckDepRefs(p))
+	require.NoError(t, p.Close())
+}
+
 // A request on A that no free block holds is stitched from chunks of B's list (the lists are
 // not merged first): the stitched block names B's list, and A is ordered after B's frees.
 func TestStitchChunksOfAnotherList(t *testing.T) {
