@@ -389,10 +389,7 @@ func (e *expandable) indexEnds(a *stitchAlias, drop bool) {
 // 7,739 handles for 18 new aliases. Now 0 (TestStitchTraces, four passes; 1.002 / 1.003 → 1.002 /
 // 1.002), and the other twenty-four traces make the same driver calls with the same footprints.
 func (p *PoolMemoryResource) findEndLast(l *freeList, n int) (*block, takeWait) {
-	t := p.exp.tail
-	if t != nil && (!t.free || t.list == nil) {
-		t = nil // live, or out of the lists while the pool is unlocked
-	}
+	t := p.exp.listedTail()
 	if b := bestFitBut(l, n, t); b != nil {
 		return p.takeOwn(l, b, n), takeWait{}
 	}
@@ -400,9 +397,7 @@ func (p *PoolMemoryResource) findEndLast(l *freeList, n int) (*block, takeWait) 
 	// The end of the chain may be one of them: read it again, listed now, so that the other
 	// lists' best fits skip it as well.
 	p.flushCaches()
-	if t = p.exp.tail; t != nil && (!t.free || t.list == nil) {
-		t = nil
-	}
+	t = p.exp.listedTail()
 	for _, o := range p.lists {
 		if o == l {
 			continue
@@ -411,33 +406,43 @@ func (p *PoolMemoryResource) findEndLast(l *freeList, n int) (*block, takeWait) 
 			return p.takeOther(l, o, b, n)
 		}
 	}
-	if t = p.exp.tail; t == nil || !t.free || t.list == nil {
+	if t == nil {
 		return nil, takeWait{}
 	}
+	fits := t.size >= n
 	o := t.list
-	if t.size >= n {
-		if o == l {
-			return p.takeOwn(l, t, n), takeWait{}
+	if o == l {
+		if !fits {
+			return nil, takeWait{}
 		}
+		return p.takeOwn(l, t, n), takeWait{}
+	}
+	if fits {
 		if sb := p.keptAtEnd(n, l, t); sb != nil {
 			return sb, takeWait{}
 		}
-		// The end moves into l naming o, as when it is too small below: what the request leaves
-		// of it stays in l, where a growth for l would have left it (see the note on the
-		// SegFormer above). Whoever takes it waits for o (its deps), this request included.
-		o.remove(t)
-		p.addDep(t, o)
-		t = p.freeInto(l, t)
-		return p.takeFront(l, t, n), takeWait{}
 	}
-	if o != l {
-		// As a free into l naming o (freeInto coalesces it with l's neighbours, and drops l
-		// from its deps: l's takers are ordered after l's frees).
-		o.remove(t)
-		p.addDep(t, o)
-		p.freeInto(l, t)
+	// The end moves into l naming o, as a free into l would (freeInto coalesces it with l's
+	// neighbours, and drops l from its deps: l's takers are ordered after l's frees). What a
+	// request leaves of it then stays in l, where a growth for l would have left it (see the
+	// note on the SegFormer above); whoever takes it waits for o (its deps), this request
+	// included. Too small, it is what the growth extends.
+	o.remove(t)
+	p.addDep(t, o)
+	t = p.freeInto(l, t)
+	if !fits {
+		return nil, takeWait{}
 	}
-	return nil, takeWait{}
+	return p.takeFront(l, t, n), takeWait{}
+}
+
+// listedTail returns the free block at the end of the chain while it lies in a list; nil when
+// the end is live, or out of the lists (in a cache, or while the pool is unlocked).
+func (e *expandable) listedTail() *block {
+	if t := e.tail; t != nil && t.free && t.list != nil {
+		return t
+	}
+	return nil
 }
 
 // takeOther takes n bytes of b, a free block of another stream's list o, for l's stream: a kept
@@ -645,21 +650,7 @@ func blockOf(bs []*block, c vmChunk, hint int) int {
 // that pass to the stitched block (Allocate makes l's stream wait for them). No driver call.
 func (p *PoolMemoryResource) lendAlias(a *stitchAlias, n int, l *freeList, pick []chunkCand) *block {
 	end := p.exp.endAt()
-	var from []*freeList // by index in pick: the other stream's list it is lent out of
-	for i, c := range pick {
-		if o := c.b.list; o != l {
-			if from == nil {
-				from = make([]*freeList, len(pick))
-			}
-			from[i] = o
-		}
-	}
-	a.lent = p.lendChunks(pick)
-	for i, o := range from {
-		if o != nil {
-			p.addDep(a.lent[i], o)
-		}
-	}
+	a.lent = p.lendNaming(pick, l)
 	return p.stitchedBlock(a, n, l, end)
 }
 
@@ -686,6 +677,28 @@ func (p *PoolMemoryResource) stitchedBlock(a *stitchAlias, n int, l *freeList, e
 	// Allocate counts n: the chunks' bytes beyond it are held too (PoolSize = free + live).
 	p.liveBytes += a.size - n
 	return b
+}
+
+// lendNaming lends the runs of chunks pick for l's stream (lendChunks); a block lent out of
+// another stream's list names that list among its deps, which pass to the stitched block
+// (stitchedBlock): Allocate waits for them.
+func (p *PoolMemoryResource) lendNaming(pick []chunkCand, l *freeList) []*block {
+	var from []*freeList // by index in pick: the other stream's list it is lent out of
+	for i, c := range pick {
+		if o := c.b.list; o != l {
+			if from == nil {
+				from = make([]*freeList, len(pick))
+			}
+			from[i] = o
+		}
+	}
+	lent := p.lendChunks(pick)
+	for i, o := range from {
+		if o != nil {
+			p.addDep(lent[i], o)
+		}
+	}
+	return lent
 }
 
 // lendChunks takes the runs of chunks pick (each wholly in the free block given beside it, as
@@ -759,21 +772,7 @@ func (p *PoolMemoryResource) newAlias(pick []chunkCand, n int, l *freeList) *blo
 	}
 	end := e.endAt()
 	runs := runsOf(pick)
-	var from []*freeList // by index in runs: the other stream's list it is lent out of
-	for i, r := range runs {
-		if o := r.b.list; o != l {
-			if from == nil {
-				from = make([]*freeList, len(runs))
-			}
-			from[i] = o
-		}
-	}
-	lent := p.lendChunks(runs)
-	for i, o := range from {
-		if o != nil {
-			p.addDep(lent[i], o) // passes to the stitched block (stitchedBlock)
-		}
-	}
+	lent := p.lendNaming(runs, l)
 	p.mu.Unlock()
 	va, err := e.vm.reserve(size)
 	if err == nil {

@@ -229,6 +229,15 @@ func TestStitchKeptAtEndFailedWait(t *testing.T) {
 
 // A stitching pool over the fake device and its model of stream order, 2 MiB pieces, with two
 // streams A and B.
+// finishEndLast ends a test over newEndLastPool, every block freed: the fake saw no bad call,
+// the pool's invariants and dep counts hold, and it closes.
+func finishEndLast(t *testing.T, e *poolSyncEnv, p *PoolMemoryResource) {
+	t.Helper()
+	e.done()
+	require.NoError(t, depCheckDepRefs(p))
+	require.NoError(t, p.Close())
+}
+
 func newEndLastPool(t *testing.T) (*poolSyncEnv, *PoolMemoryResource, *countingVMM, [2]StreamView, [2]int) {
 	vm := newGatedVMM(0)
 	cv := newCountingVMM(vm.vmm)
@@ -258,16 +267,10 @@ func TestStitchEndServedLastAcrossLists(t *testing.T) {
 	require.Equal(t, 16*mib, p.PoolSize())
 	require.Empty(t, e.f.errors())
 	require.NoError(t, p.CheckInvariants())
-	for _, x := range []struct {
-		ptr DevicePtr
-		n   int
-		s   int
-	}{{a, 4 * mib, 0}, {q, 2 * mib, 0}, {sep, 2 * mib, 1}} {
-		e.mustFree(x.ptr, x.n, s[x.s], i[x.s])
-	}
-	e.done()
-	require.NoError(t, depCheckDepRefs(p))
-	require.NoError(t, p.Close())
+	e.mustFree(a, 4*mib, s[0], i[0])
+	e.mustFree(q, 2*mib, s[0], i[0])
+	e.mustFree(sep, 2*mib, s[1], i[1])
+	finishEndLast(t, e, p)
 }
 
 // The end of the chain, too small for B's request and freed on A, moves into B's list naming A;
@@ -285,9 +288,7 @@ func TestStitchEndMovesToGrowingList(t *testing.T) {
 	require.NoError(t, p.CheckInvariants())
 	e.mustFree(q, 14*mib, s[1], i[1])
 	e.mustFree(a, 4*mib, s[0], i[0])
-	e.done()
-	require.NoError(t, depCheckDepRefs(p))
-	require.NoError(t, p.Close())
+	finishEndLast(t, e, p)
 }
 
 // The end of the chain, large enough for B's request but in A's list, moves into B's list naming
@@ -322,31 +323,20 @@ func TestStitchEndRestStaysWithTaker(t *testing.T) {
 	w := e.mustAlloc(2*mib, s[0], i[0])
 	require.Equal(t, r+2*mib, w)
 	require.Equal(t, 16*mib, p.PoolSize(), "no growth")
-	for _, x := range []struct {
-		ptr DevicePtr
-		n   int
-		s   int
-	}{{q, 6 * mib, 1}, {r, 2 * mib, 1}, {w, 2 * mib, 0}, {a, 4 * mib, 0}} {
-		e.mustFree(x.ptr, x.n, s[x.s], i[x.s])
-	}
-	e.done()
-	require.NoError(t, depCheckDepRefs(p))
-	require.NoError(t, p.Close())
+	e.mustFree(q, 6*mib, s[1], i[1])
+	e.mustFree(r, 2*mib, s[1], i[1])
+	e.mustFree(w, 2*mib, s[0], i[0])
+	e.mustFree(a, 4*mib, s[0], i[0])
+	finishEndLast(t, e, p)
 }
 
 // The end of the chain, just freed into its stream's cache (blocks up to 1 MiB), is still served
 // last: the search reads it again once the caches are flushed, so B takes a block of C's list
 // that fits rather than the end out of A's list.
 func TestStitchEndInCacheServedLast(t *testing.T) {
-	vm := newGatedVMM(0)
-	p := newExpTestPool(t, vm, PoolOptions{MaximumPoolSize: 1 << 30, stitchPiece: 2 * mib})
-	e := newPoolSyncEnv(t, p)
-	vm.check = e.checkReturned
-	var s [3]StreamView
-	var i [3]int
-	for k, h := range []uintptr{0xa, 0xb, 0xc} {
-		s[k], _, i[k] = e.stream(h, string(rune('A'+k)))
-	}
+	e, p, _, ab, iab := newEndLastPool(t)
+	sc, _, ic := e.stream(0xc, "C")
+	s, i := [3]StreamView{ab[0], ab[1], sc}, [3]int{iab[0], iab[1], ic}
 	big := e.mustAlloc(14*mib, s[0], i[0])
 	var ys []DevicePtr
 	for range 4 {
@@ -369,9 +359,7 @@ func TestStitchEndInCacheServedLast(t *testing.T) {
 		e.mustFree(y, 512*kiB, s[0], i[0])
 	}
 	e.mustFree(big, 14*mib, s[0], i[0])
-	e.done()
-	require.NoError(t, depCheckDepRefs(p))
-	require.NoError(t, p.Close())
+	finishEndLast(t, e, p)
 }
 
 // A request on A that no free block holds is stitched from chunks of B's list (the lists are
@@ -406,7 +394,5 @@ func TestStitchChunksOfAnotherList(t *testing.T) {
 	for k := 1; k < 17; k += 2 {
 		e.mustFree(blocks[k], 2*mib, s[1], i[1])
 	}
-	e.done()
-	require.NoError(t, depCheckDepRefs(p))
-	require.NoError(t, p.Close())
+	finishEndLast(t, e, p)
 }
