@@ -1,44 +1,14 @@
 """CuPy image and sparse-matrix pipeline on one thread and one non-blocking stream.
 
-Logged as the CuPy two-thread trace was: a logging allocator installed with
-cupy.cuda.set_allocator takes memory from a cupy MemoryPool, logs 'allocate', and returns a
-MemoryPointer whose owner logs 'free' in __del__ just before the memory goes back to the pool.
+Logged as the CuPy two-thread trace was, by cupy_log.py's logging allocator.
 Work: Gaussian/median filtering, labelling and zoom of images of changing size (cupyx.scipy.ndimage),
 sparse matrix products and conjugate-gradient solves (cupyx.scipy.sparse), and k-means steps on
 point clouds of changing size; a rolling window of recent results stays alive.
 """
-import gc, json, os, platform, random, sys, threading, time
+import os, random, sys, time
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import cupy as cp
-import rmmcsv
-
-LOG = []  # (tid, t_ns, kind, ptr, size, stream)
-LOCK = threading.RLock()  # re-entrant: a GC-triggered __del__ may log while we log
-POOL = cp.cuda.MemoryPool()
-DEV = cp.cuda.Device().id
-T_START = time.time()
-
-
-class _Owner:
-    __slots__ = ("mp", "ptr", "size", "stream")
-
-    def __init__(self, mp, size, stream):
-        self.mp, self.ptr, self.size, self.stream = mp, mp.ptr, size, stream
-
-    def __del__(self):
-        with LOCK:
-            LOG.append((threading.get_native_id(), time.perf_counter_ns(), "F", self.ptr, self.size, self.stream))
-
-
-def logging_malloc(size):
-    mp = POOL.malloc(size)
-    if size == 0 or mp.ptr == 0:
-        return mp
-    stream = cp.cuda.get_current_stream().ptr
-    owner = _Owner(mp, size, stream)
-    with LOCK:
-        LOG.append((threading.get_native_id(), time.perf_counter_ns(), "A", mp.ptr, size, stream))
-    return cp.cuda.MemoryPointer(cp.cuda.UnownedMemory(mp.ptr, size, owner, DEV), 0)
+import cupy_log
 
 
 def work(seed, target, deadline):
@@ -49,7 +19,7 @@ def work(seed, target, deadline):
     rs = cp.random.RandomState(seed)
     keep, kinds, i = [], {}, 0
     with cp.cuda.Stream(non_blocking=True) as stream:
-        while len(LOG) < target and time.time() < deadline:
+        while len(cupy_log.LOG) < target and time.time() < deadline:
             r = rng.random()
             if r < 0.3:
                 k = "filter_label"
@@ -99,33 +69,4 @@ def work(seed, target, deadline):
     return dict(batches=i, kinds=kinds)
 
 
-cp.cuda.set_allocator(logging_malloc)
-try:
-    extra = dict(work=work(33, 110000, time.time() + 60))
-except Exception as e:  # keep the partial (still real) trace
-    import traceback; traceback.print_exc()
-    extra = dict(error=repr(e)[:300])
-gc.collect()
-cp.cuda.Device().synchronize()
-with LOCK:
-    log = list(LOG)
-em = rmmcsv.Emitter()
-for tid, tns, kind, ptr, size, stream in log:
-    if kind == "A":
-        em.alloc(tid, tns // 1000, ptr, size, stream)
-    else:
-        em.free(tid, tns // 1000, ptr, size)
-name = "cupy_ndimage_sparse_1stream"
-text = em.text()
-with open(os.path.join(sys.argv[1], name + ".csv"), "w") as f:
-    f.write(text)
-meta = dict(name=name, source="CuPy logging allocator via cupy.cuda.set_allocator (requested sizes)",
-            thread_column="real native thread id", cupy=cp.__version__, python=platform.python_version(),
-            gpu=cp.cuda.runtime.getDeviceProperties(DEV)["name"].decode(),
-            pool_total_bytes_end=POOL.total_bytes(), wall_s=round(time.time() - T_START, 1), csv_bytes=len(text),
-            workload="1 thread, 1 non-blocking stream; random mix of gaussian filter + label + sum_labels, median filter + zoom, sparse A*A^T + CG, k-means steps; a rolling window of 4-16 recent results stays alive")
-meta.update(extra)
-meta.update(em.stats())
-with open(os.path.join(sys.argv[1], name + ".json"), "w") as f:
-    json.dump(meta, f, indent=1, sort_keys=True)
-print("DONE", name, json.dumps({k: meta[k] for k in ("events", "allocate", "free", "never_freed", "unmatched_free_dropped", "double_alloc", "time_clamped")}))
+cupy_log.record("cupy_ndimage_sparse_1stream", lambda: work(33, 110000, time.time() + 60), "1 thread, 1 non-blocking stream; random mix of gaussian filter + label + sum_labels, median filter + zoom, sparse A*A^T + CG, k-means steps; a rolling window of 4-16 recent results stays alive", sys.argv[1])
