@@ -415,9 +415,9 @@ func cuMemGetAddressRange(ctx uintptr, p DevicePtr) (DevicePtr, int, error) {
 	return DevicePtr(base), size, cuErr("cuMemGetAddressRange_v2", r)
 }
 
-// cuMemPoolExportFD exports pool as a new POSIX file descriptor.
+// cuMemPoolExportFD exports pool as a new POSIX file descriptor, close-on-exec.
 func cuMemPoolExportFD(ctx, pool uintptr) (int, error) {
-	fd, r := cuda.MemPoolExportFD(ctx, pool)
+	fd, r := driverFD(func() (int, cuda.Result) { return cuda.MemPoolExportFD(ctx, pool) })
 	return fd, cuErr("cuMemPoolExportToShareableHandle", r)
 }
 
@@ -437,9 +437,10 @@ func cuMemPoolImportPointer(ctx, pool uintptr, data *[64]byte) (DevicePtr, error
 	return DevicePtr(p), cuErr("cuMemPoolImportPointer", r)
 }
 
-// cuMemExportFD exports the physical allocation h as a new POSIX file descriptor.
+// cuMemExportFD exports the physical allocation h as a new POSIX file descriptor,
+// close-on-exec.
 func cuMemExportFD(ctx uintptr, h uint64) (int, error) {
-	fd, r := cuda.MemExportFD(ctx, h)
+	fd, r := driverFD(func() (int, cuda.Result) { return cuda.MemExportFD(ctx, h) })
 	return fd, vmmErr("cuMemExportToShareableHandle", r)
 }
 

@@ -194,7 +194,7 @@ func TestCUDAErrorIs(t *testing.T) {
 	var ce *CUDAError
 	require.True(t, errors.As(wrapped, &ce))
 	require.Equal(t, 2, ce.Code)
-	require.Contains(t, wrapped.Error(), "rmm: X: failed to allocate 1125899906842624 bytes (1 PiB): out of memory: cuMemAlloc_v2: CUDA_ERROR_OUT_OF_MEMORY (2): out of memory")
+	require.Contains(t, wrapped.Error(), "rmm: X.Allocate: failed to allocate 1125899906842624 bytes (1 PiB): out of memory: cuMemAlloc_v2: CUDA_ERROR_OUT_OF_MEMORY (2): out of memory")
 }
 
 func TestAlign(t *testing.T) {

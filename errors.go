@@ -99,12 +99,24 @@ func (e *CUDAError) Is(target error) bool {
 // names PoolMemoryResource.Deallocate.
 func errorf(format string, args ...any) error { return errshape.Errorf(format, args...) }
 
-// outOfMemory builds the error a resource returns when it cannot provide nbytes.
+// outOfMemory builds the error a resource's Allocate returns when it cannot provide nbytes.
+// resource is the resource's type, optionally followed by " (figures)".
 func outOfMemory(resource string, nbytes int, cause error) error {
 	if cause != nil {
-		return errorf("%s: failed to allocate %d bytes (%s): %w: %w", resource, nbytes, FormatBytes(int64(nbytes)), ErrOutOfMemory, cause)
+		return errorf("%s: failed to allocate %d bytes (%s): %w: %w", allocateOp(resource), nbytes, FormatBytes(int64(nbytes)), ErrOutOfMemory, cause)
 	}
-	return errorf("%s: failed to allocate %d bytes (%s): %w", resource, nbytes, FormatBytes(int64(nbytes)), ErrOutOfMemory)
+	return errorf("%s: failed to allocate %d bytes (%s): %w", allocateOp(resource), nbytes, FormatBytes(int64(nbytes)), ErrOutOfMemory)
+}
+
+// allocateOp names the call that ran out of memory, as every other error names its call:
+// "PoolMemoryResource" becomes "PoolMemoryResource.Allocate", and "SimulatedMemoryResource
+// (capacity 16, in use 16)" becomes "SimulatedMemoryResource.Allocate (capacity 16, in use 16)".
+func allocateOp(resource string) string {
+	name, figures, _ := strings.Cut(resource, " (")
+	if figures != "" {
+		return name + ".Allocate (" + figures
+	}
+	return name + ".Allocate"
 }
 
 // invalidSize is the error for a negative size given to resource.op.
@@ -142,10 +154,10 @@ type OutOfMemoryError struct {
 	Cause   error  // the upstream's error, or nil
 }
 
-// Error reads, for example: "rmm: PoolMemoryResource: failed to allocate 2097152 bytes (2 MiB):
+// Error reads, for example: "rmm: PoolMemoryResource.Allocate: failed to allocate 2097152 bytes (2 MiB):
 // maximum pool size reached; fragmentation: 3145728 bytes (3 MiB) free but the largest free block
 // is 1048576 bytes (1 MiB); pool size 4194304 (4 MiB), maximum 4194304 (4 MiB): out of memory", or
-// for a limit: "rmm: LimitingResourceAdaptor (limit 1048576, allocated 700160): failed to allocate
+// for a limit: "rmm: LimitingResourceAdaptor.Allocate (limit 1048576, allocated 700160): failed to allocate
 // 500000 bytes (488.281 KiB): exceeded memory limit: out of memory". When the upstream refused to
 // grow the resource, its error ends the message after "upstream: " (and says "out of memory"
 // itself, once).
@@ -153,7 +165,7 @@ func (e *OutOfMemoryError) Error() string {
 	var b strings.Builder
 	b.WriteString(errshape.Prefix)
 	if e.Limited {
-		fmt.Fprintf(&b, "%s (limit %d, allocated %d): failed to allocate %d bytes (%s)", e.Resource, e.MaximumSize, e.PoolSize, e.Requested, FormatBytes(int64(e.Requested)))
+		fmt.Fprintf(&b, "%s (limit %d, allocated %d): failed to allocate %d bytes (%s)", allocateOp(e.Resource), e.MaximumSize, e.PoolSize, e.Requested, FormatBytes(int64(e.Requested)))
 		if e.Detail != "" {
 			b.WriteString(": ")
 			b.WriteString(e.Detail)
@@ -164,7 +176,7 @@ func (e *OutOfMemoryError) Error() string {
 		e.writeCause(&b)
 		return b.String()
 	}
-	fmt.Fprintf(&b, "%s: failed to allocate %d bytes (%s)", e.Resource, e.Requested, FormatBytes(int64(e.Requested)))
+	fmt.Fprintf(&b, "%s: failed to allocate %d bytes (%s)", allocateOp(e.Resource), e.Requested, FormatBytes(int64(e.Requested)))
 	if e.Detail != "" {
 		b.WriteString(": ")
 		b.WriteString(e.Detail)

@@ -67,7 +67,7 @@ func ExampleLimitingResourceAdaptor() {
 	_ = lim.Deallocate(q, 500_000, rmm.DefaultStream)
 	// Output:
 	// 700160 1048576
-	// rmm: LimitingResourceAdaptor (limit 1048576, allocated 700160): failed to allocate 500000 bytes (488.281 KiB): exceeded memory limit: out of memory
+	// rmm: LimitingResourceAdaptor.Allocate (limit 1048576, allocated 700160): failed to allocate 500000 bytes (488.281 KiB): exceeded memory limit: out of memory
 	// 500224 <nil>
 }
 

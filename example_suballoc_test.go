@@ -69,7 +69,7 @@ func ExampleFixedSizeMemoryResource() {
 	fmt.Println(fixed.Stats().PoolSize)
 	// Output:
 	// 5 327680 2 3
-	// rmm: FixedSizeMemoryResource: failed to allocate 65537 bytes (64.001 KiB): maximum allocation size exceeded: every block is 65536 bytes, and larger requests always fail; 196608 bytes (192 KiB) free, largest free block 65536 bytes (64 KiB); pool size 524288 (512 KiB), no maximum: out of memory
+	// rmm: FixedSizeMemoryResource.Allocate: failed to allocate 65537 bytes (64.001 KiB): maximum allocation size exceeded: every block is 65536 bytes, and larger requests always fail; 196608 bytes (192 KiB) free, largest free block 65536 bytes (64 KiB); pool size 524288 (512 KiB), no maximum: out of memory
 	// 0
 }
 

@@ -108,7 +108,7 @@ func ExamplePoolMemoryResource_outOfMemory() {
 	p, err := pool.Allocate(4096, rmm.DefaultStream)
 	fmt.Println(err, pool.Deallocate(p, 4096, rmm.DefaultStream))
 	// Output:
-	// rmm: PoolMemoryResource: failed to allocate 2097152 bytes (2 MiB): the request exceeds the maximum pool size; 0 bytes free, largest free block 0 bytes; pool size 0, maximum 1048576 (1 MiB): out of memory
+	// rmm: PoolMemoryResource.Allocate: failed to allocate 2097152 bytes (2 MiB): the request exceeds the maximum pool size; 0 bytes free, largest free block 0 bytes; pool size 0, maximum 1048576 (1 MiB): out of memory
 	// 2097152 0 1048576 false
 	// <nil> <nil>
 }

@@ -38,7 +38,25 @@ func TestIPCImportMisuse(t *testing.T) {
 	// Element size and element type.
 	_, err = ImportIPC[[3]byte](testIPCHandles()["legacy"])
 	require.ErrorIs(t, err, ErrInvalidArgument)
-	require.ErrorContains(t, err, "3-byte elements")
+	require.ErrorContains(t, err, "3-byte [3]uint8 elements")
+	// Length, offset and address that do not suit T: errors naming the handle and T, before
+	// anything is imported (the address once the driver mapped it).
+	ten := *testIPCHandles()["legacy"]
+	ten.size, ten.offset = 10, 0
+	_, err = ImportIPC[float64](&ten)
+	require.ErrorIs(t, err, ErrInvalidArgument)
+	require.ErrorContains(t, err, "its 10 bytes are not a whole number of 8-byte float64 elements")
+	require.ErrorContains(t, err, "IPCHandle(cuIpcGetMemHandle")
+	odd := *testIPCHandles()["vmm"]
+	odd.offset, odd.size = 4, 16
+	_, err = ImportIPC[float64](&odd)
+	require.ErrorIs(t, err, ErrInvalidArgument)
+	require.ErrorContains(t, err, "starts 4 bytes into the shared memory, not a multiple of float64's 8-byte alignment")
+	_, err = ImportIPC[uint32](&odd)
+	require.NotErrorIs(t, err, ErrInvalidArgument, "4 bytes in suits a uint32")
+	require.ErrorIs(t, checkIPCElems[uint64]("ImportIPC[uint64]", testIPCHandles()["legacy"], 0x10004), ErrInvalidArgument)
+	require.ErrorContains(t, checkIPCElems[uint64]("ImportIPC[uint64]", testIPCHandles()["legacy"], 0x10004), "mapped at 0x10004, not a multiple of uint64's 8-byte alignment")
+	require.NoError(t, checkIPCElems[uint64]("ImportIPC[uint64]", testIPCHandles()["legacy"], 0x10008))
 	_, err = ImportIPC[*int](testIPCHandles()["legacy"])
 	require.ErrorIs(t, err, ErrInvalidArgument)
 	_, err = ImportIPC[byte](nil)

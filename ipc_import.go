@@ -2,6 +2,7 @@ package rmm
 
 import (
 	"errors"
+	"reflect"
 	"runtime"
 	"sync"
 )
@@ -18,6 +19,23 @@ import (
 type IPCSpan[T any] struct {
 	DeviceSpan[T]
 	imp *ipcImport
+}
+
+// checkIPCElems returns an error wrapping ErrInvalidArgument, naming the handle and T, when h's
+// range cannot be read as elements of T: its size is not a whole number of them, or its offset
+// (or, once mapped, its address p; 0 before) is not a multiple of T's alignment.
+func checkIPCElems[T any](op string, h *IPCHandle, p DevicePtr) error {
+	t := reflect.TypeFor[T]()
+	w, a := int(t.Size()), t.Align()
+	switch {
+	case h.size%w != 0:
+		return errorf("%s: %v: its %s are not a whole number of %d-byte %s elements: %w", op, h, bytesText(h.size), w, t, ErrInvalidArgument)
+	case h.offset%a != 0:
+		return errorf("%s: %v: its range starts %d bytes into the shared memory, not a multiple of %s's %d-byte alignment: %w", op, h, h.offset, t, a, ErrInvalidArgument)
+	case uintptr(p)%uintptr(a) != 0:
+		return errorf("%s: %v: its range is mapped at %#x, not a multiple of %s's %d-byte alignment: %w", op, h, uintptr(p), t, a, ErrInvalidArgument)
+	}
+	return nil
 }
 
 // ImportIPC maps the memory of h, exported by another process, into this process on the device
@@ -38,7 +56,8 @@ type IPCSpan[T any] struct {
 // it undefined.
 //
 // Errors: ErrInvalidIPCHandle for an event handle or a handle without its descriptors attached;
-// ErrInvalidArgument when Size() is not a multiple of sizeof(T) or T holds Go pointers; an error
+// ErrInvalidArgument when Size() is not a multiple of sizeof(T), the range's offset or address is
+// not a multiple of T's alignment, or T holds Go pointers; an error
 // wrapping ErrNoDevice when no device of this process has the handle's UUID or CUDA is
 // unavailable; ErrNotSupported when the device or driver lacks the mechanism; a *CUDAError from
 // the driver (for example memory the exporter freed). A failed import leaves nothing mapped.
@@ -50,11 +69,20 @@ func ImportIPC[T any](h *IPCHandle) (*IPCSpan[T], error) {
 	if h == nil {
 		return nil, errorf("%s: nil handle: %w", op, ErrInvalidArgument)
 	}
-	if w := sizeOf[T](); h.size%w != 0 {
-		return nil, errorf("%s: the handle's %s are not a whole number of %d-byte elements: %w", op, bytesText(h.size), w, ErrInvalidArgument)
+	if err := checkIPCElems[T](op, h, 0); err != nil {
+		return nil, err
 	}
 	imp, p, err := importIPC(op, h)
 	if err != nil {
+		return nil, err
+	}
+	// The offset was checked above; the address also depends on where the driver mapped the
+	// memory, which is aligned for any T, but a span is only as good as its first element's
+	// alignment.
+	if err := checkIPCElems[T](op, h, p); err != nil {
+		if cerr := imp.close(); cerr != nil {
+			err = errors.Join(err, errorf("undoing: %w", cerr))
+		}
 		return nil, err
 	}
 	s := &IPCSpan[T]{DeviceSpan: DeviceSpan[T]{ptr: p, n: h.size / sizeOf[T](), dev: imp.dev, access: DeviceAccessible}, imp: imp}

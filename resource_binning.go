@@ -239,7 +239,7 @@ func binOutOfMemory(nbytes, bin int, mr MemoryResource, err error) *OutOfMemoryE
 	return &OutOfMemoryError{
 		Resource:  "BinningMemoryResource",
 		Requested: nbytes,
-		Detail:    fmt.Sprintf("BinningMemoryResource.Allocate(%d bytes, %s)", nbytes, where),
+		Detail:    where,
 		Cause:     err,
 	}
 }

@@ -430,7 +430,7 @@ func TestLimitingOutOfMemoryError(t *testing.T) {
 		Limited:     true,
 		Detail:      "exceeded memory limit",
 	}, *oom)
-	require.EqualError(t, err, "rmm: LimitingResourceAdaptor (limit 1048576, allocated 700160): failed to allocate 500000 bytes (488.281 KiB): exceeded memory limit: out of memory")
+	require.EqualError(t, err, "rmm: LimitingResourceAdaptor.Allocate (limit 1048576, allocated 700160): failed to allocate 500000 bytes (488.281 KiB): exceeded memory limit: out of memory")
 	require.Nil(t, errors.Unwrap(err), "no upstream error behind a refusal")
 
 	// Larger than the limit itself: TooLarge, and the message says so.

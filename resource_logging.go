@@ -29,8 +29,9 @@ type LoggingOptions struct {
 //
 // The Thread column is the OS thread id of the caller (gettid on Linux, 0 elsewhere), the Time
 // column the local wall-clock time of day when the line is written, the Stream column the
-// stream's CUstream handle (0 for DefaultStream and for host streams). A call on a view of a
-// Stream that was closed logs 0: its handle was destroyed and may already name another stream,
+// stream's CUstream handle (0 for DefaultStream; a host stream, which has no handle, logs its
+// [StreamView.ID], so that a log made without CUDA replays with its streams apart). A call on a
+// view of a Stream that was closed logs 0: its handle was destroyed and may already name another stream,
 // and the resources treat a free there as one on DefaultStream. The view itself is handed to the
 // upstream as it is.
 //
@@ -130,8 +131,13 @@ func (r *LoggingResourceAdaptor) Deallocate(p DevicePtr, nbytes int, s StreamVie
 func (r *LoggingResourceAdaptor) log(a EventAction, p DevicePtr, nbytes int, s StreamView) {
 	tid := osThreadID()
 	h := s.Handle()
-	if h != 0 && s.closed() {
+	switch {
+	case s.closed():
 		h = 0 // destroyed: the value may now be another stream's
+	case h == 0 && s.id != 0:
+		// A host stream has no CUstream handle; its ID keeps it apart from the others, so that
+		// the log replays with the streams it was made on.
+		h = uintptr(s.id)
 	}
 	r.mu.Lock()
 	defer r.mu.Unlock()

@@ -125,7 +125,10 @@ func TestLoggingResourceAdaptorSequence(t *testing.T) {
 
 	events, err := ReadLog(strings.NewReader(text))
 	require.NoError(t, err)
-	hs := host.View().Handle() // 0 for a host stream; the CUstream on a GPU
+	hs := host.View().Handle() // the CUstream on a GPU
+	if hs == 0 {
+		hs = uintptr(host.View().ID()) // a host stream logs its ID
+	}
 	require.Equal(t, []logStep{
 		{ActionAllocate, p1, 1000, 0},
 		{ActionAllocate, 0, 0, 0},
@@ -480,4 +483,41 @@ func TestLoggingResourceAdaptorCUDA(t *testing.T) {
 		{ActionAllocateFailure, 0, 1 << 50, 0},
 		{ActionFree, p, 1 << 20, st.View().Handle()},
 	}, logSteps(events))
+}
+
+// Without CUDA, streams are host streams with no handle: each logs its ID, so that the log
+// replays with as many streams as it was made on (it logged them all as 0, one stream).
+func TestLoggingResourceAdaptorHostStreams(t *testing.T) {
+	if CUDAAvailable() == nil {
+		t.Skip("streams here have CUstream handles")
+	}
+	var buf bytes.Buffer
+	lr, err := NewLoggingResourceAdaptor(NewSystemMemoryResource(), &buf, nil)
+	require.NoError(t, err)
+	a, err := NewStream(0, nil)
+	require.NoError(t, err)
+	b, err := NewStream(0, nil)
+	require.NoError(t, err)
+	for _, s := range []StreamView{DefaultStream, a.View(), b.View()} {
+		p, err := lr.Allocate(512, s)
+		require.NoError(t, err)
+		require.NoError(t, lr.Deallocate(p, 512, s))
+	}
+	require.NoError(t, b.Close())
+	p, err := lr.Allocate(256, b.View()) // closed: logged as the default stream
+	require.NoError(t, err)
+	require.NoError(t, lr.Deallocate(p, 256, DefaultStream))
+	require.NoError(t, lr.Close())
+	require.NoError(t, a.Close())
+	events, err := ReadLog(&buf)
+	require.NoError(t, err)
+	var got []uintptr
+	for _, e := range events {
+		got = append(got, e.Stream)
+	}
+	require.Equal(t, []uintptr{0, 0, uintptr(a.View().ID()), uintptr(a.View().ID()), uintptr(b.View().ID()), uintptr(b.View().ID()), 0, 0}, got)
+	seen := map[uintptr]bool{}
+	_, err = Replay(events, NewSystemMemoryResource(), &ReplayOptions{Stream: func(h uintptr) StreamView { seen[h] = true; return DefaultStream }})
+	require.NoError(t, err)
+	require.Len(t, seen, 3, "the replay sees the default stream and two others")
 }

@@ -507,7 +507,7 @@ func TestLibraryErrorShape(t *testing.T) {
 		want     string
 	}{
 		{[]string{"-expandable=false", "-initial", "1TiB", "-simulate", "1GiB", cupy}, rmm.ErrOutOfMemory,
-			"-mr pool: rmm: NewPoolMemoryResource: taking the initial 1099511627776 bytes (1 TiB) from SimulatedMemoryResource: SimulatedMemoryResource (capacity 1073741824, in use 0): failed to allocate 1099511627776 bytes (1 TiB): out of memory"},
+			"-mr pool: rmm: NewPoolMemoryResource: taking the initial 1099511627776 bytes (1 TiB) from SimulatedMemoryResource: SimulatedMemoryResource.Allocate (capacity 1073741824, in use 0): failed to allocate 1099511627776 bytes (1 TiB): out of memory"},
 		{[]string{"-initial", "100", cupy}, rmm.ErrInvalidArgument,
 			"-mr pool: rmm: NewPoolMemoryResource: InitialPoolSize 100 is not a multiple of 256 bytes: invalid argument"},
 		{[]string{"-simulate", "1GiB", bad}, rmm.ErrMalformedLog,
