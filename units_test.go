@@ -111,3 +111,24 @@ func TestGroupThousands(t *testing.T) {
 		require.Equal(t, want, groupThousands(n), "%d", n)
 	}
 }
+
+// TestAlignNotPowerOfTwo: AlignUp reports an alignment that is not a power of two through its ok
+// result, as it reports overflow; AlignDown, which has no failure result, panics naming it.
+func TestAlignNotPowerOfTwo(t *testing.T) {
+	for _, align := range []int{3, 6, 768, 0, -256, math.MinInt} {
+		n, ok := AlignUp(11, align)
+		require.False(t, ok, "AlignUp(11, %d)", align)
+		require.Zero(t, n, "AlignUp(11, %d)", align)
+		require.PanicsWithValue(t, fmt.Sprintf("rmm.AlignDown: alignment %d is not a power of two", align),
+			func() { AlignDown(11, align) }, "AlignDown(11, %d)", align)
+	}
+	for _, c := range []struct{ n, align, up, down int }{
+		{11, 1, 11, 11}, {11, 4, 12, 8}, {-11, 4, -8, -12}, {0, 256, 0, 0}, {257, 256, 512, 256},
+		{math.MaxInt, 1 << 62, 0, 1 << 62},
+	} {
+		up, ok := AlignUp(c.n, c.align)
+		require.Equal(t, c.up != 0 || c.n == 0, ok, "AlignUp(%d, %d)", c.n, c.align)
+		require.Equal(t, c.up, up, "AlignUp(%d, %d)", c.n, c.align)
+		require.Equal(t, c.down, AlignDown(c.n, c.align), "AlignDown(%d, %d)", c.n, c.align)
+	}
+}
