@@ -482,6 +482,7 @@ func (r *replayRun) json(path string) replayJSON {
 		MedianWallNs: median.Nanoseconds(), NsPerEvent: float64(median.Nanoseconds()) / float64(max(x.Events, 1)),
 		PeakLiveBytes: x.PeakLiveBytes, PeakReservedBytes: r.reserved,
 		LeftAllocations: x.LeftAllocations, LeftBytes: x.LeftBytes, UnmatchedFrees: x.UnmatchedFrees,
+		MismatchedFrees: x.MismatchedFrees, DuplicateAllocations: x.DuplicateAllocations,
 	}
 	for _, y := range r.results {
 		j.WallNs = append(j.WallNs, y.Wall.Nanoseconds())
@@ -539,8 +540,20 @@ func (r *replayRun) report(w io.Writer, path string) {
 		fmt.Fprintf(w, "pool at end      size %d bytes in %d upstream blocks, %d free blocks, largest %d bytes\n", st.PoolSize, st.UpstreamBlocks, st.FreeBlocks, st.LargestFreeBlock)
 	}
 	fmt.Fprintf(w, "left allocated   %d allocations, %d bytes (freed after the replay)\n", x.LeftAllocations, x.LeftBytes)
+	oddEvents(w, x)
+}
+
+// oddEvents writes the lines of a report for the events where the trace contradicts itself, and
+// what the replay did with them; nothing for a trace that does not.
+func oddEvents(w io.Writer, x rmm.ReplayResult) {
 	if x.UnmatchedFrees > 0 {
 		fmt.Fprintf(w, "unmatched frees  %d (skipped)\n", x.UnmatchedFrees)
+	}
+	if x.MismatchedFrees > 0 {
+		fmt.Fprintf(w, "mismatched frees %d (a size other than the allocation's: freed with the allocation's size)\n", x.MismatchedFrees)
+	}
+	if x.DuplicateAllocations > 0 {
+		fmt.Fprintf(w, "duplicate allocs %d (a pointer allocated again while live: the earlier allocation left allocated, counted above)\n", x.DuplicateAllocations)
 	}
 }
 
@@ -565,9 +578,7 @@ func writeTable(w io.Writer, path string, runs []*replayRun) {
 	fmt.Fprintf(w, "passes           %d on each resource\n", len(runs[0].results))
 	fmt.Fprintf(w, "peak live        %d bytes (%s)\n", x.PeakLiveBytes, rmm.FormatBytes(x.PeakLiveBytes))
 	fmt.Fprintf(w, "left allocated   %d allocations, %d bytes (freed after each replay)\n", x.LeftAllocations, x.LeftBytes)
-	if x.UnmatchedFrees > 0 {
-		fmt.Fprintf(w, "unmatched frees  %d (skipped)\n", x.UnmatchedFrees)
-	}
+	oddEvents(w, x)
 	fmt.Fprintln(w)
 	floor := runs[0].floor != nil
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
@@ -671,6 +682,10 @@ type replayJSON struct {
 	LeftAllocations   int       `json:"left_allocations"`
 	LeftBytes         int64     `json:"left_bytes"`
 	UnmatchedFrees    int       `json:"unmatched_frees"`
+	// Frees of another size than their allocation's (freed with the allocation's size), and
+	// allocations of a pointer still live (the earlier allocation left allocated).
+	MismatchedFrees      int `json:"mismatched_frees"`
+	DuplicateAllocations int `json:"duplicate_allocations"`
 }
 
 // progressMu guards what the progress line reads of the replay loop.

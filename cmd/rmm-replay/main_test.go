@@ -527,3 +527,45 @@ func TestLibraryErrorShape(t *testing.T) {
 		}
 	}
 }
+
+// A trace that contradicts itself (a free of another size than its allocation's, a pointer
+// allocated again while live, a free of a pointer never allocated) replays, exit 0, and the
+// report and -json say how many of each there were and what the replay did with them.
+func TestReplayOddTrace(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "odd.csv")
+	require.NoError(t, os.WriteFile(path, []byte(rmm.LogHeader+"\n"+
+		"1,00:00:00.000001,allocate,0x100,1000,0\n"+
+		"1,00:00:00.000002,free,0x100,500,0\n"+
+		"1,00:00:00.000003,allocate,0x200,2000,0\n"+
+		"1,00:00:00.000004,allocate,0x200,3000,0\n"+
+		"1,00:00:00.000005,free,0x200,3000,0\n"+
+		"1,00:00:00.000006,free,0x900,64,0\n"), 0o644))
+	var out, errOut bytes.Buffer
+	require.NoError(t, run([]string{"-simulate", "1GiB", path}, &out, &errOut), errOut.String())
+	s := out.String()
+	require.Contains(t, s, "left allocated   1 allocations, 2000 bytes (freed after the replay)\n")
+	require.Contains(t, s, "unmatched frees  1 (skipped)\n")
+	require.Contains(t, s, "mismatched frees 1 (a size other than the allocation's: freed with the allocation's size)\n")
+	require.Contains(t, s, "duplicate allocs 1 (a pointer allocated again while live: the earlier allocation left allocated, counted above)\n")
+
+	out.Reset()
+	require.NoError(t, run([]string{"-simulate", "1GiB", "-mr", "plain,expandable", path}, &out, &errOut), errOut.String())
+	s = out.String()
+	require.Contains(t, s, "mismatched frees 1 (")
+	require.Contains(t, s, "duplicate allocs 1 (")
+
+	out.Reset()
+	require.NoError(t, run([]string{"-json", "-simulate", "1GiB", path}, &out, &errOut), errOut.String())
+	var j map[string]any
+	require.NoError(t, json.Unmarshal(out.Bytes(), &j), out.String())
+	require.Equal(t, 1.0, j["mismatched_frees"])
+	require.Equal(t, 1.0, j["duplicate_allocations"])
+	require.Equal(t, 1.0, j["unmatched_frees"])
+	require.Equal(t, 1.0, j["left_allocations"])
+
+	// A trace without any: no such lines, and zeros in -json.
+	out.Reset()
+	require.NoError(t, run([]string{"-simulate", "16GiB", cupy}, &out, &errOut))
+	require.NotContains(t, out.String(), "mismatched frees")
+	require.NotContains(t, out.String(), "duplicate allocs")
+}
