@@ -27,8 +27,10 @@
 //	                  system      SystemMemoryResource (host memory)
 //	                  The pools run over the GPU, over host memory where there is none, or over
 //	                  -simulate's memory.
-//	-initial SIZE     pool initial size, or the async pool's priming size (default 0)
-//	-maximum SIZE     pool maximum size (default none)
+//	-initial SIZE     pool initial size, or the async pool's priming size (default 0); for
+//	                  the pools a multiple of 256 bytes
+//	-maximum SIZE     pool maximum size, a multiple of 256 bytes, at least -initial (default
+//	                  none)
 //	-simulate SIZE    replay the pools over an address-only upstream of SIZE bytes
 //	-expandable       with -mr pool: an expandable pool (PoolOptions.Expandable), whose peak
 //	                  mapped size is reported as its peak upstream (default true: false gives
@@ -151,8 +153,8 @@ func run(args []string, stdout, stderr io.Writer) error {
 	fs.SetOutput(stderr)
 	mrList := fs.String("mr", "pool", "resources to replay on, in turn, separated by commas: pool (the pool -expandable picks), plain (librmm's pool), expandable, cuda, async, managed or system")
 	var initial, maximum, simulate sizeFlag
-	fs.Var(&initial, "initial", "pool initial size, or the async pool's priming size (default 0)")
-	fs.Var(&maximum, "maximum", "pool maximum size (default none)")
+	fs.Var(&initial, "initial", "pool initial size (a multiple of 256 bytes), or the async pool's priming size (default 0)")
+	fs.Var(&maximum, "maximum", "pool maximum size: a multiple of 256 bytes, at least -initial (default none)")
 	fs.Var(&simulate, "simulate", "replay the pools over an address-only upstream of this many bytes")
 	expandable := fs.Bool("expandable", true, "with -mr pool: an expandable pool (one virtual range grown by mapped chunks); false: librmm's pool")
 	stitch := fs.Bool("stitch", false, "the expandable pools stitch (PoolOptions.Stitch): free pieces of physical memory mapped again under a new range serve a request no free block holds")
@@ -205,6 +207,21 @@ func run(args []string, stdout, stderr io.Writer) error {
 	}
 	if expSet && *expandable && !slices.Contains(names, mrPool) {
 		return usagef("-expandable works with -mr pool only (got -mr %s)", *mrList)
+	}
+	if slices.ContainsFunc(names, isPool) {
+		// The pools' own checks, made here so that a bad size is a bad command line (exit 2)
+		// found before the trace is read, not a resource that fails to build.
+		for _, f := range []struct {
+			name string
+			size sizeFlag
+		}{{"initial", initial}, {"maximum", maximum}} {
+			if f.size.n%rmm.Alignment != 0 {
+				return usagef("-%s %d: a pool's sizes must be multiples of %d bytes (e.g. 256, 4KiB, 1GiB)", f.name, f.size.n, rmm.Alignment)
+			}
+		}
+		if maximum.n > 0 && initial.n > maximum.n {
+			return usagef("-initial %d (%s) exceeds -maximum %d (%s)", initial.n, rmm.FormatBytes(int64(initial.n)), maximum.n, rmm.FormatBytes(int64(maximum.n)))
+		}
 	}
 	if simulate.set && simulate.n <= 0 {
 		return usagef("-simulate %d: the simulated memory needs a positive size", simulate.n)
