@@ -26,7 +26,13 @@ type memState struct {
 	access   Access
 	kind     string // "DeviceBuffer", "Uvector[float32]", ... for messages
 	closed   bool
+	isNil    bool // the state of a nil container (nilMemState)
 }
+
+// nilMemState is what a nil container of kind reads as: nothing allocated, the default stream,
+// no resource, and closed, so that every call that can fail returns errClosed's error (which
+// names the nil container). Each call gets its own, so that nothing is shared.
+func nilMemState(kind string) *memState { return &memState{kind: kind, closed: true, isNil: true} }
 
 // newMemState allocates nbytes (exactly, none for 0) from mr, or the current device resource when
 // mr is nil, on s.
@@ -129,8 +135,11 @@ func (st *memState) close() error {
 	return nil
 }
 
-// errClosed is the error of every method called after Close.
+// errClosed is the error of every method called after Close, or on a nil container.
 func (st *memState) errClosed(op string) error {
+	if st.isNil {
+		return errorf("%s.%s: called on a nil *%s: %w", st.kind, op, st.kind, ErrInvalidArgument)
+	}
 	return errorf("%s.%s: called after Close: %w", st.kind, op, ErrClosed)
 }
 
@@ -392,11 +401,24 @@ func inRange(off, n, size int) bool { return off >= 0 && n >= 0 && off <= size &
 // finds it unreachable, and the leak is reported to DebugLogger. A DeviceBuffer must not be copied
 // by value, and is not safe for concurrent use by several goroutines.
 //
+// A nil *DeviceBuffer reads as an empty buffer, as a nil slice does: Len, Cap and Data are 0,
+// Stream is DefaultStream, MemoryResource is nil, Release returns (0, 0), SetStream does nothing
+// and Close returns nil; every other call that can fail returns an error wrapping
+// [ErrInvalidArgument] that names the nil buffer.
+//
 // Make one with its constructor; the zero value is not usable.
 type DeviceBuffer struct {
 	noCopy  noCopy
 	st      *memState
 	cleanup runtime.Cleanup
+}
+
+// state is b's memory state, or a nil buffer's (nilMemState).
+func (b *DeviceBuffer) state() *memState {
+	if b == nil {
+		return nilMemState("DeviceBuffer")
+	}
+	return b.st
 }
 
 func newDeviceBuffer(st *memState) *DeviceBuffer {
@@ -478,15 +500,15 @@ func AdoptDeviceBuffer(p DevicePtr, size int, s StreamView, mr MemoryResource) (
 // (asynchronously between device memories). The new buffer's stream is s.
 func (b *DeviceBuffer) Copy(s StreamView, mr MemoryResource) (*DeviceBuffer, error) {
 	defer runtime.KeepAlive(b) // the leak cleanup must not run during the call
-	if b.st.closed {
-		return nil, b.st.errClosed("Copy")
+	if b.state().closed {
+		return nil, b.state().errClosed("Copy")
 	}
-	st, err := newMemState("DeviceBuffer", b.st.size, s, mr)
+	st, err := newMemState("DeviceBuffer", b.state().size, s, mr)
 	if err != nil {
-		return nil, errorf("DeviceBuffer.Copy(%d bytes): %w", b.st.size, err)
+		return nil, errorf("DeviceBuffer.Copy(%d bytes): %w", b.state().size, err)
 	}
 	c := newDeviceBuffer(st)
-	if err := copyMem("DeviceBuffer.Copy", st.ref(), b.st.ref(), b.st.size, s); err != nil {
+	if err := copyMem("DeviceBuffer.Copy", st.ref(), b.state().ref(), b.state().size, s); err != nil {
 		c.Close()
 		return nil, err
 	}
@@ -494,35 +516,35 @@ func (b *DeviceBuffer) Copy(s StreamView, mr MemoryResource) (*DeviceBuffer, err
 }
 
 // Data returns the address of the first byte (0 when nothing is allocated or after Close).
-func (b *DeviceBuffer) Data() DevicePtr { return b.st.ptr }
+func (b *DeviceBuffer) Data() DevicePtr { return b.state().ptr }
 
 // Len returns the size in bytes (0 after Close).
-func (b *DeviceBuffer) Len() int { return b.st.size }
+func (b *DeviceBuffer) Len() int { return b.state().size }
 
 // Cap returns the capacity in bytes: what is allocated, at least Len (0 after Close).
-func (b *DeviceBuffer) Cap() int { return b.st.capacity }
+func (b *DeviceBuffer) Cap() int { return b.state().capacity }
 
 // IsEmpty reports whether Len() == 0; an empty buffer may still hold capacity.
-func (b *DeviceBuffer) IsEmpty() bool { return b.st.size == 0 }
+func (b *DeviceBuffer) IsEmpty() bool { return b.state().size == 0 }
 
 // Stream returns the buffer's stream: the one it was allocated on, or last resized on, or set
 // with SetStream; Close frees it there. Calls that take a stream argument (fills, copies) do not
 // change it: before Close, order work queued on other streams before this one (SetStream, or an
 // Event), or the memory may be reused while that work still runs.
-func (b *DeviceBuffer) Stream() StreamView { return b.st.stream }
+func (b *DeviceBuffer) Stream() StreamView { return b.state().stream }
 
 // SetStream sets the stream on which the memory is next freed or reallocated. The caller keeps
 // the order: work on the old stream that uses the memory must be ordered before the new one.
-func (b *DeviceBuffer) SetStream(s StreamView) { b.st.stream = s }
+func (b *DeviceBuffer) SetStream(s StreamView) { b.state().stream = s }
 
 // MemoryResource returns the resource the memory came from (and is freed through).
-func (b *DeviceBuffer) MemoryResource() MemoryResource { return b.st.mr }
+func (b *DeviceBuffer) MemoryResource() MemoryResource { return b.state().mr }
 
 // Device returns the device recorded at construction (DeviceOf the resource).
-func (b *DeviceBuffer) Device() Device { return b.st.dev }
+func (b *DeviceBuffer) Device() Device { return b.state().dev }
 
 // Access reports where the memory can be touched (AccessOf the resource).
-func (b *DeviceBuffer) Access() Access { return b.st.access }
+func (b *DeviceBuffer) Access() Access { return b.state().access }
 
 // Resize sets the size to n bytes and makes s the stream. When n ≤ Cap() only the size changes
 // (no allocation; shrinking keeps the capacity). Otherwise exactly n bytes are allocated on s, the
@@ -531,36 +553,36 @@ func (b *DeviceBuffer) Access() Access { return b.st.access }
 // allocation returns the resource's error and leaves the buffer unchanged.
 func (b *DeviceBuffer) Resize(n int, s StreamView) error {
 	defer runtime.KeepAlive(b)
-	if b.st.closed {
-		return b.st.errClosed("Resize")
+	if b.state().closed {
+		return b.state().errClosed("Resize")
 	}
 	if n < 0 {
 		return errorf("DeviceBuffer.Resize: negative size %d: %w", n, ErrInvalidArgument)
 	}
-	return b.st.resize(fmt.Sprintf("DeviceBuffer.Resize(%d)", n), n, s)
+	return b.state().resize(fmt.Sprintf("DeviceBuffer.Resize(%d)", n), n, s)
 }
 
 // Reserve grows the capacity to exactly n bytes when n > Cap() (allocate on s, copy Len() bytes
 // on s, free the old on s); the size is unchanged. s becomes the stream. Errors as Resize.
 func (b *DeviceBuffer) Reserve(n int, s StreamView) error {
 	defer runtime.KeepAlive(b)
-	if b.st.closed {
-		return b.st.errClosed("Reserve")
+	if b.state().closed {
+		return b.state().errClosed("Reserve")
 	}
 	if n < 0 {
 		return errorf("DeviceBuffer.Reserve: negative capacity %d: %w", n, ErrInvalidArgument)
 	}
-	return b.st.reserve(fmt.Sprintf("DeviceBuffer.Reserve(%d)", n), n, s)
+	return b.state().reserve(fmt.Sprintf("DeviceBuffer.Reserve(%d)", n), n, s)
 }
 
 // ShrinkToFit reallocates exactly Len() bytes when Cap() is larger (copying on s, freeing the
 // old on s); s becomes the stream. A failed allocation leaves the buffer unchanged.
 func (b *DeviceBuffer) ShrinkToFit(s StreamView) error {
 	defer runtime.KeepAlive(b)
-	if b.st.closed {
-		return b.st.errClosed("ShrinkToFit")
+	if b.state().closed {
+		return b.state().errClosed("ShrinkToFit")
 	}
-	return b.st.shrinkToFit("DeviceBuffer.ShrinkToFit", s)
+	return b.state().shrinkToFit("DeviceBuffer.ShrinkToFit", s)
 }
 
 // CopyFromHost copies src into the buffer at byte offset dstOffset; complete at return
@@ -568,13 +590,13 @@ func (b *DeviceBuffer) ShrinkToFit(s StreamView) error {
 // [0, Len()), else ErrOutOfRange.
 func (b *DeviceBuffer) CopyFromHost(dstOffset int, src []byte, s StreamView) error {
 	defer runtime.KeepAlive(b)
-	if b.st.closed {
-		return b.st.errClosed("CopyFromHost")
+	if b.state().closed {
+		return b.state().errClosed("CopyFromHost")
 	}
-	if !inRange(dstOffset, len(src), b.st.size) {
-		return rangeErr("DeviceBuffer.CopyFromHost", dstOffset, len(src), b.st.size, "bytes")
+	if !inRange(dstOffset, len(src), b.state().size) {
+		return rangeErr("DeviceBuffer.CopyFromHost", dstOffset, len(src), b.state().size, "bytes")
 	}
-	dst := b.st.ref()
+	dst := b.state().ref()
 	dst.p += DevicePtr(dstOffset)
 	return copyFromGo("DeviceBuffer.CopyFromHost", dst, bytesPtr(src), len(src), s)
 }
@@ -584,13 +606,13 @@ func (b *DeviceBuffer) CopyFromHost(dstOffset int, src []byte, s StreamView) err
 // ErrOutOfRange.
 func (b *DeviceBuffer) CopyToHost(dst []byte, srcOffset int, s StreamView) error {
 	defer runtime.KeepAlive(b)
-	if b.st.closed {
-		return b.st.errClosed("CopyToHost")
+	if b.state().closed {
+		return b.state().errClosed("CopyToHost")
 	}
-	if !inRange(srcOffset, len(dst), b.st.size) {
-		return rangeErr("DeviceBuffer.CopyToHost", srcOffset, len(dst), b.st.size, "bytes")
+	if !inRange(srcOffset, len(dst), b.state().size) {
+		return rangeErr("DeviceBuffer.CopyToHost", srcOffset, len(dst), b.state().size, "bytes")
 	}
-	src := b.st.ref()
+	src := b.state().ref()
 	src.p += DevicePtr(srcOffset)
 	return copyToGo("DeviceBuffer.CopyToHost", bytesPtr(dst), src, len(dst), s)
 }
@@ -599,14 +621,14 @@ func (b *DeviceBuffer) CopyToHost(dst []byte, srcOffset int, s StreamView) error
 // s, then s synchronised).
 func (b *DeviceBuffer) Bytes(s StreamView) ([]byte, error) {
 	defer runtime.KeepAlive(b)
-	if b.st.closed {
-		return nil, b.st.errClosed("Bytes")
+	if b.state().closed {
+		return nil, b.state().errClosed("Bytes")
 	}
-	if _, err := routeOf("DeviceBuffer.Bytes", b.st.access); err != nil {
+	if _, err := routeOf("DeviceBuffer.Bytes", b.state().access); err != nil {
 		return nil, err // before allocating the result
 	}
-	out := make([]byte, b.st.size)
-	if err := copyToGo("DeviceBuffer.Bytes", bytesPtr(out), b.st.ref(), len(out), s); err != nil {
+	out := make([]byte, b.state().size)
+	if err := copyToGo("DeviceBuffer.Bytes", bytesPtr(out), b.state().ref(), len(out), s); err != nil {
 		return nil, err
 	}
 	return out, nil
@@ -618,8 +640,8 @@ func (b *DeviceBuffer) Bytes(s StreamView) ([]byte, error) {
 // src with nbytes > 0 returns ErrInvalidArgument. The ranges must not overlap.
 func (b *DeviceBuffer) CopyFromDevice(dstOffset int, src DevicePtr, nbytes int, s StreamView) error {
 	defer runtime.KeepAlive(b)
-	if b.st.closed {
-		return b.st.errClosed("CopyFromDevice")
+	if b.state().closed {
+		return b.state().errClosed("CopyFromDevice")
 	}
 	if nbytes < 0 {
 		return errorf("DeviceBuffer.CopyFromDevice: negative size %d: %w", nbytes, ErrInvalidArgument)
@@ -627,10 +649,10 @@ func (b *DeviceBuffer) CopyFromDevice(dstOffset int, src DevicePtr, nbytes int, 
 	if src == 0 && nbytes > 0 {
 		return errorf("DeviceBuffer.CopyFromDevice: null source with size %d: %w", nbytes, ErrInvalidArgument)
 	}
-	if !inRange(dstOffset, nbytes, b.st.size) {
-		return rangeErr("DeviceBuffer.CopyFromDevice", dstOffset, nbytes, b.st.size, "bytes")
+	if !inRange(dstOffset, nbytes, b.state().size) {
+		return rangeErr("DeviceBuffer.CopyFromDevice", dstOffset, nbytes, b.state().size, "bytes")
 	}
-	dst := b.st.ref()
+	dst := b.state().ref()
 	dst.p += DevicePtr(dstOffset)
 	return copyFromAddr("DeviceBuffer.CopyFromDevice", dst, src, nbytes, s)
 }
@@ -641,8 +663,8 @@ func (b *DeviceBuffer) CopyFromDevice(dstOffset int, src DevicePtr, nbytes int, 
 // buffer's stream (see Stream). After Close it returns (0, 0).
 func (b *DeviceBuffer) Release() (p DevicePtr, capacity int) {
 	defer runtime.KeepAlive(b)
-	p, capacity = b.st.ptr, b.st.capacity
-	b.st.ptr, b.st.size, b.st.capacity = 0, 0, 0
+	p, capacity = b.state().ptr, b.state().capacity
+	b.state().ptr, b.state().size, b.state().capacity = 0, 0, 0
 	return p, capacity
 }
 
@@ -651,9 +673,9 @@ func (b *DeviceBuffer) Release() (p DevicePtr, capacity int) {
 // resource's Deallocate is returned, and the buffer is closed all the same.
 func (b *DeviceBuffer) Close() error {
 	defer runtime.KeepAlive(b)
-	if b.st.closed {
+	if b.state().closed {
 		return nil
 	}
 	b.cleanup.Stop()
-	return b.st.close()
+	return b.state().close()
 }

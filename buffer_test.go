@@ -473,3 +473,39 @@ func TestAdoptDeviceBuffer(t *testing.T) {
 	_, frees, _ = mr.counts()
 	assert.Equal(t, 3, frees, "an empty buffer frees nothing")
 }
+
+// A nil *DeviceBuffer reads as an empty buffer (no bytes, no memory, the default stream), closes
+// with nil, releases nothing, and every call that can fail returns ErrInvalidArgument naming the
+// nil buffer.
+func TestDeviceBufferNil(t *testing.T) {
+	var b *DeviceBuffer
+	require.Zero(t, b.Len())
+	require.Zero(t, b.Cap())
+	require.True(t, b.IsEmpty())
+	require.Zero(t, b.Data())
+	require.Equal(t, DefaultStream, b.Stream())
+	require.Nil(t, b.MemoryResource())
+	require.Zero(t, b.Device())
+	require.Zero(t, b.Access())
+	p, n := b.Release()
+	require.Zero(t, p)
+	require.Zero(t, n)
+	s := newHostStream(t)
+	b.SetStream(s)
+	require.Equal(t, DefaultStream, b.Stream())
+	require.NoError(t, b.Close())
+	require.NoError(t, b.Close())
+	mr := newTestResource()
+	src := []byte{1, 2, 3}
+	requireNilErr(t, "DeviceBuffer", map[string]func() error{
+		"Copy":           func() error { c, err := b.Copy(s, mr); require.Nil(t, c); return err },
+		"Resize":         func() error { return b.Resize(4, s) },
+		"Reserve":        func() error { return b.Reserve(4, s) },
+		"ShrinkToFit":    func() error { return b.ShrinkToFit(s) },
+		"CopyFromHost":   func() error { return b.CopyFromHost(0, src, s) },
+		"CopyToHost":     func() error { return b.CopyToHost(src, 0, s) },
+		"Bytes":          func() error { out, err := b.Bytes(s); require.Nil(t, out); return err },
+		"CopyFromDevice": func() error { return b.CopyFromDevice(0, DevicePtr(0x1000), 3, s) },
+	})
+	require.Zero(t, mr.liveBytes())
+}

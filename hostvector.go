@@ -28,11 +28,24 @@ import (
 // reported to DebugLogger. A HostVector must not be copied by value, and is not safe for
 // concurrent use by several goroutines.
 //
+// A nil *HostVector reads as an empty vector, as a nil slice does: Len and Cap are 0, Data and
+// MemoryResource are nil, and Close returns nil; every other call that can fail returns an error
+// wrapping [ErrInvalidArgument] that names the nil vector.
+//
 // Make one with NewHostVector; the zero value is not usable.
 type HostVector[T any] struct {
 	noCopy  noCopy
 	st      *hostVecState
 	cleanup runtime.Cleanup
+}
+
+// state is h's state, or a nil vector's: nothing allocated, and closed, so that every call that
+// can fail returns errClosed's error, which names the nil vector.
+func (h *HostVector[T]) state() *hostVecState {
+	if h == nil {
+		return &hostVecState{kind: hostVectorKind[T](), closed: true, isNil: true}
+	}
+	return h.st
 }
 
 // hostVecState is what a HostVector owns, apart from the vector so that its leak cleanup can
@@ -44,6 +57,7 @@ type hostVecState struct {
 	capacity int // bytes allocated
 	kind     string
 	closed   bool
+	isNil    bool // the state of a nil vector (HostVector.state)
 	events   []*hostCopyEvent
 }
 
@@ -106,27 +120,27 @@ func NewHostVectorFromSlice[T any](src []T, mr HostMemoryResource) (*HostVector[
 }
 
 // Len returns the number of elements (0 after Close).
-func (h *HostVector[T]) Len() int { return h.st.size / sizeOf[T]() }
+func (h *HostVector[T]) Len() int { return h.state().size / sizeOf[T]() }
 
 // Cap returns the number of elements the allocation holds (0 after Close).
-func (h *HostVector[T]) Cap() int { return h.st.capacity / sizeOf[T]() }
+func (h *HostVector[T]) Cap() int { return h.state().capacity / sizeOf[T]() }
 
 // SizeBytes returns Len() * sizeof(T).
-func (h *HostVector[T]) SizeBytes() int { return h.st.size }
+func (h *HostVector[T]) SizeBytes() int { return h.state().size }
 
 // Data returns the address of the first element (nil when nothing is allocated or after Close).
 // It does not wait for copies in flight.
-func (h *HostVector[T]) Data() unsafe.Pointer { return h.st.ptr }
+func (h *HostVector[T]) Data() unsafe.Pointer { return h.state().ptr }
 
 // MemoryResource returns the resource the memory came from.
-func (h *HostVector[T]) MemoryResource() HostMemoryResource { return h.st.mr }
+func (h *HostVector[T]) MemoryResource() HostMemoryResource { return h.state().mr }
 
 // view is the elements as a slice, without waiting.
 func (h *HostVector[T]) view() []T {
-	if h.st.ptr == nil {
+	if h.state().ptr == nil {
 		return nil
 	}
-	return unsafe.Slice((*T)(h.st.ptr), h.Len())
+	return unsafe.Slice((*T)(h.state().ptr), h.Len())
 }
 
 // Wait blocks until every asynchronous copy to or from the vector has finished
@@ -134,10 +148,10 @@ func (h *HostVector[T]) view() []T {
 // once. After Close it returns ErrClosed.
 func (h *HostVector[T]) Wait() error {
 	defer runtime.KeepAlive(h)
-	if h.st.closed {
-		return h.st.errClosed("Wait")
+	if h.state().closed {
+		return h.state().errClosed("Wait")
 	}
-	return h.st.wait()
+	return h.state().wait()
 }
 
 // Pending reports whether copies may still be in flight: some copy was queued since the last
@@ -145,10 +159,10 @@ func (h *HostVector[T]) Wait() error {
 // ErrClosed.
 func (h *HostVector[T]) Pending() (bool, error) {
 	defer runtime.KeepAlive(h)
-	if h.st.closed {
-		return false, h.st.errClosed("Pending")
+	if h.state().closed {
+		return false, h.state().errClosed("Pending")
 	}
-	for _, e := range h.st.events {
+	for _, e := range h.state().events {
 		if !e.pending {
 			continue
 		}
@@ -171,10 +185,10 @@ func (h *HostVector[T]) Pending() (bool, error) {
 // call Wait (or Slice again) first.
 func (h *HostVector[T]) Slice() ([]T, error) {
 	defer runtime.KeepAlive(h)
-	if h.st.closed {
-		return nil, h.st.errClosed("Slice")
+	if h.state().closed {
+		return nil, h.state().errClosed("Slice")
 	}
-	if err := h.st.wait(); err != nil {
+	if err := h.state().wait(); err != nil {
 		return nil, err
 	}
 	return h.view(), nil
@@ -188,7 +202,7 @@ func (h *HostVector[T]) At(i int) (T, error) {
 	if err := h.check("At", i); err != nil {
 		return z, err
 	}
-	if err := h.st.wait(); err != nil {
+	if err := h.state().wait(); err != nil {
 		return z, err
 	}
 	return h.view()[i], nil
@@ -201,7 +215,7 @@ func (h *HostVector[T]) Set(i int, v T) error {
 	if err := h.check("Set", i); err != nil {
 		return err
 	}
-	if err := h.st.wait(); err != nil {
+	if err := h.state().wait(); err != nil {
 		return err
 	}
 	h.view()[i] = v
@@ -209,11 +223,11 @@ func (h *HostVector[T]) Set(i int, v T) error {
 }
 
 func (h *HostVector[T]) check(op string, i int) error {
-	if h.st.closed {
-		return h.st.errClosed(op)
+	if h.state().closed {
+		return h.state().errClosed(op)
 	}
 	if n := h.Len(); i < 0 || i >= n {
-		return errorf("%s.%s: index %d, length %d: %w", h.st.kind, op, i, n, ErrOutOfRange)
+		return errorf("%s.%s: index %d, length %d: %w", h.state().kind, op, i, n, ErrOutOfRange)
 	}
 	return nil
 }
@@ -225,7 +239,7 @@ func (h *HostVector[T]) check(op string, i int) error {
 // it was.
 func (h *HostVector[T]) Resize(n int) error {
 	defer runtime.KeepAlive(h)
-	st := h.st
+	st := h.state()
 	if st.closed {
 		return st.errClosed("Resize")
 	}
@@ -273,9 +287,9 @@ func (h *HostVector[T]) Resize(n int) error {
 func (h *HostVector[T]) CopyToDeviceAsync(dst SpanSource[T], s StreamView) error {
 	defer runtime.KeepAlive(h)
 	defer runtime.KeepAlive(dst)
-	op := h.st.kind + ".CopyToDeviceAsync"
-	if h.st.closed {
-		return h.st.errClosed("CopyToDeviceAsync")
+	op := h.state().kind + ".CopyToDeviceAsync"
+	if h.state().closed {
+		return h.state().errClosed("CopyToDeviceAsync")
 	}
 	sp, err := hostSpanOf(op, dst)
 	if err != nil {
@@ -284,7 +298,7 @@ func (h *HostVector[T]) CopyToDeviceAsync(dst SpanSource[T], s StreamView) error
 	if h.Len() > sp.n {
 		return errorf("%s: %d elements do not fit in a destination of length %d: %w", op, h.Len(), sp.n, ErrOutOfRange)
 	}
-	return h.st.copyAsync(op, sp.ref(), true, h.st.size, s)
+	return h.state().copyAsync(op, sp.ref(), true, h.state().size, s)
 }
 
 // CopyFromDeviceAsync copies every element of src (a *Uvector[T], *Scalar[T] or DeviceSpan[T])
@@ -296,9 +310,9 @@ func (h *HostVector[T]) CopyToDeviceAsync(dst SpanSource[T], s StreamView) error
 func (h *HostVector[T]) CopyFromDeviceAsync(src SpanSource[T], s StreamView) error {
 	defer runtime.KeepAlive(h)
 	defer runtime.KeepAlive(src)
-	op := h.st.kind + ".CopyFromDeviceAsync"
-	if h.st.closed {
-		return h.st.errClosed("CopyFromDeviceAsync")
+	op := h.state().kind + ".CopyFromDeviceAsync"
+	if h.state().closed {
+		return h.state().errClosed("CopyFromDeviceAsync")
 	}
 	sp, err := hostSpanOf(op, src)
 	if err != nil {
@@ -307,7 +321,7 @@ func (h *HostVector[T]) CopyFromDeviceAsync(src SpanSource[T], s StreamView) err
 	if sp.n > h.Len() {
 		return errorf("%s: %d source elements do not fit in length %d: %w", op, sp.n, h.Len(), ErrOutOfRange)
 	}
-	return h.st.copyAsync(op, sp.ref(), false, sp.SizeBytes(), s)
+	return h.state().copyAsync(op, sp.ref(), false, sp.SizeBytes(), s)
 }
 
 // Close waits for copies in flight, destroys the vector's events and frees the memory through the
@@ -315,11 +329,11 @@ func (h *HostVector[T]) CopyFromDeviceAsync(src SpanSource[T], s StreamView) err
 // waiting or freeing is returned, and the vector is closed all the same.
 func (h *HostVector[T]) Close() error {
 	defer runtime.KeepAlive(h)
-	if h.st.closed {
+	if h.state().closed {
 		return nil
 	}
 	h.cleanup.Stop()
-	return h.st.close()
+	return h.state().close()
 }
 
 // hostSpanOf returns the span of a device container, refusing nil and closed ones.
@@ -346,6 +360,9 @@ func hostSpanOf[T any](op string, src SpanSource[T]) (DeviceSpan[T], error) {
 }
 
 func (st *hostVecState) errClosed(op string) error {
+	if st.isNil {
+		return errorf("%s.%s: called on a nil *%s: %w", st.kind, op, st.kind, ErrInvalidArgument)
+	}
 	return errorf("%s.%s: called after Close: %w", st.kind, op, ErrClosed)
 }
 

@@ -499,3 +499,30 @@ func TestGPUHostVectorToPinnedVector(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, hs, got)
 }
+
+// A nil *HostVector reads as an empty vector (no elements, no memory), closes with nil, and every
+// call that can fail returns ErrInvalidArgument naming the nil vector.
+func TestHostVectorNil(t *testing.T) {
+	var h *HostVector[uint16]
+	require.Zero(t, h.Len())
+	require.Zero(t, h.Cap())
+	require.Zero(t, h.SizeBytes())
+	require.Nil(t, h.Data())
+	require.Nil(t, h.MemoryResource())
+	require.NoError(t, h.Close())
+	require.NoError(t, h.Close())
+	s := newHostStream(t)
+	dev, err := NewUvector[uint16](2, s, NewSystemMemoryResource())
+	require.NoError(t, err)
+	defer dev.Close()
+	requireNilErr(t, "HostVector[uint16]", map[string]func() error{
+		"Wait":                func() error { return h.Wait() },
+		"Pending":             func() error { _, err := h.Pending(); return err },
+		"Slice":               func() error { out, err := h.Slice(); require.Nil(t, out); return err },
+		"At":                  func() error { _, err := h.At(0); return err },
+		"Set":                 func() error { return h.Set(0, 1) },
+		"Resize":              func() error { return h.Resize(4) },
+		"CopyToDeviceAsync":   func() error { return h.CopyToDeviceAsync(dev, s) },
+		"CopyFromDeviceAsync": func() error { return h.CopyFromDeviceAsync(dev, s) },
+	})
+}

@@ -46,8 +46,18 @@ type ReplayResult struct {
 	Threads         int           // logged threads: the goroutines used, unless Serial
 	Wall            time.Duration // time to replay all events, in their logged order
 	PeakLiveBytes   int64         // highest sum of live (requested) sizes during the replay
-	LeftAllocations int           // allocations the log never frees
+	LeftAllocations int           // allocations the log never frees (duplicated ones included)
 	LeftBytes       int64         // their requested bytes
+
+	// MismatchedFrees counts frees whose logged size differs from the size their allocation
+	// logged. Each is replayed with the allocation's size, as a resource needs it, and the live
+	// bytes drop by that size.
+	MismatchedFrees int
+	// DuplicateAllocations counts allocations of a pointer the log already held live (the log
+	// has no free of it in between). The new allocation takes the pointer, and so the later
+	// free; the earlier one is left live to the end of the replay, freed then with the other
+	// leftovers, and counted in LeftAllocations and LeftBytes.
+	DuplicateAllocations int
 }
 
 // NsPerEvent is the wall time per replayed event.
@@ -62,8 +72,12 @@ func (r ReplayResult) NsPerEvent() float64 {
 // order: one goroutine per logged thread, each event waiting for the one before it in the log,
 // as librmm's replay benchmark does (or all from one goroutine: ReplayOptions.Serial). Logged
 // pointers are remapped to the pointers mr returns; "allocate failure" lines are skipped; a free
-// of a pointer the log never allocated is skipped and counted. Allocations the log leaves live
-// are freed after the timed part. The error is non-nil only for a failed Deallocate (which means
+// of a pointer the log never allocated is skipped and counted. A log that contradicts itself is
+// replayed as far as it can be and counted, never rejected: a free with a size other than its
+// allocation's frees the allocation's size ([ReplayResult.MismatchedFrees]), and a pointer
+// allocated again while live leaves the earlier allocation live
+// ([ReplayResult.DuplicateAllocations]). Allocations the log leaves live are freed after the
+// timed part. The error is non-nil only for a failed Deallocate (which means
 // a bug in mr) or a stream that cannot be created.
 func Replay(events []LogEvent, mr MemoryResource, opts *ReplayOptions) (ReplayResult, error) {
 	mr = resourceOrCurrent(mr)
@@ -132,6 +146,7 @@ func Replay(events []LogEvent, mr MemoryResource, opts *ReplayOptions) (ReplayRe
 					// The log hands out a pointer it never freed: that earlier allocation is
 					// never freed by the log.
 					orphans = append(orphans, j)
+					res.DuplicateAllocations++
 				}
 				lastAlloc[e.Pointer] = int32(i)
 			}
@@ -148,6 +163,9 @@ func Replay(events []LogEvent, mr MemoryResource, opts *ReplayOptions) (ReplayRe
 				delete(lastAlloc, e.Pointer)
 				live -= int64(events[j].Size)
 				res.Frees++
+				if e.Size != events[j].Size {
+					res.MismatchedFrees++ // replayed with the allocation's size, ops[j].size
+				}
 			default:
 				res.UnmatchedFrees++
 			}

@@ -36,6 +36,8 @@ func TestReplayBundledTraces(t *testing.T) {
 			require.NoError(t, err)
 			require.Zero(t, r.Failures, "no allocation fails")
 			require.Zero(t, r.UnmatchedFrees)
+			require.Zero(t, r.MismatchedFrees, "the recorders log a free with its allocation's size")
+			require.Zero(t, r.DuplicateAllocations)
 			require.Equal(t, w.peakLive, r.PeakLiveBytes)
 			require.Equal(t, w.left, r.LeftAllocations)
 			require.Equal(t, len(events), r.Events)
@@ -194,6 +196,38 @@ func TestReplayAccountingOddLogs(t *testing.T) {
 	require.Equal(t, 2, r.Frees)
 	require.Equal(t, int64(400), r.PeakLiveBytes)
 	require.Equal(t, []string{"a100", "a300", "f300", "a0", "f100"}, rec.calls)
+}
+
+// A free whose logged size is not its allocation's frees with the allocation's size, and a
+// pointer allocated again while live replaces the earlier allocation, which is left live to the
+// end and freed with the leftovers: both are counted.
+func TestReplayMismatchedFreesAndDuplicateAllocations(t *testing.T) {
+	log := LogHeader + "\n" +
+		"1,00:00:00.000001,allocate,0x100,100,0\n" +
+		"1,00:00:00.000002,free,0x100,150,0\n" + // mismatched: freed as 100
+		"1,00:00:00.000003,allocate,0x200,200,0\n" +
+		"1,00:00:00.000004,allocate,0x200,300,0\n" + // duplicate: the 200 is left live
+		"1,00:00:00.000005,free,0x200,300,0\n" +
+		"1,00:00:00.000006,allocate,0x300,400,0\n" +
+		"1,00:00:00.000007,free,0x300,50,0\n" + // mismatched: freed as 400
+		"1,00:00:00.000008,allocate,(nil),0,0\n" +
+		"1,00:00:00.000009,free,(nil),0,0\n"
+	events, err := ReadLog(strings.NewReader(log))
+	require.NoError(t, err)
+	for _, serial := range []bool{false, true} {
+		rec := &orderRecorder{inner: NewSystemMemoryResource()}
+		r, err := Replay(events, rec, &ReplayOptions{Serial: serial})
+		require.NoError(t, err)
+		require.Equal(t, []string{"a100", "f100", "a200", "a300", "f300", "a400", "f400", "a0", "f200"}, rec.calls)
+		require.Equal(t, 2, r.MismatchedFrees)
+		require.Equal(t, 1, r.DuplicateAllocations)
+		require.Zero(t, r.UnmatchedFrees)
+		require.Equal(t, 4, r.Frees)
+		require.Equal(t, 5, r.Allocations)
+		require.Equal(t, 1, r.LeftAllocations)
+		require.Equal(t, int64(200), r.LeftBytes)
+		require.Equal(t, int64(600), r.PeakLiveBytes, "live bytes count the allocated sizes")
+	}
 }
 
 // Many logged threads, events interleaved round-robin: the global order holds.

@@ -170,9 +170,13 @@ func resourceName(mr any) string {
 	return s
 }
 
-// AlignUp rounds n up to a multiple of align, which must be a power of two. It returns false
-// when the result would overflow int.
+// AlignUp rounds n up to a multiple of align, which must be a power of two (1, 2, 4, ...). It
+// returns 0, false when align is not a power of two (0, a negative number, 3, 768) or when the
+// result would overflow int.
 func AlignUp(n, align int) (int, bool) {
+	if !IsPowerOfTwo(align) {
+		return 0, false
+	}
 	r := (n + align - 1) &^ (align - 1)
 	if r < n {
 		return 0, false
@@ -180,8 +184,16 @@ func AlignUp(n, align int) (int, bool) {
 	return r, true
 }
 
-// AlignDown rounds n down to a multiple of align, which must be a power of two.
-func AlignDown(n, align int) int { return n &^ (align - 1) }
+// AlignDown rounds n down to a multiple of align, which must be a power of two (1, 2, 4, ...);
+// it cannot overflow. It has no failure result, so an align that is not a power of two (0, a
+// negative number, 3, 768) is a programmer error and panics, as an integer division by zero
+// does; check a computed alignment with [IsPowerOfTwo] first.
+func AlignDown(n, align int) int {
+	if !IsPowerOfTwo(align) {
+		panic(fmt.Sprintf("rmm.AlignDown: alignment %d is not a power of two", align))
+	}
+	return n &^ (align - 1)
+}
 
 // IsPowerOfTwo reports whether n is a power of two.
 func IsPowerOfTwo(n int) bool { return n > 0 && bits.OnesCount(uint(n)) == 1 }

@@ -81,3 +81,26 @@ func TestScalarWithValueAndCopy(t *testing.T) {
 	require.ErrorIs(t, err, ErrNotSupported)
 	assert.Zero(t, sim.UsedBytes(), "a failed set frees the allocation")
 }
+
+// A nil *Scalar reads as an empty one (no memory, the default stream), closes with nil, and
+// every call that can fail returns ErrInvalidArgument naming the nil scalar.
+func TestScalarNil(t *testing.T) {
+	var c *Scalar[float64]
+	require.Zero(t, c.Data())
+	require.Equal(t, DeviceSpan[float64]{}, c.Span())
+	require.Equal(t, DefaultStream, c.Stream())
+	require.Nil(t, c.MemoryResource())
+	require.Zero(t, c.Device())
+	s := newHostStream(t)
+	c.SetStream(s)
+	require.Equal(t, DefaultStream, c.Stream())
+	require.NoError(t, c.Close())
+	mr := newTestResource()
+	requireNilErr(t, "Scalar[float64]", map[string]func() error{
+		"Copy":           func() error { x, err := c.Copy(s, mr); require.Nil(t, x); return err },
+		"Value":          func() error { _, err := c.Value(s); return err },
+		"SetValue":       func() error { return c.SetValue(1.5, s) },
+		"SetValueToZero": func() error { return c.SetValueToZero(s) },
+	})
+	require.Zero(t, mr.liveBytes())
+}

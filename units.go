@@ -24,11 +24,13 @@ var byteUnits = map[string]uint64{
 // number of bytes ("1073741824"), or a number and a unit, binary ("4GiB", "512MiB", "0.5KiB") or
 // decimal ("1.5GB", "512MB", "4kB"), the unit's B optional ("4Gi" is 4GiB; "4G", one letter, is
 // decimal: 4GB) and "B" alone meaning bytes, in any case, with or without a space between, spaces
-// around it ignored, and commas between digits taken as thousands separators ("1,000"). A whole
+// around it ignored, and commas in the whole number taken as thousands separators ("1,000",
+// "1,048,576kB": one to three digits before the first comma, exactly three after each). A whole
 // number is read exactly; a fraction is computed in float64 and a fraction of a byte dropped.
 //
-// Errors wrap ErrInvalidArgument and quote s: anything else (an empty string, a sign, an
-// exponent, an unknown unit), or a size above the largest int.
+// Errors wrap [ErrInvalidArgument] and quote s: anything else (an empty string, a sign, an
+// exponent, an unknown unit, a comma anywhere else, as in ",100", "1,00" or "1,2,3"), or a size
+// above the largest int.
 func ParseBytes(s string) (int, error) {
 	notSize := func() error {
 		return errorf("ParseBytes: not a size: %q (examples: 1073741824, 4GiB, 512MiB, 1.5GB): %w", s, ErrInvalidArgument)
@@ -40,6 +42,9 @@ func ParseBytes(s string) (int, error) {
 	end := 0
 	for end < len(t) && ('0' <= t[end] && t[end] <= '9' || t[end] == '.' || t[end] == ',') {
 		end++
+	}
+	if !thousandsGrouped(t[:end]) {
+		return 0, errorf("ParseBytes: misplaced comma in %q: commas separate the whole number's digits in groups of three, as in 1,000,000: %w", s, ErrInvalidArgument)
 	}
 	num := strings.ReplaceAll(t[:end], ",", "")
 	unit, ok := byteUnits[strings.ToLower(strings.TrimSpace(t[end:]))]
@@ -65,6 +70,29 @@ func ParseBytes(s string) (int, error) {
 		return 0, tooLarge()
 	}
 	return int(f), nil
+}
+
+// thousandsGrouped reports whether the commas in num, a run of digits, dots and commas, are all
+// thousands separators: none after the first dot, and where the whole part has any, one to three
+// digits before the first and exactly three after each. Dots are ParseFloat's to judge.
+func thousandsGrouped(num string) bool {
+	whole, frac, _ := strings.Cut(num, ".")
+	if strings.Contains(frac, ",") {
+		return false
+	}
+	if !strings.Contains(whole, ",") {
+		return true
+	}
+	groups := strings.Split(whole, ",")
+	if n := len(groups[0]); n < 1 || n > 3 {
+		return false
+	}
+	for _, g := range groups[1:] {
+		if len(g) != 3 {
+			return false
+		}
+	}
+	return true
 }
 
 // FormatBytes renders a byte count n (in bytes) for people, as errors and the cmd/ tools print

@@ -31,6 +31,26 @@ func TestParseBytes(t *testing.T) {
 	}
 }
 
+// TestParseBytesCommas: a comma is read only as a thousands separator, with one to three digits
+// before the first and exactly three after each; anything else is an error naming the comma.
+func TestParseBytesCommas(t *testing.T) {
+	for s, want := range map[string]int{
+		"1,000": 1000, "12,345": 12345, "123,456,789": 123456789, "1,000,000": 1_000_000,
+		"1,024KiB": 1 << 20, "1,000.5KiB": 1_024_512, "999": 999, "1000": 1000,
+	} {
+		got, err := ParseBytes(s)
+		require.NoError(t, err, s)
+		require.Equal(t, want, got, s)
+	}
+	for _, s := range []string{",100", "100,", "1,00", "1,2,3", "1,0000", "1234,567", "1,,000",
+		",", "1,000,", "1.000,5", "1,000.5,0", ",5KiB", "1,0.5"} {
+		_, err := ParseBytes(s)
+		require.ErrorIs(t, err, ErrInvalidArgument, s)
+		require.Contains(t, err.Error(), `"`+s+`"`)
+		require.Contains(t, err.Error(), "comma", s)
+	}
+}
+
 func TestFormatBytes(t *testing.T) {
 	for n, want := range map[int64]string{
 		0: "0 B", 1: "1 B", 768: "768 B", 1023: "1023 B", 1024: "1 KiB", 1025: "1.001 KiB",
@@ -89,5 +109,26 @@ func TestGroupThousands(t *testing.T) {
 		math.MinInt64: "-9,223,372,036,854,775,808",
 	} {
 		require.Equal(t, want, groupThousands(n), "%d", n)
+	}
+}
+
+// TestAlignNotPowerOfTwo: AlignUp reports an alignment that is not a power of two through its ok
+// result, as it reports overflow; AlignDown, which has no failure result, panics naming it.
+func TestAlignNotPowerOfTwo(t *testing.T) {
+	for _, align := range []int{3, 6, 768, 0, -256, math.MinInt} {
+		n, ok := AlignUp(11, align)
+		require.False(t, ok, "AlignUp(11, %d)", align)
+		require.Zero(t, n, "AlignUp(11, %d)", align)
+		require.PanicsWithValue(t, fmt.Sprintf("rmm.AlignDown: alignment %d is not a power of two", align),
+			func() { AlignDown(11, align) }, "AlignDown(11, %d)", align)
+	}
+	for _, c := range []struct{ n, align, up, down int }{
+		{11, 1, 11, 11}, {11, 4, 12, 8}, {-11, 4, -8, -12}, {0, 256, 0, 0}, {257, 256, 512, 256},
+		{math.MaxInt, 1 << 62, 0, 1 << 62},
+	} {
+		up, ok := AlignUp(c.n, c.align)
+		require.Equal(t, c.up != 0 || c.n == 0, ok, "AlignUp(%d, %d)", c.n, c.align)
+		require.Equal(t, c.up, up, "AlignUp(%d, %d)", c.n, c.align)
+		require.Equal(t, c.down, AlignDown(c.n, c.align), "AlignDown(%d, %d)", c.n, c.align)
 	}
 }

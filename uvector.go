@@ -291,11 +291,24 @@ func copySpans[T any](op string, dst DeviceSpan[T], src SpanSource[T], s StreamV
 // reported to DebugLogger. A Uvector must not be copied by value, and is not safe for concurrent
 // use by several goroutines.
 //
+// A nil *Uvector reads as an empty vector, as a nil slice does: Len, Cap and Data are 0, Span
+// is empty, Stream is DefaultStream, MemoryResource is nil, Release returns nil, SetStream does
+// nothing, ElementPtr panics as for any index out of range, and Close returns nil; every other
+// call that can fail returns an error wrapping [ErrInvalidArgument] that names the nil vector.
+//
 // Make one with its constructor; the zero value is not usable.
 type Uvector[T any] struct {
 	noCopy  noCopy
 	st      *memState
 	cleanup runtime.Cleanup
+}
+
+// state is v's memory state, or a nil vector's (nilMemState).
+func (v *Uvector[T]) state() *memState {
+	if v == nil {
+		return nilMemState(uvectorKind[T]())
+	}
+	return v.st
 }
 
 func uvectorKind[T any]() string { return "Uvector[" + typeName[T]() + "]" }
@@ -346,15 +359,15 @@ func NewUvectorFromSlice[T any](src []T, s StreamView, mr MemoryResource) (*Uvec
 // memories). The new vector's stream is s.
 func (v *Uvector[T]) Copy(s StreamView, mr MemoryResource) (*Uvector[T], error) {
 	defer runtime.KeepAlive(v) // the leak cleanup must not run during the call
-	if v.st.closed {
-		return nil, v.st.errClosed("Copy")
+	if v.state().closed {
+		return nil, v.state().errClosed("Copy")
 	}
-	st, err := newMemState(v.st.kind, v.st.size, s, mr)
+	st, err := newMemState(v.state().kind, v.state().size, s, mr)
 	if err != nil {
-		return nil, errorf("%s.Copy(%d elements): %w", v.st.kind, v.Len(), err)
+		return nil, errorf("%s.Copy(%d elements): %w", v.state().kind, v.Len(), err)
 	}
 	c := newUvector[T](st)
-	if err := copyMem(v.st.kind+".Copy", st.ref(), v.st.ref(), v.st.size, s); err != nil {
+	if err := copyMem(v.state().kind+".Copy", st.ref(), v.state().ref(), v.state().size, s); err != nil {
 		c.Close()
 		return nil, err
 	}
@@ -362,70 +375,70 @@ func (v *Uvector[T]) Copy(s StreamView, mr MemoryResource) (*Uvector[T], error) 
 }
 
 // Len returns the number of elements (0 after Close).
-func (v *Uvector[T]) Len() int { return v.st.size / sizeOf[T]() }
+func (v *Uvector[T]) Len() int { return v.state().size / sizeOf[T]() }
 
 // Cap returns the number of elements the allocation holds (0 after Close).
-func (v *Uvector[T]) Cap() int { return v.st.capacity / sizeOf[T]() }
+func (v *Uvector[T]) Cap() int { return v.state().capacity / sizeOf[T]() }
 
 // SizeBytes returns Len() * sizeof(T).
-func (v *Uvector[T]) SizeBytes() int { return v.st.size }
+func (v *Uvector[T]) SizeBytes() int { return v.state().size }
 
 // IsEmpty reports whether Len() == 0 (the vector may still hold capacity).
-func (v *Uvector[T]) IsEmpty() bool { return v.st.size == 0 }
+func (v *Uvector[T]) IsEmpty() bool { return v.state().size == 0 }
 
 // Data returns the address of the first element (0 when nothing is allocated or after Close).
-func (v *Uvector[T]) Data() DevicePtr { return v.st.ptr }
+func (v *Uvector[T]) Data() DevicePtr { return v.state().ptr }
 
 // ElementPtr returns the address of element i. Like indexing a slice, it panics unless
 // 0 ≤ i < Len().
 func (v *Uvector[T]) ElementPtr(i int) DevicePtr {
 	defer runtime.KeepAlive(v)
 	if i < 0 || i >= v.Len() {
-		panic(fmt.Sprintf("rmm: %s.ElementPtr: index %d out of range [0, %d)", v.st.kind, i, v.Len()))
+		panic(fmt.Sprintf("rmm: %s.ElementPtr: index %d out of range [0, %d)", v.state().kind, i, v.Len()))
 	}
-	return v.st.ptr + DevicePtr(i*sizeOf[T]())
+	return v.state().ptr + DevicePtr(i*sizeOf[T]())
 }
 
 // Span returns a view of the Len() elements (empty after Close).
 func (v *Uvector[T]) Span() DeviceSpan[T] {
 	defer runtime.KeepAlive(v)
-	return DeviceSpan[T]{ptr: v.st.ptr, n: v.Len(), dev: v.st.dev, access: v.st.access}
+	return DeviceSpan[T]{ptr: v.state().ptr, n: v.Len(), dev: v.state().dev, access: v.state().access}
 }
 
 // Stream returns the vector's stream: the one it was allocated on, or last resized on, or set
 // with SetStream; Close frees it there. Calls that take a stream argument (fills, copies) do not
 // change it: before Close, order work queued on other streams before this one (SetStream, or an
 // Event), or the memory may be reused while that work still runs.
-func (v *Uvector[T]) Stream() StreamView { return v.st.stream }
+func (v *Uvector[T]) Stream() StreamView { return v.state().stream }
 
 // SetStream sets the stream on which the memory is next freed or reallocated.
-func (v *Uvector[T]) SetStream(s StreamView) { v.st.stream = s }
+func (v *Uvector[T]) SetStream(s StreamView) { v.state().stream = s }
 
 // MemoryResource returns the resource the memory came from.
-func (v *Uvector[T]) MemoryResource() MemoryResource { return v.st.mr }
+func (v *Uvector[T]) MemoryResource() MemoryResource { return v.state().mr }
 
 // Device returns the device recorded at construction.
-func (v *Uvector[T]) Device() Device { return v.st.dev }
+func (v *Uvector[T]) Device() Device { return v.state().dev }
 
 // Access reports where the memory can be touched.
-func (v *Uvector[T]) Access() Access { return v.st.access }
+func (v *Uvector[T]) Access() Access { return v.state().access }
 
 // check returns ErrClosed after Close, or ErrOutOfRange (naming the index and the length) when
 // i is outside [0, Len()).
 func (v *Uvector[T]) check(op string, i int) error {
 	defer runtime.KeepAlive(v)
-	if v.st.closed {
-		return v.st.errClosed(op)
+	if v.state().closed {
+		return v.state().errClosed(op)
 	}
 	if n := v.Len(); i < 0 || i >= n {
-		return errorf("%s.%s: index %d, length %d: %w", v.st.kind, op, i, n, ErrOutOfRange)
+		return errorf("%s.%s: index %d, length %d: %w", v.state().kind, op, i, n, ErrOutOfRange)
 	}
 	return nil
 }
 
 func (v *Uvector[T]) elemRef(i int) memRef {
 	defer runtime.KeepAlive(v)
-	r := v.st.ref()
+	r := v.state().ref()
 	r.p += DevicePtr(i * sizeOf[T]())
 	return r
 }
@@ -438,7 +451,7 @@ func (v *Uvector[T]) Element(i int, s StreamView) (T, error) {
 	if err := v.check("Element", i); err != nil {
 		return x, err
 	}
-	err := copyToGo(v.st.kind+".Element", unsafe.Pointer(&x), v.elemRef(i), sizeOf[T](), s)
+	err := copyToGo(v.state().kind+".Element", unsafe.Pointer(&x), v.elemRef(i), sizeOf[T](), s)
 	return x, err
 }
 
@@ -450,7 +463,7 @@ func (v *Uvector[T]) SetElement(i int, x T, s StreamView) error {
 	if err := v.check("SetElement", i); err != nil {
 		return err
 	}
-	return copyFromGo(v.st.kind+".SetElement", v.elemRef(i), unsafe.Pointer(&x), sizeOf[T](), s)
+	return copyFromGo(v.state().kind+".SetElement", v.elemRef(i), unsafe.Pointer(&x), sizeOf[T](), s)
 }
 
 // SetElementToZero sets the bytes of element i to zero, asynchronously on s on device memory
@@ -460,18 +473,18 @@ func (v *Uvector[T]) SetElementToZero(i int, s StreamView) error {
 	if err := v.check("SetElementToZero", i); err != nil {
 		return err
 	}
-	return fillMem(v.st.kind+".SetElementToZero", v.elemRef(i), sizeOf[T](), []byte{0}, s)
+	return fillMem(v.state().kind+".SetElementToZero", v.elemRef(i), sizeOf[T](), []byte{0}, s)
 }
 
 // Front returns the first element (as Element(0, s)); an empty vector returns ErrOutOfRange.
 func (v *Uvector[T]) Front(s StreamView) (T, error) {
 	defer runtime.KeepAlive(v)
 	var z T
-	if v.st.closed {
-		return z, v.st.errClosed("Front")
+	if v.state().closed {
+		return z, v.state().errClosed("Front")
 	}
-	if v.st.size == 0 {
-		return z, errorf("%s.Front: empty vector: %w", v.st.kind, ErrOutOfRange)
+	if v.state().size == 0 {
+		return z, errorf("%s.Front: empty vector: %w", v.state().kind, ErrOutOfRange)
 	}
 	return v.Element(0, s)
 }
@@ -480,11 +493,11 @@ func (v *Uvector[T]) Front(s StreamView) (T, error) {
 func (v *Uvector[T]) Back(s StreamView) (T, error) {
 	defer runtime.KeepAlive(v)
 	var z T
-	if v.st.closed {
-		return z, v.st.errClosed("Back")
+	if v.state().closed {
+		return z, v.state().errClosed("Back")
 	}
-	if v.st.size == 0 {
-		return z, errorf("%s.Back: empty vector: %w", v.st.kind, ErrOutOfRange)
+	if v.state().size == 0 {
+		return z, errorf("%s.Back: empty vector: %w", v.state().kind, ErrOutOfRange)
 	}
 	return v.Element(v.Len()-1, s)
 }
@@ -496,15 +509,15 @@ func (v *Uvector[T]) Back(s StreamView) (T, error) {
 // returns the resource's error and leaves the vector unchanged.
 func (v *Uvector[T]) Resize(n int, s StreamView) error {
 	defer runtime.KeepAlive(v)
-	if v.st.closed {
-		return v.st.errClosed("Resize")
+	if v.state().closed {
+		return v.state().errClosed("Resize")
 	}
-	op := fmt.Sprintf("%s.Resize(%d)", v.st.kind, n)
+	op := fmt.Sprintf("%s.Resize(%d)", v.state().kind, n)
 	nb, ok := elemBytes[T](n)
 	if !ok {
 		return countErr[T](op, n)
 	}
-	return v.st.resize(op, nb, s)
+	return v.state().resize(op, nb, s)
 }
 
 // Reserve grows the capacity to exactly n elements when n > Cap() (allocate on s, copy the
@@ -512,25 +525,25 @@ func (v *Uvector[T]) Resize(n int, s StreamView) error {
 // Resize.
 func (v *Uvector[T]) Reserve(n int, s StreamView) error {
 	defer runtime.KeepAlive(v)
-	if v.st.closed {
-		return v.st.errClosed("Reserve")
+	if v.state().closed {
+		return v.state().errClosed("Reserve")
 	}
-	op := fmt.Sprintf("%s.Reserve(%d)", v.st.kind, n)
+	op := fmt.Sprintf("%s.Reserve(%d)", v.state().kind, n)
 	nb, ok := elemBytes[T](n)
 	if !ok {
 		return countErr[T](op, n)
 	}
-	return v.st.reserve(op, nb, s)
+	return v.state().reserve(op, nb, s)
 }
 
 // ShrinkToFit reallocates exactly Len() elements when Cap() is larger (copy and free on s); s
 // becomes the stream. A failed allocation leaves the vector unchanged.
 func (v *Uvector[T]) ShrinkToFit(s StreamView) error {
 	defer runtime.KeepAlive(v)
-	if v.st.closed {
-		return v.st.errClosed("ShrinkToFit")
+	if v.state().closed {
+		return v.state().errClosed("ShrinkToFit")
 	}
-	return v.st.shrinkToFit(v.st.kind+".ShrinkToFit", s)
+	return v.state().shrinkToFit(v.state().kind+".ShrinkToFit", s)
 }
 
 // Release moves the memory into a new DeviceBuffer (with the vector's size and capacity in bytes,
@@ -538,12 +551,12 @@ func (v *Uvector[T]) ShrinkToFit(s StreamView) error {
 // vector stays usable. After Close it returns nil.
 func (v *Uvector[T]) Release() *DeviceBuffer {
 	defer runtime.KeepAlive(v)
-	if v.st.closed {
+	if v.state().closed {
 		return nil
 	}
-	st := *v.st
+	st := *v.state()
 	st.kind = "DeviceBuffer"
-	v.st.ptr, v.st.size, v.st.capacity = 0, 0, 0
+	v.state().ptr, v.state().size, v.state().capacity = 0, 0, 0
 	return newDeviceBuffer(&st)
 }
 
@@ -551,33 +564,33 @@ func (v *Uvector[T]) Release() *DeviceBuffer {
 // returns ErrOutOfRange.
 func (v *Uvector[T]) CopyFromHost(src []T, s StreamView) error {
 	defer runtime.KeepAlive(v)
-	if v.st.closed {
-		return v.st.errClosed("CopyFromHost")
+	if v.state().closed {
+		return v.state().errClosed("CopyFromHost")
 	}
-	return spanFromHost(v.st.kind+".CopyFromHost", v.Span(), src, s)
+	return spanFromHost(v.state().kind+".CopyFromHost", v.Span(), src, s)
 }
 
 // CopyToHost copies the first len(dst) elements into dst; complete at return. len(dst) > Len()
 // returns ErrOutOfRange.
 func (v *Uvector[T]) CopyToHost(dst []T, s StreamView) error {
 	defer runtime.KeepAlive(v)
-	if v.st.closed {
-		return v.st.errClosed("CopyToHost")
+	if v.state().closed {
+		return v.state().errClosed("CopyToHost")
 	}
-	return spanToHost(v.st.kind+".CopyToHost", dst, v.Span(), s)
+	return spanToHost(v.state().kind+".CopyToHost", dst, v.Span(), s)
 }
 
 // ToSlice returns the Len() elements in a new Go slice; complete at return.
 func (v *Uvector[T]) ToSlice(s StreamView) ([]T, error) {
 	defer runtime.KeepAlive(v)
-	if v.st.closed {
-		return nil, v.st.errClosed("ToSlice")
+	if v.state().closed {
+		return nil, v.state().errClosed("ToSlice")
 	}
-	if _, err := routeOf(v.st.kind+".ToSlice", v.st.access); err != nil {
+	if _, err := routeOf(v.state().kind+".ToSlice", v.state().access); err != nil {
 		return nil, err // before allocating the result
 	}
 	out := make([]T, v.Len())
-	if err := spanToHost(v.st.kind+".ToSlice", out, v.Span(), s); err != nil {
+	if err := spanToHost(v.state().kind+".ToSlice", out, v.Span(), s); err != nil {
 		return nil, err
 	}
 	return out, nil
@@ -590,10 +603,10 @@ func (v *Uvector[T]) ToSlice(s StreamView) ([]T, error) {
 // ranges return ErrInvalidArgument; a closed source returns ErrClosed.
 func (v *Uvector[T]) CopyFrom(src SpanSource[T], s StreamView) error {
 	defer runtime.KeepAlive(v)
-	if v.st.closed {
-		return v.st.errClosed("CopyFrom")
+	if v.state().closed {
+		return v.state().errClosed("CopyFrom")
 	}
-	return copySpans(v.st.kind+".CopyFrom", v.Span(), src, s)
+	return copySpans(v.state().kind+".CopyFrom", v.Span(), src, s)
 }
 
 // Fill writes x into every element: asynchronously on s on device memory (cuMemsetD8/16/32Async
@@ -602,10 +615,10 @@ func (v *Uvector[T]) CopyFrom(src SpanSource[T], s StreamView) error {
 // device-accessible (a SimulatedMemoryResource's).
 func (v *Uvector[T]) Fill(x T, s StreamView) error {
 	defer runtime.KeepAlive(v)
-	if v.st.closed {
-		return v.st.errClosed("Fill")
+	if v.state().closed {
+		return v.state().errClosed("Fill")
 	}
-	return fillMem(v.st.kind+".Fill", v.st.ref(), v.st.size, valueBytes(&x), s)
+	return fillMem(v.state().kind+".Fill", v.state().ref(), v.state().size, valueBytes(&x), s)
 }
 
 // Close frees the capacity through the resource on Stream() and leaves the vector empty. Later
@@ -613,9 +626,9 @@ func (v *Uvector[T]) Fill(x T, s StreamView) error {
 // Deallocate is returned, and the vector is closed all the same.
 func (v *Uvector[T]) Close() error {
 	defer runtime.KeepAlive(v)
-	if v.st.closed {
+	if v.state().closed {
 		return nil
 	}
 	v.cleanup.Stop()
-	return v.st.close()
+	return v.state().close()
 }

@@ -590,3 +590,61 @@ func TestDeviceSpan(t *testing.T) {
 	_, err = NewDeviceSpan[int32](v.Data(), -2, 0, HostAccessible)
 	assert.ErrorIs(t, err, ErrInvalidArgument)
 }
+
+// requireNilErr checks that each call, made on a nil container of the named kind, returns an error
+// wrapping ErrInvalidArgument that names the method and the nil container.
+func requireNilErr(t *testing.T, kind string, calls map[string]func() error) {
+	t.Helper()
+	for op, call := range calls {
+		err := call()
+		require.ErrorIs(t, err, ErrInvalidArgument, op)
+		require.EqualError(t, err, "rmm: "+kind+"."+op+": called on a nil *"+kind+": invalid argument", op)
+	}
+}
+
+// A nil *Uvector reads as an empty vector, as a nil slice does: no elements, no memory, the
+// default stream; Close returns nil; SetStream changes nothing; ElementPtr panics as indexing an
+// empty slice does; every call that can fail returns ErrInvalidArgument naming the nil vector.
+func TestUvectorNil(t *testing.T) {
+	var v *Uvector[int32]
+	require.Zero(t, v.Len())
+	require.Zero(t, v.Cap())
+	require.Zero(t, v.SizeBytes())
+	require.True(t, v.IsEmpty())
+	require.Zero(t, v.Data())
+	require.Equal(t, DeviceSpan[int32]{}, v.Span())
+	require.Equal(t, DefaultStream, v.Stream())
+	require.Nil(t, v.MemoryResource())
+	require.Zero(t, v.Device())
+	require.Zero(t, v.Access())
+	require.Nil(t, v.Release())
+	s := newHostStream(t)
+	v.SetStream(s)
+	require.Equal(t, DefaultStream, v.Stream())
+	require.NoError(t, v.Close())
+	require.NoError(t, v.Close())
+	require.PanicsWithValue(t, "rmm: Uvector[int32].ElementPtr: index 0 out of range [0, 0)", func() { v.ElementPtr(0) })
+	mr := newTestResource()
+	src, err := NewUvectorFromSlice([]int32{1, 2}, s, mr)
+	require.NoError(t, err)
+	defer src.Close()
+	requireNilErr(t, "Uvector[int32]", map[string]func() error{
+		"Copy":             func() error { c, err := v.Copy(s, mr); require.Nil(t, c); return err },
+		"Element":          func() error { _, err := v.Element(0, s); return err },
+		"SetElement":       func() error { return v.SetElement(0, 1, s) },
+		"SetElementToZero": func() error { return v.SetElementToZero(0, s) },
+		"Front":            func() error { _, err := v.Front(s); return err },
+		"Back":             func() error { _, err := v.Back(s); return err },
+		"Resize":           func() error { return v.Resize(4, s) },
+		"Reserve":          func() error { return v.Reserve(4, s) },
+		"ShrinkToFit":      func() error { return v.ShrinkToFit(s) },
+		"CopyFromHost":     func() error { return v.CopyFromHost(nil, s) },
+		"CopyToHost":       func() error { return v.CopyToHost(nil, s) },
+		"ToSlice":          func() error { out, err := v.ToSlice(s); require.Nil(t, out); return err },
+		"CopyFrom":         func() error { return v.CopyFrom(src, s) },
+		"Fill":             func() error { return v.Fill(7, s) },
+	})
+	require.Equal(t, 8, mr.liveBytes(), "nothing allocated for the nil vector")
+	// As a source, a nil vector is refused as before.
+	require.ErrorIs(t, src.CopyFrom(v, s), ErrInvalidArgument)
+}

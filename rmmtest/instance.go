@@ -585,6 +585,11 @@ func (in *instance) verifyObserved(o observation) error {
 		}
 		liveBytes += roundUp(b.size)
 	}
+	if in.cfg.holdsNothingBack {
+		if what, h, ok := heldUnused(o.held, o.mapped, bs); ok {
+			return fmt.Errorf("%s %v, which holds no live allocation, is still held (%d live allocations), yet Options.HoldsNothingBack declares that the resource keeps none of the memory it is told to free", what, h, len(bs))
+		}
+	}
 	if st, ok := o.stats.(rmm.PoolStats); ok {
 		if err := checkPoolStats(st, len(bs), liveBytes, placed, o.held, o.mapped, in.mapped != nil); err != nil {
 			return err
@@ -645,9 +650,17 @@ func (in *instance) checkReleased() error {
 		return nil
 	}
 	held, _ := in.up.blocks()
-	mapped := in.mappedSpans()
 	bs := in.liveBlocks()
-	for i, h := range append(held, mapped...) {
+	if what, h, ok := heldUnused(held, in.mappedSpans(), bs); ok {
+		return fmt.Errorf("after Release %s %v, which holds no live allocation, is still held (%d live allocations; set Options.ReleaseKeepsMemory if the resource keeps a reserve)", what, h, len(bs))
+	}
+	return nil
+}
+
+// heldUnused finds a block held from the upstream, or a range mapped, that holds no part of a
+// live allocation of bs, and says which of the two it is.
+func heldUnused(held, mapped []span, bs []*block) (what string, h span, ok bool) {
+	for i, h := range append(slices.Clip(held), mapped...) {
 		used := false
 		for _, b := range bs {
 			if b.ptr < h.end() && h.addr < b.ptr+rmm.DevicePtr(b.size) {
@@ -660,10 +673,10 @@ func (in *instance) checkReleased() error {
 			if i >= len(held) {
 				what = "the range mapped"
 			}
-			return fmt.Errorf("after Release %s %v, which holds no live allocation, is still held (%d live allocations; set Options.ReleaseKeepsMemory if the resource keeps a reserve)", what, h, len(bs))
+			return what, h, true
 		}
 	}
-	return nil
+	return "", span{}, false
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -723,6 +736,7 @@ func (in *instance) finish() error {
 	// under test only, when the upstream cannot be reached through rmm.Upstreamer). What the
 	// innermost one holds from the upstream must then be back, when it can give it back.
 	chain := in.chain()
+	known := chain != nil // every resource between the one under test and the upstream is seen
 	if chain == nil {
 		chain = []rmm.MemoryResource{in.mr}
 	}
@@ -743,6 +757,16 @@ func (in *instance) finish() error {
 		errs = append(errs, fmt.Errorf("everything freed and released, yet the resource still maps %s", heldString(mapped)))
 	}
 	closed = in.closeChain(chain, &errs)
+	// A resource with neither Release nor Close can give memory back only when it is freed: what
+	// it still holds with everything freed, it keeps for good (a free it did not pass on).
+	if known && !released && !closed && !in.cfg.releaseKeeps {
+		if held, _ := in.up.blocks(); len(held) > 0 {
+			errs = append(errs, fmt.Errorf("everything freed, yet the upstream still holds %s, and %T has neither Release nor Close to give it back (set Options.ReleaseKeepsMemory if it keeps a reserve for good)", heldString(held), chain[inner]))
+		}
+		if mapped := in.mappedSpans(); len(mapped) > 0 {
+			errs = append(errs, fmt.Errorf("everything freed, yet the resource still maps %s, and %T has neither Release nor Close to unmap it (set Options.ReleaseKeepsMemory if it keeps a reserve for good)", heldString(mapped), chain[inner]))
+		}
+	}
 	// Whatever Release may keep, Close gives it back: nothing is live any more.
 	if held, _ := in.up.blocks(); closed && len(held) > 0 {
 		errs = append(errs, fmt.Errorf("everything freed and the resource closed, yet the upstream still holds %s", heldString(held)))

@@ -104,9 +104,11 @@
 //     live allocation; mapped ranges may only shrink (each inside one mapped before);
 //   - after Release, every block still held from the upstream (and every range mapped) holds part
 //     of a live allocation (so with nothing live, nothing is held), unless
-//     Options.ReleaseKeepsMemory is set;
+//     Options.ReleaseKeepsMemory is set; with Options.HoldsNothingBack, after every step;
 //   - with everything freed, accounting is back to zero; after Close, nothing is held from the
-//     upstream, nor mapped, whatever Release may keep. With Options.FreeAfterClose the resource is
+//     upstream, nor mapped, whatever Release may keep; a resource with neither Release nor Close
+//     holds nothing from the upstream once everything is freed, unless
+//     Options.ReleaseKeepsMemory is set. With Options.FreeAfterClose the resource is
 //     closed with its allocations live, and they are freed afterwards, whenever an odd number is
 //     left.
 //
@@ -121,7 +123,10 @@
 // resource and on each resource between it and the upstream when it reaches the upstream through
 // rmm.Upstreamer (an adaptor over a pool that newResource built: both are released and closed).
 // When the resource that takes memory from the upstream has Release or Close, the upstream must
-// then hold nothing.
+// then hold nothing. When it has neither, and the suite reaches the upstream through rmm.Upstreamer
+// (so no resource it cannot see stands between), the upstream must hold nothing once everything
+// is freed: nothing could make the resource give back what it kept (Options.ReleaseKeepsMemory
+// declares such a reserve).
 //
 // # Failures and replaying them
 //
@@ -240,10 +245,25 @@ type Options struct {
 	Seed int64
 
 	// ReleaseKeepsMemory declares that Release may keep upstream blocks that no live allocation
-	// uses (a resource with a reserve it never gives back). Default false: after Release every
-	// block held from the upstream holds part of a live allocation, and with nothing live the
-	// resource holds nothing from the upstream.
+	// uses (a resource with a reserve it never gives back), and that a resource with neither
+	// Release nor Close may keep them for good. Default false: after Release every block held
+	// from the upstream holds part of a live allocation, and with nothing live the resource holds
+	// nothing from the upstream; a resource that has neither Release nor Close (nor has any
+	// resource between it and the upstream, see Run) must hold nothing from the upstream once
+	// everything is freed, since nothing could ever make it give memory back.
 	ReleaseKeepsMemory bool
+
+	// HoldsNothingBack declares that the resource keeps none of the memory it is told to free:
+	// every block it holds from the upstream (and every range it maps, Options.Mapped) holds part
+	// of a live allocation after every call. Adaptors that pass each allocation and free on to
+	// their upstream (statistics, tracking, limiting, logging) hold nothing back, and so does a
+	// resource that gives a block back as soon as nothing in it is live; a pool or a cache does
+	// not. The suite checks it wherever it checks the resource against its model (after every
+	// step of the state machine, and in the fixed checks), so a free that is dropped fails at
+	// the step that dropped it. It is checked through the suite's upstream: memory a resource
+	// takes from elsewhere is not seen. Default false: freed memory may be kept until Release
+	// or Close.
+	HoldsNothingBack bool
 
 	// IgnoresStreams declares that the resource does not look at the stream it is given
 	// (rmm.SystemMemoryResource, rmm.CudaMemoryResource, ... and adaptors over them): Allocate on
@@ -342,6 +362,7 @@ type config struct {
 	seed               int64
 	scale              int
 	releaseKeeps       bool
+	holdsNothingBack   bool
 	ignoresStreams     bool
 	// ordersCrossStreamFrees: the suite does not order frees on another stream (orderFree).
 	ordersCrossStreamFrees bool
@@ -371,6 +392,7 @@ func resolve(opts *Options) (*config, error) {
 		seed:               o.Seed,
 		scale:              1,
 		releaseKeeps:       o.ReleaseKeepsMemory,
+		holdsNothingBack:   o.HoldsNothingBack,
 		ignoresStreams:     o.IgnoresStreams,
 
 		ordersCrossStreamFrees: o.OrdersCrossStreamFrees,

@@ -27,8 +27,10 @@
 //	                  system      SystemMemoryResource (host memory)
 //	                  The pools run over the GPU, over host memory where there is none, or over
 //	                  -simulate's memory.
-//	-initial SIZE     pool initial size, or the async pool's priming size (default 0)
-//	-maximum SIZE     pool maximum size (default none)
+//	-initial SIZE     pool initial size, or the async pool's priming size (default 0); for
+//	                  the pools a multiple of 256 bytes
+//	-maximum SIZE     pool maximum size, a multiple of 256 bytes, at least -initial (default
+//	                  none)
 //	-simulate SIZE    replay the pools over an address-only upstream of SIZE bytes
 //	-expandable       with -mr pool: an expandable pool (PoolOptions.Expandable), whose peak
 //	                  mapped size is reported as its peak upstream (default true: false gives
@@ -151,8 +153,8 @@ func run(args []string, stdout, stderr io.Writer) error {
 	fs.SetOutput(stderr)
 	mrList := fs.String("mr", "pool", "resources to replay on, in turn, separated by commas: pool (the pool -expandable picks), plain (librmm's pool), expandable, cuda, async, managed or system")
 	var initial, maximum, simulate sizeFlag
-	fs.Var(&initial, "initial", "pool initial size, or the async pool's priming size (default 0)")
-	fs.Var(&maximum, "maximum", "pool maximum size (default none)")
+	fs.Var(&initial, "initial", "pool initial size (a multiple of 256 bytes), or the async pool's priming size (default 0)")
+	fs.Var(&maximum, "maximum", "pool maximum size: a multiple of 256 bytes, at least -initial (default none)")
 	fs.Var(&simulate, "simulate", "replay the pools over an address-only upstream of this many bytes")
 	expandable := fs.Bool("expandable", true, "with -mr pool: an expandable pool (one virtual range grown by mapped chunks); false: librmm's pool")
 	stitch := fs.Bool("stitch", false, "the expandable pools stitch (PoolOptions.Stitch): free pieces of physical memory mapped again under a new range serve a request no free block holds")
@@ -205,6 +207,21 @@ func run(args []string, stdout, stderr io.Writer) error {
 	}
 	if expSet && *expandable && !slices.Contains(names, mrPool) {
 		return usagef("-expandable works with -mr pool only (got -mr %s)", *mrList)
+	}
+	if slices.ContainsFunc(names, isPool) {
+		// The pools' own checks, made here so that a bad size is a bad command line (exit 2)
+		// found before the trace is read, not a resource that fails to build.
+		for _, f := range []struct {
+			name string
+			size sizeFlag
+		}{{"initial", initial}, {"maximum", maximum}} {
+			if f.size.n%rmm.Alignment != 0 {
+				return usagef("-%s %d: a pool's sizes must be multiples of %d bytes (e.g. 256, 4KiB, 1GiB)", f.name, f.size.n, rmm.Alignment)
+			}
+		}
+		if maximum.n > 0 && initial.n > maximum.n {
+			return usagef("-initial %d (%s) exceeds -maximum %d (%s)", initial.n, rmm.FormatBytes(int64(initial.n)), maximum.n, rmm.FormatBytes(int64(maximum.n)))
+		}
 	}
 	if simulate.set && simulate.n <= 0 {
 		return usagef("-simulate %d: the simulated memory needs a positive size", simulate.n)
@@ -482,6 +499,7 @@ func (r *replayRun) json(path string) replayJSON {
 		MedianWallNs: median.Nanoseconds(), NsPerEvent: float64(median.Nanoseconds()) / float64(max(x.Events, 1)),
 		PeakLiveBytes: x.PeakLiveBytes, PeakReservedBytes: r.reserved,
 		LeftAllocations: x.LeftAllocations, LeftBytes: x.LeftBytes, UnmatchedFrees: x.UnmatchedFrees,
+		MismatchedFrees: x.MismatchedFrees, DuplicateAllocations: x.DuplicateAllocations,
 	}
 	for _, y := range r.results {
 		j.WallNs = append(j.WallNs, y.Wall.Nanoseconds())
@@ -539,8 +557,20 @@ func (r *replayRun) report(w io.Writer, path string) {
 		fmt.Fprintf(w, "pool at end      size %d bytes in %d upstream blocks, %d free blocks, largest %d bytes\n", st.PoolSize, st.UpstreamBlocks, st.FreeBlocks, st.LargestFreeBlock)
 	}
 	fmt.Fprintf(w, "left allocated   %d allocations, %d bytes (freed after the replay)\n", x.LeftAllocations, x.LeftBytes)
+	oddEvents(w, x)
+}
+
+// oddEvents writes the lines of a report for the events where the trace contradicts itself, and
+// what the replay did with them; nothing for a trace that does not.
+func oddEvents(w io.Writer, x rmm.ReplayResult) {
 	if x.UnmatchedFrees > 0 {
 		fmt.Fprintf(w, "unmatched frees  %d (skipped)\n", x.UnmatchedFrees)
+	}
+	if x.MismatchedFrees > 0 {
+		fmt.Fprintf(w, "mismatched frees %d (a size other than the allocation's: freed with the allocation's size)\n", x.MismatchedFrees)
+	}
+	if x.DuplicateAllocations > 0 {
+		fmt.Fprintf(w, "duplicate allocs %d (a pointer allocated again while live: the earlier allocation left allocated, counted above)\n", x.DuplicateAllocations)
 	}
 }
 
@@ -565,9 +595,7 @@ func writeTable(w io.Writer, path string, runs []*replayRun) {
 	fmt.Fprintf(w, "passes           %d on each resource\n", len(runs[0].results))
 	fmt.Fprintf(w, "peak live        %d bytes (%s)\n", x.PeakLiveBytes, rmm.FormatBytes(x.PeakLiveBytes))
 	fmt.Fprintf(w, "left allocated   %d allocations, %d bytes (freed after each replay)\n", x.LeftAllocations, x.LeftBytes)
-	if x.UnmatchedFrees > 0 {
-		fmt.Fprintf(w, "unmatched frees  %d (skipped)\n", x.UnmatchedFrees)
-	}
+	oddEvents(w, x)
 	fmt.Fprintln(w)
 	floor := runs[0].floor != nil
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
@@ -671,6 +699,10 @@ type replayJSON struct {
 	LeftAllocations   int       `json:"left_allocations"`
 	LeftBytes         int64     `json:"left_bytes"`
 	UnmatchedFrees    int       `json:"unmatched_frees"`
+	// Frees of another size than their allocation's (freed with the allocation's size), and
+	// allocations of a pointer still live (the earlier allocation left allocated).
+	MismatchedFrees      int `json:"mismatched_frees"`
+	DuplicateAllocations int `json:"duplicate_allocations"`
 }
 
 // progressMu guards what the progress line reads of the replay loop.

@@ -109,7 +109,10 @@ func TestReplayFlagErrors(t *testing.T) {
 		{[]string{"-simulate", "1GiB", "-mr", "cuda", cupy}, "-simulate works with the pools only"},
 		{[]string{"-simulate", "0", cupy}, "-simulate 0: the simulated memory needs a positive size"},
 		{[]string{"-passes", "0", cupy}, "-passes 0"},
-		{[]string{"-initial", "100", cupy}, "not a multiple of 256"},
+		{[]string{"-initial", "100", cupy}, "-initial 100: a pool's sizes must be multiples of 256 bytes"},
+		{[]string{"-maximum", "1000", cupy}, "-maximum 1000: a pool's sizes must be multiples of 256 bytes"},
+		{[]string{"-mr", "plain,expandable", "-initial", "1KiB", "-maximum", "1.5KB", cupy}, "-maximum 1500: a pool's sizes must be multiples of 256 bytes"},
+		{[]string{"-initial", "2GiB", "-maximum", "1GiB", cupy}, "-initial 2147483648 (2 GiB) exceeds -maximum 1073741824 (1 GiB)"},
 		{[]string{"no-such-file.csv"}, "no-such-file.csv"},
 		{[]string{"-device", "7", cupy}, "-device 7"},
 		{[]string{"-mr", "system", "-maximum", "1GiB", cupy}, "-maximum works with the pools only"},
@@ -131,8 +134,8 @@ func TestReplayFlagErrors(t *testing.T) {
 		require.Error(t, err, "%v", tc.args)
 		require.Contains(t, err.Error()+errOut.String(), tc.want, "%v", tc.args)
 		want := 2 // a bad command line
-		if tc.want == "no-such-file.csv" || tc.want == "not a multiple of 256" {
-			want = 1 // the trace or the resource says no
+		if tc.want == "no-such-file.csv" {
+			want = 1 // the trace cannot be read
 		}
 		require.Equal(t, want, exitStatus(err), "%v: %v", tc.args, err)
 		require.Empty(t, out.String(), "%v: nothing replayed", tc.args)
@@ -508,8 +511,6 @@ func TestLibraryErrorShape(t *testing.T) {
 	}{
 		{[]string{"-expandable=false", "-initial", "1TiB", "-simulate", "1GiB", cupy}, rmm.ErrOutOfMemory,
 			"-mr pool: rmm: NewPoolMemoryResource: taking the initial 1099511627776 bytes (1 TiB) from SimulatedMemoryResource: SimulatedMemoryResource.Allocate (capacity 1073741824, in use 0): failed to allocate 1099511627776 bytes (1 TiB): out of memory"},
-		{[]string{"-initial", "100", cupy}, rmm.ErrInvalidArgument,
-			"-mr pool: rmm: NewPoolMemoryResource: InitialPoolSize 100 is not a multiple of 256 bytes: invalid argument"},
 		{[]string{"-simulate", "1GiB", bad}, rmm.ErrMalformedLog,
 			"rmm: " + bad + ":2: column Size: negative size -5: malformed event log"},
 		{[]string{"-device", "7", cupy}, rmm.ErrInvalidArgument,
@@ -526,4 +527,46 @@ func TestLibraryErrorShape(t *testing.T) {
 			require.NotContains(t, msg, internal, msg)
 		}
 	}
+}
+
+// A trace that contradicts itself (a free of another size than its allocation's, a pointer
+// allocated again while live, a free of a pointer never allocated) replays, exit 0, and the
+// report and -json say how many of each there were and what the replay did with them.
+func TestReplayOddTrace(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "odd.csv")
+	require.NoError(t, os.WriteFile(path, []byte(rmm.LogHeader+"\n"+
+		"1,00:00:00.000001,allocate,0x100,1000,0\n"+
+		"1,00:00:00.000002,free,0x100,500,0\n"+
+		"1,00:00:00.000003,allocate,0x200,2000,0\n"+
+		"1,00:00:00.000004,allocate,0x200,3000,0\n"+
+		"1,00:00:00.000005,free,0x200,3000,0\n"+
+		"1,00:00:00.000006,free,0x900,64,0\n"), 0o644))
+	var out, errOut bytes.Buffer
+	require.NoError(t, run([]string{"-simulate", "1GiB", path}, &out, &errOut), errOut.String())
+	s := out.String()
+	require.Contains(t, s, "left allocated   1 allocations, 2000 bytes (freed after the replay)\n")
+	require.Contains(t, s, "unmatched frees  1 (skipped)\n")
+	require.Contains(t, s, "mismatched frees 1 (a size other than the allocation's: freed with the allocation's size)\n")
+	require.Contains(t, s, "duplicate allocs 1 (a pointer allocated again while live: the earlier allocation left allocated, counted above)\n")
+
+	out.Reset()
+	require.NoError(t, run([]string{"-simulate", "1GiB", "-mr", "plain,expandable", path}, &out, &errOut), errOut.String())
+	s = out.String()
+	require.Contains(t, s, "mismatched frees 1 (")
+	require.Contains(t, s, "duplicate allocs 1 (")
+
+	out.Reset()
+	require.NoError(t, run([]string{"-json", "-simulate", "1GiB", path}, &out, &errOut), errOut.String())
+	var j map[string]any
+	require.NoError(t, json.Unmarshal(out.Bytes(), &j), out.String())
+	require.Equal(t, 1.0, j["mismatched_frees"])
+	require.Equal(t, 1.0, j["duplicate_allocations"])
+	require.Equal(t, 1.0, j["unmatched_frees"])
+	require.Equal(t, 1.0, j["left_allocations"])
+
+	// A trace without any: no such lines, and zeros in -json.
+	out.Reset()
+	require.NoError(t, run([]string{"-simulate", "16GiB", cupy}, &out, &errOut))
+	require.NotContains(t, out.String(), "mismatched frees")
+	require.NotContains(t, out.String(), "duplicate allocs")
 }
