@@ -68,15 +68,15 @@ import (
 // O(1).
 
 const (
-	// ArenaMinSuperblockSize is the smallest superblock, and the smallest arena: 1 MiB.
+	// arenaMinSuperblockSize is the smallest superblock, and the smallest arena: 1 MiB.
 	// Requests above it are large and served from the global arena directly.
-	ArenaMinSuperblockSize = 1 << 20
-	// ArenaMaxSuperblockSize is the largest superblock: 1 TiB. Larger requests always fail.
-	ArenaMaxSuperblockSize = 1 << 40
+	arenaMinSuperblockSize = 1 << 20
+	// arenaMaxSuperblockSize is the largest superblock: 1 TiB. Larger requests always fail.
+	arenaMaxSuperblockSize = 1 << 40
 
-	// ArenaDumpLogFile is the file, in the working directory, that an arena writes its state to
+	// arenaDumpLogFile is the file, in the working directory, that an arena writes its state to
 	// when an allocation fails and ArenaOptions.DumpLogOnFailure is set (and DumpLogPath is not).
-	ArenaDumpLogFile = "rmm_arena_memory_dump.log"
+	arenaDumpLogFile = "rmm_arena_memory_dump.log"
 
 	arenaLiveShards = 64 // a power of two
 	// arenaLiveRegionShift gives the size of the ranges of the arena that the shards of the live
@@ -88,7 +88,7 @@ const (
 type ArenaOptions struct {
 	// ArenaSize is the number of bytes taken from the upstream at construction, in one
 	// allocation on the default stream; the arena never grows. It is rounded down to a multiple
-	// of 256 and must then be at least 1 MiB (ArenaMinSuperblockSize). Default 0: half of the
+	// of 256 and must then be at least 1 MiB. Default 0: half of the
 	// current device's free memory (PercentOfFreeDeviceMemory(50)), as librmm.
 	ArenaSize int
 	// DumpLogOnFailure writes the arena's state to a file when an allocation fails: after
@@ -99,8 +99,8 @@ type ArenaOptions struct {
 	// end, size, empty, free blocks, largest free block, gap to the previous one), in log/slog's
 	// text format. Default false.
 	DumpLogOnFailure bool
-	// DumpLogPath is the file the dump goes to. Default "": ArenaDumpLogFile in the working
-	// directory. The resource's first dump truncates the file; later dumps are appended.
+	// DumpLogPath is the file the dump goes to. Default "": rmm_arena_memory_dump.log in the working
+	// directory, librmm's name. The resource's first dump truncates the file; later dumps are appended.
 	DumpLogPath string
 	// DefaultStreamArenas is the number of arenas that small allocations on DefaultStream are
 	// spread over, so that many goroutines allocating on the default stream do not share one
@@ -110,7 +110,7 @@ type ArenaOptions struct {
 
 // ArenaMemoryResource is librmm's arena allocator: one upstream allocation of
 // ArenaOptions.ArenaSize bytes, made at construction on [DefaultStream] and never grown, divided
-// into superblocks of 1 MiB ([ArenaMinSuperblockSize]) to 1 TiB ([ArenaMaxSuperblockSize]) that
+// into superblocks of 1 MiB to 1 TiB that
 // move between a global arena and one arena per stream, so that goroutines allocating on their
 // own streams do not contend.
 //
@@ -302,8 +302,8 @@ func NewArenaMemoryResource(upstream MemoryResource, opts *ArenaOptions) (*Arena
 		size = half
 	}
 	size = AlignDown(size, Alignment)
-	if size < ArenaMinSuperblockSize {
-		return nil, errorf("NewArenaMemoryResource: arena size %d bytes (rounded down to 256) is below the %d-byte minimum: %w", size, ArenaMinSuperblockSize, ErrInvalidArgument)
+	if size < arenaMinSuperblockSize {
+		return nil, errorf("NewArenaMemoryResource: arena size %d bytes (rounded down to 256) is below the %d-byte minimum: %w", size, arenaMinSuperblockSize, ErrInvalidArgument)
 	}
 	nshards := o.DefaultStreamArenas
 	if nshards == 0 {
@@ -320,7 +320,7 @@ func NewArenaMemoryResource(upstream MemoryResource, opts *ArenaOptions) (*Arena
 	if o.DumpLogOnFailure {
 		r.dumpPath = o.DumpLogPath
 		if r.dumpPath == "" {
-			r.dumpPath = ArenaDumpLogFile
+			r.dumpPath = arenaDumpLogFile
 		}
 	}
 	if CUDAAvailable() == nil {
@@ -342,7 +342,7 @@ func NewArenaMemoryResource(upstream MemoryResource, opts *ArenaOptions) (*Arena
 	}
 	r.base, r.held = ptr, true
 	// One superblock for the whole arena, or equal pieces of at most 1 TiB.
-	pieces := (size + ArenaMaxSuperblockSize - 1) / ArenaMaxSuperblockSize
+	pieces := (size + arenaMaxSuperblockSize - 1) / arenaMaxSuperblockSize
 	piece, _ := AlignUp((size+pieces-1)/pieces, Alignment)
 	var prev *arenaSuperblock
 	for off := 0; off < size; off += piece {
@@ -394,7 +394,7 @@ func (r *ArenaMemoryResource) Allocate(nbytes int, s StreamView) (DevicePtr, err
 			n = math.MaxInt
 		}
 		return 0, r.fail(nbytes, n, fmt.Sprintf("the request is larger than the arena (%d bytes)", r.size))
-	case n > ArenaMaxSuperblockSize:
+	case n > arenaMaxSuperblockSize:
 		return 0, r.fail(nbytes, n, "the request is larger than the largest superblock (1 TiB)")
 	}
 	p, err := r.allocate(n, nbytes, s)
@@ -416,7 +416,7 @@ var errArenaClosed = errorf("ArenaMemoryResource.Allocate: called after Close: %
 // allocate tries once to carve n bytes (rounded; asked is the caller's size) for s. It returns
 // (0, nil) when there is no room.
 func (r *ArenaMemoryResource) allocate(n, asked int, s StreamView) (DevicePtr, error) {
-	if n > ArenaMinSuperblockSize {
+	if n > arenaMinSuperblockSize {
 		return r.allocateLarge(n, asked, s)
 	}
 	a, err := r.lockArena(s)
@@ -448,7 +448,7 @@ func (r *ArenaMemoryResource) allocateLarge(n, asked int, s StreamView) (DeviceP
 		return 0, errStreamClosed("ArenaMemoryResource.Allocate", s)
 	}
 	sb := g.tree.firstFit(n)
-	head := max(ArenaMinSuperblockSize, n)
+	head := max(arenaMinSuperblockSize, n)
 	reuse := false // sb is the superblock whose merge was put off, and this split would undo it
 	if a := r.putOff; a != nil && (sb == nil || sb.addr() >= a.addr()) {
 		// A fit below a is the same merged or not. Merged, a would be found where it is, and
@@ -473,7 +473,7 @@ func (r *ArenaMemoryResource) allocateLarge(n, asked int, s StreamView) (DeviceP
 	case reuse:
 		r.putOff = nil
 		copyPending(sb.nextSB, sb) // as the split gives the tail the merged superblock's streams
-	case sb.empty() && sb.size() >= head+ArenaMinSuperblockSize:
+	case sb.empty() && sb.size() >= head+arenaMinSuperblockSize:
 		tail = sb.split(head, r.spareSuperblock())
 		copyPending(tail, sb)
 	}
@@ -524,8 +524,8 @@ func (r *ArenaMemoryResource) takeSuperblock(a *arenaSet, n, asked int) (*arenaS
 		return nil, errorf("ArenaMemoryResource.Allocate(%d): %w", asked, err)
 	}
 	g.tree.remove(sb)
-	if sb.empty() && sb.size() >= 2*ArenaMinSuperblockSize {
-		tail := sb.split(ArenaMinSuperblockSize, r.spareSuperblock())
+	if sb.empty() && sb.size() >= 2*arenaMinSuperblockSize {
+		tail := sb.split(arenaMinSuperblockSize, r.spareSuperblock())
 		copyPending(tail, sb)
 		tail.owner.Store(g)
 		g.tree.insert(tail)
@@ -661,7 +661,7 @@ func (r *ArenaMemoryResource) Deallocate(ptr DevicePtr, nbytes int, s StreamView
 	if ptr == 0 {
 		return nil
 	}
-	if nbytes > ArenaMinSuperblockSize {
+	if nbytes > arenaMinSuperblockSize {
 		return r.deallocateLarge(ptr, nbytes, s)
 	}
 	ls := r.liveShard(ptr)
@@ -959,7 +959,7 @@ func (r *ArenaMemoryResource) mergeEmpty(sb *arenaSuperblock) {
 func (r *ArenaMemoryResource) mergeable(sb, next *arenaSuperblock) bool {
 	g := &r.global
 	return sb != nil && next != nil && sb.owner.Load() == g && next.owner.Load() == g &&
-		sb.empty() && next.empty() && sb.size()+next.size() <= ArenaMaxSuperblockSize
+		sb.empty() && next.empty() && sb.size()+next.size() <= arenaMaxSuperblockSize
 }
 
 // mergeNext merges sb's next neighbour into sb (see mergeable; global arena locked).
@@ -1447,7 +1447,7 @@ func (r *ArenaMemoryResource) CheckInvariants() (err error) {
 		var err error
 		ls.m.each(func(p DevicePtr, e arenaLive) {
 			n, _ := alignSize(e.size)
-			if large := n > ArenaMinSuperblockSize; large != (ls == &r.large) && err == nil {
+			if large := n > arenaMinSuperblockSize; large != (ls == &r.large) && err == nil {
 				err = errorf("%s holds the allocation %#x of %s", name, uintptr(p), bytesText(e.size))
 			}
 			live[e.sb] = append(live[e.sb], arenaNode{addr: p, size: n})
@@ -1471,9 +1471,9 @@ func (r *ArenaMemoryResource) CheckInvariants() (err error) {
 		switch {
 		case sb.addr() != next:
 			return errorf("superblock %#x does not start where the previous one ends (%#x)", uintptr(sb.addr()), uintptr(next))
-		case sb.size() < ArenaMinSuperblockSize:
+		case sb.size() < arenaMinSuperblockSize:
 			return errorf("superblock %#x of %s is below 1 MiB", uintptr(sb.addr()), bytesText(sb.size()))
-		case sb.size() > ArenaMaxSuperblockSize:
+		case sb.size() > arenaMaxSuperblockSize:
 			return errorf("superblock %#x of %s is above 1 TiB", uintptr(sb.addr()), bytesText(sb.size()))
 		}
 		var before, after *arenaSuperblock
@@ -1529,7 +1529,7 @@ func (r *ArenaMemoryResource) CheckInvariants() (err error) {
 		if i > 0 {
 			prev := sbs[i-1]
 			if prev.owner.Load() == &r.global && sb.owner.Load() == &r.global && prev.empty() && sb.empty() &&
-				prev.size()+sb.size() <= ArenaMaxSuperblockSize {
+				prev.size()+sb.size() <= arenaMaxSuperblockSize {
 				return errorf("empty superblocks %#x and %#x of the global arena are not merged", uintptr(prev.addr()), uintptr(sb.addr()))
 			}
 		}

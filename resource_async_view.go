@@ -35,7 +35,7 @@ func DefaultMemPool(dev Device) (uintptr, error) {
 // after that use by the caller (see MemoryResource).
 //
 // Equality (librmm's rule): memory from one view may be freed through any other view of the same
-// pool, or through the CudaAsyncMemoryResource that owns the pool; Equal reports this.
+// pool, or through the CudaAsyncMemoryResource that owns the pool.
 type CudaAsyncViewMemoryResource struct {
 	dev    Device
 	ctx    uintptr
@@ -107,18 +107,6 @@ func (r *CudaAsyncViewMemoryResource) Access() Access { return DeviceAccessible 
 
 // PoolHandle returns the CUmemoryPool handle the view allocates from.
 func (r *CudaAsyncViewMemoryResource) PoolHandle() uintptr { return r.pool }
-
-// Equal reports whether memory allocated by r may be freed by other and the reverse: other is a
-// CudaAsyncViewMemoryResource or CudaAsyncMemoryResource over the same pool handle.
-func (r *CudaAsyncViewMemoryResource) Equal(other MemoryResource) bool {
-	switch o := other.(type) {
-	case *CudaAsyncViewMemoryResource:
-		return o != nil && o.pool == r.pool
-	case *CudaAsyncMemoryResource:
-		return o != nil && o.pool.Load() != 0 && o.pool.Load() == r.pool
-	}
-	return false
-}
 
 // UsedBytes returns the bytes allocated from the pool and not freed, by any user of the pool
 // (CU_MEMPOOL_ATTR_USED_MEM_CURRENT).

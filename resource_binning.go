@@ -141,16 +141,6 @@ func (r *BinningMemoryResource) AddBin(size int, mr MemoryResource) error {
 	return nil
 }
 
-// BinSizes returns the bins' sizes in bytes, smallest first.
-func (r *BinningMemoryResource) BinSizes() []int {
-	bins := *r.bins.Load()
-	out := make([]int, len(bins))
-	for i, b := range bins {
-		out[i] = b.size
-	}
-	return out
-}
-
 // Bin is one bin of a BinningMemoryResource: the requests of more than the next smaller bin's
 // size and at most Size bytes go to Resource.
 type Bin struct {

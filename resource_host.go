@@ -255,13 +255,6 @@ func (r *PinnedMemoryResource) Device() Device { return r.dev }
 // Access reports HostAccessible|DeviceAccessible with CUDA, HostAccessible without.
 func (r *PinnedMemoryResource) Access() Access { return r.access }
 
-// Equal reports whether other is a PinnedMemoryResource: memory from any of them may be freed by
-// any other.
-func (r *PinnedMemoryResource) Equal(other MemoryResource) bool {
-	o, ok := other.(*PinnedMemoryResource)
-	return ok && o != nil
-}
-
 // pinnedLiveCount returns the number of live pinned allocations (for tests).
 func pinnedLiveCount() int { return pinnedTable.count() }
 
@@ -309,13 +302,6 @@ func (r *PageableMemoryResource) DeallocateHost(p unsafe.Pointer, nbytes, alignm
 		hostFree(base)
 		return nil
 	})
-}
-
-// Equal reports whether other is a PageableMemoryResource: memory from any of them may be freed
-// by any other.
-func (r *PageableMemoryResource) Equal(other HostMemoryResource) bool {
-	o, ok := other.(*PageableMemoryResource)
-	return ok && o != nil
 }
 
 // waitStreamBeforeFree waits for the work queued on s (on dev when s is the default stream)

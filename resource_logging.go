@@ -188,9 +188,6 @@ func (r *LoggingResourceAdaptor) FileName() string {
 	return r.file.Name()
 }
 
-// Header returns the log's header line, LogHeader, without a newline.
-func (r *LoggingResourceAdaptor) Header() string { return LogHeader }
-
 // Upstream returns the resource the adaptor forwards to.
 func (r *LoggingResourceAdaptor) Upstream() MemoryResource { return r.upstream }
 

@@ -26,11 +26,10 @@ func (s Statistics) String() string {
 		s.CurrentBytes, s.CurrentCount, s.PeakBytes, s.PeakCount, s.TotalBytes, s.TotalCount)
 }
 
-// StatisticsCounter is one counter of a StatisticsResourceAdaptor level: its value now, the
-// highest value it has had and the sum of everything added to it (librmm's
-// statistics_resource_adaptor::counter). The unit is the counter's: bytes for the first value
-// Counters returns, allocations for the second.
-type StatisticsCounter struct {
+// statCounter is one counter of a StatisticsResourceAdaptor level, in bytes or in allocations:
+// its value now, the highest value it has had and the sum of everything added to it (librmm's
+// statistics_resource_adaptor::counter).
+type statCounter struct {
 	Value int64
 	Peak  int64
 	Total int64
@@ -38,7 +37,7 @@ type StatisticsCounter struct {
 
 // statLevel is one level of the counter stack.
 type statLevel struct {
-	bytes, count StatisticsCounter
+	bytes, count statCounter
 	scope        uint64 // the scope (pushAt) that pushed it; 0 for PushCounters and the base
 }
 
@@ -158,15 +157,6 @@ func (r *StatisticsResourceAdaptor) Stats() Statistics {
 	return r.top().stats()
 }
 
-// Counters returns the top level's bytes counter and allocations counter (librmm's
-// get_bytes_counter and get_allocations_counter).
-func (r *StatisticsResourceAdaptor) Counters() (bytes, allocations StatisticsCounter) {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	t := r.top()
-	return t.bytes, t.count
-}
-
 // Depth returns the number of levels on the counter stack: 1, plus one per PushCounters not yet
 // popped.
 func (r *StatisticsResourceAdaptor) Depth() int {
@@ -220,7 +210,7 @@ func (r *StatisticsResourceAdaptor) popLocked() (Statistics, error) {
 }
 
 // foldCounter merges popped counter t into its parent p.
-func foldCounter(p *StatisticsCounter, t StatisticsCounter) {
+func foldCounter(p *statCounter, t statCounter) {
 	p.Peak = max(p.Peak, p.Value+t.Peak)
 	p.Value += t.Value
 	p.Total += t.Total
