@@ -2,6 +2,7 @@ package rmm
 
 import (
 	"fmt"
+	"reflect"
 	"sync"
 	"sync/atomic"
 )
@@ -385,4 +386,21 @@ func resourceOrCurrent(mr MemoryResource) MemoryResource {
 		return CurrentDeviceResource()
 	}
 	return mr
+}
+
+// upstreamOf resolves the upstream argument of the constructor op of an adaptor or
+// sub-allocator: nil means the current device resource, read once, here; a nil pointer (or other
+// nil value) inside a non-nil interface is refused, because every call through the adaptor would
+// panic on it, far from the mistake.
+func upstreamOf(op string, upstream MemoryResource) (MemoryResource, error) {
+	if upstream == nil {
+		return CurrentDeviceResource(), nil
+	}
+	switch v := reflect.ValueOf(upstream); v.Kind() {
+	case reflect.Pointer, reflect.Map, reflect.Slice, reflect.Func, reflect.Chan, reflect.Interface:
+		if v.IsNil() {
+			return nil, errorf("%s: upstream is a nil %T: %w", op, upstream, ErrInvalidArgument)
+		}
+	}
+	return upstream, nil
 }

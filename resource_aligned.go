@@ -42,10 +42,16 @@ type AlignedResourceAdaptor struct {
 	original map[DevicePtr]DevicePtr // rounded pointer -> the upstream's, where they differ
 }
 
-// NewAlignedResourceAdaptor returns an adaptor over upstream (nil: the current device resource)
-// that aligns allocations as opts says. An alignment that is not a power of two (e.g. 255 or 768)
-// or negative, or a negative threshold, returns an error wrapping ErrInvalidArgument.
+// NewAlignedResourceAdaptor returns an adaptor over upstream that aligns allocations as opts says
+// (nil: the defaults). An alignment that is not a power of two (e.g. 255 or 768) or negative, or
+// a negative threshold, returns an error wrapping [ErrInvalidArgument]. A nil upstream means the
+// current device resource ([CurrentDeviceResource], read once, here); a nil pointer as upstream
+// returns an error wrapping [ErrInvalidArgument].
 func NewAlignedResourceAdaptor(upstream MemoryResource, opts *AlignedOptions) (*AlignedResourceAdaptor, error) {
+	upstream, err := upstreamOf("NewAlignedResourceAdaptor", upstream)
+	if err != nil {
+		return nil, err
+	}
 	var o AlignedOptions
 	if opts != nil {
 		o = *opts
@@ -60,7 +66,7 @@ func NewAlignedResourceAdaptor(upstream MemoryResource, opts *AlignedOptions) (*
 		return nil, errorf("NewAlignedResourceAdaptor: negative threshold %d: %w", o.Threshold, ErrInvalidArgument)
 	}
 	return &AlignedResourceAdaptor{
-		upstream:  resourceOrCurrent(upstream),
+		upstream:  upstream,
 		alignment: max(o.Alignment, Alignment),
 		threshold: o.Threshold,
 		original:  map[DevicePtr]DevicePtr{},

@@ -277,12 +277,17 @@ type arenaLiveShard struct {
 	_ [64]byte
 }
 
-// NewArenaMemoryResource returns an arena over upstream (nil: the current device resource),
-// taking ArenaSize bytes from it now (on the default stream); that allocation's failure is
+// NewArenaMemoryResource returns an arena over upstream (nil opts: the defaults), taking
+// [ArenaOptions.ArenaSize] bytes from it now (on [DefaultStream]); that allocation's failure is
 // returned. Options are validated as librmm does: a size below 1 MiB after rounding down to 256
-// is ErrInvalidArgument.
+// is [ErrInvalidArgument]. A nil upstream means the current device resource
+// ([CurrentDeviceResource], read once, here); a nil pointer as upstream returns an error wrapping
+// [ErrInvalidArgument].
 func NewArenaMemoryResource(upstream MemoryResource, opts *ArenaOptions) (*ArenaMemoryResource, error) {
-	upstream = resourceOrCurrent(upstream)
+	upstream, err := upstreamOf("NewArenaMemoryResource", upstream)
+	if err != nil {
+		return nil, err
+	}
 	var o ArenaOptions
 	if opts != nil {
 		o = *opts

@@ -52,12 +52,16 @@ type binningBin struct {
 	mr   MemoryResource
 }
 
-// NewBinningMemoryResource returns a binning resource over upstream (nil: the current device
-// resource) with the bins the options ask for. Exponents out of range are ErrInvalidArgument; a
-// bin whose first chunk the upstream refuses fails the construction (the bins made so far are
-// closed).
+// NewBinningMemoryResource returns a binning resource over upstream with the bins the options ask
+// for (nil: no bins). Exponents out of range are [ErrInvalidArgument]; a bin whose first chunk the
+// upstream refuses fails the construction (the bins made so far are closed). A nil upstream means
+// the current device resource ([CurrentDeviceResource], read once, here); a nil pointer as
+// upstream returns an error wrapping [ErrInvalidArgument].
 func NewBinningMemoryResource(upstream MemoryResource, opts *BinningOptions) (*BinningMemoryResource, error) {
-	upstream = resourceOrCurrent(upstream)
+	upstream, err := upstreamOf("NewBinningMemoryResource", upstream)
+	if err != nil {
+		return nil, err
+	}
 	r := &BinningMemoryResource{upstream: upstream}
 	r.bins.Store(&[]binningBin{})
 	if opts == nil {

@@ -35,14 +35,20 @@ type FailureCallbackResourceAdaptor struct {
 // isOutOfMemory is the default Catch.
 func isOutOfMemory(err error) bool { return errors.Is(err, ErrOutOfMemory) }
 
-// NewFailureCallbackResourceAdaptor returns an adaptor over upstream (nil: the current device
-// resource) that calls callback when an allocation fails. A nil callback returns an error wrapping
-// ErrInvalidArgument.
+// NewFailureCallbackResourceAdaptor returns an adaptor over upstream that calls callback when an
+// allocation fails; nil opts means the defaults. A nil callback returns an error wrapping
+// [ErrInvalidArgument]. A nil upstream means the current device resource
+// ([CurrentDeviceResource], read once, here); a nil pointer as upstream returns an error wrapping
+// [ErrInvalidArgument].
 func NewFailureCallbackResourceAdaptor(upstream MemoryResource, callback FailureCallback, opts *FailureCallbackOptions) (*FailureCallbackResourceAdaptor, error) {
+	upstream, err := upstreamOf("NewFailureCallbackResourceAdaptor", upstream)
+	if err != nil {
+		return nil, err
+	}
 	if callback == nil {
 		return nil, errorf("NewFailureCallbackResourceAdaptor: nil callback: %w", ErrInvalidArgument)
 	}
-	r := &FailureCallbackResourceAdaptor{upstream: resourceOrCurrent(upstream), callback: callback, catch: isOutOfMemory}
+	r := &FailureCallbackResourceAdaptor{upstream: upstream, callback: callback, catch: isOutOfMemory}
 	if opts != nil && opts.Catch != nil {
 		r.catch = opts.Catch
 	}

@@ -69,11 +69,16 @@ type fixedList struct {
 
 func (l *fixedList) idle() bool { return len(l.blocks) == 0 }
 
-// NewFixedSizeMemoryResource returns a fixed-size resource over upstream (nil: the current
-// device resource) and takes its first chunk now; that allocation's failure is returned.
-// Negative sizes and a chunk size that overflows are ErrInvalidArgument.
+// NewFixedSizeMemoryResource returns a fixed-size resource over upstream (nil opts: the
+// defaults) and takes its first chunk now; that allocation's failure is returned. Negative sizes
+// and a chunk size that overflows are [ErrInvalidArgument]. A nil upstream means the current
+// device resource ([CurrentDeviceResource], read once, here); a nil pointer as upstream returns
+// an error wrapping [ErrInvalidArgument].
 func NewFixedSizeMemoryResource(upstream MemoryResource, opts *FixedSizeOptions) (*FixedSizeMemoryResource, error) {
-	upstream = resourceOrCurrent(upstream)
+	upstream, err := upstreamOf("NewFixedSizeMemoryResource", upstream)
+	if err != nil {
+		return nil, err
+	}
 	var o FixedSizeOptions
 	if opts != nil {
 		o = *opts

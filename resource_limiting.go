@@ -40,10 +40,16 @@ type LimitingResourceAdaptor struct {
 }
 
 // NewLimitingResourceAdaptor returns an adaptor that lets at most limit bytes (as charged; see
-// LimitingOptions.Alignment) be allocated through it from upstream (nil: the current device
-// resource) at once. A negative limit, or an alignment that is negative or not a power of two,
-// returns an error wrapping ErrInvalidArgument.
+// [LimitingOptions.Alignment]) be allocated through it from upstream at once; nil opts means the
+// defaults. A negative limit, or an alignment that is negative or not a power of two, returns an
+// error wrapping [ErrInvalidArgument]. A nil upstream means the current device resource
+// ([CurrentDeviceResource], read once, here); a nil pointer as upstream returns an error wrapping
+// [ErrInvalidArgument].
 func NewLimitingResourceAdaptor(upstream MemoryResource, limit int, opts *LimitingOptions) (*LimitingResourceAdaptor, error) {
+	upstream, err := upstreamOf("NewLimitingResourceAdaptor", upstream)
+	if err != nil {
+		return nil, err
+	}
 	align := Alignment
 	if opts != nil && opts.Alignment != 0 {
 		align = opts.Alignment
@@ -54,7 +60,7 @@ func NewLimitingResourceAdaptor(upstream MemoryResource, limit int, opts *Limiti
 	if !IsPowerOfTwo(align) {
 		return nil, errorf("NewLimitingResourceAdaptor: alignment %d is not a power of two: %w", align, ErrInvalidArgument)
 	}
-	return &LimitingResourceAdaptor{upstream: resourceOrCurrent(upstream), limit: int64(limit), alignment: align}, nil
+	return &LimitingResourceAdaptor{upstream: upstream, limit: int64(limit), alignment: align}, nil
 }
 
 // Allocate allocates nbytes from the upstream on stream s if its charge fits under the limit.

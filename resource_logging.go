@@ -50,14 +50,20 @@ type LoggingResourceAdaptor struct {
 }
 
 // NewLoggingResourceAdaptor returns an adaptor that logs every event of upstream to w, and writes
-// the header line (LogHeader) at once (into its buffer unless opts.AutoFlush). A nil upstream
-// means the current device resource. A nil w returns an error wrapping ErrInvalidArgument. Close
-// flushes the log but does not close w.
+// the header line ([LogHeader]) at once (into its buffer unless [LoggingOptions.AutoFlush]); nil
+// opts means the defaults. A nil w returns an error wrapping [ErrInvalidArgument]; with AutoFlush,
+// w's error writing the header is returned. Close flushes the log but does not close w. A nil
+// upstream means the current device resource ([CurrentDeviceResource], read once, here); a nil
+// pointer as upstream returns an error wrapping [ErrInvalidArgument].
 func NewLoggingResourceAdaptor(upstream MemoryResource, w io.Writer, opts *LoggingOptions) (*LoggingResourceAdaptor, error) {
+	upstream, err := upstreamOf("NewLoggingResourceAdaptor", upstream)
+	if err != nil {
+		return nil, err
+	}
 	if w == nil {
 		return nil, errorf("NewLoggingResourceAdaptor: nil writer: %w", ErrInvalidArgument)
 	}
-	r := &LoggingResourceAdaptor{upstream: resourceOrCurrent(upstream), lw: NewLogWriter(w)}
+	r := &LoggingResourceAdaptor{upstream: upstream, lw: NewLogWriter(w)}
 	if opts != nil {
 		r.autoFlush = opts.AutoFlush
 	}
@@ -71,9 +77,16 @@ func NewLoggingResourceAdaptor(upstream MemoryResource, w io.Writer, opts *Loggi
 
 // NewLoggingResourceAdaptorFile returns an adaptor that logs every event of upstream to the file
 // at path, which is created or truncated. An empty path means the file named by the RMM_LOG_FILE
-// environment variable; when that is empty or unset too, the error wraps ErrInvalidArgument. A
-// nil upstream means the current device resource. Close flushes and closes the file.
+// environment variable; when that is empty or unset too, the error wraps [ErrInvalidArgument];
+// the operating system's error creating the file is returned as it is (errors.Is(err,
+// fs.ErrPermission)). Close flushes and closes the file. A nil upstream means the current device
+// resource ([CurrentDeviceResource], read once, here); a nil pointer as upstream returns an error
+// wrapping [ErrInvalidArgument], before the file is created.
 func NewLoggingResourceAdaptorFile(upstream MemoryResource, path string, opts *LoggingOptions) (*LoggingResourceAdaptor, error) {
+	upstream, err := upstreamOf("NewLoggingResourceAdaptorFile", upstream)
+	if err != nil {
+		return nil, err
+	}
 	if path == "" {
 		path = os.Getenv("RMM_LOG_FILE")
 		if path == "" {
@@ -81,7 +94,7 @@ func NewLoggingResourceAdaptorFile(upstream MemoryResource, path string, opts *L
 		}
 	}
 	f, err := os.Create(path)
-	if err != nil {
+	if err != nil { // a *fs.PathError naming the file
 		return nil, errorf("NewLoggingResourceAdaptorFile: %w", err)
 	}
 	r, err := NewLoggingResourceAdaptor(upstream, f, opts)

@@ -194,14 +194,20 @@ type memProfBucket struct {
 }
 
 // NewMemoryProfileResourceAdaptor returns an adaptor that samples the allocations made through it
-// from upstream (nil: the current device resource) at opts.Rate (nil: DefaultMemoryProfileRate),
-// into a MemoryProfile of its own. A negative rate returns an error wrapping ErrInvalidArgument.
+// from upstream at [MemoryProfileOptions.Rate] (nil opts: [DefaultMemoryProfileRate]), into a
+// [MemoryProfile] of its own. A negative rate returns an error wrapping [ErrInvalidArgument]. A
+// nil upstream means the current device resource ([CurrentDeviceResource], read once, here); a
+// nil pointer as upstream returns an error wrapping [ErrInvalidArgument].
 func NewMemoryProfileResourceAdaptor(upstream MemoryResource, opts *MemoryProfileOptions) (*MemoryProfileResourceAdaptor, error) {
+	upstream, err := upstreamOf("NewMemoryProfileResourceAdaptor", upstream)
+	if err != nil {
+		return nil, err
+	}
 	m, err := newMemoryProfile("NewMemoryProfileResourceAdaptor", opts)
 	if err != nil {
 		return nil, err
 	}
-	return &MemoryProfileResourceAdaptor{MemoryProfile: m, upstream: resourceOrCurrent(upstream)}, nil
+	return &MemoryProfileResourceAdaptor{MemoryProfile: m, upstream: upstream}, nil
 }
 
 // NewMemoryProfile returns an empty profile that samples at opts.Rate (nil:

@@ -99,12 +99,18 @@ func prefetchModeOf(mr MemoryResource, pageable bool) prefetchMode {
 	}
 }
 
-// NewPrefetchResourceAdaptor returns an adaptor over upstream (nil: the current device resource)
-// that prefetches allocations to DeviceOf(upstream) (see the type's comment for which). With
-// CUDA it reads the device's concurrent-managed-access attribute, and its pageable-memory-access
-// attribute, once, here; an error doing so (or retaining the device's context) is returned.
+// NewPrefetchResourceAdaptor returns an adaptor over upstream that prefetches allocations to
+// [DeviceOf](upstream) (see the type's comment for which). With CUDA it reads the device's
+// concurrent-managed-access attribute, and its pageable-memory-access attribute, once, here
+// (cuDeviceGetAttribute); the driver's error doing so (or retaining the device's context) is
+// returned as a [*CUDAError]. A nil upstream means the current device resource
+// ([CurrentDeviceResource], read once, here); a nil pointer as upstream returns an error wrapping
+// [ErrInvalidArgument].
 func NewPrefetchResourceAdaptor(upstream MemoryResource) (*PrefetchResourceAdaptor, error) {
-	upstream = resourceOrCurrent(upstream)
+	upstream, err := upstreamOf("NewPrefetchResourceAdaptor", upstream)
+	if err != nil {
+		return nil, err
+	}
 	r := &PrefetchResourceAdaptor{upstream: upstream, dev: DeviceOf(upstream), isManaged: cuPointerIsManaged, prefetch: cuMemPrefetchAsync}
 	if CUDAAvailable() != nil || !cuMemPrefetchBound() {
 		return r, nil

@@ -105,10 +105,19 @@ type StatisticsResourceAdaptor struct {
 }
 
 // NewStatisticsResourceAdaptor returns an adaptor that counts the allocations made through it
-// from upstream (nil: the current device resource), with one level of zero counters. It cannot
-// fail.
-func NewStatisticsResourceAdaptor(upstream MemoryResource) *StatisticsResourceAdaptor {
-	return &StatisticsResourceAdaptor{upstream: resourceOrCurrent(upstream), levels: make([]statLevel, 1, 4)}
+// from upstream, with one level of zero counters. A nil upstream means the current device
+// resource ([CurrentDeviceResource], read once, here); a nil pointer as upstream returns an error
+// wrapping [ErrInvalidArgument].
+func NewStatisticsResourceAdaptor(upstream MemoryResource) (*StatisticsResourceAdaptor, error) {
+	up, err := upstreamOf("NewStatisticsResourceAdaptor", upstream)
+	if err != nil {
+		return nil, err
+	}
+	return newStatistics(up), nil
+}
+
+func newStatistics(upstream MemoryResource) *StatisticsResourceAdaptor {
+	return &StatisticsResourceAdaptor{upstream: upstream, levels: make([]statLevel, 1, 4)}
 }
 
 // top returns the top level (under mu).
@@ -296,7 +305,7 @@ func enableStatisticsLocked() *StatisticsResourceAdaptor {
 	if r, ok := cur.(*StatisticsResourceAdaptor); ok {
 		return r
 	}
-	r := NewStatisticsResourceAdaptor(cur)
+	r := newStatistics(cur)
 	SetCurrentDeviceResource(r)
 	return r
 }

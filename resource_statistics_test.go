@@ -12,7 +12,8 @@ import (
 
 func adpNewStats(t *testing.T, up MemoryResource) *StatisticsResourceAdaptor {
 	t.Helper()
-	r := NewStatisticsResourceAdaptor(up)
+	r, err := NewStatisticsResourceAdaptor(up)
+	require.NoError(t, err)
 	return r
 }
 

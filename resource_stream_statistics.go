@@ -59,14 +59,19 @@ type StreamStatisticsResourceAdaptor struct {
 }
 
 // NewStreamStatisticsResourceAdaptor returns an adaptor that counts, stream by stream, the
-// allocations made through it from upstream (nil: the current device resource). It cannot fail,
-// and returns no error, as NewStatisticsResourceAdaptor.
-func NewStreamStatisticsResourceAdaptor(upstream MemoryResource) *StreamStatisticsResourceAdaptor {
+// allocations made through it from upstream. A nil upstream means the current device resource
+// ([CurrentDeviceResource], read once, here); a nil pointer as upstream returns an error wrapping
+// [ErrInvalidArgument].
+func NewStreamStatisticsResourceAdaptor(upstream MemoryResource) (*StreamStatisticsResourceAdaptor, error) {
+	up, err := upstreamOf("NewStreamStatisticsResourceAdaptor", upstream)
+	if err != nil {
+		return nil, err
+	}
 	return &StreamStatisticsResourceAdaptor{
-		upstream: resourceOrCurrent(upstream),
+		upstream: up,
 		live:     map[DevicePtr]streamRecord{},
 		streams:  map[StreamView]*statLevel{},
-	}
+	}, nil
 }
 
 // level returns the counters of stream s, making them on first use. r.mu must be held.

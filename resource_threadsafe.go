@@ -12,11 +12,15 @@ type ThreadSafeResourceAdaptor struct {
 	mu       sync.Mutex
 }
 
-// NewThreadSafeResourceAdaptor returns an adaptor that serialises the calls to upstream (nil: the
-// current device resource). It cannot fail, and returns no error, as
-// NewStatisticsResourceAdaptor.
-func NewThreadSafeResourceAdaptor(upstream MemoryResource) *ThreadSafeResourceAdaptor {
-	return &ThreadSafeResourceAdaptor{upstream: resourceOrCurrent(upstream)}
+// NewThreadSafeResourceAdaptor returns an adaptor that serialises the calls to upstream. A nil
+// upstream means the current device resource ([CurrentDeviceResource], read once, here); a nil
+// pointer as upstream returns an error wrapping [ErrInvalidArgument].
+func NewThreadSafeResourceAdaptor(upstream MemoryResource) (*ThreadSafeResourceAdaptor, error) {
+	up, err := upstreamOf("NewThreadSafeResourceAdaptor", upstream)
+	if err != nil {
+		return nil, err
+	}
+	return &ThreadSafeResourceAdaptor{upstream: up}, nil
 }
 
 // Allocate calls the upstream's Allocate under the adaptor's mutex and returns its results. A

@@ -107,14 +107,19 @@ type TrackingResourceAdaptor struct {
 }
 
 // NewTrackingResourceAdaptor returns an adaptor that records the allocations made through it from
-// upstream (nil: the current device resource). It cannot fail, and returns no error, as
-// NewStatisticsResourceAdaptor.
-func NewTrackingResourceAdaptor(upstream MemoryResource, opts *TrackingOptions) *TrackingResourceAdaptor {
-	r := &TrackingResourceAdaptor{upstream: resourceOrCurrent(upstream), allocations: map[DevicePtr]trackedInfo{}}
+// upstream; nil opts means the defaults. A nil upstream means the current device resource
+// ([CurrentDeviceResource], read once, here); a nil pointer as upstream returns an error wrapping
+// [ErrInvalidArgument].
+func NewTrackingResourceAdaptor(upstream MemoryResource, opts *TrackingOptions) (*TrackingResourceAdaptor, error) {
+	up, err := upstreamOf("NewTrackingResourceAdaptor", upstream)
+	if err != nil {
+		return nil, err
+	}
+	r := &TrackingResourceAdaptor{upstream: up, allocations: map[DevicePtr]trackedInfo{}}
 	if opts != nil {
 		r.captureStacks = opts.CaptureStacks
 	}
-	return r
+	return r, nil
 }
 
 // Allocate allocates nbytes from the upstream on stream s and records the allocation (see the
