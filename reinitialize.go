@@ -273,10 +273,10 @@ func reinitBuild(d Device, o *ReinitializeOptions, logName string) (mr MemoryRes
 			}
 		}
 		po := &PoolOptions{InitialPoolSize: initial, MaximumPoolSize: o.MaximumPoolSize}
-		// The expandable pool where it can be had: over the ten bundled traces it took 1.00–1.29
-		// × peak live (one pass and three) where the plain pool took 1.15–2.56, at or below
-		// cudaMallocAsync and PyTorch's expandable segments on nine of them, at the same speed
-		// per allocation (BENCHMARKS.md, eighth run).
+		// The expandable pool where it can be had: it maps pages where librmm's pool carves
+		// whole upstream allocations, so the memory it takes stays close to the memory live
+		// where the plain pool keeps the high-water mark of every size class it grew for, and
+		// it allocates as fast (BENCHMARKS.md, "W4: trace replay" and "W1").
 		_, overDevice := mr.(*CudaMemoryResource)
 		expandable := cuda && overDevice && !o.PlainPool && vmmSupported(d)
 		po.Expandable = expandable

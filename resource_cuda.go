@@ -114,7 +114,8 @@ func driverFree(dev Device, p DevicePtr) error {
 }
 
 // isOOM reports whether err is an out-of-memory condition (CUDA_ERROR_OUT_OF_MEMORY: what
-// cuMemAlloc, cuMemAllocManaged and cuMemAllocFromPoolAsync return for 1 PiB on an H200).
+// cuMemAlloc, cuMemAllocManaged and cuMemAllocFromPoolAsync return for a size beyond the
+// device's memory).
 func isOOM(err error) bool {
 	return errIs(err, ErrOutOfMemory)
 }
