@@ -84,12 +84,12 @@ const (
 	arenaLiveRegionShift = 20
 )
 
-// ArenaOptions configures NewArenaMemoryResource. nil means the defaults.
+// ArenaOptions configures [NewArenaMemoryResource]. nil means the defaults.
 type ArenaOptions struct {
 	// ArenaSize is the number of bytes taken from the upstream at construction, in one
 	// allocation on the default stream; the arena never grows. It is rounded down to a multiple
 	// of 256 and must then be at least 1 MiB. Default 0: half of the
-	// current device's free memory (PercentOfFreeDeviceMemory(50)), as librmm.
+	// current device's free memory ([PercentOfFreeDeviceMemory](50)), as librmm.
 	ArenaSize int
 	// DumpLogOnFailure writes the arena's state to a file when an allocation fails: after
 	// defragmentation did not help, or at once for a request larger than the arena. It records
@@ -102,14 +102,14 @@ type ArenaOptions struct {
 	// DumpLogPath is the file the dump goes to. Default "": rmm_arena_memory_dump.log in the working
 	// directory, librmm's name. The resource's first dump truncates the file; later dumps are appended.
 	DumpLogPath string
-	// DefaultStreamArenas is the number of arenas that small allocations on DefaultStream are
+	// DefaultStreamArenas is the number of arenas that small allocations on [DefaultStream] are
 	// spread over, so that many goroutines allocating on the default stream do not share one
 	// lock. Default 0: runtime.GOMAXPROCS(0) at construction. At most 65536.
 	DefaultStreamArenas int
 }
 
 // ArenaMemoryResource is librmm's arena allocator: one upstream allocation of
-// ArenaOptions.ArenaSize bytes, made at construction on [DefaultStream] and never grown, divided
+// [ArenaOptions.ArenaSize] bytes, made at construction on [DefaultStream] and never grown, divided
 // into superblocks of 1 MiB to 1 TiB that
 // move between a global arena and one arena per stream, so that goroutines allocating on their
 // own streams do not contend.
@@ -131,7 +131,7 @@ type ArenaOptions struct {
 // same); if that fails too it returns an [*OutOfMemoryError] (errors.Is(err, [ErrOutOfMemory]))
 // that gives the size asked, the arena size, the free bytes and the largest free block, and
 // whether the free bytes would have held the request (Fragmented), and writes the dump when
-// ArenaOptions.DumpLogOnFailure is set. Deallocate returns [ErrInvalidFree], changing nothing,
+// [ArenaOptions.DumpLogOnFailure] is set. Deallocate returns [ErrInvalidFree], changing nothing,
 // for a pointer the arena never handed out, a double free and a size other than the one
 // allocated. A negative size is [ErrInvalidArgument].
 //
@@ -378,10 +378,10 @@ func (r *ArenaMemoryResource) Access() Access { return AccessOf(r.upstream) }
 func (r *ArenaMemoryResource) ArenaSize() int { return r.size }
 
 // Allocate returns nbytes (rounded up to 256) ordered on s; see the type's documentation for
-// where the memory comes from. Out of memory (also after defragmenting) is an *OutOfMemoryError
-// (errors.Is(err, ErrOutOfMemory)); a request larger than the arena or than 1 TiB fails at once,
-// without defragmenting, with the same error type. After Close, and on a Stream that was closed,
-// it returns ErrClosed.
+// where the memory comes from. Out of memory (also after defragmenting) is an [*OutOfMemoryError]
+// (errors.Is(err, [ErrOutOfMemory])); a request larger than the arena or than 1 TiB fails at once,
+// without defragmenting, with the same error type. After Close, and on a [Stream] that was closed,
+// it returns [ErrClosed].
 func (r *ArenaMemoryResource) Allocate(nbytes int, s StreamView) (DevicePtr, error) {
 	if nbytes <= 0 {
 		if nbytes < 0 {
@@ -650,16 +650,16 @@ func (r *ArenaMemoryResource) liveCount() int {
 //
 //   - When the superblock is in the global arena (every block above 1 MiB, and small blocks whose
 //     superblock went back there), the free does not wait. The superblock notes s: on
-//     DefaultStream and our own Streams no CUDA call is made; on a foreign stream (NewStreamView)
+//     [DefaultStream] and our own Streams no CUDA call is made; on a foreign stream ([NewStreamView])
 //     an event is recorded on s now (cuEventRecord). Another stream that takes the memory waits
 //     on the device for s's work first (see the type's documentation). A superblock notes at
 //     most four streams: a free by a fifth synchronises s (cuStreamQuery, then
 //     cuStreamSynchronize) instead.
 //   - When the superblock is in the arena of another stream than s, s is synchronised first
 //     (cuStreamQuery, then cuStreamSynchronize).
-//   - On a Stream that was closed, the device is synchronised instead (cuCtxSynchronize).
+//   - On a [Stream] that was closed, the device is synchronised instead (cuCtxSynchronize).
 //
-// A pointer the arena did not hand out, a double free or another size returns ErrInvalidFree
+// A pointer the arena did not hand out, a double free or another size returns [ErrInvalidFree]
 // and changes nothing. Allocations that outlive Close are freed as usual; the last one gives the
 // arena back to the upstream.
 func (r *ArenaMemoryResource) Deallocate(ptr DevicePtr, nbytes int, s StreamView) error {
@@ -1176,7 +1176,7 @@ func (r *ArenaMemoryResource) Release() error {
 	return r.defragment()
 }
 
-// Close makes Allocate return ErrClosed and, when nothing is live, waits for the device and
+// Close makes Allocate return [ErrClosed] and, when nothing is live, waits for the device and
 // returns the arena to the upstream. Allocations still live stay valid: Deallocate keeps working
 // and the last one returns the arena (a warning goes to the debug log). Closing twice returns
 // nil.
@@ -1231,7 +1231,7 @@ func (r *ArenaMemoryResource) returnUpstream() error {
 // ArenaStats is a snapshot of an arena's state. Sizes are in bytes.
 type ArenaStats struct {
 	ArenaSize         int     // bytes taken from the upstream
-	PoolSize          int     // ArenaSize, named as in OutOfMemoryError
+	PoolSize          int     // ArenaSize, named as in [OutOfMemoryError]
 	MaximumSize       int     // ArenaSize: the arena never grows
 	LiveBytes         int     // bytes of live allocations, each rounded up to 256
 	LiveAllocations   int     // live allocations
@@ -1250,7 +1250,7 @@ type ArenaStats struct {
 	GlobalFreeBlocks int
 	GlobalFreeBytes  int
 	// PerStream is the free memory of each stream's arena (the superblocks it holds): first
-	// DefaultStream, its DefaultStreamArenas shards summed as one entry, then every stream arena by ascending StreamView.ID, empty ones included. With
+	// [DefaultStream], its DefaultStreamArenas shards summed as one entry, then every stream arena by ascending [StreamView.ID], empty ones included. With
 	// GlobalFreeBlocks and GlobalFreeBytes the entries add up to FreeBlocks and FreeBytes.
 	PerStream []StreamFreeStats
 }

@@ -26,15 +26,15 @@ import (
 // see [MemoryProfileResourceAdaptor]); set [MemoryProfileOptions].Rate lower for more.
 const DefaultMemoryProfileRate = 4 << 30
 
-// MemoryProfileOptions configures a MemoryProfile (NewMemoryProfile) or the one of a
-// MemoryProfileResourceAdaptor. nil means the defaults.
+// MemoryProfileOptions configures a [MemoryProfile] ([NewMemoryProfile]) or the one of a
+// [MemoryProfileResourceAdaptor]. nil means the defaults.
 type MemoryProfileOptions struct {
 	// Rate is the sampling rate in bytes, as runtime.MemProfileRate is for Go's heap: an
 	// allocation of n bytes is recorded with probability 1-exp(-n/Rate), so that on average one
 	// allocation is recorded per Rate bytes allocated and an allocation of many times Rate bytes
 	// is always recorded. 1 is the exception: it records every allocation, of any size (the
 	// profile is then exact). 0 means
-	// DefaultMemoryProfileRate; a negative rate is refused with ErrInvalidArgument.
+	// [DefaultMemoryProfileRate]; a negative rate is refused with [ErrInvalidArgument].
 	Rate int
 }
 
@@ -42,11 +42,11 @@ type MemoryProfileOptions struct {
 // the allocations, the Go call stack that made them, so that device memory can be profiled as
 // Go's heap is: WriteProfile writes a profile in pprof's format (go tool pprof reads it), with
 // the sample types of Go's heap profile (alloc_objects, alloc_space, inuse_objects, inuse_space);
-// MemoryProfileHandler serves it over HTTP; TopSites and Report sum it by call site.
+// [MemoryProfileHandler] serves it over HTTP; TopSites and Report sum it by call site.
 //
 // What is recorded. Allocations are sampled by size, as Go's heap profiler samples its own: an
 // allocation of n bytes is recorded with probability p = 1-exp(-n/rate)
-// (MemoryProfileOptions.Rate, in bytes), independently of every other allocation (Go's runtime
+// ([MemoryProfileOptions.Rate], in bytes), independently of every other allocation (Go's runtime
 // counts down the bytes to the next sample instead, which gives each allocation the same
 // probability). A sampled allocation records its call stack (up to 64 frames, starting at the
 // caller of Allocate) and its size; the profile sums the samples by stack and size and scales
@@ -66,7 +66,7 @@ type MemoryProfileOptions struct {
 // nothing itself and never waits for a stream.
 //
 // Errors. The upstream's errors are returned unchanged, and a failed allocation records nothing.
-// A negative size returns an error wrapping ErrInvalidArgument without calling the upstream. A
+// A negative size returns an error wrapping [ErrInvalidArgument] without calling the upstream. A
 // free of a pointer that was not sampled (or that the adaptor never saw, or a double free) is
 // passed to the upstream as it is, with its error, if any, returned as it is; when the upstream
 // refuses the free of a sampled block, its record is kept. The size given to Deallocate is passed
@@ -90,13 +90,13 @@ type MemoryProfileOptions struct {
 // keeps its own; each sampled block not yet freed, an entry of 32 to 64 bytes; the adaptor itself
 // takes about 18 KiB.
 //
-// Over a PoolMemoryResource, PoolOptions.MemoryProfile gives the same profile for less: the pool
+// Over a [PoolMemoryResource], [PoolOptions.MemoryProfile] gives the same profile for less: the pool
 // counts bytes down to its next sample under the lock its allocation takes anyway and keeps a
 // sampled block's record on the block, and no adaptor call is made, so it adds less to each
 // allocation than this adaptor, half of whose cost is the two calls any adaptor passes on
 // (BENCHMARKS.md, "W1").
 //
-// Why an adaptor of its own rather than an option of TrackingResourceAdaptor: the tracking
+// Why an adaptor of its own rather than an option of [TrackingResourceAdaptor]: the tracking
 // adaptor's purpose is an entry for every outstanding allocation (to list leaks exactly), which
 // is the cost this one exists to avoid; and this one's figures are estimates, not a list. Stack
 // them when both are wanted.
@@ -119,9 +119,9 @@ type MemoryProfileResourceAdaptor struct {
 }
 
 // MemoryProfile is a profile of device memory by the Go call stacks that allocated it, sampled
-// as Go's heap profile is: what a MemoryProfileResourceAdaptor records, and what a
-// PoolMemoryResource made with PoolOptions.MemoryProfile records of its own allocations. Profile
-// and WriteProfile give it in pprof's format, MemoryProfileHandler serves it over HTTP, TopSites
+// as Go's heap profile is: what a [MemoryProfileResourceAdaptor] records, and what a
+// [PoolMemoryResource] made with [PoolOptions.MemoryProfile] records of its own allocations. Profile
+// and WriteProfile give it in pprof's format, [MemoryProfileHandler] serves it over HTTP, TopSites
 // and Report sum it by call site. See MemoryProfileResourceAdaptor for what is sampled and the
 // estimates' error.
 //
@@ -204,8 +204,8 @@ func NewMemoryProfileResourceAdaptor(upstream MemoryResource, opts *MemoryProfil
 }
 
 // NewMemoryProfile returns an empty profile that samples at opts.Rate (nil:
-// DefaultMemoryProfileRate), for PoolOptions.MemoryProfile. A negative rate returns an error
-// wrapping ErrInvalidArgument.
+// [DefaultMemoryProfileRate]), for [PoolOptions.MemoryProfile]. A negative rate returns an error
+// wrapping [ErrInvalidArgument].
 func NewMemoryProfile(opts *MemoryProfileOptions) (*MemoryProfile, error) {
 	return newMemoryProfile("NewMemoryProfile", opts)
 }
@@ -239,7 +239,7 @@ func memProfHash(p DevicePtr) uint64 { return uint64(p) * 0x9e3779b97f4a7c15 }
 
 // Allocate allocates nbytes from the upstream on stream s and, when the allocation is sampled,
 // records its call stack (see the type's comment). A negative size returns an error wrapping
-// ErrInvalidArgument without calling the upstream; the upstream's errors are returned unchanged
+// [ErrInvalidArgument] without calling the upstream; the upstream's errors are returned unchanged
 // and nothing is recorded then.
 //
 //go:noinline
@@ -502,7 +502,7 @@ func (t *memProfLive) delete(p DevicePtr, h uint64) *memProfBucket {
 
 // Deallocate returns p to the upstream on stream s; when p was sampled, its record is dropped
 // first (and put back when the upstream returns an error). A negative size returns an error
-// wrapping ErrInvalidArgument without calling the upstream; the upstream's errors are returned
+// wrapping [ErrInvalidArgument] without calling the upstream; the upstream's errors are returned
 // unchanged.
 func (r *MemoryProfileResourceAdaptor) Deallocate(p DevicePtr, nbytes int, s StreamView) error {
 	if nbytes < 0 {
@@ -549,10 +549,10 @@ func (*MemoryProfileResourceAdaptor) insideUpstream() {}
 
 func (*MemoryProfileResourceAdaptor) passesPointersThrough() {}
 
-// Access reports the upstream's accessibility (AccessOf(Upstream())).
+// Access reports the upstream's accessibility ([AccessOf](Upstream())).
 func (r *MemoryProfileResourceAdaptor) Access() Access { return AccessOf(r.upstream) }
 
-// Device returns the upstream's device (DeviceOf(Upstream())).
+// Device returns the upstream's device ([DeviceOf](Upstream())).
 func (r *MemoryProfileResourceAdaptor) Device() Device { return DeviceOf(r.upstream) }
 
 // snapshot returns the buckets made so far, in the order they were made.
