@@ -28,10 +28,11 @@ func BenchmarkAdaptors(b *testing.B) {
 		make maker
 	}{
 		{"upstream", func(up MemoryResource) MemoryResource { return up }},
-		{"statistics", func(up MemoryResource) MemoryResource { return NewStatisticsResourceAdaptor(up) }},
-		{"tracking", func(up MemoryResource) MemoryResource { return NewTrackingResourceAdaptor(up, nil) }},
+		{"statistics", func(up MemoryResource) MemoryResource { r, _ := NewStatisticsResourceAdaptor(up); return r }},
+		{"tracking", func(up MemoryResource) MemoryResource { r, _ := NewTrackingResourceAdaptor(up, nil); return r }},
 		{"tracking-stacks", func(up MemoryResource) MemoryResource {
-			return NewTrackingResourceAdaptor(up, &TrackingOptions{CaptureStacks: true})
+			r, _ := NewTrackingResourceAdaptor(up, &TrackingOptions{CaptureStacks: true})
+			return r
 		}},
 		{"memory-profile", func(up MemoryResource) MemoryResource { r, _ := NewMemoryProfileResourceAdaptor(up, nil); return r }},
 		{"limiting", func(up MemoryResource) MemoryResource { r, _ := NewLimitingResourceAdaptor(up, 1<<62, nil); return r }},
@@ -44,7 +45,7 @@ func BenchmarkAdaptors(b *testing.B) {
 			return r
 		}},
 		{"prefetch", func(up MemoryResource) MemoryResource { r, _ := NewPrefetchResourceAdaptor(up); return r }},
-		{"threadsafe", func(up MemoryResource) MemoryResource { return NewThreadSafeResourceAdaptor(up) }},
+		{"threadsafe", func(up MemoryResource) MemoryResource { r, _ := NewThreadSafeResourceAdaptor(up); return r }},
 	}
 	const n = 4096
 	for _, a := range adaptors {

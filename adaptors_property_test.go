@@ -124,8 +124,12 @@ func newAdpPropSystem(cfg adpPropConfig, cov *adpPropCoverage) *adpPropSystem {
 	if sys.lim, err = NewLimitingResourceAdaptor(sys.aligned, cfg.limit, nil); err != nil {
 		panic(err)
 	}
-	sys.track = NewTrackingResourceAdaptor(sys.lim, nil)
-	sys.stats = NewStatisticsResourceAdaptor(sys.track)
+	if sys.track, err = NewTrackingResourceAdaptor(sys.lim, nil); err != nil {
+		panic(err)
+	}
+	if sys.stats, err = NewStatisticsResourceAdaptor(sys.track); err != nil {
+		panic(err)
+	}
 	return sys
 }
 

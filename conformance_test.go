@@ -223,7 +223,11 @@ func confAdaptorOverPool(newAdaptor func(rmm.MemoryResource) (rmm.MemoryResource
 // suite's ZeroSize check expects nothing to; its figures are checked by its own tests
 // (resource_statistics_test.go, adaptors_property_test.go), everything else here.
 func confStatisticsUnseen(up rmm.MemoryResource) (rmm.MemoryResource, error) {
-	return confHideStats{rmm.NewStatisticsResourceAdaptor(up)}, nil
+	r, err := rmm.NewStatisticsResourceAdaptor(up)
+	if err != nil {
+		return nil, err
+	}
+	return confHideStats{r}, nil
 }
 
 // confHideStats is a StatisticsResourceAdaptor without its Stats method.
@@ -242,7 +246,7 @@ func (h confHideStats) Access() rmm.Access           { return h.r.Access() }
 func (h confHideStats) Device() rmm.Device           { return h.r.Device() }
 
 func confTracking(up rmm.MemoryResource) (rmm.MemoryResource, error) {
-	return rmm.NewTrackingResourceAdaptor(up, &rmm.TrackingOptions{CaptureStacks: true}), nil
+	return rmm.NewTrackingResourceAdaptor(up, &rmm.TrackingOptions{CaptureStacks: true})
 }
 
 func confMemoryProfile(rate int) func(rmm.MemoryResource) (rmm.MemoryResource, error) {
@@ -288,11 +292,11 @@ func confAligned(alignment, threshold int) func(rmm.MemoryResource) (rmm.MemoryR
 }
 
 func confThreadSafe(up rmm.MemoryResource) (rmm.MemoryResource, error) {
-	return rmm.NewThreadSafeResourceAdaptor(up), nil
+	return rmm.NewThreadSafeResourceAdaptor(up)
 }
 
 func confStreamStatistics(up rmm.MemoryResource) (rmm.MemoryResource, error) {
-	return rmm.NewStreamStatisticsResourceAdaptor(up), nil
+	return rmm.NewStreamStatisticsResourceAdaptor(up)
 }
 
 type confDiscard struct{}

@@ -112,7 +112,8 @@ func TestContainersNotMadeOnClosedStream(t *testing.T) {
 	require.NoError(t, err)
 	s := st.View()
 	require.NoError(t, st.Close())
-	mr := NewStatisticsResourceAdaptor(NewSystemMemoryResource())
+	mr, err := NewStatisticsResourceAdaptor(NewSystemMemoryResource())
+	require.NoError(t, err)
 	makers := map[string]func() error{
 		"NewUvector":          func() error { _, err := NewUvector[float32](10, s, mr); return err },
 		"NewUvectorFromSlice": func() error { _, err := NewUvectorFromSlice([]int32{1}, s, mr); return err },

@@ -171,8 +171,8 @@ func DebugLogger() *slog.Logger { return debugLogger.Load() }
 
 // SetDebugLogger replaces the debug logger and returns the previous one; nil restores the one
 // configured by RMM_DEBUG_LOG_FILE and RMM_DEBUG_LOG_LEVEL (a new one: the file is truncated, the
-// levels are those of the environment again). The levels set by SetDebugLogLevel and
-// SetDebugLogFlushLevel are the package's own logger's: a logger set here filters by its own
+// levels are those of the environment again). The levels set by [SetDebugLogLevel] and
+// [SetDebugLogFlushLevel] are the package's own logger's: a logger set here filters by its own
 // handler.
 func SetDebugLogger(l *slog.Logger) *slog.Logger {
 	if l == nil {
@@ -188,8 +188,8 @@ func SetDebugLogger(l *slog.Logger) *slog.Logger {
 func DebugLogLevel() slog.Level { return debugLevel.Level() }
 
 // SetDebugLogLevel sets the level of the package's own debug logger and returns the previous
-// one (RMM's set_logging_level): LevelTrace, slog.LevelDebug, slog.LevelInfo, slog.LevelWarn,
-// slog.LevelError, LevelCritical, LevelOff, or any slog level between. It takes effect at once,
+// one (RMM's set_logging_level): [LevelTrace], slog.LevelDebug, slog.LevelInfo, slog.LevelWarn,
+// slog.LevelError, [LevelCritical], [LevelOff], or any slog level between. It takes effect at once,
 // for every goroutine; records already buffered are flushed first.
 func SetDebugLogLevel(l slog.Level) slog.Level {
 	FlushDebugLog()
@@ -199,14 +199,14 @@ func SetDebugLogLevel(l slog.Level) slog.Level {
 }
 
 // DebugLogFlushLevel returns the level at or above which the package's own debug logger flushes
-// its file after each record (RMM's get_flush_level). Default: LevelTrace, so every record is
+// its file after each record (RMM's get_flush_level). Default: [LevelTrace], so every record is
 // written at once (Go has no exit hook that would flush a buffer). Records written to standard
 // error are never held back.
 func DebugLogFlushLevel() slog.Level { return debugFlushLevel.Level() }
 
 // SetDebugLogFlushLevel sets the flush level (RMM's set_flush_level) and returns the previous
 // one. Below it, records written to a file wait in a buffer until a record at or above it,
-// FlushDebugLog, a level change or the logger's replacement; a program that raises it must call
+// [FlushDebugLog], a level change or the logger's replacement; a program that raises it must call
 // FlushDebugLog before it exits, or lose what waits.
 func SetDebugLogFlushLevel(l slog.Level) slog.Level {
 	prev := debugFlushLevel.Level()
@@ -215,7 +215,7 @@ func SetDebugLogFlushLevel(l slog.Level) slog.Level {
 }
 
 // FlushDebugLog writes out what the package's own debug logger holds in its buffer (RMM's
-// flush_logger) and returns the write's error, if any; a logger set with SetDebugLogger is left
+// flush_logger) and returns the write's error, if any; a logger set with [SetDebugLogger] is left
 // to its own handler.
 func FlushDebugLog() error { return flushOf(DebugLogger()) }
 

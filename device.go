@@ -2,6 +2,7 @@ package rmm
 
 import (
 	"fmt"
+	"reflect"
 	"sync"
 	"sync/atomic"
 )
@@ -79,7 +80,7 @@ func initDriver() error {
 }
 
 // CUDAAvailable returns nil when the CUDA driver is loaded and at least one device is present;
-// otherwise an error wrapping ErrNoDevice that says why (libcuda.so.1 missing, no device, driver
+// otherwise an error wrapping [ErrNoDevice] that says why (libcuda.so.1 missing, no device, driver
 // too old, built without cgo). The package then runs on host memory.
 func CUDAAvailable() error { return initDriver() }
 
@@ -99,13 +100,13 @@ func DeviceCount() int {
 	return deviceCount
 }
 
-// CurrentDevice returns the process-wide current device (0 until SetCurrentDevice). Go has no
+// CurrentDevice returns the process-wide current device (0 until [SetCurrentDevice]). Go has no
 // goroutine-local state, so unlike cudaSetDevice this is shared by all goroutines; resources,
 // streams and containers record their device when they are made and use it from then on.
 func CurrentDevice() Device { return Device(currentDev.Load()) }
 
-// SetCurrentDevice makes d the process-wide current device. It returns ErrInvalidArgument for an
-// ordinal that does not exist (on a machine without CUDA only Device(0), the host, exists).
+// SetCurrentDevice makes d the process-wide current device. It returns [ErrInvalidArgument] for an
+// ordinal that does not exist (on a machine without CUDA only [Device](0), the host, exists).
 func SetCurrentDevice(d Device) error {
 	if err := d.check(); err != nil {
 		return errorf("SetCurrentDevice: %w", err)
@@ -191,9 +192,9 @@ func (d Device) ComputeCapability() (major, minor int, err error) {
 	return major, minor, err
 }
 
-// TotalMemory returns the device's memory in bytes (cuDeviceTotalMem). Without CUDA, Device(0)
+// TotalMemory returns the device's memory in bytes (cuDeviceTotalMem). Without CUDA, [Device](0)
 // is the host and this is the host's memory (MemTotal on Linux; elsewhere an error wrapping
-// ErrNoDevice).
+// [ErrNoDevice]).
 func (d Device) TotalMemory() (int, error) {
 	if err := d.check(); err != nil {
 		return 0, errorf("Device.TotalMemory: %w", err)
@@ -209,8 +210,8 @@ func (d Device) TotalMemory() (int, error) {
 }
 
 // MemoryInfo returns the free and total bytes of the device (cuMemGetInfo in its primary
-// context). Without CUDA, Device(0) is the host and these are the host's available and total
-// memory (MemAvailable and MemTotal on Linux; elsewhere an error wrapping ErrNoDevice).
+// context). Without CUDA, [Device](0) is the host and these are the host's available and total
+// memory (MemAvailable and MemTotal on Linux; elsewhere an error wrapping [ErrNoDevice]).
 func (d Device) MemoryInfo() (free, total int, err error) {
 	if err := d.check(); err != nil {
 		return 0, 0, errorf("Device.MemoryInfo: %w", err)
@@ -253,7 +254,7 @@ func (d Device) String() string {
 }
 
 // AvailableDeviceMemory returns the free and total bytes of the current device, as
-// rmm::available_device_memory. Without CUDA these are the host's (see Device.MemoryInfo).
+// rmm::available_device_memory. Without CUDA these are the host's (see [Device.MemoryInfo]).
 func AvailableDeviceMemory() (free, total int, err error) {
 	return CurrentDevice().MemoryInfo()
 }
@@ -302,8 +303,8 @@ func initialResource(d Device) MemoryResource {
 }
 
 // IsInitialized reports whether some device has a resource other than its initial one (a
-// CudaMemoryResource; a SystemMemoryResource without CUDA): one installed by Reinitialize, or set
-// with SetPerDeviceResource or SetCurrentDeviceResource and not restored since. As RMM's
+// [CudaMemoryResource]; a [SystemMemoryResource] without CUDA): one installed by [Reinitialize], or set
+// with [SetPerDeviceResource] or [SetCurrentDeviceResource] and not restored since. As RMM's
 // is_initialized, it tells a program whether something set up the memory resources before it.
 func IsInitialized() bool {
 	resMu.RLock()
@@ -317,7 +318,7 @@ func IsInitialized() bool {
 }
 
 // PerDeviceResource returns the resource set for device d, or its initial resource (a
-// CudaMemoryResource; a SystemMemoryResource without CUDA), which is then recorded. Safe for
+// [CudaMemoryResource]; a [SystemMemoryResource] without CUDA), which is then recorded. Safe for
 // concurrent use.
 func PerDeviceResource(d Device) (MemoryResource, error) {
 	if err := d.check(); err != nil {
@@ -358,8 +359,8 @@ func SetPerDeviceResource(d Device, mr MemoryResource) (MemoryResource, error) {
 	return old, nil
 }
 
-// CurrentDeviceResource returns the resource of the current device (PerDeviceResource of
-// CurrentDevice()).
+// CurrentDeviceResource returns the resource of the current device ([PerDeviceResource] of
+// [CurrentDevice]()).
 func CurrentDeviceResource() MemoryResource {
 	mr, err := PerDeviceResource(CurrentDevice())
 	if err != nil {
@@ -385,4 +386,21 @@ func resourceOrCurrent(mr MemoryResource) MemoryResource {
 		return CurrentDeviceResource()
 	}
 	return mr
+}
+
+// upstreamOf resolves the upstream argument of the constructor op of an adaptor or
+// sub-allocator: nil means the current device resource, read once, here; a nil pointer (or other
+// nil value) inside a non-nil interface is refused, because every call through the adaptor would
+// panic on it, far from the mistake.
+func upstreamOf(op string, upstream MemoryResource) (MemoryResource, error) {
+	if upstream == nil {
+		return CurrentDeviceResource(), nil
+	}
+	switch v := reflect.ValueOf(upstream); v.Kind() {
+	case reflect.Pointer, reflect.Map, reflect.Slice, reflect.Func, reflect.Chan, reflect.Interface:
+		if v.IsNil() {
+			return nil, errorf("%s: upstream is a nil %T: %w", op, upstream, ErrInvalidArgument)
+		}
+	}
+	return upstream, nil
 }

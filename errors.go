@@ -52,7 +52,7 @@ var (
 	// on memory that is neither host- nor device-accessible).
 	ErrNotSupported = errors.New("rmm: not supported")
 
-	// ErrNotExportable: memory cannot be shared with another process (ExportIPC) because of the
+	// ErrNotExportable: memory cannot be shared with another process ([ExportIPC]) because of the
 	// resource it came from, or how that resource was made; the error names the resource and
 	// says what would make it exportable.
 	ErrNotExportable = errors.New("rmm: memory cannot be exported")
@@ -77,8 +77,8 @@ func (e *CUDAError) Error() string {
 	return fmt.Sprintf("rmm: %s: %s (%d): %s", e.Op, e.Name, e.Code, e.Message)
 }
 
-// Is reports CUDA_ERROR_OUT_OF_MEMORY as ErrOutOfMemory, and the driver's "no device" family
-// (CUDA_ERROR_NO_DEVICE, CUDA_ERROR_STUB_LIBRARY, insufficient driver) as ErrNoDevice.
+// Is reports CUDA_ERROR_OUT_OF_MEMORY as [ErrOutOfMemory], and the driver's "no device" family
+// (CUDA_ERROR_NO_DEVICE, CUDA_ERROR_STUB_LIBRARY, insufficient driver) as [ErrNoDevice].
 func (e *CUDAError) Is(target error) bool {
 	switch target {
 	case ErrOutOfMemory:
@@ -125,10 +125,10 @@ func invalidSize(resource, op string, nbytes int) error {
 }
 
 // OutOfMemoryError is the out-of-memory error of the sub-allocators (pool, arena, binning,
-// fixed-size) and of LimitingResourceAdaptor (Limited): it carries the figures that tell whether
+// fixed-size) and of [LimitingResourceAdaptor] (Limited): it carries the figures that tell whether
 // the request failed for lack of memory or because the free memory is cut into pieces that are
 // each too small (fragmentation).
-// errors.Is(err, ErrOutOfMemory) holds; errors.As(err, &oom) gives the figures; Unwrap gives the
+// errors.Is(err, [ErrOutOfMemory]) holds; errors.As(err, &oom) gives the figures; Unwrap gives the
 // upstream's own error when the upstream refused to grow the resource.
 type OutOfMemoryError struct {
 	Resource         string // the resource's type, e.g. "PoolMemoryResource"
@@ -146,7 +146,7 @@ type OutOfMemoryError struct {
 	// TooLarge: no state of the resource could serve the request (it exceeds MaximumSize, or the
 	// largest block the resource ever hands out, such as a fixed-size resource's block size).
 	TooLarge bool
-	// Limited: the request was refused by a byte limit (LimitingResourceAdaptor), not for lack of
+	// Limited: the request was refused by a byte limit ([LimitingResourceAdaptor]), not for lack of
 	// memory. MaximumSize is then the limit (0 included), PoolSize the bytes charged against it,
 	// Headroom what was left of it; FreeBytes and LargestFreeBlock are 0.
 	Limited bool
@@ -238,7 +238,7 @@ func sizeText(n int) string {
 	return fmt.Sprintf("%d (%s)", n, FormatBytes(int64(n)))
 }
 
-// Is makes errors.Is(err, ErrOutOfMemory) hold.
+// Is makes errors.Is(err, [ErrOutOfMemory]) hold.
 func (e *OutOfMemoryError) Is(target error) bool { return target == ErrOutOfMemory }
 
 // Unwrap returns the upstream's error, or nil.

@@ -45,7 +45,11 @@ func TestErrorShape(t *testing.T) {
 		return err
 	}
 	popLast := func() error {
-		_, err := NewStatisticsResourceAdaptor(sim(1 << 20)).PopCounters()
+		r, err := NewStatisticsResourceAdaptor(sim(1 << 20))
+		if err != nil {
+			return err
+		}
+		_, err = r.PopCounters()
 		return err
 	}
 	badHandle := func() error {

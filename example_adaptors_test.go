@@ -10,7 +10,10 @@ import (
 // Count the memory allocated through a resource, and measure a block of code on its own with a
 // level of counters pushed before it and popped after it.
 func ExampleStatisticsResourceAdaptor() {
-	stats := rmm.NewStatisticsResourceAdaptor(nil) // over the current device resource
+	stats, err := rmm.NewStatisticsResourceAdaptor(nil) // over the current device resource
+	if err != nil {
+		log.Fatal(err)
+	}
 	a, _ := stats.Allocate(1000, rmm.DefaultStream)
 	b, _ := stats.Allocate(3000, rmm.DefaultStream)
 	_ = stats.Deallocate(a, 1000, rmm.DefaultStream)
@@ -24,7 +27,7 @@ func ExampleStatisticsResourceAdaptor() {
 
 	_ = stats.Deallocate(c, 500, rmm.DefaultStream)
 	fmt.Printf("%+v\n", stats.Stats()) // the popped level is folded back in
-	_, err := stats.PopCounters()
+	_, err = stats.PopCounters()
 	fmt.Println(err)
 	// Output:
 	// current 3000 bytes in 1, peak 4000 bytes in 2, total 4000 bytes in 2
@@ -75,7 +78,10 @@ func ExampleLimitingResourceAdaptor() {
 // the same on every machine.)
 func ExampleTrackingResourceAdaptor() {
 	sim, _ := rmm.NewSimulatedMemoryResource(1 << 30)
-	tr := rmm.NewTrackingResourceAdaptor(sim, nil) // &rmm.TrackingOptions{CaptureStacks: true} records who allocated
+	tr, err := rmm.NewTrackingResourceAdaptor(sim, nil) // &rmm.TrackingOptions{CaptureStacks: true} records who allocated
+	if err != nil {
+		log.Fatal(err)
+	}
 	a, _ := tr.Allocate(4096, rmm.DefaultStream)
 	_, _ = tr.Allocate(100, rmm.DefaultStream) // leaked
 	_, _ = tr.Allocate(1<<20, rmm.DefaultStream)
@@ -159,7 +165,10 @@ func ExampleFailureCallbackResourceAdaptor() {
 // on, until it is freed (on whichever stream).
 func ExampleStreamStatisticsResourceAdaptor() {
 	sim, _ := rmm.NewSimulatedMemoryResource(1 << 30)
-	byStream := rmm.NewStreamStatisticsResourceAdaptor(sim)
+	byStream, err := rmm.NewStreamStatisticsResourceAdaptor(sim)
+	if err != nil {
+		log.Fatal(err)
+	}
 	copies, _ := rmm.NewStream(rmm.CurrentDevice(), nil)
 	defer copies.Close()
 	compute, _ := rmm.NewStream(rmm.CurrentDevice(), nil)

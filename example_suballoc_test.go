@@ -84,7 +84,11 @@ func ExampleBinningMemoryResource() {
 	if err := binning.AddBin(64<<10, nil); err != nil {
 		log.Fatal(err)
 	}
-	fmt.Println(binning.BinSizes())
+	var sizes []int
+	for _, b := range binning.Bins() {
+		sizes = append(sizes, b.Size)
+	}
+	fmt.Println(sizes)
 	for _, n := range []int{1, 1500, 4096, 60000, 2 << 20} {
 		p, err := binning.Allocate(n, rmm.DefaultStream)
 		if err != nil {

@@ -79,7 +79,7 @@ func TestGPUArenaSyncLargeCrossStream(t *testing.T) {
 func TestGPUArenaSyncTakeSuperblock(t *testing.T) {
 	requireGPU(t)
 	const n = 256 << 20
-	const mb = ArenaMinSuperblockSize
+	const mb = arenaMinSuperblockSize
 	arena, f, cuda, ctx := arenaSyncGPU(t, 2*n)
 	a, b := suballocStreams(t)
 	f.name(a.View().h, "A")

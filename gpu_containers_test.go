@@ -263,14 +263,14 @@ func unsafeInt32s(p DevicePtr, n int) []int32 {
 	return out
 }
 
-func TestGPUAllocatorAndLeak(t *testing.T) {
+func TestGPUSpanAndLeak(t *testing.T) {
 	cuda := cudaResource(t)
 	s := gpuStream(t)
 	mr := newTestResource()
 	mr.up = cuda // counts and checks frees of device memory
-	sa, err := NewStreamAllocator[uint64](mr, s)
+	p0, err := mr.Allocate(8<<16, s)
 	require.NoError(t, err)
-	sp, err := sa.Allocate(1 << 16)
+	sp, err := NewDeviceSpan[uint64](p0, 1<<16, DeviceOf(cuda), AccessOf(mr))
 	require.NoError(t, err)
 	assert.Equal(t, DeviceAccessible, sp.Access())
 	require.NoError(t, sp.Fill(0x0102030405060708, s))
@@ -279,7 +279,7 @@ func TestGPUAllocatorAndLeak(t *testing.T) {
 	for i, g := range got {
 		require.Equal(t, uint64(0x0102030405060708), g, "element %d", i)
 	}
-	require.NoError(t, sa.Deallocate(sp))
+	require.NoError(t, mr.Deallocate(p0, 8<<16, s))
 
 	logs := captureDebugLog(t)
 	p, err := leakUvector(mr, s)

@@ -71,7 +71,8 @@ func TestGPUPrefetchModes(t *testing.T) {
 	binning, err := NewBinningMemoryResource(managed, nil)
 	require.NoError(t, err)
 	defer binning.Close()
-	stats := NewStatisticsResourceAdaptor(poolManaged)
+	stats, err := NewStatisticsResourceAdaptor(poolManaged)
+	require.NoError(t, err)
 
 	system := prefetchNever // malloc'd memory is prefetchable only with pageable memory access
 	if pageable {
@@ -215,7 +216,8 @@ func TestGPUPrefetchClosedStream(t *testing.T) {
 	gpuPrefetchSetup(t)
 	managed, err := NewManagedMemoryResource(0)
 	require.NoError(t, err)
-	stats := NewStatisticsResourceAdaptor(managed)
+	stats, err := NewStatisticsResourceAdaptor(managed)
+	require.NoError(t, err)
 	r, err := NewPrefetchResourceAdaptor(stats)
 	require.NoError(t, err)
 	s, err := NewStream(0, nil)

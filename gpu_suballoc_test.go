@@ -269,7 +269,7 @@ func TestGPUArenaReuseAfterStreamClose(t *testing.T) {
 func TestGPUArenaDefragmentOrdersPendingWork(t *testing.T) {
 	requireGPU(t)
 	cuda, ctx := suballocCuda(t)
-	const mb = ArenaMinSuperblockSize
+	const mb = arenaMinSuperblockSize
 	arena, err := NewArenaMemoryResource(cuda, &ArenaOptions{ArenaSize: 2 * mb})
 	require.NoError(t, err)
 	defer arena.Close()

@@ -61,15 +61,15 @@ import (
 type IPCKind uint8
 
 const (
-	// IPCKindMemPool: an allocation of a CudaAsyncMemoryResource made with
+	// IPCKindMemPool: an allocation of a [CudaAsyncMemoryResource] made with
 	// EnablePOSIXFileDescriptor; one file descriptor (the pool) and 64 opaque bytes.
 	IPCKindMemPool IPCKind = 1
-	// IPCKindVirtualMemory: memory of an expandable PoolMemoryResource made with Exportable; one
+	// IPCKindVirtualMemory: memory of an expandable [PoolMemoryResource] made with Exportable; one
 	// file descriptor per piece of physical memory under the range.
 	IPCKindVirtualMemory IPCKind = 2
 	// IPCKindLegacy: memory from cuMemAlloc; 64 opaque bytes (cuIpcGetMemHandle), no descriptor.
 	IPCKindLegacy IPCKind = 3
-	// IPCKindEvent: an IPCEvent; 64 opaque bytes (cuIpcGetEventHandle), no descriptor.
+	// IPCKindEvent: an [IPCEvent]; 64 opaque bytes (cuIpcGetEventHandle), no descriptor.
 	IPCKindEvent IPCKind = 4
 )
 
@@ -90,7 +90,7 @@ func (k IPCKind) String() string {
 // IPCHandle is memory or an event exported by one process for another to import: what the
 // importer needs (the kind, the device, the range's size and offset, opaque driver data) plus
 // the file descriptors that carry the memory, if any. MarshalBinary gives the bytes without the
-// descriptors, which only SendIPCHandle (SCM_RIGHTS) or SetFDs can carry. An IPCHandle is not
+// descriptors, which only [SendIPCHandle] (SCM_RIGHTS) or SetFDs can carry. An IPCHandle is not
 // safe for concurrent use.
 type IPCHandle struct {
 	kind   IPCKind
@@ -111,15 +111,15 @@ func (h *IPCHandle) Kind() IPCKind { return h.kind }
 func (h *IPCHandle) Size() int { return h.size }
 
 // Device returns the device's ordinal in the exporting process. The importing process may
-// number its devices differently (CUDA_VISIBLE_DEVICES): ImportIPC finds the device by its UUID.
+// number its devices differently (CUDA_VISIBLE_DEVICES): [ImportIPC] finds the device by its UUID.
 func (h *IPCHandle) Device() Device { return Device(h.dev) }
 
 // DeviceUUID returns the UUID of the device the memory or event lives on.
 func (h *IPCHandle) DeviceUUID() [16]byte { return h.uuid }
 
-// NumFDs returns the number of file descriptors the handle carries: 1 for IPCKindMemPool, one
-// per piece for IPCKindVirtualMemory, 0 otherwise. They are attached when the handle comes from
-// an export or ReceiveIPCHandle; after UnmarshalBinary, SetFDs attaches them.
+// NumFDs returns the number of file descriptors the handle carries: 1 for [IPCKindMemPool], one
+// per piece for [IPCKindVirtualMemory], 0 otherwise. They are attached when the handle comes from
+// an export or [ReceiveIPCHandle]; after UnmarshalBinary, SetFDs attaches them.
 func (h *IPCHandle) NumFDs() int { return h.nfds }
 
 // FDs returns a copy of the attached file descriptors (nil when none are attached). They stay
@@ -133,9 +133,9 @@ func (h *IPCHandle) FDs() []int {
 
 // SetFDs attaches the descriptors the handle carries, in the exporter's order, for a handle
 // decoded with UnmarshalBinary whose descriptors travelled another way. The handle takes them
-// over: Close closes them. It returns an error wrapping ErrInvalidIPCHandle, and takes nothing,
+// over: Close closes them. It returns an error wrapping [ErrInvalidIPCHandle], and takes nothing,
 // when their count is not NumFDs(), one is negative or one is given twice, and
-// ErrInvalidArgument when descriptors are attached already.
+// [ErrInvalidArgument] when descriptors are attached already.
 func (h *IPCHandle) SetFDs(fds []int) error {
 	if h.fds != nil {
 		return errorf("IPCHandle.SetFDs: the handle has its descriptors already: %w", ErrInvalidArgument)
@@ -236,10 +236,10 @@ func (h *IPCHandle) MarshalBinary() ([]byte, error) {
 }
 
 // UnmarshalBinary decodes a handle encoded by MarshalBinary. The handle then carries NumFDs()
-// descriptors that are not attached (ReceiveIPCHandle attaches them; otherwise SetFDs). Bytes
+// descriptors that are not attached ([ReceiveIPCHandle] attaches them; otherwise SetFDs). Bytes
 // that are truncated, corrupt, of another version or inconsistent return an error wrapping
-// ErrInvalidIPCHandle that says what is wrong, and leave h unchanged, as does a handle holding
-// descriptors (ErrInvalidArgument: Close it first). It implements encoding.BinaryUnmarshaler.
+// [ErrInvalidIPCHandle] that says what is wrong, and leave h unchanged, as does a handle holding
+// descriptors ([ErrInvalidArgument]: Close it first). It implements encoding.BinaryUnmarshaler.
 func (h *IPCHandle) UnmarshalBinary(b []byte) error {
 	if h.fds != nil {
 		return errorf("IPCHandle.UnmarshalBinary into a handle holding file descriptors (Close it first): %w", ErrInvalidArgument)
@@ -355,7 +355,7 @@ var deviceUUIDs sync.Map // Device -> [16]byte
 
 // UUID returns the device's 16-byte UUID (cuDeviceGetUuid), which names the device across
 // processes whatever its ordinal there (CUDA_VISIBLE_DEVICES may renumber devices). Without CUDA
-// the error wraps ErrNoDevice.
+// the error wraps [ErrNoDevice].
 func (d Device) UUID() ([16]byte, error) {
 	if v, ok := deviceUUIDs.Load(d); ok {
 		return v.([16]byte), nil

@@ -9,8 +9,8 @@ const cuEventInterprocess = 4
 
 // IPCEvent is a CUDA event shared between processes, to order one process's work on the device
 // after another's without a round trip through the host. The producer makes one with
-// NewIPCEvent, records it on its stream after the writes the consumer must see (Record), and
-// sends its handle once (Export, SendIPCHandle); the consumer opens it (OpenIPCEvent) and, each
+// [NewIPCEvent], records it on its stream after the writes the consumer must see (Record), and
+// sends its handle once (Export, [SendIPCHandle]); the consumer opens it ([OpenIPCEvent]) and, each
 // time, makes its stream wait for the last record (StreamWait) before the work that reads. Either
 // side may record and wait; a wait orders after the record that the other process had made when
 // the wait was queued, so the processes still agree through the host on which round they are in
@@ -30,7 +30,7 @@ type IPCEvent struct {
 }
 
 // NewIPCEvent creates an interprocess event on device dev. It returns an error wrapping
-// ErrNoDevice without CUDA, ErrNotSupported when the device or driver has no interprocess events
+// [ErrNoDevice] without CUDA, [ErrNotSupported] when the device or driver has no interprocess events
 // (CU_DEVICE_ATTRIBUTE_IPC_EVENT_SUPPORTED, asked of drivers from 12.0 on).
 func NewIPCEvent(dev Device) (*IPCEvent, error) {
 	ctx, err := ipcEventContext(dev)
@@ -44,7 +44,7 @@ func NewIPCEvent(dev Device) (*IPCEvent, error) {
 	return &IPCEvent{dev: dev, ctx: ctx, h: h}, nil
 }
 
-// OpenIPCEvent opens an event another process exported (IPCKindEvent), on this process's device
+// OpenIPCEvent opens an event another process exported ([IPCKindEvent]), on this process's device
 // with the handle's device UUID. Close it when done; the exporting process must keep its event
 // open until then.
 func OpenIPCEvent(h *IPCHandle) (*IPCEvent, error) {
@@ -170,9 +170,9 @@ func (e *IPCEvent) Query() (bool, error) {
 	return cuEventQuery(e.ctx, h)
 }
 
-// Export returns the event's handle (IPCKindEvent, no file descriptor) for OpenIPCEvent in
+// Export returns the event's handle ([IPCKindEvent], no file descriptor) for [OpenIPCEvent] in
 // another process (cuIpcGetEventHandle). Only the process that created the event exports it: an
-// opened event is ErrInvalidArgument.
+// opened event is [ErrInvalidArgument].
 func (e *IPCEvent) Export() (*IPCHandle, error) {
 	h, err := e.acquire("Export")
 	if err != nil {

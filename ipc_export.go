@@ -7,15 +7,15 @@ import (
 // Exporting memory for other processes (ipc.go has the overview).
 
 // IPCExporter is implemented by memory resources whose memory another process can import:
-// CudaMemoryResource, CudaAsyncMemoryResource and PoolMemoryResource (each answering
-// ErrNotExportable when the way it was made does not allow it).
+// [CudaMemoryResource], [CudaAsyncMemoryResource] and [PoolMemoryResource] (each answering
+// [ErrNotExportable] when the way it was made does not allow it).
 type IPCExporter interface {
 	// ExportIPC returns a handle to [p, p+nbytes), which must lie in one allocation the resource
 	// gave out and that is still live (nbytes > 0). The caller owns the handle (Close it once
 	// sent) and must keep the memory allocated until every importer has closed it. Errors:
-	// ErrNotExportable when the resource cannot export (the message says why),
-	// ErrInvalidArgument for a range that is not live memory of the resource (where the
-	// resource can tell), a *CUDAError from the driver. A failed export leaves nothing open.
+	// [ErrNotExportable] when the resource cannot export (the message says why),
+	// [ErrInvalidArgument] for a range that is not live memory of the resource (where the
+	// resource can tell), a [*CUDAError] from the driver. A failed export leaves nothing open.
 	ExportIPC(p DevicePtr, nbytes int) (*IPCHandle, error)
 }
 
@@ -23,7 +23,7 @@ type IPCExporter interface {
 // must lie in one live allocation of mr. Adaptors that hand out their upstream's pointers
 // unchanged (Statistics, StreamStatistics, Logging, Tracking, Limiting, FailureCallback,
 // ThreadSafe, Prefetch, MemoryProfile) export through their upstream. A resource that cannot
-// export gives an error wrapping ErrNotExportable that names it. See IPCExporter.
+// export gives an error wrapping [ErrNotExportable] that names it. See [IPCExporter].
 func ExportIPC(mr MemoryResource, p DevicePtr, nbytes int) (*IPCHandle, error) {
 	mr = resourceOrCurrent(mr)
 	chain := ""
@@ -70,7 +70,7 @@ func checkExportRange(resource string, p DevicePtr, nbytes int) error {
 
 // ExportIPC exports the buffer's Len() bytes through its memory resource (see the package
 // function ExportIPC). The buffer must stay open, and not be resized beyond its capacity, until
-// every importer has closed its import. An empty buffer is ErrInvalidArgument.
+// every importer has closed its import. An empty buffer is [ErrInvalidArgument].
 func (b *DeviceBuffer) ExportIPC() (*IPCHandle, error) {
 	return b.st.exportIPC()
 }
@@ -78,7 +78,7 @@ func (b *DeviceBuffer) ExportIPC() (*IPCHandle, error) {
 // ExportIPC exports the vector's Len() elements through its memory resource (see the package
 // function ExportIPC); the importer views them with ImportIPC[T]. The vector must stay open, and
 // not be resized beyond its capacity, until every importer has closed its import. An empty
-// vector is ErrInvalidArgument.
+// vector is [ErrInvalidArgument].
 func (v *Uvector[T]) ExportIPC() (*IPCHandle, error) {
 	return v.st.exportIPC()
 }
@@ -109,12 +109,12 @@ var (
 	_ IPCExporter = (*PoolMemoryResource)(nil)
 )
 
-// ExportIPC exports [p, p+nbytes) of cuMemAlloc memory as an IPCKindLegacy handle: the
+// ExportIPC exports [p, p+nbytes) of cuMemAlloc memory as an [IPCKindLegacy] handle: the
 // allocation holding the range (cuMemGetAddressRange) is exported with cuIpcGetMemHandle and the
 // range's offset in it is recorded, so p may point anywhere inside an allocation. The driver is
 // first asked (cuPointerGetAttributes, a call that cannot fail on a bad address) whether p is
-// memory of this device that cuIpcGetMemHandle accepts: ErrInvalidArgument if it is not device
-// memory of this resource's device, ErrNotSupported if the driver says legacy IPC does not apply
+// memory of this device that cuIpcGetMemHandle accepts: [ErrInvalidArgument] if it is not device
+// memory of this resource's device, [ErrNotSupported] if the driver says legacy IPC does not apply
 // to it (CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE is 0).
 func (r *CudaMemoryResource) ExportIPC(p DevicePtr, nbytes int) (*IPCHandle, error) {
 	const name = "CudaMemoryResource"
@@ -156,13 +156,13 @@ func (r *CudaMemoryResource) ExportIPC(p DevicePtr, nbytes int) (*IPCHandle, err
 	return &IPCHandle{kind: IPCKindLegacy, dev: ord, uuid: uuid, size: nbytes, offset: int(p - base), data: data}, nil
 }
 
-// ExportIPC exports [p, p+nbytes) as an IPCKindMemPool handle: the pool as a POSIX file
+// ExportIPC exports [p, p+nbytes) as an [IPCKindMemPool] handle: the pool as a POSIX file
 // descriptor (cuMemPoolExportToShareableHandle) and the allocation (cuMemPoolExportPointer). p
 // must be a pointer Allocate returned (the start of an allocation, as a container's Data is):
 // the driver exports whole allocations, and a pointer inside one cannot be told from a start
-// here. The resource must have been made with CudaAsyncOptions.EnablePOSIXFileDescriptor
-// (ErrNotExportable otherwise); a pointer that is not from this resource's pool is
-// ErrInvalidArgument (asked of the driver with cuPointerGetAttributes, which cannot fail on a bad
+// here. The resource must have been made with [CudaAsyncOptions.EnablePOSIXFileDescriptor]
+// ([ErrNotExportable] otherwise); a pointer that is not from this resource's pool is
+// [ErrInvalidArgument] (asked of the driver with cuPointerGetAttributes, which cannot fail on a bad
 // address). The driver requires the importers to free their imports before this process frees
 // the allocation.
 func (r *CudaAsyncMemoryResource) ExportIPC(p DevicePtr, nbytes int) (*IPCHandle, error) {
@@ -207,13 +207,13 @@ func (r *CudaAsyncMemoryResource) ExportIPC(p DevicePtr, nbytes int) (*IPCHandle
 }
 
 // ExportIPC exports [p, p+nbytes), which must lie in one live allocation of the pool
-// (ErrInvalidArgument otherwise; p may point inside it).
+// ([ErrInvalidArgument] otherwise; p may point inside it).
 //
-// An expandable pool made with PoolOptions.Exportable exports the pieces of physical memory
-// under the range (IPCKindVirtualMemory: one file descriptor per piece, from
-// cuMemExportToShareableHandle); one made without it, or over host memory, is ErrNotExportable.
+// An expandable pool made with [PoolOptions.Exportable] exports the pieces of physical memory
+// under the range ([IPCKindVirtualMemory]: one file descriptor per piece, from
+// cuMemExportToShareableHandle); one made without it, or over host memory, is [ErrNotExportable].
 // A plain pool exports the upstream allocation holding the range through its upstream (so over a
-// CudaMemoryResource, or a CudaAsyncMemoryResource made with EnablePOSIXFileDescriptor; other
+// [CudaMemoryResource], or a [CudaAsyncMemoryResource] made with EnablePOSIXFileDescriptor; other
 // upstreams are ErrNotExportable) and records the range's offset in it.
 func (p *PoolMemoryResource) ExportIPC(ptr DevicePtr, nbytes int) (*IPCHandle, error) {
 	const name = "PoolMemoryResource"

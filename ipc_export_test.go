@@ -114,7 +114,8 @@ func TestIPCNotExportable(t *testing.T) {
 	require.ErrorIs(t, err, ErrNotExportable)
 	require.ErrorContains(t, err, "SystemMemoryResource: it cannot export")
 
-	stats := NewStatisticsResourceAdaptor(sys)
+	stats, err := NewStatisticsResourceAdaptor(sys)
+	require.NoError(t, err)
 	_, err = ExportIPC(stats, p, 4096)
 	require.ErrorIs(t, err, ErrNotExportable)
 	require.ErrorContains(t, err, "StatisticsResourceAdaptor over SystemMemoryResource")
@@ -379,7 +380,9 @@ func TestIPCExportThroughAdaptors(t *testing.T) {
 			require.NoError(t, err)
 			require.Equal(t, want, h)
 			// Stacked, too.
-			_, err = ExportIPC(NewStatisticsResourceAdaptor(r), p, 4096)
+			stats, err := NewStatisticsResourceAdaptor(r)
+			require.NoError(t, err)
+			_, err = ExportIPC(stats, p, 4096)
 			require.NoError(t, err)
 		})
 	}
@@ -422,15 +425,15 @@ func passThroughAdaptors(t *testing.T, up MemoryResource) map[string]MemoryResou
 		return r
 	}
 	return map[string]MemoryResource{
-		"StatisticsResourceAdaptor":       NewStatisticsResourceAdaptor(up),
+		"StatisticsResourceAdaptor":       must(NewStatisticsResourceAdaptor(up)),
 		"LoggingResourceAdaptor":          must(NewLoggingResourceAdaptor(up, io.Discard, nil)),
-		"TrackingResourceAdaptor":         NewTrackingResourceAdaptor(up, nil),
+		"TrackingResourceAdaptor":         must(NewTrackingResourceAdaptor(up, nil)),
 		"LimitingResourceAdaptor":         must(NewLimitingResourceAdaptor(up, 1<<30, nil)),
 		"FailureCallbackResourceAdaptor":  must(NewFailureCallbackResourceAdaptor(up, func(int, error) bool { return false }, nil)),
-		"ThreadSafeResourceAdaptor":       NewThreadSafeResourceAdaptor(up),
+		"ThreadSafeResourceAdaptor":       must(NewThreadSafeResourceAdaptor(up)),
 		"PrefetchResourceAdaptor":         must(NewPrefetchResourceAdaptor(up)),
 		"MemoryProfileResourceAdaptor":    must(NewMemoryProfileResourceAdaptor(up, &MemoryProfileOptions{Rate: 1})),
-		"StreamStatisticsResourceAdaptor": NewStreamStatisticsResourceAdaptor(up),
+		"StreamStatisticsResourceAdaptor": must(NewStreamStatisticsResourceAdaptor(up)),
 	}
 }
 

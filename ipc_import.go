@@ -9,7 +9,7 @@ import (
 
 // Importing memory another process exported (ipc.go has the overview).
 
-// IPCSpan is memory another process exported, mapped into this one by ImportIPC: a DeviceSpan
+// IPCSpan is memory another process exported, mapped into this one by [ImportIPC]: a [DeviceSpan]
 // over the shared range (all its methods work on it: copies, fills, Subspan, Span) plus Close,
 // which unmaps what the import mapped. The exporter must keep the memory allocated until Close
 // (see ImportIPC). After Close the span is empty. An IPCSpan that
@@ -44,22 +44,22 @@ func checkIPCElems[T any](op string, h *IPCHandle, p DevicePtr) error {
 // the same cuIpcGetMemHandle or memory-pool allocation twice in one process shares one mapping,
 // counted: it is unmapped at the last Close.
 //
-// Reading what the exporter wrote needs ordering: the exporter records an IPCEvent after its
-// writes and the importer waits on it (IPCEvent.StreamWait) before its own work, or the two
+// Reading what the exporter wrote needs ordering: the exporter records an [IPCEvent] after its
+// writes and the importer waits on it ([IPCEvent.StreamWait]) before its own work, or the two
 // synchronise through the host.
 //
 // Lifetime: the exporter must keep the memory allocated until every importer has closed its
 // span (the driver requires it for memory-pool allocations). If the exporter frees it or exits
-// first: imported virtual memory (IPCKindVirtualMemory) stays valid here until Close, since the
+// first: imported virtual memory ([IPCKindVirtualMemory]) stays valid here until Close, since the
 // imported pieces hold their physical memory, but the exporter's pool may hand that memory to a
-// new allocation meanwhile; for IPCKindMemPool and IPCKindLegacy the driver documentation leaves
+// new allocation meanwhile; for [IPCKindMemPool] and [IPCKindLegacy] the driver documentation leaves
 // it undefined.
 //
-// Errors: ErrInvalidIPCHandle for an event handle or a handle without its descriptors attached;
-// ErrInvalidArgument when Size() is not a multiple of sizeof(T), the range's offset or address is
-// not a multiple of T's alignment, or T holds Go pointers; an error
-// wrapping ErrNoDevice when no device of this process has the handle's UUID or CUDA is
-// unavailable; ErrNotSupported when the device or driver lacks the mechanism; a *CUDAError from
+// Errors: [ErrInvalidIPCHandle] for an event handle or a handle without its descriptors attached;
+// [ErrInvalidArgument] when Size() is not a multiple of sizeof(T), the range's offset or address
+// is not a multiple of T's alignment, or T holds Go pointers; an error wrapping [ErrNoDevice]
+// when no device of this process has the handle's UUID or CUDA is unavailable;
+// [ErrNotSupported] when the device or driver lacks the mechanism; a [*CUDAError] from
 // the driver (for example memory the exporter freed). A failed import leaves nothing mapped.
 func ImportIPC[T any](h *IPCHandle) (*IPCSpan[T], error) {
 	op := "ImportIPC[" + typeName[T]() + "]"

@@ -12,7 +12,7 @@ func SendIPCHandle(conn *net.UnixConn, h *IPCHandle) error {
 	return errorf("SendIPCHandle: passing file descriptors needs a Unix system: %w", ErrNotSupported)
 }
 
-// ReceiveIPCHandle is not supported on this system (see SendIPCHandle).
+// ReceiveIPCHandle is not supported on this system (see [SendIPCHandle]).
 func ReceiveIPCHandle(conn *net.UnixConn) (*IPCHandle, error) {
 	return nil, errorf("ReceiveIPCHandle: passing file descriptors needs a Unix system: %w", ErrNotSupported)
 }

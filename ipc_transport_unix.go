@@ -28,10 +28,10 @@ const (
 )
 
 // SendIPCHandle writes h, with its file descriptors, to conn (a Unix domain stream socket; a
-// datagram or sequenced-packet one is ErrInvalidArgument), for ReceiveIPCHandle at the other
+// datagram or sequenced-packet one is [ErrInvalidArgument]), for [ReceiveIPCHandle] at the other
 // end. h keeps its descriptors (the receiver gets its own copies): Close it once sent.
 // Goroutines may send on one conn at once: each frame goes out whole, after or before the
-// others. A handle whose descriptors are not attached is ErrInvalidIPCHandle; a closed or broken
+// others. A handle whose descriptors are not attached is [ErrInvalidIPCHandle]; a closed or broken
 // connection gives the system's error (errors.Is with net.ErrClosed or syscall.EPIPE), and the
 // connection should then be dropped, as part of a frame may have been written.
 func SendIPCHandle(conn *net.UnixConn, h *IPCHandle) error {
@@ -93,12 +93,12 @@ func writeMsg(conn *net.UnixConn, b []byte, fds []int) error {
 	return err
 }
 
-// ReceiveIPCHandle reads one handle that SendIPCHandle wrote on the other end of conn (a Unix
-// domain stream socket; another kind is ErrInvalidArgument), with its file descriptors (owned by the returned handle: Close it after
+// ReceiveIPCHandle reads one handle that [SendIPCHandle] wrote on the other end of conn (a Unix
+// domain stream socket; another kind is [ErrInvalidArgument]), with its file descriptors (owned by the returned handle: Close it after
 // importing). On every error the descriptors received so far are closed. A connection closed before a handle arrives gives an
 // error wrapping io.EOF, one closed in the middle io.ErrUnexpectedEOF; bytes that are not a valid
 // handle, descriptors lost in transit (too many for the receive buffer) or a count that differs
-// from the handle's give ErrInvalidIPCHandle. After an error the connection's position in the
+// from the handle's give [ErrInvalidIPCHandle]. After an error the connection's position in the
 // stream is unknown: drop it. Goroutines may receive on one conn at once: each reads one whole
 // frame.
 func ReceiveIPCHandle(conn *net.UnixConn) (*IPCHandle, error) {

@@ -53,9 +53,10 @@ func kernelsFor(dev Device) (*kernelSet, *deviceState, error) {
 }
 
 // launchBlock threads per block, at most launchBlocksPerSM blocks per multiprocessor (variables
-// so that BenchmarkFillLaunchShape can sweep them). Measured on an H200 (4 GiB fills, widths 8
-// and 12, against cuMemsetD32Async's 4,598 GB/s): 256 × 16 reached 92.5% / 90.9%, 1024 × 64
-// 96.4% / 95.6% — the best of 128–1024 threads × 2–64 blocks per SM.
+// so that BenchmarkFillLaunchShape can sweep them): the widest blocks and the most of them per
+// multiprocessor keep enough loads in flight to fill the memory bandwidth that cuMemsetD32Async
+// reaches, where smaller shapes leave part of it unused (BenchmarkFillLaunchShape sweeps 128–1024
+// threads × 2–64 blocks per SM).
 var (
 	launchBlock       = 1024
 	launchBlocksPerSM = 64
@@ -150,8 +151,8 @@ func fillByDoubling(st *deviceState, dst DevicePtr, nbytes int, elem []byte, str
 }
 
 // deviceCopy copies nbytes from src to dst (device-accessible, not overlapping), ordered on s,
-// with cuMemcpyDtoDAsync (which reached the copy bandwidth ceiling on the H200, ahead of the copy
-// kernel; see BENCHMARKS.md).
+// with cuMemcpyDtoDAsync: the driver's copy engines reach the copy bandwidth ceiling, which a
+// copy kernel of ours would only approach.
 func deviceCopy(dev Device, dst, src DevicePtr, nbytes int, s StreamView) error {
 	if nbytes == 0 {
 		return nil

@@ -11,7 +11,7 @@ import (
 
 // MemorySite is the device memory allocated from one call site, as estimated from a memory
 // profile: the line of the program that made the allocations (the innermost frame outside this
-// package, so that the site of a Uvector is the line that called NewUvector), with the sums over
+// package, so that the site of a [Uvector] is the line that called [NewUvector]), with the sums over
 // the profile's samples whose stacks pass through it first there.
 type MemorySite struct {
 	Function string // package-qualified, as runtime.Frame.Function (e.g. "main.loadBatch")
@@ -24,7 +24,7 @@ type MemorySite struct {
 	AllocBytes   int64
 }
 
-// String names the site as Profiler names a block: "<file>:<line>(<function>)".
+// String names the site as [Profiler] names a block: "<file>:<line>(<function>)".
 func (s MemorySite) String() string {
 	return fmt.Sprintf("%s:%d(%s)", s.File, s.Line, s.Function)
 }
@@ -58,7 +58,7 @@ var memorySiteOrders = map[string]func(MemorySite) int64{
 // profile.Parse; Go's own heap profiles work too) by call site and returns the sites in
 // descending order of orderedBy: "inuse_space" (also for ""), "inuse_objects", "alloc_space" or
 // "alloc_objects"; sites that tie are ordered by function, file and line. Another orderedBy, or a
-// profile without those four sample types, returns an error wrapping ErrInvalidArgument.
+// profile without those four sample types, returns an error wrapping [ErrInvalidArgument].
 func MemorySites(p *profile.Profile, orderedBy string) ([]MemorySite, error) {
 	if orderedBy == "" {
 		orderedBy = "inuse_space"
@@ -124,7 +124,7 @@ func memorySiteOf(s *profile.Sample) (profile.Line, bool) {
 }
 
 // TopSites returns the n call sites (all of them when n <= 0) with the most device memory by
-// orderedBy, from the profile now (MemorySites(Profile(), orderedBy)). The figures are
+// orderedBy, from the profile now ([MemorySites](Profile(), orderedBy)). The figures are
 // estimates at the profile's sampling rate; at rate 1 they are exact.
 func (r *MemoryProfile) TopSites(n int, orderedBy string) ([]MemorySite, error) {
 	sites, err := MemorySites(r.Profile(), orderedBy)
@@ -137,11 +137,11 @@ func (r *MemoryProfile) TopSites(n int, orderedBy string) ([]MemorySite, error) 
 	return sites, nil
 }
 
-// Report formats TopSites(n, orderedBy) as a table, in the manner of Profiler.Report: a header,
+// Report formats TopSites(n, orderedBy) as a table, in the manner of [Profiler.Report]: a header,
 // the sampling rate, the order, then a line of column names and one row per site — its
 // inuse_objects, inuse_space, alloc_objects and alloc_space right-aligned under their names, with
 // thousands separators, then two spaces and the site ("<file>:<line>(<function>)") — without a
-// final newline. With no samples the table is "No samples". orderedBy is as for MemorySites.
+// final newline. With no samples the table is "No samples". orderedBy is as for [MemorySites].
 func (r *MemoryProfile) Report(n int, orderedBy string) (string, error) {
 	if orderedBy == "" {
 		orderedBy = "inuse_space"

@@ -4,7 +4,7 @@ import (
 	"runtime"
 )
 
-// CPU names host memory as where Prefetch moves memory to (CUDA's cudaCpuDeviceId).
+// CPU names host memory as where [Prefetch] moves memory to (CUDA's cudaCpuDeviceId).
 const CPU Device = -1
 
 // cuMemLocationTypeHost is CU_MEM_LOCATION_TYPE_HOST.
@@ -22,9 +22,9 @@ var prefetchCall = cuMemPrefetchAsync
 // destination device (for CPU, s's device) cannot prefetch (its concurrent-managed-access
 // attribute is 0), or when the driver lacks cuMemPrefetchAsync_v2 (before CUDA 12.2).
 //
-// Errors: a negative n or a device that does not exist wraps ErrInvalidArgument, a view of a
-// closed Stream ErrClosed (whatever the memory, so that the answer does not depend on the
-// machine), and a failed driver call is a *CUDAError.
+// Errors: a negative n or a device that does not exist wraps [ErrInvalidArgument], a view of a
+// closed [Stream] [ErrClosed] (whatever the memory, so that the answer does not depend on the
+// machine), and a failed driver call is a [*CUDAError].
 func Prefetch(p DevicePtr, n int, to Device, s StreamView) error {
 	return prefetchRange("Prefetch", nil, p, n, to, s)
 }
@@ -92,10 +92,10 @@ func prefetchRange(op string, mr MemoryResource, p DevicePtr, n int, to Device, 
 
 // Prefetch moves the buffer's bytes to device to (CPU: host memory) on stream s
 // (cuMemPrefetchAsync_v2, ordered on s) when they are memory that can be prefetched, which the
-// buffer's resource tells without a driver call (as for PrefetchResourceAdaptor): managed memory,
-// and host memory from SystemMemoryResource on a device that can access pageable memory; for any
+// buffer's resource tells without a driver call (as for [PrefetchResourceAdaptor]): managed memory,
+// and host memory from [SystemMemoryResource] on a device that can access pageable memory; for any
 // other memory it is a no-op with no driver call (a resource the package does not know is asked
-// about as the package function Prefetch asks). A closed buffer returns ErrClosed; other errors
+// about as the package function Prefetch asks). A closed buffer returns [ErrClosed]; other errors
 // as Prefetch.
 func (b *DeviceBuffer) Prefetch(to Device, s StreamView) error {
 	defer runtime.KeepAlive(b)
@@ -106,7 +106,7 @@ func (b *DeviceBuffer) Prefetch(to Device, s StreamView) error {
 }
 
 // Prefetch moves the vector's elements to device to (CPU: host memory) on stream s, as
-// DeviceBuffer.Prefetch.
+// [DeviceBuffer.Prefetch].
 func (v *Uvector[T]) Prefetch(to Device, s StreamView) error {
 	defer runtime.KeepAlive(v)
 	if v.st.closed {

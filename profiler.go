@@ -10,7 +10,7 @@ import (
 	"sync"
 )
 
-// ProfilerRecord is what a Profiler has recorded under one name: how many times the block ran,
+// ProfilerRecord is what a [Profiler] has recorded under one name: how many times the block ran,
 // the bytes it allocated in all, and the most bytes it had allocated at once (the highest peak of
 // any one run), as rmm.statistics.ProfilerRecords.Data.
 type ProfilerRecord struct {
@@ -21,9 +21,9 @@ type ProfilerRecord struct {
 
 // Profiler records the device memory used by named blocks of code, as librmm's Python
 // rmm.statistics.profiler: each run of a block pushes a level of counters on the current device
-// resource's StatisticsResourceAdaptor, runs the block, pops the level and adds its figures to
+// resource's [StatisticsResourceAdaptor], runs the block, pops the level and adds its figures to
 // the block's record (NumCalls += 1, MemoryTotal += TotalBytes, MemoryPeak = max(MemoryPeak,
-// PeakBytes)). EnableStatistics must have been called: without a StatisticsResourceAdaptor as the
+// PeakBytes)). [EnableStatistics] must have been called: without a StatisticsResourceAdaptor as the
 // current device resource the blocks run and nothing is recorded, and Report says "No data, maybe
 // profiling wasn't enabled?".
 //
@@ -31,7 +31,7 @@ type ProfilerRecord struct {
 // the adaptor's, shared by every goroutine allocating through it: blocks run concurrently by
 // several goroutines on one adaptor count each other's allocations and do not nest, which
 // Profile and the stop function of Start detect and report as an error (wrapping
-// ErrInvalidArgument) instead of recording wrong figures. The Profiler itself (its records,
+// [ErrInvalidArgument]) instead of recording wrong figures. The Profiler itself (its records,
 // Report) is safe for concurrent use.
 type Profiler struct {
 	mu      sync.Mutex
@@ -39,14 +39,14 @@ type Profiler struct {
 	order   []string // names in the order they were first recorded
 }
 
-// NewProfiler returns a Profiler with no records.
+// NewProfiler returns a [Profiler] with no records.
 func NewProfiler() *Profiler {
 	return &Profiler{records: map[string]*ProfilerRecord{}}
 }
 
 var defaultProfiler = NewProfiler()
 
-// DefaultProfiler returns the package's Profiler (rmm.statistics.default_profiler_records), for
+// DefaultProfiler returns the package's [Profiler] (rmm.statistics.default_profiler_records), for
 // programs that need only one.
 func DefaultProfiler() *Profiler { return defaultProfiler }
 
@@ -82,9 +82,9 @@ func (p *Profiler) Records() map[string]ProfilerRecord {
 // "<file>:<line>(<function>)", where f is defined, as the Python decorator does. The figures are
 // recorded also when f panics. The error, when statistics are enabled and the counter stack was
 // not as deep after f as before it (f, or another goroutine, pushed or popped levels without
-// balancing them), wraps ErrInvalidArgument; nothing is recorded then. Blocks profiled from
+// balancing them), wraps [ErrInvalidArgument]; nothing is recorded then. Blocks profiled from
 // several goroutines at once on one statistics adaptor do not nest and fail this way (each still
-// removes its own level); see WithStatistics.
+// removes its own level); see [WithStatistics].
 func (p *Profiler) Profile(name string, f func()) (err error) {
 	if name == "" {
 		name = funcLocation(f)

@@ -562,7 +562,7 @@ func TestArenaPropertySystem(t *testing.T) {
 		Upstream: propSystem,
 		DrawSize: func(r *rand.Rand) int {
 			if r.IntN(8) == 0 {
-				return propLogUniform(r, rmm.ArenaMinSuperblockSize, 6*propMiB)
+				return propLogUniform(r, propMiB, 6*propMiB)
 			}
 			return propSmallSize(r)
 		},
@@ -588,7 +588,7 @@ func TestArenaPropertySimulated(t *testing.T) {
 			case 0, 1:
 				return propLogUniform(r, 64*propKiB, 400*propMiB)
 			case 2:
-				return rmm.ArenaMinSuperblockSize * (1 + r.IntN(3))
+				return propMiB * (1 + r.IntN(3))
 			}
 			return propSmallSize(r)
 		},

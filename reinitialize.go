@@ -10,20 +10,20 @@ import (
 	"sync"
 )
 
-// ReinitializeOptions configures Reinitialize, as the arguments of Python's rmm.reinitialize.
+// ReinitializeOptions configures [Reinitialize], as the arguments of Python's rmm.reinitialize.
 // nil means the defaults: every listed device gets its plain initial resource.
 type ReinitializeOptions struct {
-	// PoolAllocator puts a PoolMemoryResource over each device's base resource: an expandable
-	// pool (PoolOptions.Expandable) over device memory where the device supports the driver's
+	// PoolAllocator puts a [PoolMemoryResource] over each device's base resource: an expandable
+	// pool ([PoolOptions.Expandable]) over device memory where the device supports the driver's
 	// virtual memory management, else (managed memory, host memory without CUDA, a device
 	// without it, or PlainPool) librmm's pool. Default false.
 	PoolAllocator bool
 	// PlainPool makes PoolAllocator's pool librmm's (growth by allocations from the base
 	// resource, pool sizes as librmm's) even where an expandable pool could be had. Default false.
 	PlainPool bool
-	// ManagedMemory makes the base resource a ManagedMemoryResource instead of a
-	// CudaMemoryResource. Default false. Without CUDA the base resource is host memory
-	// (a SystemMemoryResource) either way.
+	// ManagedMemory makes the base resource a [ManagedMemoryResource] instead of a
+	// [CudaMemoryResource]. Default false. Without CUDA the base resource is host memory
+	// (a [SystemMemoryResource]) either way.
 	ManagedMemory bool
 	// InitialPoolSize is the pool's initial size in bytes, a multiple of 256 (an expandable pool
 	// rounds it up to the device's granularity, 2 MiB on current GPUs); only with
@@ -35,22 +35,22 @@ type ReinitializeOptions struct {
 	// only with PoolAllocator. Default 0: unbounded.
 	MaximumPoolSize int
 	// Devices are the devices to set up, each at most once. Default nil: device 0. An empty,
-	// non-nil slice sets up no device: the resources a previous Reinitialize installed are removed
-	// and a warning goes to DebugLogger.
+	// non-nil slice sets up no device: the resources a previous [Reinitialize] installed are removed
+	// and a warning goes to [DebugLogger].
 	Devices []Device
-	// Logging wraps each device's resource in a LoggingResourceAdaptor writing RMM's CSV event log
+	// Logging wraps each device's resource in a [LoggingResourceAdaptor] writing RMM's CSV event log
 	// to a file per device (see LogFileName). Default false.
 	Logging bool
 	// LogFileName is the log file name; only with Logging. Each device's log goes to this name
 	// with ".dev<N>" inserted before the extension (what follows the last dot, as Python's
 	// os.path.splitext), made absolute: "rmm_log.csv" gives "/current/dir/rmm_log.dev0.csv" for
 	// device 0, "noext" gives "noext.dev0", "trace.csv.gz" gives "trace.csv.dev0.gz". The log is
-	// plain CSV whatever the name (ReadLog reads it either way). Default "": the RMM_LOG_FILE environment
-	// variable; with Logging and neither set, Reinitialize returns ErrInvalidArgument.
+	// plain CSV whatever the name ([ReadLog] reads it either way). Default "": the RMM_LOG_FILE environment
+	// variable; with Logging and neither set, [Reinitialize] returns [ErrInvalidArgument].
 	LogFileName string
-	// AutoFlush flushes each log after every line (LoggingOptions.AutoFlush), so that a log can be
-	// read while the program runs. Default false: lines are buffered until FlushLogs,
-	// DisableLogging or the next Reinitialize.
+	// AutoFlush flushes each log after every line ([LoggingOptions.AutoFlush]), so that a log can be
+	// read while the program runs. Default false: lines are buffered until [FlushLogs],
+	// [DisableLogging] or the next [Reinitialize].
 	AutoFlush bool
 }
 
@@ -66,7 +66,7 @@ var (
 
 type reinitHook struct{ f func() }
 
-// RegisterReinitializeHook registers f to be called at the start of every Reinitialize, before
+// RegisterReinitializeHook registers f to be called at the start of every [Reinitialize], before
 // any resource is replaced: for instance to free caches that hold memory of the resources about
 // to go. Hooks run in the reverse order of registration, on the goroutine calling Reinitialize
 // (a hook that calls Reinitialize recurses). The returned function unregisters f (calling it again does
@@ -91,20 +91,20 @@ func RegisterReinitializeHook(f func()) (unregister func()) {
 // Reinitialize sets up the memory resources of a list of devices in one call, as Python's
 // rmm.reinitialize:
 //
-//  1. The options are checked first; a bad option returns an error wrapping ErrInvalidArgument
+//  1. The options are checked first; a bad option returns an error wrapping [ErrInvalidArgument]
 //     and changes nothing (no hook runs).
-//  2. The hooks (RegisterReinitializeHook) run, in reverse registration order.
-//  3. The resources a previous Reinitialize or EnableLogging installed are taken off their
+//  2. The hooks ([RegisterReinitializeHook]) run, in reverse registration order.
+//  3. The resources a previous Reinitialize or [EnableLogging] installed are taken off their
 //     devices (each device gets back what lay under them: its initial resource, or a resource of
 //     the program's that EnableLogging had wrapped; adaptors the program put on top of them, such
 //     as EnableStatistics', are removed with them) and closed: pools give back their free
 //     memory, logs are flushed and their files closed. Memory still allocated from them stays
 //     valid and may be freed as usual, but should not be used with the new setup in mind.
-//  4. For each device a resource is built: the base is a CudaMemoryResource (the device's
-//     initial resource), a ManagedMemoryResource with ManagedMemory, or host memory without CUDA;
-//     with PoolAllocator a PoolMemoryResource over it (expandable over device memory where the
-//     device supports virtual memory management, unless PlainPool); with Logging a LoggingResourceAdaptor
-//     (file per device, see LogFileName) on top. It is installed with SetPerDeviceResource.
+//  4. For each device a resource is built: the base is a [CudaMemoryResource] (the device's
+//     initial resource), a [ManagedMemoryResource] with ManagedMemory, or host memory without CUDA;
+//     with PoolAllocator a [PoolMemoryResource] over it (expandable over device memory where the
+//     device supports virtual memory management, unless PlainPool); with Logging a [LoggingResourceAdaptor]
+//     (file per device, see LogFileName) on top. It is installed with [SetPerDeviceResource].
 //
 // If building fails for some device (out of memory for the pool, a log file that cannot be
 // created), what was built is closed, nothing new is installed (the devices keep what step 3
@@ -273,10 +273,10 @@ func reinitBuild(d Device, o *ReinitializeOptions, logName string) (mr MemoryRes
 			}
 		}
 		po := &PoolOptions{InitialPoolSize: initial, MaximumPoolSize: o.MaximumPoolSize}
-		// The expandable pool where it can be had: over the ten bundled traces it took 1.00–1.29
-		// × peak live (one pass and three) where the plain pool took 1.15–2.56, at or below
-		// cudaMallocAsync and PyTorch's expandable segments on nine of them, at the same speed
-		// per allocation (BENCHMARKS.md, eighth run).
+		// The expandable pool where it can be had: it maps pages where librmm's pool carves
+		// whole upstream allocations, so the memory it takes stays close to the memory live
+		// where the plain pool keeps the high-water mark of every size class it grew for, and
+		// it allocates as fast (BENCHMARKS.md, "W4: trace replay" and "W1").
 		_, overDevice := mr.(*CudaMemoryResource)
 		expandable := cuda && overDevice && !o.PlainPool && vmmSupported(d)
 		po.Expandable = expandable
@@ -400,10 +400,10 @@ func loggingIn(mr MemoryResource) (lg *LoggingResourceAdaptor, top bool) {
 }
 
 // LogFileNames returns the log file of every device whose resource logs to a file — a
-// LoggingResourceAdaptor set up by Reinitialize, EnableLogging or NewLoggingResourceAdaptorFile,
+// [LoggingResourceAdaptor] set up by [Reinitialize], [EnableLogging] or [NewLoggingResourceAdaptorFile],
 // as the resource or below other adaptors — as Python's rmm.get_log_filenames: absolute paths for
 // the files Reinitialize and EnableLogging create. Devices without a log are absent. Logs are
-// buffered unless AutoFlush was asked for: FlushLogs writes out what is pending.
+// buffered unless AutoFlush was asked for: [FlushLogs] writes out what is pending.
 func LogFileNames() map[Device]string {
 	out := map[Device]string{}
 	for d, mr := range perDeviceSnapshot() {
@@ -414,7 +414,7 @@ func LogFileNames() map[Device]string {
 	return out
 }
 
-// FlushLogs flushes every device's LoggingResourceAdaptor (found as LogFileNames finds them) and
+// FlushLogs flushes every device's [LoggingResourceAdaptor] (found as [LogFileNames] finds them) and
 // returns the first error.
 func FlushLogs() error {
 	var errs []error
@@ -429,9 +429,9 @@ func FlushLogs() error {
 }
 
 // EnableLogging wraps the resource of every device that has one recorded (set, or looked up since
-// the program started), and of the current device, in a LoggingResourceAdaptor writing to a file
-// per device named as ReinitializeOptions.LogFileName describes (fileName "" means RMM_LOG_FILE;
-// neither set returns ErrInvalidArgument), as Python's rmm.enable_logging. Devices whose resource
+// the program started), and of the current device, in a [LoggingResourceAdaptor] writing to a file
+// per device named as [ReinitializeOptions.LogFileName] describes (fileName "" means RMM_LOG_FILE;
+// neither set returns [ErrInvalidArgument]), as Python's rmm.enable_logging. Devices whose resource
 // already logs (a LoggingResourceAdaptor as the resource or below it) are left alone. On an error (a file that cannot be created)
 // nothing is changed. Allocations made before the call are freed through the old resource and so
 // are not logged.
@@ -473,9 +473,9 @@ func EnableLogging(fileName string) error {
 	return nil
 }
 
-// DisableLogging replaces every device's resource that is a LoggingResourceAdaptor by its
-// upstream, as Python's rmm.disable_logging. A log below another adaptor (EnableStatistics after
-// logging) is flushed and reported as an error wrapping ErrNotSupported, not removed. Adaptors made by Reinitialize or EnableLogging are
+// DisableLogging replaces every device's resource that is a [LoggingResourceAdaptor] by its
+// upstream, as Python's rmm.disable_logging. A log below another adaptor ([EnableStatistics] after
+// logging) is flushed and reported as an error wrapping [ErrNotSupported], not removed. Adaptors made by [Reinitialize] or [EnableLogging] are
 // closed (their logs flushed, their files closed); others are flushed only. Memory allocated
 // through an adaptor may still be freed through it: the free reaches the upstream, unlogged once
 // it is closed. It returns the first error flushing or closing a log.

@@ -6,50 +6,50 @@ import (
 	"math/bits"
 )
 
-// DevicePtr is an address of memory handed out by a MemoryResource: device memory, managed
+// DevicePtr is an address of memory handed out by a [MemoryResource]: device memory, managed
 // memory, or host memory for host resources. The zero value is the null pointer.
 type DevicePtr uintptr
 
-// Alignment is the alignment, in bytes, of every pointer a MemoryResource returns (CUDA's
+// Alignment is the alignment, in bytes, of every pointer a [MemoryResource] returns (CUDA's
 // allocation alignment, as librmm's CUDA_ALLOCATION_ALIGNMENT).
 const Alignment = 256
 
 // MemoryResource is the contract every device memory resource keeps.
 //
-//   - Allocate returns a pointer to at least nbytes bytes, aligned to Alignment (256 bytes), that
+//   - Allocate returns a pointer to at least nbytes bytes, aligned to [Alignment] (256 bytes), that
 //     may be used by work ordered on stream s (other streams need an ordering edge first, e.g. an
-//     Event). Allocate(0, s) returns (0, nil) and touches nothing. A negative size returns
-//     ErrInvalidArgument. When the memory cannot be had the error wraps ErrOutOfMemory, names the
+//     [Event]). Allocate(0, s) returns (0, nil) and touches nothing. A negative size returns
+//     [ErrInvalidArgument]. When the memory cannot be had the error wraps [ErrOutOfMemory], names the
 //     resource and the size asked, and the resource stays fully usable.
 //   - Deallocate returns p, which Allocate(nbytes, ·) gave, so that it may be reused by work
 //     ordered after everything queued on s at the time of the call. nbytes must be the size given to
-//     Allocate. Deallocate(0, 0, s) is a no-op. The sub-allocators (PoolMemoryResource,
-//     ArenaMemoryResource, FixedSizeMemoryResource, BinningMemoryResource), SystemMemoryResource
-//     and SimulatedMemoryResource detect a pointer they never gave out, a double free and a wrong size,
-//     and return ErrInvalidFree without changing their state; the driver resources pass the
-//     pointer to CUDA, which reports what it detects as a *CUDAError.
+//     Allocate. Deallocate(0, 0, s) is a no-op. The sub-allocators ([PoolMemoryResource],
+//     [ArenaMemoryResource], [FixedSizeMemoryResource], [BinningMemoryResource]), [SystemMemoryResource]
+//     and [SimulatedMemoryResource] detect a pointer they never gave out, a double free and a wrong size,
+//     and return [ErrInvalidFree] without changing their state; the driver resources pass the
+//     pointer to CUDA, which reports what it detects as a [*CUDAError].
 //   - A free on another stream than the one the memory was allocated on (or last used on) must be
 //     ordered after that stream by the caller: record an Event on the allocating stream after the
 //     last use (an allocation made on it counts as a use), make the freeing stream wait for it
-//     (StreamView.WaitEvent), then Deallocate. No resource of this package does it for the caller
+//     ([StreamView.WaitEvent]), then Deallocate. No resource of this package does it for the caller
 //     (a resource would have to document that it does): the driver's stream-ordered allocator
-//     (CudaAsyncMemoryResource, cuMemFreeAsync) orders nothing, and a free it is given unordered
+//     ([CudaAsyncMemoryResource], cuMemFreeAsync) orders nothing, and a free it is given unordered
 //     races with the allocation; the sub-allocators order a block's reuse after the freeing
 //     stream only, not after the allocating one, whose allocation may itself have been made to
 //     wait for an earlier free.
-//   - A view of a Stream that was closed is never handed to the driver: a resource that orders
-//     its work on streams returns an error wrapping ErrClosed from Allocate on it, and treats
-//     Deallocate on it as a free on DefaultStream after waiting for the device
+//   - A view of a [Stream] that was closed is never handed to the driver: a resource that orders
+//     its work on streams returns an error wrapping [ErrClosed] from Allocate on it, and treats
+//     Deallocate on it as a free on [DefaultStream] after waiting for the device
 //     (cuCtxSynchronize); resources that ignore the stream (SystemMemoryResource,
-//     CudaMemoryResource, ManagedMemoryResource, PinnedMemoryResource) accept it as any other.
-//     Adaptors hand the view on as it is, except PrefetchResourceAdaptor, which would prefetch on
-//     it and so refuses a non-zero Allocate with ErrClosed. StreamView.Closed tells such a view
+//     [CudaMemoryResource], [ManagedMemoryResource], [PinnedMemoryResource]) accept it as any other.
+//     Adaptors hand the view on as it is, except [PrefetchResourceAdaptor], which would prefetch on
+//     it and so refuses a non-zero Allocate with ErrClosed. [StreamView.Closed] tells such a view
 //     without a driver call.
 //   - Both are safe for concurrent use by many goroutines.
 //
-// Optional behaviour is discovered by type assertion, as io.WriterTo is: Releaser (give unused
-// memory back), Upstreamer (adaptors and sub-allocators), Accessible (where the memory can be
-// touched), DeviceResource (the device the resource belongs to).
+// Optional behaviour is discovered by type assertion, as io.WriterTo is: [Releaser] (give unused
+// memory back), [Upstreamer] (adaptors and sub-allocators), [Accessible] (where the memory can be
+// touched), [DeviceResource] (the device the resource belongs to).
 //
 // A resource written in another package is held to this contract by the conformance suite of
 // package github.com/gormm/rmm/rmmtest (rmmtest.Run in a test, rmmtest.Check elsewhere); the
@@ -60,7 +60,7 @@ type MemoryResource interface {
 }
 
 // Releaser is implemented by resources that can give memory they hold but do not use back to
-// their upstream (PoolMemoryResource.Release).
+// their upstream ([PoolMemoryResource.Release]).
 type Releaser interface {
 	Release() error
 }
@@ -123,7 +123,7 @@ type DeviceResource interface {
 }
 
 // AccessOf reports where memory from mr can be touched: mr's own answer when it implements
-// Accessible, else its upstream's, else DeviceAccessible (a resource we know nothing of is assumed
+// [Accessible], else its upstream's, else [DeviceAccessible] (a resource we know nothing of is assumed
 // to hand out device memory).
 func AccessOf(mr MemoryResource) Access {
 	for mr != nil {
@@ -139,7 +139,7 @@ func AccessOf(mr MemoryResource) Access {
 	return DeviceAccessible
 }
 
-// DeviceOf returns the device mr belongs to: its own answer when it implements DeviceResource,
+// DeviceOf returns the device mr belongs to: its own answer when it implements [DeviceResource],
 // else its upstream's, else the current device.
 func DeviceOf(mr MemoryResource) Device {
 	for mr != nil {

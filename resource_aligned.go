@@ -9,7 +9,7 @@ import (
 // errAlignedOverflow is the cause of an aligned allocation whose enlarged size overflows.
 var errAlignedOverflow = errors.New("the size enlarged for alignment overflows")
 
-// AlignedOptions configures an AlignedResourceAdaptor. nil means the defaults.
+// AlignedOptions configures an [AlignedResourceAdaptor]. nil means the defaults.
 type AlignedOptions struct {
 	// Alignment is the alignment, in bytes, of the pointers handed out. It must be a power of
 	// two; values below 256 give 256-aligned pointers (which are aligned to them too). Default 0
@@ -23,7 +23,7 @@ type AlignedOptions struct {
 // AlignedResourceAdaptor hands out pointers aligned to more than the 256 bytes every resource
 // gives, as librmm's aligned_resource_adaptor. Let A = max(Alignment, 256). An allocation of n
 // bytes passes straight through to the upstream (same size, same pointer) when n is 0, when A is
-// 256 or when n < Threshold. Otherwise the upstream is asked for AlignUp(n, A) + (A − 256) bytes
+// 256 or when n < Threshold. Otherwise the upstream is asked for [AlignUp](n, A) + (A − 256) bytes
 // — enough to hold n bytes from the first A-aligned address inside them, since the upstream's
 // pointer is 256-aligned — and the pointer returned is the upstream's rounded up to A. The
 // adaptor remembers the upstream's pointer for every rounded pointer that differs from it, and
@@ -42,10 +42,16 @@ type AlignedResourceAdaptor struct {
 	original map[DevicePtr]DevicePtr // rounded pointer -> the upstream's, where they differ
 }
 
-// NewAlignedResourceAdaptor returns an adaptor over upstream (nil: the current device resource)
-// that aligns allocations as opts says. An alignment that is not a power of two (e.g. 255 or 768)
-// or negative, or a negative threshold, returns an error wrapping ErrInvalidArgument.
+// NewAlignedResourceAdaptor returns an adaptor over upstream that aligns allocations as opts says
+// (nil: the defaults). An alignment that is not a power of two (e.g. 255 or 768) or negative, or
+// a negative threshold, returns an error wrapping [ErrInvalidArgument]. A nil upstream means the
+// current device resource ([CurrentDeviceResource], read once, here); a nil pointer as upstream
+// returns an error wrapping [ErrInvalidArgument].
 func NewAlignedResourceAdaptor(upstream MemoryResource, opts *AlignedOptions) (*AlignedResourceAdaptor, error) {
+	upstream, err := upstreamOf("NewAlignedResourceAdaptor", upstream)
+	if err != nil {
+		return nil, err
+	}
 	var o AlignedOptions
 	if opts != nil {
 		o = *opts
@@ -60,7 +66,7 @@ func NewAlignedResourceAdaptor(upstream MemoryResource, opts *AlignedOptions) (*
 		return nil, errorf("NewAlignedResourceAdaptor: negative threshold %d: %w", o.Threshold, ErrInvalidArgument)
 	}
 	return &AlignedResourceAdaptor{
-		upstream:  resourceOrCurrent(upstream),
+		upstream:  upstream,
 		alignment: max(o.Alignment, Alignment),
 		threshold: o.Threshold,
 		original:  map[DevicePtr]DevicePtr{},
@@ -83,9 +89,9 @@ func (r *AlignedResourceAdaptor) upstreamSize(nbytes int) (int, bool) {
 
 // Allocate returns nbytes aligned to the adaptor's alignment, ordered on stream s (see the type's
 // comment). A size whose enlarged upstream size overflows returns an error wrapping
-// ErrOutOfMemory. The upstream's errors are returned unchanged for allocations passed straight
+// [ErrOutOfMemory]. The upstream's errors are returned unchanged for allocations passed straight
 // through, and wrapped (errors.Is sees through) with the size asked and the padded size for
-// aligned ones. A negative size returns an error wrapping ErrInvalidArgument.
+// aligned ones. A negative size returns an error wrapping [ErrInvalidArgument].
 func (r *AlignedResourceAdaptor) Allocate(nbytes int, s StreamView) (DevicePtr, error) {
 	if nbytes < 0 {
 		return 0, invalidSize("AlignedResourceAdaptor", "Allocate", nbytes)
@@ -125,7 +131,7 @@ func (r *AlignedResourceAdaptor) Allocate(nbytes int, s StreamView) (DevicePtr, 
 // Deallocate returns p, which Allocate(nbytes, ·) gave, to the upstream on stream s: with the
 // upstream's own pointer and size when the allocation was aligned. When the upstream returns an
 // error, which is returned, the adaptor still knows p. A negative size returns an error wrapping
-// ErrInvalidArgument.
+// [ErrInvalidArgument].
 func (r *AlignedResourceAdaptor) Deallocate(p DevicePtr, nbytes int, s StreamView) error {
 	if nbytes < 0 {
 		return invalidSize("AlignedResourceAdaptor", "Deallocate", nbytes)
@@ -156,7 +162,7 @@ func (r *AlignedResourceAdaptor) Deallocate(p DevicePtr, nbytes int, s StreamVie
 	return nil
 }
 
-// Alignment returns the alignment of the pointers handed out: max(AlignedOptions.Alignment, 256).
+// Alignment returns the alignment of the pointers handed out: max([AlignedOptions.Alignment], 256).
 func (r *AlignedResourceAdaptor) Alignment() int { return r.alignment }
 
 // Threshold returns the size from which allocations are aligned.
@@ -167,8 +173,8 @@ func (r *AlignedResourceAdaptor) Upstream() MemoryResource { return r.upstream }
 
 func (*AlignedResourceAdaptor) insideUpstream() {}
 
-// Access reports the upstream's accessibility (AccessOf(Upstream())).
+// Access reports the upstream's accessibility ([AccessOf](Upstream())).
 func (r *AlignedResourceAdaptor) Access() Access { return AccessOf(r.upstream) }
 
-// Device returns the upstream's device (DeviceOf(Upstream())).
+// Device returns the upstream's device ([DeviceOf](Upstream())).
 func (r *AlignedResourceAdaptor) Device() Device { return DeviceOf(r.upstream) }

@@ -82,7 +82,7 @@ func arenaFastSettled(a *ArenaMemoryResource) {
 // takes it as it is, and any other use of the global arena merges first, so that addresses are
 // those of the merged superblock split again.
 func TestArenaFastPutOffMerge(t *testing.T) {
-	const mb = ArenaMinSuperblockSize
+	const mb = arenaMinSuperblockSize
 	a, f := arenaSyncSim(t, 64*mb)
 	base := a.base
 	s, _ := arenaSyncStream(t, f, 0xa, "A")
@@ -145,7 +145,7 @@ func TestArenaFastPutOffMerge(t *testing.T) {
 // merge is completed after every operation. Both hand out the same addresses, make the same CUDA
 // calls and end in the same state.
 func TestArenaFastPutOffAgainstMerged(t *testing.T) {
-	const mb = ArenaMinSuperblockSize
+	const mb = arenaMinSuperblockSize
 	for seed := range uint64(10) {
 		t.Run(fmt.Sprint(seed), func(t *testing.T) {
 			ax, fx := arenaSyncSim(t, 128*mb) // merged after every operation
@@ -270,7 +270,7 @@ func TestArenaFastPutOffAgainstMerged(t *testing.T) {
 // their superblock goes: frees find them in a stream's arena too, a free with the size of the
 // other table names the size allocated, and Stats counts both tables.
 func TestArenaFastLargeTable(t *testing.T) {
-	const mb = ArenaMinSuperblockSize
+	const mb = arenaMinSuperblockSize
 	a, f := arenaSyncSim(t, 2*mb+mb/2)
 	sa, _ := arenaSyncStream(t, f, 0xa, "A")
 	sb, _ := arenaSyncStream(t, f, 0xb, "B")

@@ -561,7 +561,7 @@ func TestArenaSyncLargeCrossStream(t *testing.T) {
 // freed into it; the superblock then forgets them, while the tail left in the global arena keeps
 // them.
 func TestArenaSyncTakeSuperblock(t *testing.T) {
-	const mb = ArenaMinSuperblockSize
+	const mb = arenaMinSuperblockSize
 	a, f := arenaSyncSim(t, 8*mb)
 	sa, _ := arenaSyncStream(t, f, 0xa, "A")
 	sb, _ := arenaSyncStream(t, f, 0xb, "B")
@@ -688,7 +688,7 @@ func TestArenaSyncFreeDuringDefragment(t *testing.T) {
 // Superblocks that merge wait for the streams of both; past arenaPendingMax streams, a merge
 // synchronises the streams that do not fit, and a free by one more stream synchronises it.
 func TestArenaSyncPendingOverflow(t *testing.T) {
-	const mb = ArenaMinSuperblockSize
+	const mb = arenaMinSuperblockSize
 	a, f := arenaSyncSim(t, 16*mb)
 	var ss []StreamView
 	for i := range 6 {
@@ -872,7 +872,7 @@ func (w *modelStreams) killOne() {
 // against the model of stream order: every block handed out is ordered after the work behind
 // every earlier free of its bytes, and no call names a stream after its end.
 func TestArenaSyncAgainstModel(t *testing.T) {
-	const mb = ArenaMinSuperblockSize
+	const mb = arenaMinSuperblockSize
 	for seed := range uint64(4) {
 		t.Run(fmt.Sprint(seed), func(t *testing.T) {
 			a, f := arenaSyncSim(t, 96*mb)

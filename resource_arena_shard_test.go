@@ -72,9 +72,9 @@ func brkShardSize(r *rand.Rand) int {
 	case k < 94:
 		return 1 + r.IntN(64<<10)
 	case k < 97:
-		return ArenaMinSuperblockSize - r.IntN(2)*r.IntN(1<<19)
+		return arenaMinSuperblockSize - r.IntN(2)*r.IntN(1<<19)
 	default:
-		return ArenaMinSuperblockSize + 1 + r.IntN(2<<20)
+		return arenaMinSuperblockSize + 1 + r.IntN(2<<20)
 	}
 }
 
@@ -595,7 +595,7 @@ func TestShardLoneGoroutineOneShard(t *testing.T) {
 					require.NoError(t, a.Deallocate(live[k].p, live[k].n, DefaultStream))
 					live = append(live[:k], live[k+1:]...)
 				}
-				n := 1 + r.IntN(ArenaMinSuperblockSize)
+				n := 1 + r.IntN(arenaMinSuperblockSize)
 				p := arenaAlloc(t, a, n, DefaultStream)
 				at := brkShardShardOf(a, p)
 				if home < 0 {

@@ -30,7 +30,7 @@ type brkArenaModelStream struct {
 // Bad sizes, double frees and frees of unknown pointers on every kind of stream make no driver
 // call and change nothing.
 func TestArenaSyncBadFreesMakeNoCalls(t *testing.T) {
-	const mb = ArenaMinSuperblockSize
+	const mb = arenaMinSuperblockSize
 	a, f := arenaSyncSim(t, 32*mb)
 	sa, _ := arenaSyncStream(t, f, 0xa, "A")
 	fs := arenaSyncForeign(f, 0xf, 7, "F")
@@ -79,7 +79,7 @@ func TestArenaSyncBadFreesMakeNoCalls(t *testing.T) {
 // order of frees and merges, a seventh stream (and each of the first six) that takes the whole
 // superblock is ordered after every one of them, in the model of stream order.
 func TestArenaSyncManyPendingStreams(t *testing.T) {
-	const mb = ArenaMinSuperblockSize
+	const mb = arenaMinSuperblockSize
 	for seed := range uint64(12) {
 		t.Run(fmt.Sprint(seed), func(t *testing.T) {
 			a, f := arenaSyncSim(t, 16*mb)
@@ -197,7 +197,7 @@ func TestArenaSyncRandomWalk(t *testing.T) {
 }
 
 func brkArenaWalk(t *testing.T, seed uint64, ops int) {
-	const mb = ArenaMinSuperblockSize
+	const mb = arenaMinSuperblockSize
 	a, f := arenaSyncSim(t, 48*mb)
 	m := newArenaSyncModel()
 	f.model = m
@@ -388,7 +388,7 @@ func brkArenaWalk(t *testing.T, seed uint64, ops int) {
 // blocks on any stream while another goroutine calls Release, Stats and CheckInvariants; every
 // allocation is checked against the model of stream order.
 func TestArenaSyncConcurrentAgainstModel(t *testing.T) {
-	const mb = ArenaMinSuperblockSize
+	const mb = arenaMinSuperblockSize
 	a, f := arenaSyncSim(t, 64*mb)
 	f.quiet = true
 	m := newArenaSyncModel()
@@ -514,7 +514,7 @@ func TestArenaSyncConcurrentAgainstModel(t *testing.T) {
 // Streams close while other goroutines free blocks of theirs into the global arena and others
 // take that memory; afterwards no call names a destroyed stream and the arena is consistent.
 func TestArenaSyncStreamCloseRacesFrees(t *testing.T) {
-	const mb = ArenaMinSuperblockSize
+	const mb = arenaMinSuperblockSize
 	for round := range 4 {
 		a, f := arenaSyncSim(t, 64*mb)
 		f.quiet = true

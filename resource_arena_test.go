@@ -102,7 +102,7 @@ func TestArenaDefaultSize(t *testing.T) {
 	require.Equal(t, size, blocks[0].size)
 	st := a.Stats()
 	require.Equal(t, size, st.FreeBytes)
-	require.Equal(t, (size+ArenaMaxSuperblockSize-1)/ArenaMaxSuperblockSize, st.Superblocks)
+	require.Equal(t, (size+arenaMaxSuperblockSize-1)/arenaMaxSuperblockSize, st.Superblocks)
 	arenaCheck(t, a)
 }
 
@@ -115,17 +115,17 @@ func arenaMustSim(t *testing.T, capacity int) *SimulatedMemoryResource {
 
 // An arena above 1 TiB is cut into equal superblocks of at most 1 TiB.
 func TestArenaLargerThanMaxSuperblock(t *testing.T) {
-	size := 2*ArenaMaxSuperblockSize + 3<<20
+	size := 2*arenaMaxSuperblockSize + 3<<20
 	a, _ := arenaSim(t, size, nil)
 	st := a.Stats()
 	require.Equal(t, 3, st.Superblocks)
 	require.Equal(t, size, st.FreeBytes)
-	require.LessOrEqual(t, st.LargestFreeBlock, ArenaMaxSuperblockSize)
+	require.LessOrEqual(t, st.LargestFreeBlock, arenaMaxSuperblockSize)
 	arenaCheck(t, a)
-	_, err := a.Allocate(ArenaMaxSuperblockSize+256, DefaultStream)
+	_, err := a.Allocate(arenaMaxSuperblockSize+256, DefaultStream)
 	require.ErrorIs(t, err, ErrOutOfMemory, "nothing larger than a superblock")
-	p := arenaAlloc(t, a, ArenaMaxSuperblockSize/2, DefaultStream)
-	require.NoError(t, a.Deallocate(p, ArenaMaxSuperblockSize/2, DefaultStream))
+	p := arenaAlloc(t, a, arenaMaxSuperblockSize/2, DefaultStream)
+	require.NoError(t, a.Deallocate(p, arenaMaxSuperblockSize/2, DefaultStream))
 	arenaCheck(t, a)
 	require.Equal(t, 3, a.Stats().Superblocks, "empty neighbours stay within 1 TiB")
 }
@@ -134,7 +134,7 @@ func TestArenaLargerThanMaxSuperblock(t *testing.T) {
 
 func TestArenaSuperblockFirstFitAndCoalesce(t *testing.T) {
 	const base = DevicePtr(1 << 20)
-	const mb = ArenaMinSuperblockSize
+	const mb = arenaMinSuperblockSize
 	fit := func(sb *arenaSuperblock, n int) DevicePtr {
 		t.Helper()
 		p, ok := sb.firstFit(n)
@@ -200,7 +200,7 @@ func TestArenaSuperblockFirstFitAndCoalesce(t *testing.T) {
 }
 
 func TestArenaSuperblockSplitAndMerge(t *testing.T) {
-	const mb = ArenaMinSuperblockSize
+	const mb = arenaMinSuperblockSize
 	base := DevicePtr(mb)
 	sb := newArenaSuperblock(base, 2*mb)
 	tail := sb.split(mb, nil)
@@ -232,7 +232,7 @@ func TestArenaSuperblockSplitAndMerge(t *testing.T) {
 // A superblock merged into its neighbour is reset and used again by a split, with its free-block
 // nodes kept as spares; the node stored with it is never both a spare and in the tree.
 func TestArenaSuperblockReuse(t *testing.T) {
-	const mb = ArenaMinSuperblockSize
+	const mb = arenaMinSuperblockSize
 	base := DevicePtr(mb)
 	sb := newArenaSuperblock(base, mb)
 	next := newArenaSuperblock(base+mb, mb)
@@ -352,7 +352,7 @@ func TestArenaTreeAgainstModel(t *testing.T) {
 // A 1 MiB request is small: it takes a 1 MiB superblock split off the global arena; the next
 // request finds that superblock full and takes the next one.
 func TestArenaAllocateTakesSuperblocks(t *testing.T) {
-	const mb = ArenaMinSuperblockSize
+	const mb = arenaMinSuperblockSize
 	a, sim := arenaSim(t, 4*mb, nil)
 	base := arenaBase(t, sim)
 	s := mustStream(t)
@@ -370,7 +370,7 @@ func TestArenaAllocateTakesSuperblocks(t *testing.T) {
 // Each stream takes its own superblock; when the global arena is empty a fifth stream's request
 // defragments and is served from the first superblock with room.
 func TestArenaSuperblockPerStreamThenDefragment(t *testing.T) {
-	const mb = ArenaMinSuperblockSize
+	const mb = arenaMinSuperblockSize
 	a, sim := arenaSim(t, 4*mb, nil)
 	base := arenaBase(t, sim)
 	for i := 0; i < 4; i++ {
@@ -391,7 +391,7 @@ func TestArenaSuperblockPerStreamThenDefragment(t *testing.T) {
 // Large requests come from the global arena; an empty superblock is split only when the rest is
 // at least 1 MiB; freed empty superblocks coalesce so the whole arena is one block again.
 func TestArenaLargeSplitAndCoalesce(t *testing.T) {
-	const mb = ArenaMinSuperblockSize
+	const mb = arenaMinSuperblockSize
 	a, sim := arenaSim(t, 4*mb, nil)
 	base := arenaBase(t, sim)
 	p1 := arenaAlloc(t, a, 2*mb, DefaultStream)
@@ -418,7 +418,7 @@ func TestArenaLargeSplitAndCoalesce(t *testing.T) {
 // Freed large blocks coalesce in the global arena without a defragmentation (librmm's
 // GlobalArenaDeallocateAlignUp).
 func TestArenaGlobalFreesCoalesce(t *testing.T) {
-	const mb = ArenaMinSuperblockSize
+	const mb = arenaMinSuperblockSize
 	a, sim := arenaSim(t, 4*mb, nil)
 	base := arenaBase(t, sim)
 	p := arenaAlloc(t, a, mb+256, DefaultStream)
@@ -441,7 +441,7 @@ func TestArenaStreamArenaMerges(t *testing.T) {
 		"previous and next": {2, []int{0, 1}, 2048},
 	} {
 		t.Run(name, func(t *testing.T) {
-			a, sim := arenaSim(t, 4*ArenaMinSuperblockSize, nil)
+			a, sim := arenaSim(t, 4*arenaMinSuperblockSize, nil)
 			base := arenaBase(t, sim)
 			s := mustStream(t)
 			var ps []DevicePtr
@@ -456,20 +456,20 @@ func TestArenaStreamArenaMerges(t *testing.T) {
 		})
 	}
 	// A whole 1 MiB block freed and reused.
-	a, sim := arenaSim(t, 4*ArenaMinSuperblockSize, nil)
+	a, sim := arenaSim(t, 4*arenaMinSuperblockSize, nil)
 	base := arenaBase(t, sim)
 	s := mustStream(t)
-	p := arenaAlloc(t, a, ArenaMinSuperblockSize, s)
-	require.NoError(t, a.Deallocate(p, ArenaMinSuperblockSize, s))
+	p := arenaAlloc(t, a, arenaMinSuperblockSize, s)
+	require.NoError(t, a.Deallocate(p, arenaMinSuperblockSize, s))
 	q := arenaAlloc(t, a, 256, s)
 	require.NoError(t, a.Deallocate(q, 256, s))
-	require.Equal(t, base, arenaAlloc(t, a, ArenaMinSuperblockSize, s))
+	require.Equal(t, base, arenaAlloc(t, a, arenaMinSuperblockSize, s))
 }
 
 // librmm's ArenaDefragment: four 1 MiB blocks in one stream's arena, freed; the whole arena is
 // then served only after the empty superblocks go back to the global arena.
 func TestArenaDefragmentEmptySuperblocks(t *testing.T) {
-	const mb = ArenaMinSuperblockSize
+	const mb = arenaMinSuperblockSize
 	a, sim := arenaSim(t, 4*mb, nil)
 	base := arenaBase(t, sim)
 	s := mustStream(t)
@@ -492,13 +492,13 @@ func TestArenaDefragmentEmptySuperblocks(t *testing.T) {
 
 // A 1 MiB arena (the minimum) is one superblock: a 1 MiB request takes it whole.
 func TestArenaMinimumSize(t *testing.T) {
-	a, sim := arenaSim(t, ArenaMinSuperblockSize, nil)
+	a, sim := arenaSim(t, arenaMinSuperblockSize, nil)
 	base := arenaBase(t, sim)
-	p := arenaAlloc(t, a, ArenaMinSuperblockSize, DefaultStream)
+	p := arenaAlloc(t, a, arenaMinSuperblockSize, DefaultStream)
 	require.Equal(t, base, p)
 	_, err := a.Allocate(256, DefaultStream)
 	require.ErrorIs(t, err, ErrOutOfMemory)
-	require.NoError(t, a.Deallocate(p, ArenaMinSuperblockSize, DefaultStream))
+	require.NoError(t, a.Deallocate(p, arenaMinSuperblockSize, DefaultStream))
 	p = arenaAlloc(t, a, 256, DefaultStream)
 	require.Equal(t, base, p)
 	arenaCheck(t, a)
@@ -567,7 +567,7 @@ func TestArenaSmallMediumLarge(t *testing.T) {
 // allocate and free 32 KiB; each stream's arena keeps a 1 MiB superblock, so allocating the
 // whole arena must defragment, and then succeeds.
 func TestArenaDefragmentAcrossStreams(t *testing.T) {
-	const arenaSize = 4 * ArenaMinSuperblockSize
+	const arenaSize = 4 * arenaMinSuperblockSize
 	a, sim := arenaSim(t, arenaSize, nil)
 	base := arenaBase(t, sim)
 	streams := make([]StreamView, 4)
@@ -602,7 +602,7 @@ func TestArenaDefragmentAcrossStreams(t *testing.T) {
 // The same with the streams closed before the big request: closing a Stream hands its
 // superblocks back, so no defragmentation is needed.
 func TestArenaStreamCloseReturnsSuperblocks(t *testing.T) {
-	const arenaSize = 4 * ArenaMinSuperblockSize
+	const arenaSize = 4 * arenaMinSuperblockSize
 	a, sim := arenaSim(t, arenaSize, nil)
 	base := arenaBase(t, sim)
 	var wg sync.WaitGroup
@@ -639,7 +639,7 @@ func TestArenaStreamCloseReturnsSuperblocks(t *testing.T) {
 	require.NoError(t, s.Close())
 	_, err = a.Allocate(256, s.View())
 	require.ErrorIs(t, err, ErrClosed)
-	_, err = a.Allocate(2*ArenaMinSuperblockSize, s.View())
+	_, err = a.Allocate(2*arenaMinSuperblockSize, s.View())
 	require.ErrorIs(t, err, ErrClosed, "large requests too")
 	require.NoError(t, a.Deallocate(p, 4096, s.View()))
 	arenaCheck(t, a)
@@ -650,7 +650,7 @@ func TestArenaStreamCloseReturnsSuperblocks(t *testing.T) {
 // serves every free 32 KiB after defragmenting); everything is freed and the whole arena is
 // allocated in one piece.
 func TestArenaDefragmentAfterExhaustion(t *testing.T) {
-	const arenaSize = 4 * ArenaMinSuperblockSize
+	const arenaSize = 4 * arenaMinSuperblockSize
 	const n = 32 << 10
 	a, sim := arenaSim(t, arenaSize, nil)
 	base := arenaBase(t, sim)
@@ -714,7 +714,7 @@ func TestArenaDefragmentAfterExhaustion(t *testing.T) {
 // went to the global arena (defragmentation) and then to another stream's arena is still freed
 // correctly on the default stream.
 func TestArenaFreeAfterSuperblockMoved(t *testing.T) {
-	const mb = ArenaMinSuperblockSize
+	const mb = arenaMinSuperblockSize
 	a, _ := arenaSim(t, 2*mb, nil)
 	threadPtr := arenaAlloc(t, a, 256, DefaultStream)
 	s := mustStream(t)
@@ -740,13 +740,13 @@ func TestArenaFreeAfterSuperblockMoved(t *testing.T) {
 
 // Frees on another stream than the allocation's land in the superblock's arena, wherever it is.
 func TestArenaCrossStreamFree(t *testing.T) {
-	a, _ := arenaSim(t, 8*ArenaMinSuperblockSize, &ArenaOptions{DefaultStreamArenas: 3})
+	a, _ := arenaSim(t, 8*arenaMinSuperblockSize, &ArenaOptions{DefaultStreamArenas: 3})
 	s1, s2 := mustStream(t), mustStream(t)
 	p := arenaAlloc(t, a, 1000, s1)
-	q := arenaAlloc(t, a, 2*ArenaMinSuperblockSize, s1)
+	q := arenaAlloc(t, a, 2*arenaMinSuperblockSize, s1)
 	r := arenaAlloc(t, a, 300, DefaultStream)
 	require.NoError(t, a.Deallocate(p, 1000, s2))
-	require.NoError(t, a.Deallocate(q, 2*ArenaMinSuperblockSize, DefaultStream))
+	require.NoError(t, a.Deallocate(q, 2*arenaMinSuperblockSize, DefaultStream))
 	require.NoError(t, a.Deallocate(r, 300, s1))
 	st := a.Stats()
 	require.Zero(t, st.LiveAllocations)
@@ -757,7 +757,7 @@ func TestArenaCrossStreamFree(t *testing.T) {
 // Arenas of foreign streams (views of handles made elsewhere) are dropped when the arena
 // defragments, and made again on their next use.
 func TestArenaForeignStreamArenaDropped(t *testing.T) {
-	a, _ := arenaSim(t, 2*ArenaMinSuperblockSize, nil)
+	a, _ := arenaSim(t, 2*arenaMinSuperblockSize, nil)
 	foreign := StreamView{h: 0x1234, id: foreignStreamBit | 77}
 	require.False(t, foreign.lifetimeKnown())
 	p := arenaAlloc(t, a, 4096, foreign)
@@ -774,7 +774,7 @@ func TestArenaForeignStreamArenaDropped(t *testing.T) {
 }
 
 func TestArenaInvalidFree(t *testing.T) {
-	a, sim := arenaSim(t, 4*ArenaMinSuperblockSize, nil)
+	a, sim := arenaSim(t, 4*arenaMinSuperblockSize, nil)
 	base := arenaBase(t, sim)
 	s := mustStream(t)
 	p := arenaAlloc(t, a, 1000, s)
@@ -804,7 +804,7 @@ func TestArenaInvalidFree(t *testing.T) {
 }
 
 func TestArenaZeroNegativeAndHuge(t *testing.T) {
-	a, sim := arenaSim(t, 4*ArenaMinSuperblockSize, nil)
+	a, sim := arenaSim(t, 4*arenaMinSuperblockSize, nil)
 	p, err := a.Allocate(0, DefaultStream)
 	require.NoError(t, err)
 	require.Zero(t, p)
@@ -831,7 +831,7 @@ func TestArenaZeroNegativeAndHuge(t *testing.T) {
 
 // The out-of-memory error says what was asked and what is left.
 func TestArenaOutOfMemoryMessage(t *testing.T) {
-	const mb = ArenaMinSuperblockSize
+	const mb = arenaMinSuperblockSize
 	a, _ := arenaSim(t, 2*mb, nil)
 	s := mustStream(t)
 	p := arenaAlloc(t, a, mb/2, s)
@@ -878,7 +878,7 @@ func arenaDumpRecords(t *testing.T, path string) []map[string]string {
 
 // librmm's DumpLogOnFailure: a failed allocation writes the dump, with the documented fields.
 func TestArenaDumpLogOnFailure(t *testing.T) {
-	const mb = ArenaMinSuperblockSize
+	const mb = arenaMinSuperblockSize
 	t.Run("default file", func(t *testing.T) {
 		t.Chdir(t.TempDir())
 		a, _ := arenaSim(t, mb, &ArenaOptions{DumpLogOnFailure: true, DefaultStreamArenas: 1})
@@ -895,11 +895,11 @@ func TestArenaDumpLogOnFailure(t *testing.T) {
 			})
 		}
 		wg.Wait()
-		_, err := os.Stat(ArenaDumpLogFile)
+		_, err := os.Stat(arenaDumpLogFile)
 		require.ErrorIs(t, err, os.ErrNotExist, "no dump before a failure")
 		_, err = a.Allocate(8<<20, DefaultStream)
 		require.ErrorIs(t, err, ErrOutOfMemory)
-		recs := arenaDumpRecords(t, ArenaDumpLogFile)
+		recs := arenaDumpRecords(t, arenaDumpLogFile)
 		require.Len(t, recs, 3)
 		require.Equal(t, "INFO", recs[0]["level"])
 		require.Equal(t, "8388608", recs[0]["requested_bytes"])
@@ -954,13 +954,13 @@ func TestArenaDumpLogOnFailure(t *testing.T) {
 		a, _ := arenaSim(t, mb, nil)
 		_, err := a.Allocate(2*mb, DefaultStream)
 		require.ErrorIs(t, err, ErrOutOfMemory)
-		_, err = os.Stat(ArenaDumpLogFile)
+		_, err = os.Stat(arenaDumpLogFile)
 		require.ErrorIs(t, err, os.ErrNotExist)
 	})
 }
 
 func TestArenaStats(t *testing.T) {
-	const mb = ArenaMinSuperblockSize
+	const mb = arenaMinSuperblockSize
 	a, _ := arenaSim(t, 8*mb, nil)
 	st := a.Stats()
 	require.Equal(t, ArenaStats{ArenaSize: 8 * mb, PoolSize: 8 * mb, MaximumSize: 8 * mb, FreeBytes: 8 * mb, FreeBlocks: 1, LargestFreeBlock: 8 * mb,
@@ -983,7 +983,7 @@ func TestArenaStats(t *testing.T) {
 }
 
 func TestArenaClose(t *testing.T) {
-	a, sim := arenaSim(t, 4*ArenaMinSuperblockSize, nil)
+	a, sim := arenaSim(t, 4*arenaMinSuperblockSize, nil)
 	s := mustStream(t)
 	p := arenaAlloc(t, a, 4096, s)
 	q := arenaAlloc(t, a, 2<<20, DefaultStream)
@@ -1102,7 +1102,7 @@ func arenaConcurrent(t *testing.T, a *ArenaMemoryResource, host bool) {
 					case v < 90:
 						n = 1 + r.IntN(256<<10)
 					default:
-						n = ArenaMinSuperblockSize + 1 + r.IntN(3<<20)
+						n = arenaMinSuperblockSize + 1 + r.IntN(3<<20)
 					}
 					s := pick()
 					p, err := a.Allocate(n, s)
@@ -1171,7 +1171,7 @@ func arenaBase(t *testing.T, sim *SimulatedMemoryResource) DevicePtr {
 // that nodes split, empty and the root grows and shrinks), changes of a superblock's largest free
 // block, first fit and the address order, after every step.
 func TestArenaIndexAgainstModel(t *testing.T) {
-	const mb = ArenaMinSuperblockSize
+	const mb = arenaMinSuperblockSize
 	r := rand.New(rand.NewPCG(5, 9))
 	var index arenaIndex
 	var model []*arenaSuperblock // sorted by address

@@ -13,7 +13,7 @@ const (
 	memPoolAttrUsedMemCurrent     = 7
 )
 
-// CudaAsyncOptions configures NewCudaAsyncMemoryResource. nil means the defaults.
+// CudaAsyncOptions configures [NewCudaAsyncMemoryResource]. nil means the defaults.
 type CudaAsyncOptions struct {
 	// InitialPoolSize, when positive, primes the pool: that many bytes are allocated and freed on
 	// the default stream at construction, so the first allocations do not reach the driver.
@@ -25,7 +25,7 @@ type CudaAsyncOptions struct {
 	ReleaseThreshold int
 	// EnablePOSIXFileDescriptor creates the pool exportable through a POSIX file descriptor
 	// (CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR), so that its allocations can be shared with other
-	// processes (ExportIPC). The constructor returns ErrNotSupported when the device does not
+	// processes ([ExportIPC]). The constructor returns [ErrNotSupported] when the device does not
 	// offer it (CU_DEVICE_ATTRIBUTE_MEMPOOL_SUPPORTED_HANDLE_TYPES). Default false.
 	EnablePOSIXFileDescriptor bool
 }
@@ -34,10 +34,10 @@ type CudaAsyncOptions struct {
 // (cuMemPoolCreate): Allocate is cuMemAllocFromPoolAsync on the given stream, Deallocate is
 // cuMemFreeAsync on the given stream. Close destroys the pool.
 //
-// A view of a Stream that was closed is never handed to the driver: Allocate on it returns
-// ErrClosed, and Deallocate on it first waits for the device (cuCtxSynchronize) and then frees on
+// A view of a [Stream] that was closed is never handed to the driver: Allocate on it returns
+// [ErrClosed], and Deallocate on it first waits for the device (cuCtxSynchronize) and then frees on
 // the legacy default stream. A free on a stream other than the one the memory was last used on
-// must be ordered after that use by the caller (see MemoryResource): the driver does not.
+// must be ordered after that use by the caller (see [MemoryResource]): the driver does not.
 type CudaAsyncMemoryResource struct {
 	dev     Device
 	ctx     uintptr
@@ -45,8 +45,8 @@ type CudaAsyncMemoryResource struct {
 	posixFD bool           // made with EnablePOSIXFileDescriptor: ExportIPC works
 }
 
-// NewCudaAsyncMemoryResource creates a memory pool on device dev. It returns ErrNotSupported
-// when the device or driver lacks memory pools, ErrInvalidArgument for a negative initial size.
+// NewCudaAsyncMemoryResource creates a memory pool on device dev. It returns [ErrNotSupported]
+// when the device or driver lacks memory pools, [ErrInvalidArgument] for a negative initial size.
 func NewCudaAsyncMemoryResource(dev Device, opts *CudaAsyncOptions) (*CudaAsyncMemoryResource, error) {
 	o := CudaAsyncOptions{ReleaseThreshold: -1}
 	if opts != nil {
@@ -100,8 +100,8 @@ func NewCudaAsyncMemoryResource(dev Device, opts *CudaAsyncOptions) (*CudaAsyncM
 }
 
 // Allocate returns nbytes from the pool, ordered on s (cuMemAllocFromPoolAsync). Out of memory is
-// reported synchronously and wraps ErrOutOfMemory. After Close, or on a view of a Stream that was
-// closed, it returns an error wrapping ErrClosed without calling the driver.
+// reported synchronously and wraps [ErrOutOfMemory]. After Close, or on a view of a [Stream] that was
+// closed, it returns an error wrapping [ErrClosed] without calling the driver.
 func (r *CudaAsyncMemoryResource) Allocate(nbytes int, s StreamView) (DevicePtr, error) {
 	if nbytes <= 0 {
 		if nbytes < 0 {
@@ -126,7 +126,7 @@ func (r *CudaAsyncMemoryResource) Allocate(nbytes int, s StreamView) (DevicePtr,
 	return p, nil
 }
 
-// Deallocate returns p to the pool, ordered on s (cuMemFreeAsync). On a view of a Stream that was
+// Deallocate returns p to the pool, ordered on s (cuMemFreeAsync). On a view of a [Stream] that was
 // closed it waits for the device (cuCtxSynchronize) and frees on the legacy default stream.
 func (r *CudaAsyncMemoryResource) Deallocate(p DevicePtr, nbytes int, s StreamView) error {
 	if p == 0 {
@@ -153,7 +153,7 @@ func freeAsyncOn(name string, ctx uintptr, p DevicePtr, s StreamView) error {
 // Device returns the resource's device.
 func (r *CudaAsyncMemoryResource) Device() Device { return r.dev }
 
-// Access reports DeviceAccessible.
+// Access reports [DeviceAccessible].
 func (r *CudaAsyncMemoryResource) Access() Access { return DeviceAccessible }
 
 // PoolHandle returns the CUmemoryPool handle.

@@ -7,8 +7,8 @@ import (
 // DefaultMemPool returns the handle (a CUmemoryPool) of device dev's default memory pool
 // (cuDeviceGetDefaultMemPool): the pool that stream-ordered allocations use unless another is
 // set, and the one the CUDA runtime's cudaMallocAsync shares. Without CUDA the error wraps
-// ErrNoDevice; on a device or driver without memory pools it wraps ErrNotSupported; a bad ordinal
-// wraps ErrInvalidArgument.
+// [ErrNoDevice]; on a device or driver without memory pools it wraps [ErrNotSupported]; a bad ordinal
+// wraps [ErrInvalidArgument].
 func DefaultMemPool(dev Device) (uintptr, error) {
 	ctx, err := dev.ctx()
 	if err != nil {
@@ -25,17 +25,17 @@ func DefaultMemPool(dev Device) (uintptr, error) {
 }
 
 // CudaAsyncViewMemoryResource is a stream-ordered allocator over a CUDA memory pool it does not
-// own, as librmm's cuda_async_view_memory_resource: a device's default pool (DefaultMemPool), a
+// own, as librmm's cuda_async_view_memory_resource: a device's default pool ([DefaultMemPool]), a
 // pool made by another library, or one imported from another process. Allocate is
 // cuMemAllocFromPoolAsync on the given stream, Deallocate is cuMemFreeAsync on the given stream.
 // Close does not destroy the pool; the pool must outlive the view and every allocation made
-// through it. A view of a Stream that was closed is never handed to the driver: Allocate on it
-// returns ErrClosed, Deallocate on it waits for the device (cuCtxSynchronize) and frees on the
+// through it. A view of a [Stream] that was closed is never handed to the driver: Allocate on it
+// returns [ErrClosed], Deallocate on it waits for the device (cuCtxSynchronize) and frees on the
 // legacy default stream. A free on another stream than the memory's last use must be ordered
-// after that use by the caller (see MemoryResource).
+// after that use by the caller (see [MemoryResource]).
 //
 // Equality (librmm's rule): memory from one view may be freed through any other view of the same
-// pool, or through the CudaAsyncMemoryResource that owns the pool; Equal reports this.
+// pool, or through the [CudaAsyncMemoryResource] that owns the pool.
 type CudaAsyncViewMemoryResource struct {
 	dev    Device
 	ctx    uintptr
@@ -44,8 +44,8 @@ type CudaAsyncViewMemoryResource struct {
 }
 
 // NewCudaAsyncViewMemoryResource returns a view of pool, a CUmemoryPool handle of device dev. A
-// zero handle returns ErrInvalidArgument; without CUDA the error wraps ErrNoDevice; a device
-// without memory pools gives ErrNotSupported. The handle is not checked further: a handle that is
+// zero handle returns [ErrInvalidArgument]; without CUDA the error wraps [ErrNoDevice]; a device
+// without memory pools gives [ErrNotSupported]. The handle is not checked further: a handle that is
 // not a live pool of dev makes the driver calls fail.
 func NewCudaAsyncViewMemoryResource(dev Device, pool uintptr) (*CudaAsyncViewMemoryResource, error) {
 	if pool == 0 {
@@ -63,8 +63,8 @@ func NewCudaAsyncViewMemoryResource(dev Device, pool uintptr) (*CudaAsyncViewMem
 
 // Allocate returns nbytes from the pool, ordered on s (cuMemAllocFromPoolAsync): the memory may
 // be used by work queued on s after this call. Out of memory is reported synchronously and wraps
-// ErrOutOfMemory. After Close, or on a view of a Stream that was closed, it returns an error
-// wrapping ErrClosed without calling the driver.
+// [ErrOutOfMemory]. After Close, or on a view of a [Stream] that was closed, it returns an error
+// wrapping [ErrClosed] without calling the driver.
 func (r *CudaAsyncViewMemoryResource) Allocate(nbytes int, s StreamView) (DevicePtr, error) {
 	if nbytes <= 0 {
 		if nbytes < 0 {
@@ -89,7 +89,7 @@ func (r *CudaAsyncViewMemoryResource) Allocate(nbytes int, s StreamView) (Device
 }
 
 // Deallocate returns p to the pool, ordered on s (cuMemFreeAsync): the memory is reused only by
-// work ordered after everything queued on s so far. On a view of a Stream that was closed it
+// work ordered after everything queued on s so far. On a view of a [Stream] that was closed it
 // waits for the device (cuCtxSynchronize) and frees on the legacy default stream. It works after
 // Close too, so that memory still allocated can be given back.
 func (r *CudaAsyncViewMemoryResource) Deallocate(p DevicePtr, nbytes int, s StreamView) error {
@@ -102,23 +102,11 @@ func (r *CudaAsyncViewMemoryResource) Deallocate(p DevicePtr, nbytes int, s Stre
 // Device returns the pool's device.
 func (r *CudaAsyncViewMemoryResource) Device() Device { return r.dev }
 
-// Access reports DeviceAccessible.
+// Access reports [DeviceAccessible].
 func (r *CudaAsyncViewMemoryResource) Access() Access { return DeviceAccessible }
 
 // PoolHandle returns the CUmemoryPool handle the view allocates from.
 func (r *CudaAsyncViewMemoryResource) PoolHandle() uintptr { return r.pool }
-
-// Equal reports whether memory allocated by r may be freed by other and the reverse: other is a
-// CudaAsyncViewMemoryResource or CudaAsyncMemoryResource over the same pool handle.
-func (r *CudaAsyncViewMemoryResource) Equal(other MemoryResource) bool {
-	switch o := other.(type) {
-	case *CudaAsyncViewMemoryResource:
-		return o != nil && o.pool == r.pool
-	case *CudaAsyncMemoryResource:
-		return o != nil && o.pool.Load() != 0 && o.pool.Load() == r.pool
-	}
-	return false
-}
 
 // UsedBytes returns the bytes allocated from the pool and not freed, by any user of the pool
 // (CU_MEMPOOL_ATTR_USED_MEM_CURRENT).
@@ -134,7 +122,7 @@ func (r *CudaAsyncViewMemoryResource) ReservedBytes() (int, error) {
 	return int(v), err
 }
 
-// Close makes later Allocate calls return ErrClosed. It does not destroy the pool nor free
+// Close makes later Allocate calls return [ErrClosed]. It does not destroy the pool nor free
 // anything. Closing twice returns nil.
 func (r *CudaAsyncViewMemoryResource) Close() error {
 	r.closed.Store(true)

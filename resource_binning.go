@@ -10,9 +10,9 @@ import (
 	"sync/atomic"
 )
 
-// BinningOptions configures NewBinningMemoryResource. nil means no bins.
+// BinningOptions configures [NewBinningMemoryResource]. nil means no bins.
 type BinningOptions struct {
-	// MinSizeExponent and MaxSizeExponent make one FixedSizeMemoryResource bin of 2^i bytes
+	// MinSizeExponent and MaxSizeExponent make one [FixedSizeMemoryResource] bin of 2^i bytes
 	// (rounded up to 256) over the upstream for every i in [MinSizeExponent, MaxSizeExponent],
 	// each with the default 128 blocks taken from the upstream at construction (18..22 gives bins
 	// of 256 KiB to 4 MiB and takes 992 MiB). Both 0 (unset) or both -1: no bins. Otherwise both
@@ -21,7 +21,7 @@ type BinningOptions struct {
 	MaxSizeExponent int
 	// BlocksToPreallocate is the number of blocks each bin the resource makes (here and in
 	// AddBin without a resource) takes from the upstream at a time
-	// (FixedSizeOptions.BlocksToPreallocate). Default 0 means 128, librmm's.
+	// ([FixedSizeOptions.BlocksToPreallocate]). Default 0 means 128, librmm's.
 	BlocksToPreallocate int
 }
 
@@ -33,7 +33,7 @@ type BinningOptions struct {
 // see them.
 //
 // Bins are FixedSizeMemoryResources made by the resource (from the options or AddBin without a
-// resource) or any MemoryResource given to AddBin. AddBin may be called at any time, concurrently
+// resource) or any [MemoryResource] given to AddBin. AddBin may be called at any time, concurrently
 // with allocations: the bin table is replaced as a whole (copy on write) and read atomically.
 // Invalid frees are detected by the bins (and by the upstream for large sizes) and returned as
 // they report them.
@@ -52,12 +52,16 @@ type binningBin struct {
 	mr   MemoryResource
 }
 
-// NewBinningMemoryResource returns a binning resource over upstream (nil: the current device
-// resource) with the bins the options ask for. Exponents out of range are ErrInvalidArgument; a
-// bin whose first chunk the upstream refuses fails the construction (the bins made so far are
-// closed).
+// NewBinningMemoryResource returns a binning resource over upstream with the bins the options ask
+// for (nil: no bins). Exponents out of range are [ErrInvalidArgument]; a bin whose first chunk the
+// upstream refuses fails the construction (the bins made so far are closed). A nil upstream means
+// the current device resource ([CurrentDeviceResource], read once, here); a nil pointer as
+// upstream returns an error wrapping [ErrInvalidArgument].
 func NewBinningMemoryResource(upstream MemoryResource, opts *BinningOptions) (*BinningMemoryResource, error) {
-	upstream = resourceOrCurrent(upstream)
+	upstream, err := upstreamOf("NewBinningMemoryResource", upstream)
+	if err != nil {
+		return nil, err
+	}
 	r := &BinningMemoryResource{upstream: upstream}
 	r.bins.Store(&[]binningBin{})
 	if opts == nil {
@@ -95,14 +99,14 @@ func (r *BinningMemoryResource) Access() Access { return AccessOf(r.upstream) }
 // AddBin adds a bin of size bytes (rounded up to 256). With a resource, it serves the requests
 // of that bin, replacing any bin of the same size (allocations from a replaced bin must not be
 // freed afterwards: their frees would go to the new bin). Without one (nil), a
-// FixedSizeMemoryResource of that block size over the upstream is made, only if there is no bin
+// [FixedSizeMemoryResource] of that block size over the upstream is made, only if there is no bin
 // of that size yet; its first chunk's failure is returned. A size that is not positive is
-// ErrInvalidArgument; after Close, ErrClosed. Safe for concurrent use with every other method.
+// [ErrInvalidArgument]; after Close, [ErrClosed]. Safe for concurrent use with every other method.
 //
 // A new bin takes over the sizes between the next smaller bin and its own size from the resource
 // that served them (a larger bin, or the upstream); the binning resource does not remember which
 // resource served each allocation, so an allocation made before in that range would be freed to
-// the new bin and refused with ErrInvalidFree. Add bins before allocating the sizes they cover.
+// the new bin and refused with [ErrInvalidFree]. Add bins before allocating the sizes they cover.
 func (r *BinningMemoryResource) AddBin(size int, mr MemoryResource) error {
 	if r.closed.Load() {
 		return errorf("BinningMemoryResource.AddBin: called after Close: %w", ErrClosed)
@@ -141,17 +145,7 @@ func (r *BinningMemoryResource) AddBin(size int, mr MemoryResource) error {
 	return nil
 }
 
-// BinSizes returns the bins' sizes in bytes, smallest first.
-func (r *BinningMemoryResource) BinSizes() []int {
-	bins := *r.bins.Load()
-	out := make([]int, len(bins))
-	for i, b := range bins {
-		out[i] = b.size
-	}
-	return out
-}
-
-// Bin is one bin of a BinningMemoryResource: the requests of more than the next smaller bin's
+// Bin is one bin of a [BinningMemoryResource]: the requests of more than the next smaller bin's
 // size and at most Size bytes go to Resource.
 type Bin struct {
 	Size     int // bytes, a multiple of 256
@@ -159,7 +153,7 @@ type Bin struct {
 }
 
 // Bins returns the bins, smallest first, with the resource serving each (RMM's bin_mrs; a bin
-// AddBin made itself is a *FixedSizeMemoryResource, owned and closed by r). Larger requests go to
+// AddBin made itself is a [*FixedSizeMemoryResource], owned and closed by r). Larger requests go to
 // Upstream.
 func (r *BinningMemoryResource) Bins() []Bin {
 	bins := *r.bins.Load()
@@ -199,11 +193,11 @@ func binError(op string, nbytes, bin int, err error) error {
 
 // Allocate passes the request to the smallest bin of at least nbytes bytes, or to the upstream
 // when it is larger than every bin, and returns that resource's answer (its memory is ordered on
-// s as that resource orders it). A negative size is ErrInvalidArgument.
+// s as that resource orders it). A negative size is [ErrInvalidArgument].
 //
-// Out of memory is an *OutOfMemoryError (errors.Is(err, ErrOutOfMemory)): the one the bin's
+// Out of memory is an [*OutOfMemoryError] (errors.Is(err, [ErrOutOfMemory])): the one the bin's
 // resource (or the upstream) returned, as it is, when it returned one (the bins the resource
-// makes do: FixedSizeMemoryResource names its block size); else one for the binning resource
+// makes do: [FixedSizeMemoryResource] names its block size); else one for the binning resource
 // whose Detail names the bin and whose Cause is that resource's error, with no figures (PoolSize,
 // FreeBytes and LargestFreeBlock 0: the binning resource holds no memory of its own). Other
 // errors are wrapped with the bin they came from.
@@ -254,7 +248,7 @@ func (r *BinningMemoryResource) Deallocate(p DevicePtr, nbytes int, s StreamView
 	return nil
 }
 
-// Release releases the bins the resource made (FixedSizeMemoryResource.Release) and returns the
+// Release releases the bins the resource made ([FixedSizeMemoryResource.Release]) and returns the
 // first error.
 func (r *BinningMemoryResource) Release() error {
 	r.mu.Lock()
@@ -302,17 +296,17 @@ type BinningStats struct {
 	// LargestFreeBlock is the largest request the bins serve without growing: the size of the
 	// largest fixed-size bin with a free block (a request of that size goes to that bin), else 0.
 	LargestFreeBlock int
-	// PerStream sums the bins' per-stream free blocks and bytes, by ascending StreamView.ID
-	// (DefaultStream first), one entry per stream that has a free list in some bin.
+	// PerStream sums the bins' per-stream free blocks and bytes, by ascending [StreamView.ID]
+	// ([DefaultStream] first), one entry per stream that has a free list in some bin.
 	PerStream []StreamFreeStats
 }
 
-// BinStats is one bin of a BinningStats.
+// BinStats is one bin of a [BinningStats].
 type BinStats struct {
 	Size     int    // the bin's size: it serves requests above the next smaller bin's size, up to Size
 	Resource string // the type of the resource serving the bin, e.g. "FixedSizeMemoryResource"
 	Owned    bool   // made by the binning resource (from its options or AddBin without a resource)
-	// FixedSize is the bin resource's Stats when it is a FixedSizeMemoryResource, else nil.
+	// FixedSize is the bin resource's Stats when it is a [FixedSizeMemoryResource], else nil.
 	FixedSize *FixedSizeStats
 }
 

@@ -44,7 +44,7 @@ func TestBinningNoBins(t *testing.T) {
 		up := newBinCounter(arenaMustSim(t, 1<<40))
 		b, err := NewBinningMemoryResource(up, o)
 		require.NoError(t, err)
-		require.Empty(t, b.BinSizes())
+		require.Empty(t, b.binSizes())
 		p, err := b.Allocate(100, DefaultStream)
 		require.NoError(t, err)
 		require.NoError(t, b.Deallocate(p, 100, DefaultStream))
@@ -86,7 +86,7 @@ func TestBinningFromExponents(t *testing.T) {
 	up := newFixedRecorder(t)
 	b, err := NewBinningMemoryResource(up, &BinningOptions{MinSizeExponent: 10, MaxSizeExponent: 12})
 	require.NoError(t, err)
-	require.Equal(t, []int{1024, 2048, 4096}, b.BinSizes())
+	require.Equal(t, []int{1024, 2048, 4096}, b.binSizes())
 	allocs, _ := up.calls()
 	require.Len(t, allocs, 3)
 	for i, want := range []int{128 << 10, 256 << 10, 512 << 10} {
@@ -126,7 +126,7 @@ func TestBinningSelection(t *testing.T) {
 	for size, c := range bins {
 		require.NoError(t, b.AddBin(size, c))
 	}
-	require.Equal(t, []int{256, 1024, 65536}, b.BinSizes())
+	require.Equal(t, []int{256, 1024, 65536}, b.binSizes())
 	for _, c := range []struct {
 		n    int
 		want *binCounter
@@ -167,7 +167,7 @@ func TestBinningAddBin(t *testing.T) {
 
 	// Without a resource: a fixed-size bin, rounded up to 256.
 	require.NoError(t, b.AddBin(1000, nil))
-	require.Equal(t, []int{1024}, b.BinSizes())
+	require.Equal(t, []int{1024}, b.binSizes())
 	allocs, _ := up.calls()
 	require.Len(t, allocs, 1)
 	require.Equal(t, 128*1024, allocs[0].n)
@@ -180,7 +180,7 @@ func TestBinningAddBin(t *testing.T) {
 	// With a resource: replaces the bin of that size.
 	c := newBinCounter(arenaMustSim(t, 1<<30))
 	require.NoError(t, b.AddBin(1024, c))
-	require.Equal(t, []int{1024}, b.BinSizes())
+	require.Equal(t, []int{1024}, b.binSizes())
 	p, err := b.Allocate(1000, DefaultStream)
 	require.NoError(t, err)
 	require.Equal(t, int64(1), c.allocs.Load())
@@ -194,7 +194,7 @@ func TestBinningAddBin(t *testing.T) {
 	d := newBinCounter(arenaMustSim(t, 1<<30))
 	require.NoError(t, b.AddBin(300, d))
 	require.NoError(t, b.AddBin(1<<20, nil))
-	require.Equal(t, []int{512, 1024, 1 << 20}, b.BinSizes())
+	require.Equal(t, []int{512, 1024, 1 << 20}, b.binSizes())
 	bins := b.Bins()
 	require.Len(t, bins, 3)
 	require.Equal(t, Bin{Size: 512, Resource: d}, bins[0])
@@ -208,7 +208,7 @@ func TestBinningAddBin(t *testing.T) {
 	// A bin whose first chunk the upstream refuses is not added.
 	up.refuse = true
 	require.ErrorIs(t, b.AddBin(8192, nil), ErrOutOfMemory)
-	require.Equal(t, []int{512, 1024, 1 << 20}, b.BinSizes())
+	require.Equal(t, []int{512, 1024, 1 << 20}, b.binSizes())
 }
 
 func TestBinningInvalidFree(t *testing.T) {
@@ -284,7 +284,7 @@ func TestBinningConcurrentAddBin(t *testing.T) {
 	close(stop)
 	wg.Wait()
 	require.False(t, t.Failed())
-	require.Len(t, b.BinSizes(), 17)
+	require.Len(t, b.binSizes(), 17)
 	used := int64(0)
 	for _, c := range added {
 		used += c.allocs.Load()
@@ -329,4 +329,14 @@ func TestBinningAfterClose(t *testing.T) {
 	require.ErrorIs(t, b.AddBin(512, nil), ErrClosed)
 	require.NoError(t, b.Deallocate(small, 300, DefaultStream), "live allocations are still freed")
 	require.NoError(t, b.Close())
+}
+
+// binSizes returns the bins' sizes in bytes, smallest first.
+func (r *BinningMemoryResource) binSizes() []int {
+	bins := *r.bins.Load()
+	out := make([]int, len(bins))
+	for i, b := range bins {
+		out[i] = b.size
+	}
+	return out
 }

@@ -4,21 +4,21 @@ import (
 	"errors"
 )
 
-// CallbackOptions configures NewCallbackMemoryResource. nil means the defaults.
+// CallbackOptions configures [NewCallbackMemoryResource]. nil means the defaults.
 type CallbackOptions struct {
 	// Access says where the memory the allocate function returns can be touched (what Access
-	// reports, and so how containers fill and copy it). Default 0, meaning DeviceAccessible: what
-	// AccessOf assumes of a resource it knows nothing about. Use HostAccessible for host memory,
+	// reports, and so how containers fill and copy it). Default 0, meaning [DeviceAccessible]: what
+	// [AccessOf] assumes of a resource it knows nothing about. Use [HostAccessible] for host memory,
 	// HostAccessible|DeviceAccessible for managed or pinned memory.
 	Access Access
 }
 
-// CallbackMemoryResource is a MemoryResource whose allocate and free are done by user functions,
+// CallbackMemoryResource is a [MemoryResource] whose allocate and free are done by user functions,
 // as librmm's callback_memory_resource: for plugging in another library's allocator (a framework's
 // caching allocator, a custom arena) without writing a type.
 //
-// The allocate function must return at least nbytes bytes aligned to Alignment (256 bytes) and
-// usable on stream s, or an error (wrap ErrOutOfMemory when the memory is exhausted, so that
+// The allocate function must return at least nbytes bytes aligned to [Alignment] (256 bytes) and
+// usable on stream s, or an error (wrap [ErrOutOfMemory] when the memory is exhausted, so that
 // callers can tell). The free function is given exactly what the allocate function returned and
 // the size asked for. The functions are called for positive sizes only: Allocate(0, s) returns
 // (0, nil) and Deallocate(0, ·, s) does nothing, without calling them. They must be safe for
@@ -34,7 +34,7 @@ type CallbackMemoryResource struct {
 }
 
 // NewCallbackMemoryResource returns a resource that calls alloc for every allocation and free for
-// every deallocation. A nil function returns an error wrapping ErrInvalidArgument.
+// every deallocation. A nil function returns an error wrapping [ErrInvalidArgument].
 func NewCallbackMemoryResource(
 	alloc func(nbytes int, s StreamView) (DevicePtr, error),
 	free func(p DevicePtr, nbytes int, s StreamView) error,
@@ -55,9 +55,9 @@ func NewCallbackMemoryResource(
 	return r, nil
 }
 
-// Allocate calls the allocate function for nbytes on s. A negative size returns ErrInvalidArgument
+// Allocate calls the allocate function for nbytes on s. A negative size returns [ErrInvalidArgument]
 // without calling it. The function's error is returned wrapped (errors.Is sees through it). A
-// null pointer with no error is reported as ErrOutOfMemory; a pointer not aligned to 256 bytes is
+// null pointer with no error is reported as [ErrOutOfMemory]; a pointer not aligned to 256 bytes is
 // handed straight back to the free function and reported as ErrInvalidArgument, so that
 // sub-allocators over this resource never see it.
 func (r *CallbackMemoryResource) Allocate(nbytes int, s StreamView) (DevicePtr, error) {
@@ -88,7 +88,7 @@ func (r *CallbackMemoryResource) Allocate(nbytes int, s StreamView) (DevicePtr, 
 }
 
 // Deallocate calls the free function for p (nbytes, s). A null p does nothing; a negative size
-// returns ErrInvalidArgument without calling it. The function's error is returned wrapped.
+// returns [ErrInvalidArgument] without calling it. The function's error is returned wrapped.
 func (r *CallbackMemoryResource) Deallocate(p DevicePtr, nbytes int, s StreamView) error {
 	if p == 0 {
 		return nil
@@ -102,7 +102,7 @@ func (r *CallbackMemoryResource) Deallocate(p DevicePtr, nbytes int, s StreamVie
 	return nil
 }
 
-// Access reports the access given in CallbackOptions (DeviceAccessible by default).
+// Access reports the access given in [CallbackOptions] ([DeviceAccessible] by default).
 func (r *CallbackMemoryResource) Access() Access { return r.access }
 
 // Device returns the device that was current when the resource was built.

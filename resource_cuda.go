@@ -2,7 +2,7 @@ package rmm
 
 // CudaMemoryResource allocates device memory with cuMemAlloc and frees it with cuMemFree, one
 // driver call per operation, on the device given at construction. The stream is ignored and
-// never reaches the driver (a view of a Stream that was closed is accepted as any other):
+// never reaches the driver (a view of a [Stream] that was closed is accepted as any other):
 // cuMemAlloc memory is usable on every stream, and cuMemFree synchronises. It is the initial
 // resource of every device. All CudaMemoryResources of one device are interchangeable.
 type CudaMemoryResource struct {
@@ -10,7 +10,7 @@ type CudaMemoryResource struct {
 }
 
 // NewCudaMemoryResource returns a resource over cuMemAlloc on device dev. It returns an error
-// wrapping ErrNoDevice without CUDA, ErrInvalidArgument for a bad ordinal.
+// wrapping [ErrNoDevice] without CUDA, [ErrInvalidArgument] for a bad ordinal.
 func NewCudaMemoryResource(dev Device) (*CudaMemoryResource, error) {
 	if _, err := dev.ctx(); err != nil {
 		return nil, errorf("NewCudaMemoryResource(%d): %w", dev, err)
@@ -34,19 +34,19 @@ func (r *CudaMemoryResource) Deallocate(p DevicePtr, nbytes int, s StreamView) e
 // Device returns the resource's device.
 func (r *CudaMemoryResource) Device() Device { return r.dev }
 
-// Access reports DeviceAccessible.
+// Access reports [DeviceAccessible].
 func (r *CudaMemoryResource) Access() Access { return DeviceAccessible }
 
 // ManagedMemoryResource allocates CUDA managed (unified) memory with cuMemAllocManaged
 // (CU_MEM_ATTACH_GLOBAL) on the device given at construction; it is usable from the host and
 // every device. Freed with cuMemFree, which synchronises; the stream is ignored and never reaches
-// the driver (a view of a Stream that was closed is accepted as any other).
+// the driver (a view of a [Stream] that was closed is accepted as any other).
 type ManagedMemoryResource struct {
 	dev Device
 }
 
 // NewManagedMemoryResource returns a resource over cuMemAllocManaged on device dev. It returns
-// ErrNotSupported when the device cannot allocate managed memory.
+// [ErrNotSupported] when the device cannot allocate managed memory.
 func NewManagedMemoryResource(dev Device) (*ManagedMemoryResource, error) {
 	if _, err := dev.ctx(); err != nil {
 		return nil, err
@@ -75,7 +75,7 @@ func (r *ManagedMemoryResource) Deallocate(p DevicePtr, nbytes int, s StreamView
 // Device returns the resource's device.
 func (r *ManagedMemoryResource) Device() Device { return r.dev }
 
-// Access reports HostAccessible|DeviceAccessible.
+// Access reports [HostAccessible]|[DeviceAccessible].
 func (r *ManagedMemoryResource) Access() Access { return HostAccessible | DeviceAccessible }
 
 // driverAllocate is the allocate path of the synchronous driver resources: size checks, the
@@ -114,7 +114,8 @@ func driverFree(dev Device, p DevicePtr) error {
 }
 
 // isOOM reports whether err is an out-of-memory condition (CUDA_ERROR_OUT_OF_MEMORY: what
-// cuMemAlloc, cuMemAllocManaged and cuMemAllocFromPoolAsync return for 1 PiB on an H200).
+// cuMemAlloc, cuMemAllocManaged and cuMemAllocFromPoolAsync return for a size beyond the
+// device's memory).
 func isOOM(err error) bool {
 	return errIs(err, ErrOutOfMemory)
 }

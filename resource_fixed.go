@@ -9,7 +9,7 @@ import (
 	"sync"
 )
 
-// FixedSizeOptions configures NewFixedSizeMemoryResource. nil means the defaults.
+// FixedSizeOptions configures [NewFixedSizeMemoryResource]. nil means the defaults.
 type FixedSizeOptions struct {
 	// BlockSize is the size of every block, in bytes, rounded up to a multiple of 256. Every
 	// allocation of at most BlockSize bytes takes one whole block. Default 0: 1 MiB.
@@ -28,19 +28,19 @@ type fixedStreams = streamLists[*fixedList]
 // fixed_size_memory_resource: memory is taken from the upstream in chunks of
 // BlockSize × BlocksToPreallocate bytes (one at construction, on the default stream; another on
 // the allocating stream whenever every block is in use) and cut into blocks. Every allocation
-// of at most BlockSize bytes takes one block; larger requests fail with an *OutOfMemoryError
+// of at most BlockSize bytes takes one block; larger requests fail with an [*OutOfMemoryError]
 // whose Detail says "maximum allocation size exceeded".
 //
 // Free blocks are kept per stream, with the pool's stream-ordered rules: a block freed on stream
 // A is reused at once by allocations on A; stream B takes it only after B waits (on the device)
 // for an event recorded on A. The event is recorded lazily, when B takes the block, on streams
-// whose lifetime the package knows (DefaultStream and our own Streams, whose Close records or
+// whose lifetime the package knows ([DefaultStream] and our own Streams, whose Close records or
 // synchronises first and moves their blocks to the default stream), and at every free on streams
 // made from foreign handles. Allocate and Deallocate are O(1) (plus a scan of the streams when
 // the allocating stream has no free block).
 //
 // Deallocate detects a pointer the resource never handed out, a double free and a size other
-// than the one allocated, and returns ErrInvalidFree without changing anything. Safe for
+// than the one allocated, and returns [ErrInvalidFree] without changing anything. Safe for
 // concurrent use (one mutex).
 type FixedSizeMemoryResource struct {
 	upstream    MemoryResource
@@ -69,11 +69,16 @@ type fixedList struct {
 
 func (l *fixedList) idle() bool { return len(l.blocks) == 0 }
 
-// NewFixedSizeMemoryResource returns a fixed-size resource over upstream (nil: the current
-// device resource) and takes its first chunk now; that allocation's failure is returned.
-// Negative sizes and a chunk size that overflows are ErrInvalidArgument.
+// NewFixedSizeMemoryResource returns a fixed-size resource over upstream (nil opts: the
+// defaults) and takes its first chunk now; that allocation's failure is returned. Negative sizes
+// and a chunk size that overflows are [ErrInvalidArgument]. A nil upstream means the current
+// device resource ([CurrentDeviceResource], read once, here); a nil pointer as upstream returns
+// an error wrapping [ErrInvalidArgument].
 func NewFixedSizeMemoryResource(upstream MemoryResource, opts *FixedSizeOptions) (*FixedSizeMemoryResource, error) {
-	upstream = resourceOrCurrent(upstream)
+	upstream, err := upstreamOf("NewFixedSizeMemoryResource", upstream)
+	if err != nil {
+		return nil, err
+	}
 	var o FixedSizeOptions
 	if opts != nil {
 		o = *opts
@@ -131,12 +136,12 @@ func (f *FixedSizeMemoryResource) BlockSize() int { return f.blockSize }
 // Allocate returns one block for a request of at most BlockSize bytes, ordered on s: a block
 // freed on s, else one freed on another stream (after s waits on that stream's event), else a
 // block of a new chunk taken from the upstream on s. A larger request, or a chunk the upstream
-// refuses, returns an *OutOfMemoryError (errors.Is(err, ErrOutOfMemory)) with the resource's
+// refuses, returns an [*OutOfMemoryError] (errors.Is(err, [ErrOutOfMemory])) with the resource's
 // figures: PoolSize (the chunks held), FreeBytes, LargestFreeBlock (BlockSize when a block is
 // free, else 0), no MaximumSize and no Headroom (only the upstream bounds the resource), the
 // upstream's error as Cause when it refused a chunk. Fragmented is set only for a request above
-// the block size that the free blocks together would hold. After Close, and on a Stream that was
-// closed, it returns ErrClosed.
+// the block size that the free blocks together would hold. After Close, and on a [Stream] that was
+// closed, it returns [ErrClosed].
 func (f *FixedSizeMemoryResource) Allocate(nbytes int, s StreamView) (DevicePtr, error) {
 	if nbytes <= 0 {
 		if nbytes < 0 {
@@ -208,7 +213,7 @@ func (f *FixedSizeMemoryResource) grow(l *fixedList, s StreamView, nbytes int) e
 
 // Deallocate returns p's block to the free list of stream s, for reuse at once by work ordered
 // on s. nbytes must be the size given to Allocate. A pointer the resource did not hand out, a
-// double free or another size returns ErrInvalidFree and changes nothing. A free on a Stream
+// double free or another size returns [ErrInvalidFree] and changes nothing. A free on a [Stream]
 // that was closed is ordered by a device synchronisation and goes to the default stream's list.
 func (f *FixedSizeMemoryResource) Deallocate(p DevicePtr, nbytes int, s StreamView) error {
 	if p == 0 {
@@ -333,7 +338,7 @@ func (f *FixedSizeMemoryResource) Release() error {
 }
 
 // Close waits for the work behind every free, returns every wholly free chunk to the upstream
-// and destroys the events. Afterwards Allocate returns ErrClosed. Allocations still live stay
+// and destroys the events. Afterwards Allocate returns [ErrClosed]. Allocations still live stay
 // valid: Deallocate keeps working (after synchronising the freeing stream) and each chunk goes
 // back to the upstream when its last block is freed. Closing twice returns nil.
 func (f *FixedSizeMemoryResource) Close() error {
@@ -406,7 +411,7 @@ type FixedSizeStats struct {
 	LargestFreeBlock int
 	Streams          int // streams with a free list
 	// PerStream is the free blocks of each stream's list, one entry per stream with a list
-	// (empty ones included), by ascending StreamView.ID: DefaultStream first. The entries add up to FreeBlocks; before Close, to FreeBytes too.
+	// (empty ones included), by ascending [StreamView.ID]: [DefaultStream] first. The entries add up to FreeBlocks; before Close, to FreeBytes too.
 	PerStream []StreamFreeStats
 }
 

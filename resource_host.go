@@ -9,16 +9,16 @@ import (
 // std::pmr::memory_resource, take an alignment:
 //
 //   - AllocateHost returns a pointer to at least nbytes bytes of host memory aligned to alignment
-//     bytes, which must be a power of two (else ErrInvalidArgument). AllocateHost(0, a) returns
+//     bytes, which must be a power of two (else [ErrInvalidArgument]). AllocateHost(0, a) returns
 //     (nil, nil). A negative size returns ErrInvalidArgument; exhausted memory wraps
-//     ErrOutOfMemory. The memory lies outside the Go heap (the collector neither sees nor moves
+//     [ErrOutOfMemory]. The memory lies outside the Go heap (the collector neither sees nor moves
 //     it), so it may be handed to asynchronous driver copies and it may not hold Go pointers.
 //   - DeallocateHost frees p, which AllocateHost(nbytes, alignment) returned; nbytes and
 //     alignment must be the values given then. DeallocateHost(nil, ·, ·) is a no-op.
 //   - Both are safe for concurrent use.
 //
 // There is no stream: host memory is allocated and freed at once. Host containers such as
-// HostVector take their memory from a HostMemoryResource.
+// [HostVector] take their memory from a HostMemoryResource.
 type HostMemoryResource interface {
 	AllocateHost(nbytes, alignment int) (unsafe.Pointer, error)
 	DeallocateHost(p unsafe.Pointer, nbytes, alignment int) error
@@ -33,21 +33,21 @@ const (
 // PinnedMemoryResource allocates page-locked ("pinned") host memory with cuMemHostAlloc
 // (CU_MEMHOSTALLOC_PORTABLE|CU_MEMHOSTALLOC_DEVICEMAP) and frees it with cuMemFreeHost, as
 // librmm's pinned_host_memory_resource. Pinned memory is what makes host↔device copies truly
-// asynchronous (HostVector), and it is usable by every device through unified addressing.
+// asynchronous ([HostVector]), and it is usable by every device through unified addressing.
 //
-// It is both a HostMemoryResource (any power-of-two alignment) and a MemoryResource (256-byte
+// It is both a [HostMemoryResource] (any power-of-two alignment) and a [MemoryResource] (256-byte
 // alignment, the stream ignored on allocation), so it can be the upstream of a
-// PoolMemoryResource: the pointers are host addresses that kernels and device copies can use
-// directly (Access reports HostAccessible|DeviceAccessible).
+// [PoolMemoryResource]: the pointers are host addresses that kernels and device copies can use
+// directly ([Access] reports [HostAccessible]|[DeviceAccessible]).
 //
-// Without CUDA it falls back to plain host memory (the C heap, as SystemMemoryResource; anonymous
+// Without CUDA it falls back to plain host memory (the C heap, as [SystemMemoryResource]; anonymous
 // mappings when built without cgo), Access reports HostAccessible only, and programs run anywhere
 // unchanged.
 //
 // Alignments above 256 bytes are met by allocating nbytes + alignment bytes and returning the
 // first aligned address inside; the offset is kept in a table beside the memory (nothing is
 // written before the returned block). The same table detects a pointer never handed out, a double
-// free and a size or alignment other than the one allocated: those return ErrInvalidFree and free
+// free and a size or alignment other than the one allocated: those return [ErrInvalidFree] and free
 // nothing. All PinnedMemoryResources share the table, so memory from one may be freed by another
 // (librmm's rule: all pinned resources compare equal).
 type PinnedMemoryResource struct {
@@ -138,7 +138,7 @@ var pinnedTable = hostTable{name: "PinnedMemoryResource", live: map[uintptr]host
 // NewPinnedMemoryResource returns a pinned host memory resource that makes its driver calls in
 // device dev's primary context (the memory itself is portable: every device can use it). Without
 // CUDA it returns a resource over plain host memory (see the type) and no error; a device that
-// does not exist returns ErrInvalidArgument.
+// does not exist returns [ErrInvalidArgument].
 func NewPinnedMemoryResource(dev Device) (*PinnedMemoryResource, error) {
 	if err := dev.check(); err != nil {
 		return nil, errorf("NewPinnedMemoryResource: %w", err)
@@ -167,8 +167,8 @@ func defaultPinnedResource() (*PinnedMemoryResource, error) {
 }
 
 // AllocateHost returns nbytes of pinned host memory aligned to alignment bytes (a power of two).
-// Errors: a negative size or an alignment that is not a power of two wraps ErrInvalidArgument;
-// memory the driver cannot pin wraps ErrOutOfMemory (with the *CUDAError).
+// Errors: a negative size or an alignment that is not a power of two wraps [ErrInvalidArgument];
+// memory the driver cannot pin wraps [ErrOutOfMemory] (with the [*CUDAError]).
 func (r *PinnedMemoryResource) AllocateHost(nbytes, alignment int) (unsafe.Pointer, error) {
 	if err := hostAllocateChecked("PinnedMemoryResource", nbytes, alignment); err != nil || nbytes == 0 {
 		return nil, err
@@ -179,7 +179,7 @@ func (r *PinnedMemoryResource) AllocateHost(nbytes, alignment int) (unsafe.Point
 
 // DeallocateHost frees p, which AllocateHost(nbytes, alignment) returned (cuMemFreeHost).
 // Anything else (a pointer not handed out, freed twice, or another size or alignment) returns
-// ErrInvalidFree and frees nothing.
+// [ErrInvalidFree] and frees nothing.
 func (r *PinnedMemoryResource) DeallocateHost(p unsafe.Pointer, nbytes, alignment int) error {
 	if p == nil {
 		return nil
@@ -201,7 +201,7 @@ func (r *PinnedMemoryResource) Allocate(nbytes int, s StreamView) (DevicePtr, er
 }
 
 // Deallocate waits for stream s (cuStreamSynchronize: work queued on s may still read or write
-// the memory, and the free is immediate; for a Stream already closed, the whole device), then
+// the memory, and the free is immediate; for a [Stream] already closed, the whole device), then
 // frees p as DeallocateHost(p, nbytes, 256) does.
 func (r *PinnedMemoryResource) Deallocate(p DevicePtr, nbytes int, s StreamView) error {
 	if p == 0 {
@@ -252,28 +252,21 @@ func (r *PinnedMemoryResource) deallocate(op string, p uintptr, nbytes, alignmen
 // Device returns the device in whose context the driver calls are made.
 func (r *PinnedMemoryResource) Device() Device { return r.dev }
 
-// Access reports HostAccessible|DeviceAccessible with CUDA, HostAccessible without.
+// Access reports [HostAccessible]|[DeviceAccessible] with CUDA, HostAccessible without.
 func (r *PinnedMemoryResource) Access() Access { return r.access }
-
-// Equal reports whether other is a PinnedMemoryResource: memory from any of them may be freed by
-// any other.
-func (r *PinnedMemoryResource) Equal(other MemoryResource) bool {
-	o, ok := other.(*PinnedMemoryResource)
-	return ok && o != nil
-}
 
 // pinnedLiveCount returns the number of live pinned allocations (for tests).
 func pinnedLiveCount() int { return pinnedTable.count() }
 
 // PageableMemoryResource is host memory from the C heap (posix_memalign; anonymous mappings when
 // built without cgo), neither pinned nor registered with the driver: librmm's
-// new_delete_resource, a HostMemoryResource for host memory that is not copied to or from the
+// new_delete_resource, a [HostMemoryResource] for host memory that is not copied to or from the
 // device asynchronously (copies from pageable memory are staged by the driver and return only
 // once the source has been read). It takes any power-of-two alignment (an alignment above 256
 // bytes costs an allocation of nbytes + alignment bytes, of which the first aligned address is
 // returned); a pointer
 // never handed out by a PageableMemoryResource, a double free, or another size or alignment
-// returns ErrInvalidFree and frees nothing. All PageableMemoryResources share one table: memory
+// returns [ErrInvalidFree] and frees nothing. All PageableMemoryResources share one table: memory
 // from one may be freed by another. Safe for concurrent use.
 type PageableMemoryResource struct{}
 
@@ -284,7 +277,7 @@ func NewPageableMemoryResource() *PageableMemoryResource { return &PageableMemor
 
 // AllocateHost returns nbytes of pageable host memory aligned to alignment bytes (a power of
 // two); (nil, nil) for 0 bytes. A negative size or an alignment that is not a power of two wraps
-// ErrInvalidArgument; memory the C heap refuses wraps ErrOutOfMemory.
+// [ErrInvalidArgument]; memory the C heap refuses wraps [ErrOutOfMemory].
 func (r *PageableMemoryResource) AllocateHost(nbytes, alignment int) (unsafe.Pointer, error) {
 	if err := hostAllocateChecked("PageableMemoryResource", nbytes, alignment); err != nil || nbytes == 0 {
 		return nil, err
@@ -300,7 +293,7 @@ func (r *PageableMemoryResource) AllocateHost(nbytes, alignment int) (unsafe.Poi
 }
 
 // DeallocateHost frees p, which AllocateHost(nbytes, alignment) returned; nil is a no-op.
-// Anything else returns ErrInvalidFree and frees nothing.
+// Anything else returns [ErrInvalidFree] and frees nothing.
 func (r *PageableMemoryResource) DeallocateHost(p unsafe.Pointer, nbytes, alignment int) error {
 	if p == nil {
 		return nil
@@ -309,13 +302,6 @@ func (r *PageableMemoryResource) DeallocateHost(p unsafe.Pointer, nbytes, alignm
 		hostFree(base)
 		return nil
 	})
-}
-
-// Equal reports whether other is a PageableMemoryResource: memory from any of them may be freed
-// by any other.
-func (r *PageableMemoryResource) Equal(other HostMemoryResource) bool {
-	o, ok := other.(*PageableMemoryResource)
-	return ok && o != nil
 }
 
 // waitStreamBeforeFree waits for the work queued on s (on dev when s is the default stream)

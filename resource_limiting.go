@@ -5,7 +5,7 @@ import (
 	"sync/atomic"
 )
 
-// LimitingOptions configures a LimitingResourceAdaptor. nil means the defaults.
+// LimitingOptions configures a [LimitingResourceAdaptor]. nil means the defaults.
 type LimitingOptions struct {
 	// Alignment is the granularity, in bytes, of what each allocation is charged against the
 	// limit: its size rounded up to a multiple of Alignment. It must be a power of two. Default 0
@@ -17,10 +17,10 @@ type LimitingOptions struct {
 // take the bytes it has handed out above a limit, as librmm's limiting_resource_adaptor (and
 // CuPy's set_limit): for capping a program's or a test's device memory.
 //
-// Each allocation of n bytes is charged AlignUp(n, alignment) bytes. Allocate adds the charge to
+// Each allocation of n bytes is charged [AlignUp](n, alignment) bytes. Allocate adds the charge to
 // the counter only if the new total stays within the limit (reaching the limit exactly is
 // allowed), in one compare-and-swap; otherwise nothing is added and the error is an
-// *OutOfMemoryError (errors.Is(err, ErrOutOfMemory); Limited set, MaximumSize the limit, PoolSize
+// [*OutOfMemoryError] (errors.Is(err, [ErrOutOfMemory]); Limited set, MaximumSize the limit, PoolSize
 // the bytes charged when the request was refused, Detail "exceeded memory limit"). After the
 // charge the upstream is called, and its failure takes the charge off again. Deallocate calls the
 // upstream and then takes the charge off (not when the upstream returns an error: the memory is
@@ -40,10 +40,16 @@ type LimitingResourceAdaptor struct {
 }
 
 // NewLimitingResourceAdaptor returns an adaptor that lets at most limit bytes (as charged; see
-// LimitingOptions.Alignment) be allocated through it from upstream (nil: the current device
-// resource) at once. A negative limit, or an alignment that is negative or not a power of two,
-// returns an error wrapping ErrInvalidArgument.
+// [LimitingOptions.Alignment]) be allocated through it from upstream at once; nil opts means the
+// defaults. A negative limit, or an alignment that is negative or not a power of two, returns an
+// error wrapping [ErrInvalidArgument]. A nil upstream means the current device resource
+// ([CurrentDeviceResource], read once, here); a nil pointer as upstream returns an error wrapping
+// [ErrInvalidArgument].
 func NewLimitingResourceAdaptor(upstream MemoryResource, limit int, opts *LimitingOptions) (*LimitingResourceAdaptor, error) {
+	upstream, err := upstreamOf("NewLimitingResourceAdaptor", upstream)
+	if err != nil {
+		return nil, err
+	}
 	align := Alignment
 	if opts != nil && opts.Alignment != 0 {
 		align = opts.Alignment
@@ -54,14 +60,14 @@ func NewLimitingResourceAdaptor(upstream MemoryResource, limit int, opts *Limiti
 	if !IsPowerOfTwo(align) {
 		return nil, errorf("NewLimitingResourceAdaptor: alignment %d is not a power of two: %w", align, ErrInvalidArgument)
 	}
-	return &LimitingResourceAdaptor{upstream: resourceOrCurrent(upstream), limit: int64(limit), alignment: align}, nil
+	return &LimitingResourceAdaptor{upstream: upstream, limit: int64(limit), alignment: align}, nil
 }
 
 // Allocate allocates nbytes from the upstream on stream s if its charge fits under the limit.
-// Over the limit (or a size whose rounding overflows) the error is an *OutOfMemoryError that
+// Over the limit (or a size whose rounding overflows) the error is an [*OutOfMemoryError] that
 // says the limit and the bytes allocated, and the upstream is not called; the upstream's errors
 // are returned unchanged. Either way the counter is as it was. A negative size returns an error
-// wrapping ErrInvalidArgument.
+// wrapping [ErrInvalidArgument].
 func (r *LimitingResourceAdaptor) Allocate(nbytes int, s StreamView) (DevicePtr, error) {
 	if nbytes < 0 {
 		return 0, invalidSize("LimitingResourceAdaptor", "Allocate", nbytes)
@@ -110,7 +116,7 @@ func (r *LimitingResourceAdaptor) limitError(nbytes, charge int, overflow bool, 
 
 // Deallocate returns p to the upstream on stream s and then takes its charge off the counter.
 // The upstream's error is returned, and the counter is then unchanged. A negative size returns an
-// error wrapping ErrInvalidArgument.
+// error wrapping [ErrInvalidArgument].
 func (r *LimitingResourceAdaptor) Deallocate(p DevicePtr, nbytes int, s StreamView) error {
 	if nbytes < 0 {
 		return invalidSize("LimitingResourceAdaptor", "Deallocate", nbytes)
@@ -142,8 +148,8 @@ func (*LimitingResourceAdaptor) insideUpstream() {}
 
 func (*LimitingResourceAdaptor) passesPointersThrough() {}
 
-// Access reports the upstream's accessibility (AccessOf(Upstream())).
+// Access reports the upstream's accessibility ([AccessOf](Upstream())).
 func (r *LimitingResourceAdaptor) Access() Access { return AccessOf(r.upstream) }
 
-// Device returns the upstream's device (DeviceOf(Upstream())).
+// Device returns the upstream's device ([DeviceOf](Upstream())).
 func (r *LimitingResourceAdaptor) Device() Device { return DeviceOf(r.upstream) }

@@ -462,7 +462,8 @@ func TestLimitingOutOfMemoryError(t *testing.T) {
 // takes the count below zero; the limit check must still not overflow, so that under a limit of
 // MaxInt a later allocation is not refused.
 func TestLimitingNegativeCountDoesNotOverflow(t *testing.T) {
-	up := NewTrackingResourceAdaptor(NewSystemMemoryResource(), nil)
+	up, err := NewTrackingResourceAdaptor(NewSystemMemoryResource(), nil)
+	require.NoError(t, err)
 	lim, err := NewLimitingResourceAdaptor(up, math.MaxInt, nil)
 	if err != nil {
 		t.Fatal(err)

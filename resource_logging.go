@@ -8,7 +8,7 @@ import (
 	"time"
 )
 
-// LoggingOptions configures a LoggingResourceAdaptor. nil means the defaults.
+// LoggingOptions configures a [LoggingResourceAdaptor]. nil means the defaults.
 type LoggingOptions struct {
 	// AutoFlush writes every line through to the underlying writer or file as it is logged.
 	// Default false: lines are kept in a 64 KiB buffer until it fills, or Flush or Close is
@@ -18,8 +18,8 @@ type LoggingOptions struct {
 
 // LoggingResourceAdaptor forwards every call to its upstream and writes one line of RMM's CSV
 // event log per event, byte-compatible with librmm's logging_resource_adaptor, so that its logs
-// replay with librmm's replay benchmark and ReadLog reads librmm's logs (the format is described
-// at LogHeader and LogWriter):
+// replay with librmm's replay benchmark and [ReadLog] reads librmm's logs (the format is described
+// at [LogHeader] and [LogWriter]):
 //
 //   - Allocate calls the upstream first and then logs "allocate" with the pointer it returned
 //     and the size asked for (unrounded; a zero-byte allocation logs a null pointer "(nil)" and
@@ -29,7 +29,7 @@ type LoggingOptions struct {
 //
 // The Thread column is the OS thread id of the caller (gettid on Linux, 0 elsewhere), the Time
 // column the local wall-clock time of day when the line is written, the Stream column the
-// stream's CUstream handle (0 for DefaultStream; a host stream, which has no handle, logs its
+// stream's CUstream handle (0 for [DefaultStream]; a host stream, which has no handle, logs its
 // [StreamView.ID], so that a log made without CUDA replays with its streams apart). A call on a
 // view of a Stream that was closed logs 0: its handle was destroyed and may already name another stream,
 // and the resources treat a free there as one on DefaultStream. The view itself is handed to the
@@ -51,14 +51,20 @@ type LoggingResourceAdaptor struct {
 }
 
 // NewLoggingResourceAdaptor returns an adaptor that logs every event of upstream to w, and writes
-// the header line (LogHeader) at once (into its buffer unless opts.AutoFlush). A nil upstream
-// means the current device resource. A nil w returns an error wrapping ErrInvalidArgument. Close
-// flushes the log but does not close w.
+// the header line ([LogHeader]) at once (into its buffer unless [LoggingOptions.AutoFlush]); nil
+// opts means the defaults. A nil w returns an error wrapping [ErrInvalidArgument]; with AutoFlush,
+// w's error writing the header is returned. Close flushes the log but does not close w. A nil
+// upstream means the current device resource ([CurrentDeviceResource], read once, here); a nil
+// pointer as upstream returns an error wrapping [ErrInvalidArgument].
 func NewLoggingResourceAdaptor(upstream MemoryResource, w io.Writer, opts *LoggingOptions) (*LoggingResourceAdaptor, error) {
+	upstream, err := upstreamOf("NewLoggingResourceAdaptor", upstream)
+	if err != nil {
+		return nil, err
+	}
 	if w == nil {
 		return nil, errorf("NewLoggingResourceAdaptor: nil writer: %w", ErrInvalidArgument)
 	}
-	r := &LoggingResourceAdaptor{upstream: resourceOrCurrent(upstream), lw: NewLogWriter(w)}
+	r := &LoggingResourceAdaptor{upstream: upstream, lw: NewLogWriter(w)}
 	if opts != nil {
 		r.autoFlush = opts.AutoFlush
 	}
@@ -72,9 +78,16 @@ func NewLoggingResourceAdaptor(upstream MemoryResource, w io.Writer, opts *Loggi
 
 // NewLoggingResourceAdaptorFile returns an adaptor that logs every event of upstream to the file
 // at path, which is created or truncated. An empty path means the file named by the RMM_LOG_FILE
-// environment variable; when that is empty or unset too, the error wraps ErrInvalidArgument. A
-// nil upstream means the current device resource. Close flushes and closes the file.
+// environment variable; when that is empty or unset too, the error wraps [ErrInvalidArgument];
+// the operating system's error creating the file is returned as it is (errors.Is(err,
+// fs.ErrPermission)). Close flushes and closes the file. A nil upstream means the current device
+// resource ([CurrentDeviceResource], read once, here); a nil pointer as upstream returns an error
+// wrapping [ErrInvalidArgument], before the file is created.
 func NewLoggingResourceAdaptorFile(upstream MemoryResource, path string, opts *LoggingOptions) (*LoggingResourceAdaptor, error) {
+	upstream, err := upstreamOf("NewLoggingResourceAdaptorFile", upstream)
+	if err != nil {
+		return nil, err
+	}
 	if path == "" {
 		path = os.Getenv("RMM_LOG_FILE")
 		if path == "" {
@@ -82,7 +95,7 @@ func NewLoggingResourceAdaptorFile(upstream MemoryResource, path string, opts *L
 		}
 	}
 	f, err := os.Create(path)
-	if err != nil {
+	if err != nil { // a *fs.PathError naming the file
 		return nil, errorf("NewLoggingResourceAdaptorFile: %w", err)
 	}
 	r, err := NewLoggingResourceAdaptor(upstream, f, opts)
@@ -95,9 +108,9 @@ func NewLoggingResourceAdaptorFile(upstream MemoryResource, path string, opts *L
 }
 
 // Allocate allocates nbytes from the upstream on stream s and logs the result (see the type's
-// comment). A negative size returns an error wrapping ErrInvalidArgument without calling the
+// comment). A negative size returns an error wrapping [ErrInvalidArgument] without calling the
 // upstream or logging (the log format has no negative sizes). After Close it returns an error
-// wrapping ErrClosed.
+// wrapping [ErrClosed].
 func (r *LoggingResourceAdaptor) Allocate(nbytes int, s StreamView) (DevicePtr, error) {
 	if nbytes < 0 {
 		return 0, invalidSize("LoggingResourceAdaptor", "Allocate", nbytes)
@@ -115,7 +128,7 @@ func (r *LoggingResourceAdaptor) Allocate(nbytes int, s StreamView) (DevicePtr, 
 }
 
 // Deallocate logs the free of p (nbytes, stream s) and then returns p to the upstream,
-// returning the upstream's error. A negative size returns an error wrapping ErrInvalidArgument
+// returning the upstream's error. A negative size returns an error wrapping [ErrInvalidArgument]
 // without calling the upstream or logging. After Close the call still goes to the upstream, so
 // that memory can be given back, but is not logged.
 func (r *LoggingResourceAdaptor) Deallocate(p DevicePtr, nbytes int, s StreamView) error {
@@ -164,8 +177,8 @@ func (r *LoggingResourceAdaptor) Flush() error {
 	return r.lw.Flush()
 }
 
-// Close flushes the log and closes its file when NewLoggingResourceAdaptorFile opened it (a
-// writer given to NewLoggingResourceAdaptor is left open). Afterwards Allocate returns ErrClosed
+// Close flushes the log and closes its file when [NewLoggingResourceAdaptorFile] opened it (a
+// writer given to [NewLoggingResourceAdaptor] is left open). Afterwards Allocate returns [ErrClosed]
 // and Deallocate still reaches the upstream, unlogged. Closing again returns nil.
 func (r *LoggingResourceAdaptor) Close() error {
 	r.mu.Lock()
@@ -186,16 +199,13 @@ func (r *LoggingResourceAdaptor) Close() error {
 }
 
 // FileName returns the name of the file the adaptor writes (RMM's get_file_name): the path given
-// to NewLoggingResourceAdaptorFile (or RMM_LOG_FILE's), "" for an adaptor over a writer.
+// to [NewLoggingResourceAdaptorFile] (or RMM_LOG_FILE's), "" for an adaptor over a writer.
 func (r *LoggingResourceAdaptor) FileName() string {
 	if r.file == nil {
 		return ""
 	}
 	return r.file.Name()
 }
-
-// Header returns the log's header line, LogHeader, without a newline.
-func (r *LoggingResourceAdaptor) Header() string { return LogHeader }
 
 // Upstream returns the resource the adaptor forwards to.
 func (r *LoggingResourceAdaptor) Upstream() MemoryResource { return r.upstream }
@@ -204,8 +214,8 @@ func (*LoggingResourceAdaptor) insideUpstream() {}
 
 func (*LoggingResourceAdaptor) passesPointersThrough() {}
 
-// Access reports the upstream's accessibility (AccessOf(Upstream())).
+// Access reports the upstream's accessibility ([AccessOf](Upstream())).
 func (r *LoggingResourceAdaptor) Access() Access { return AccessOf(r.upstream) }
 
-// Device returns the upstream's device (DeviceOf(Upstream())).
+// Device returns the upstream's device ([DeviceOf](Upstream())).
 func (r *LoggingResourceAdaptor) Device() Device { return DeviceOf(r.upstream) }

@@ -3,6 +3,7 @@ package rmm_test
 import (
 	"bytes"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/gormm/rmm"
@@ -33,7 +34,8 @@ func ExampleLoggingResourceAdaptor() {
 		panic(err)
 	}
 
-	fmt.Println(mr.Header())
+	header, _, _ := strings.Cut(log.String(), "\n") // the first line of the log
+	fmt.Println(header)
 	events, err := rmm.ReadLog(&log)
 	if err != nil {
 		panic(err)

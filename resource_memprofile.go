@@ -13,31 +13,28 @@ import (
 	"github.com/gormm/rmm/internal/fpwalk"
 )
 
-// DefaultMemoryProfileRate is the sampling rate, in bytes, of a MemoryProfile made without one:
+// DefaultMemoryProfileRate is the sampling rate, in bytes, of a [MemoryProfile] made without one:
 // on average one allocation is recorded per 4 GiB allocated (an allocation of n bytes with
 // probability 1-exp(-n/4 GiB): one of 64 MiB in 65, one of 1 GiB in 4.5, one of 16 GiB almost
-// surely), 8192 times Go's own default (runtime.MemProfileRate, 512 KiB). Device programs allocate
-// far more bytes than Go programs do on their heap, and a sub-allocator hands out a block of any
-// size in tens of nanoseconds, while a sample costs a walk of the stack and a record: 0.1-0.3 µs a
-// pair on an H200's host. 4 GiB is the power of two at which a MemoryProfileResourceAdaptor adds
-// at most 10% to benchmark W1 over the arena and binning resources, its pairs of 64 MiB included
-// (BENCHMARKS.md, sixteenth run: at 1 GiB the arena's 64 MiB pairs cost 14% more, at 4 GiB 8%);
-// a pool sampling into its own profile (PoolOptions.MemoryProfile) adds under 1% below 64 MiB and
-// 4.4% at 64 MiB even at 1 GiB. The price is detail: a profile holds about one sample per 4 GiB
-// in use, so that 60 GiB held in blocks of 100 MiB are estimated from about 15 samples (a
-// standard deviation of about a quarter; see MemoryProfileResourceAdaptor); set
-// MemoryProfileOptions.Rate lower for more.
+// surely), 8192 times Go's own default ([runtime.MemProfileRate], 512 KiB). Device programs
+// allocate far more bytes than Go programs do on their heap, and a sub-allocator hands out a
+// block of any size in tens of nanoseconds, while a sample costs a walk of the stack and a
+// record: 4 GiB is the power of two at which sampling stays a small part of the cost of a
+// sub-allocator's allocations, the largest blocks of benchmark W1 included (BENCHMARKS.md, "W1").
+// The price is detail: a profile holds about one sample per 4 GiB in use, so that 60 GiB held in
+// blocks of 100 MiB are estimated from about 15 samples (a standard deviation of about a quarter;
+// see [MemoryProfileResourceAdaptor]); set [MemoryProfileOptions].Rate lower for more.
 const DefaultMemoryProfileRate = 4 << 30
 
-// MemoryProfileOptions configures a MemoryProfile (NewMemoryProfile) or the one of a
-// MemoryProfileResourceAdaptor. nil means the defaults.
+// MemoryProfileOptions configures a [MemoryProfile] ([NewMemoryProfile]) or the one of a
+// [MemoryProfileResourceAdaptor]. nil means the defaults.
 type MemoryProfileOptions struct {
 	// Rate is the sampling rate in bytes, as runtime.MemProfileRate is for Go's heap: an
 	// allocation of n bytes is recorded with probability 1-exp(-n/Rate), so that on average one
 	// allocation is recorded per Rate bytes allocated and an allocation of many times Rate bytes
 	// is always recorded. 1 is the exception: it records every allocation, of any size (the
 	// profile is then exact). 0 means
-	// DefaultMemoryProfileRate; a negative rate is refused with ErrInvalidArgument.
+	// [DefaultMemoryProfileRate]; a negative rate is refused with [ErrInvalidArgument].
 	Rate int
 }
 
@@ -45,11 +42,11 @@ type MemoryProfileOptions struct {
 // the allocations, the Go call stack that made them, so that device memory can be profiled as
 // Go's heap is: WriteProfile writes a profile in pprof's format (go tool pprof reads it), with
 // the sample types of Go's heap profile (alloc_objects, alloc_space, inuse_objects, inuse_space);
-// MemoryProfileHandler serves it over HTTP; TopSites and Report sum it by call site.
+// [MemoryProfileHandler] serves it over HTTP; TopSites and Report sum it by call site.
 //
 // What is recorded. Allocations are sampled by size, as Go's heap profiler samples its own: an
 // allocation of n bytes is recorded with probability p = 1-exp(-n/rate)
-// (MemoryProfileOptions.Rate, in bytes), independently of every other allocation (Go's runtime
+// ([MemoryProfileOptions.Rate], in bytes), independently of every other allocation (Go's runtime
 // counts down the bytes to the next sample instead, which gives each allocation the same
 // probability). A sampled allocation records its call stack (up to 64 frames, starting at the
 // caller of Allocate) and its size; the profile sums the samples by stack and size and scales
@@ -69,7 +66,7 @@ type MemoryProfileOptions struct {
 // nothing itself and never waits for a stream.
 //
 // Errors. The upstream's errors are returned unchanged, and a failed allocation records nothing.
-// A negative size returns an error wrapping ErrInvalidArgument without calling the upstream. A
+// A negative size returns an error wrapping [ErrInvalidArgument] without calling the upstream. A
 // free of a pointer that was not sampled (or that the adaptor never saw, or a double free) is
 // passed to the upstream as it is, with its error, if any, returned as it is; when the upstream
 // refuses the free of a sampled block, its record is kept. The size given to Deallocate is passed
@@ -80,30 +77,26 @@ type MemoryProfileOptions struct {
 // Cost. An allocation that is not sampled costs, besides passing the call on, a random draw of 32
 // bits from the Go runtime's per-thread generator (a call, no atomic operation) and its test (a
 // multiplication and a comparison), and its free a load from a table of counters indexed by the
-// pointer's hash, which tells pointers that cannot have been sampled from those that may have
-// been (those then look their record up under a lock). Host figures (a 2-core AMD EPYC virtual
-// machine shared with other work; BenchmarkMemoryProfileSampled, medians of cpu-ns/op over 20
-// interleaved runs, 4 KiB pairs over an upstream that does nothing; figures on a GPU host are
-// to be measured there): about 5 ns a pair over the upstream's own cost (9-12 ns against 4-4.5),
-// of which about 2.5 ns is what passing two calls through any adaptor costs (the benchmark's
-// "forward", 6.5-7 ns), against 35-45 ns a pair for a pool there. A sampled allocation costs the
-// walk of its stack by frame pointers (on amd64; elsewhere, and in Go called back from C, the
+// pointer's hash, which tells pointers that cannot have been sampled from those that may have been
+// (those then look their record up under a lock): about as much again as passing the two calls
+// through any adaptor costs, a small part of a pool's own allocation. A sampled allocation costs
+// the walk of its stack by frame pointers (on amd64; elsewhere, and in Go called back from C, the
 // stack is taken with runtime.Callers, several times slower), a lookup of the stack in a table
-// that needs no lock, and an entry in a table under a lock until it is freed: about 60 ns a pair
-// more there (a pool's pairs of 64 MiB cost 100-150 ns). Since one allocation is sampled per
-// rate bytes on average, sampling costs at most that per rate bytes allocated (0.015 ns per MiB at
-// the default rate), whatever the sizes. Each distinct stack and size that is ever sampled keeps
-// a record (about 100 bytes plus 8 per frame) for the life of the adaptor, as Go's heap profiler
+// that needs no lock, and an entry in a table under a lock until it is freed. Since one allocation
+// is sampled per rate bytes on average, sampling costs at most that per rate bytes allocated,
+// whatever the sizes (BenchmarkMemoryProfileSampled measures both paths; BENCHMARKS.md, "W1",
+// gives them over the GPU's resources). Each distinct stack and size that is ever sampled keeps a
+// record (about 100 bytes plus 8 per frame) for the life of the adaptor, as Go's heap profiler
 // keeps its own; each sampled block not yet freed, an entry of 32 to 64 bytes; the adaptor itself
 // takes about 18 KiB.
 //
-// Over a PoolMemoryResource, PoolOptions.MemoryProfile gives the same profile for less: the pool
+// Over a [PoolMemoryResource], [PoolOptions.MemoryProfile] gives the same profile for less: the pool
 // counts bytes down to its next sample under the lock its allocation takes anyway and keeps a
-// sampled block's record on the block, and no adaptor call is made. On an H200's host that adds
-// under 1% to W1's pairs below 64 MiB, where this adaptor adds 9-11% (half of it any adaptor's two
-// calls), and 4.4% at 64 MiB at a rate of 1 GiB (BENCHMARKS.md, sixteenth run).
+// sampled block's record on the block, and no adaptor call is made, so it adds less to each
+// allocation than this adaptor, half of whose cost is the two calls any adaptor passes on
+// (BENCHMARKS.md, "W1").
 //
-// Why an adaptor of its own rather than an option of TrackingResourceAdaptor: the tracking
+// Why an adaptor of its own rather than an option of [TrackingResourceAdaptor]: the tracking
 // adaptor's purpose is an entry for every outstanding allocation (to list leaks exactly), which
 // is the cost this one exists to avoid; and this one's figures are estimates, not a list. Stack
 // them when both are wanted.
@@ -126,9 +119,9 @@ type MemoryProfileResourceAdaptor struct {
 }
 
 // MemoryProfile is a profile of device memory by the Go call stacks that allocated it, sampled
-// as Go's heap profile is: what a MemoryProfileResourceAdaptor records, and what a
-// PoolMemoryResource made with PoolOptions.MemoryProfile records of its own allocations. Profile
-// and WriteProfile give it in pprof's format, MemoryProfileHandler serves it over HTTP, TopSites
+// as Go's heap profile is: what a [MemoryProfileResourceAdaptor] records, and what a
+// [PoolMemoryResource] made with [PoolOptions.MemoryProfile] records of its own allocations. Profile
+// and WriteProfile give it in pprof's format, [MemoryProfileHandler] serves it over HTTP, TopSites
 // and Report sum it by call site. See MemoryProfileResourceAdaptor for what is sampled and the
 // estimates' error.
 //
@@ -169,9 +162,9 @@ type memProfShard struct {
 // product, on the thread's own state, so without an atomic operation), which the runtime keeps
 // for packages that link to it (go.dev/issue/67401). It gives 32 bits a call.
 //
-// Why not math/rand/v2's rand.Uint64 (the runtime's per-thread ChaCha8): 5 ns more a pair than
-// a generator advanced by an atomic addition on the benchmark host, where cheaprand costs about
-// what that addition does. And why not that atomic addition (on generators picked by the stack's
+// Why not math/rand/v2's rand.Uint64 (the runtime's per-thread ChaCha8): it runs a cipher over
+// a buffer, which costs more per draw than cheaprand's one multiplication, on every allocation,
+// sampled or not. And why not that atomic addition (on generators picked by the stack's
 // address, as this adaptor did before): a locked instruction, which orders every store before it
 // and costs several times an ordinary one on many processors, on a cache line that goroutines
 // allocating at once may share. Go's own countdown of bytes to the next sample needs state of
@@ -194,19 +187,25 @@ type memProfBucket struct {
 }
 
 // NewMemoryProfileResourceAdaptor returns an adaptor that samples the allocations made through it
-// from upstream (nil: the current device resource) at opts.Rate (nil: DefaultMemoryProfileRate),
-// into a MemoryProfile of its own. A negative rate returns an error wrapping ErrInvalidArgument.
+// from upstream at [MemoryProfileOptions.Rate] (nil opts: [DefaultMemoryProfileRate]), into a
+// [MemoryProfile] of its own. A negative rate returns an error wrapping [ErrInvalidArgument]. A
+// nil upstream means the current device resource ([CurrentDeviceResource], read once, here); a
+// nil pointer as upstream returns an error wrapping [ErrInvalidArgument].
 func NewMemoryProfileResourceAdaptor(upstream MemoryResource, opts *MemoryProfileOptions) (*MemoryProfileResourceAdaptor, error) {
+	upstream, err := upstreamOf("NewMemoryProfileResourceAdaptor", upstream)
+	if err != nil {
+		return nil, err
+	}
 	m, err := newMemoryProfile("NewMemoryProfileResourceAdaptor", opts)
 	if err != nil {
 		return nil, err
 	}
-	return &MemoryProfileResourceAdaptor{MemoryProfile: m, upstream: resourceOrCurrent(upstream)}, nil
+	return &MemoryProfileResourceAdaptor{MemoryProfile: m, upstream: upstream}, nil
 }
 
 // NewMemoryProfile returns an empty profile that samples at opts.Rate (nil:
-// DefaultMemoryProfileRate), for PoolOptions.MemoryProfile. A negative rate returns an error
-// wrapping ErrInvalidArgument.
+// [DefaultMemoryProfileRate]), for [PoolOptions.MemoryProfile]. A negative rate returns an error
+// wrapping [ErrInvalidArgument].
 func NewMemoryProfile(opts *MemoryProfileOptions) (*MemoryProfile, error) {
 	return newMemoryProfile("NewMemoryProfile", opts)
 }
@@ -240,7 +239,7 @@ func memProfHash(p DevicePtr) uint64 { return uint64(p) * 0x9e3779b97f4a7c15 }
 
 // Allocate allocates nbytes from the upstream on stream s and, when the allocation is sampled,
 // records its call stack (see the type's comment). A negative size returns an error wrapping
-// ErrInvalidArgument without calling the upstream; the upstream's errors are returned unchanged
+// [ErrInvalidArgument] without calling the upstream; the upstream's errors are returned unchanged
 // and nothing is recorded then.
 //
 //go:noinline
@@ -299,7 +298,7 @@ func (r *MemoryProfile) sampleExact(n, u uint64) bool {
 		return true
 	}
 	// p(n) >= x - x^2/2, x = n/rate: a u below that, less a margin for the roundings, is
-	// sampled without math.Expm1 (10 ns), which is then needed with probability about x^2/2
+	// sampled without math.Expm1 (a call that costs more than the rest of the test), which is then needed with probability about x^2/2
 	// rather than x.
 	x := float64(n) / float64(r.rate)
 	if lb := x * (1 - 0.5*x) * (1 - 0x1p-50); lb > 0 && u < uint64(lb*0x1p64) {
@@ -503,7 +502,7 @@ func (t *memProfLive) delete(p DevicePtr, h uint64) *memProfBucket {
 
 // Deallocate returns p to the upstream on stream s; when p was sampled, its record is dropped
 // first (and put back when the upstream returns an error). A negative size returns an error
-// wrapping ErrInvalidArgument without calling the upstream; the upstream's errors are returned
+// wrapping [ErrInvalidArgument] without calling the upstream; the upstream's errors are returned
 // unchanged.
 func (r *MemoryProfileResourceAdaptor) Deallocate(p DevicePtr, nbytes int, s StreamView) error {
 	if nbytes < 0 {
@@ -550,10 +549,10 @@ func (*MemoryProfileResourceAdaptor) insideUpstream() {}
 
 func (*MemoryProfileResourceAdaptor) passesPointersThrough() {}
 
-// Access reports the upstream's accessibility (AccessOf(Upstream())).
+// Access reports the upstream's accessibility ([AccessOf](Upstream())).
 func (r *MemoryProfileResourceAdaptor) Access() Access { return AccessOf(r.upstream) }
 
-// Device returns the upstream's device (DeviceOf(Upstream())).
+// Device returns the upstream's device ([DeviceOf](Upstream())).
 func (r *MemoryProfileResourceAdaptor) Device() Device { return DeviceOf(r.upstream) }
 
 // snapshot returns the buckets made so far, in the order they were made.

@@ -503,11 +503,13 @@ func TestPoolExpandableTrimLevelRisesPastThreshold(t *testing.T) {
 func TestPoolCacheUnderAdaptors(t *testing.T) {
 	const n = 4096
 	p, _ := newSimPool(t, 1<<30, nil)
-	tr := NewTrackingResourceAdaptor(p, nil)
+	tr, err := NewTrackingResourceAdaptor(p, nil)
+	require.NoError(t, err)
 	var logBuf brkSyncBuffer
 	lg, err := NewLoggingResourceAdaptor(tr, &logBuf, nil)
 	require.NoError(t, err)
-	stats := NewStatisticsResourceAdaptor(lg)
+	stats, err := NewStatisticsResourceAdaptor(lg)
+	require.NoError(t, err)
 	s, _ := brkStream(t)
 	b, _ := brkStream(t)
 	x, err := stats.Allocate(n, s)
@@ -864,7 +866,8 @@ func TestPoolCacheAdaptorStackConcurrent(t *testing.T) {
 	var sink brkSyncBuffer
 	lg, err := NewLoggingResourceAdaptor(p, &sink, &LoggingOptions{AutoFlush: true})
 	require.NoError(t, err)
-	stats := NewStatisticsResourceAdaptor(lg)
+	stats, err := NewStatisticsResourceAdaptor(lg)
+	require.NoError(t, err)
 	streams := []StreamView{DefaultStream}
 	for range 3 {
 		s, _ := brkStream(t)

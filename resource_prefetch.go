@@ -9,16 +9,16 @@ package rmm
 //
 // What is prefetched is decided once, at construction, from the resources under the adaptor
 // (through the package's adaptors and sub-allocators, which hand out their upstream's memory):
-//   - managed memory (ManagedMemoryResource, also under a pool, an arena or a fixed-size
+//   - managed memory ([ManagedMemoryResource], also under a pool, an arena or a fixed-size
 //     resource) is prefetched;
-//   - host memory from SystemMemoryResource or SamHeadroomMemoryResource is prefetched only when
+//   - host memory from [SystemMemoryResource] or [SamHeadroomMemoryResource] is prefetched only when
 //     the device can access pageable memory (CU_DEVICE_ATTRIBUTE_PAGEABLE_MEMORY_ACCESS, 88);
-//   - memory that cannot be prefetched (CudaMemoryResource, CudaAsyncMemoryResource,
-//     PinnedMemoryResource, SimulatedMemoryResource, an expandable pool's mapped memory, and
+//   - memory that cannot be prefetched ([CudaMemoryResource], [CudaAsyncMemoryResource],
+//     [PinnedMemoryResource], [SimulatedMemoryResource], an expandable pool's mapped memory, and
 //     host memory without pageable access) is never: the adaptor is then a pass-through and
 //     makes no driver call;
-//   - memory from any other resource (one of another package, a CallbackMemoryResource, a
-//     BinningMemoryResource, whose bins may be any resource, a CudaAsyncViewMemoryResource,
+//   - memory from any other resource (one of another package, a [CallbackMemoryResource], a
+//     [BinningMemoryResource], whose bins may be any resource, a [CudaAsyncViewMemoryResource],
 //     whose pool may be a managed pool) is asked about per allocation: cuPointerGetAttributes
 //     (CU_POINTER_ATTRIBUTE_IS_MANAGED), which succeeds for any address, and only managed memory
 //     is prefetched.
@@ -27,7 +27,7 @@ package rmm
 // (CU_DEVICE_ATTRIBUTE_CONCURRENT_MANAGED_ACCESS, 89, is 0), or when the driver lacks
 // cuMemPrefetchAsync_v2 (older than CUDA 12.2). So the adaptor makes no driver call that fails
 // by design: a prefetch (or pointer query) error means something really failed, and the
-// allocation is then given back to the upstream and the error returned as a *CUDAError.
+// allocation is then given back to the upstream and the error returned as a [*CUDAError].
 // Deallocate is forwarded unchanged. Safe for concurrent use when the upstream is.
 type PrefetchResourceAdaptor struct {
 	upstream MemoryResource
@@ -99,12 +99,18 @@ func prefetchModeOf(mr MemoryResource, pageable bool) prefetchMode {
 	}
 }
 
-// NewPrefetchResourceAdaptor returns an adaptor over upstream (nil: the current device resource)
-// that prefetches allocations to DeviceOf(upstream) (see the type's comment for which). With
-// CUDA it reads the device's concurrent-managed-access attribute, and its pageable-memory-access
-// attribute, once, here; an error doing so (or retaining the device's context) is returned.
+// NewPrefetchResourceAdaptor returns an adaptor over upstream that prefetches allocations to
+// [DeviceOf](upstream) (see the type's comment for which). With CUDA it reads the device's
+// concurrent-managed-access attribute, and its pageable-memory-access attribute, once, here
+// (cuDeviceGetAttribute); the driver's error doing so (or retaining the device's context) is
+// returned as a [*CUDAError]. A nil upstream means the current device resource
+// ([CurrentDeviceResource], read once, here); a nil pointer as upstream returns an error wrapping
+// [ErrInvalidArgument].
 func NewPrefetchResourceAdaptor(upstream MemoryResource) (*PrefetchResourceAdaptor, error) {
-	upstream = resourceOrCurrent(upstream)
+	upstream, err := upstreamOf("NewPrefetchResourceAdaptor", upstream)
+	if err != nil {
+		return nil, err
+	}
 	r := &PrefetchResourceAdaptor{upstream: upstream, dev: DeviceOf(upstream), isManaged: cuPointerIsManaged, prefetch: cuMemPrefetchAsync}
 	if CUDAAvailable() != nil || !cuMemPrefetchBound() {
 		return r, nil
@@ -134,10 +140,10 @@ func NewPrefetchResourceAdaptor(upstream MemoryResource) (*PrefetchResourceAdapt
 // Allocate allocates nbytes from the upstream on stream s and, when the memory can be prefetched
 // (see the type's comment), prefetches it to the device on s. The upstream's errors are returned
 // unchanged; a driver error of the prefetch, or of the question whether the memory is managed, is
-// returned after the memory was given back to the upstream. A view of a closed Stream returns an
-// error wrapping ErrClosed without calling the upstream (its handle is gone: nothing may be queued
-// on it), except for a size of 0, which returns (0, nil) on any stream as MemoryResource says.
-// A negative size returns an error wrapping ErrInvalidArgument.
+// returned after the memory was given back to the upstream. A view of a closed [Stream] returns an
+// error wrapping [ErrClosed] without calling the upstream (its handle is gone: nothing may be queued
+// on it), except for a size of 0, which returns (0, nil) on any stream as [MemoryResource] says.
+// A negative size returns an error wrapping [ErrInvalidArgument].
 func (r *PrefetchResourceAdaptor) Allocate(nbytes int, s StreamView) (DevicePtr, error) {
 	if nbytes < 0 {
 		return 0, invalidSize("PrefetchResourceAdaptor", "Allocate", nbytes)
@@ -175,7 +181,7 @@ func (r *PrefetchResourceAdaptor) giveBack(p DevicePtr, nbytes int, s StreamView
 }
 
 // Deallocate returns p to the upstream on stream s and returns the upstream's error. A negative
-// size returns an error wrapping ErrInvalidArgument without calling the upstream.
+// size returns an error wrapping [ErrInvalidArgument] without calling the upstream.
 func (r *PrefetchResourceAdaptor) Deallocate(p DevicePtr, nbytes int, s StreamView) error {
 	if nbytes < 0 {
 		return invalidSize("PrefetchResourceAdaptor", "Deallocate", nbytes)
@@ -195,8 +201,8 @@ func (*PrefetchResourceAdaptor) insideUpstream() {}
 
 func (*PrefetchResourceAdaptor) passesPointersThrough() {}
 
-// Access reports the upstream's accessibility (AccessOf(Upstream())).
+// Access reports the upstream's accessibility ([AccessOf](Upstream())).
 func (r *PrefetchResourceAdaptor) Access() Access { return AccessOf(r.upstream) }
 
-// Device returns the device allocations are prefetched to (DeviceOf(Upstream())).
+// Device returns the device allocations are prefetched to ([DeviceOf](Upstream())).
 func (r *PrefetchResourceAdaptor) Device() Device { return r.dev }

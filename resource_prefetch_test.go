@@ -69,12 +69,12 @@ func TestPrefetchModeOf(t *testing.T) {
 		require.NoError(t, err)
 		return mr
 	}
-	stats := func(up MemoryResource) MemoryResource { return NewStatisticsResourceAdaptor(up) }
+	stats := func(up MemoryResource) MemoryResource { return must(NewStatisticsResourceAdaptor(up)) }
 	limit := func(up MemoryResource) MemoryResource { return must(NewLimitingResourceAdaptor(up, 1<<30, nil)) }
-	track := func(up MemoryResource) MemoryResource { return NewTrackingResourceAdaptor(up, nil) }
+	track := func(up MemoryResource) MemoryResource { return must(NewTrackingResourceAdaptor(up, nil)) }
 	logging := func(up MemoryResource) MemoryResource { return must(NewLoggingResourceAdaptor(up, io.Discard, nil)) }
-	safe := func(up MemoryResource) MemoryResource { return NewThreadSafeResourceAdaptor(up) }
-	byStream := func(up MemoryResource) MemoryResource { return NewStreamStatisticsResourceAdaptor(up) }
+	safe := func(up MemoryResource) MemoryResource { return must(NewThreadSafeResourceAdaptor(up)) }
+	byStream := func(up MemoryResource) MemoryResource { return must(NewStreamStatisticsResourceAdaptor(up)) }
 	profile := func(up MemoryResource) MemoryResource { return must(NewMemoryProfileResourceAdaptor(up, nil)) }
 	aligned := func(up MemoryResource) MemoryResource {
 		return must(NewAlignedResourceAdaptor(up, &AlignedOptions{Alignment: 4096}))

@@ -7,10 +7,10 @@ const (
 	memLocationTypeHost           = 2
 )
 
-// SamHeadroomMemoryResource allocates system memory (as SystemMemoryResource) for GPUs that can
+// SamHeadroomMemoryResource allocates system memory (as [SystemMemoryResource]) for GPUs that can
 // use pageable host memory directly (system allocated memory, "SAM": HMM or ATS systems such as
 // Grace Hopper), and steers where it lives, as librmm's sam_headroom_memory_resource: after each
-// allocation it reads the device's free memory, and the first AlignDown(min(free − headroom,
+// allocation it reads the device's free memory, and the first [AlignDown](min(free − headroom,
 // nbytes), 256) bytes are advised to prefer the GPU, the rest to prefer the host
 // (cuMemAdvise_v2 with CU_MEM_ADVISE_SET_PREFERRED_LOCATION). headroom bytes of device memory are
 // so left to other users (CUDA itself, kernels' local memory, other libraries). Nothing is
@@ -26,10 +26,10 @@ type SamHeadroomMemoryResource struct {
 }
 
 // NewSamHeadroomMemoryResource returns a resource for device dev that leaves headroom bytes of
-// device memory free. A negative headroom returns ErrInvalidArgument; without CUDA the error
-// wraps ErrNoDevice; a device that cannot access pageable host memory
+// device memory free. A negative headroom returns [ErrInvalidArgument]; without CUDA the error
+// wraps [ErrNoDevice]; a device that cannot access pageable host memory
 // (CU_DEVICE_ATTRIBUTE_PAGEABLE_MEMORY_ACCESS = 0, as on an H200 in an x86 host without HMM)
-// returns ErrNotSupported.
+// returns [ErrNotSupported].
 func NewSamHeadroomMemoryResource(dev Device, headroom int) (*SamHeadroomMemoryResource, error) {
 	if headroom < 0 {
 		return nil, errorf("NewSamHeadroomMemoryResource: negative headroom %d: %w", headroom, ErrInvalidArgument)
@@ -60,7 +60,7 @@ func samGPUPortion(nbytes, free, headroom int) int {
 
 // Allocate returns nbytes of system memory, 256-byte aligned, with the preferred locations set as
 // the type describes (cuMemGetInfo, then one or two cuMemAdvise_v2 calls). Exhausted host memory
-// wraps ErrOutOfMemory; a failing driver call frees the memory and returns the *CUDAError.
+// wraps [ErrOutOfMemory]; a failing driver call frees the memory and returns the [*CUDAError].
 func (r *SamHeadroomMemoryResource) Allocate(nbytes int, s StreamView) (DevicePtr, error) {
 	if nbytes < 0 {
 		return 0, invalidSize("SamHeadroomMemoryResource", "Allocate", nbytes)
@@ -92,7 +92,7 @@ func (r *SamHeadroomMemoryResource) Allocate(nbytes int, s StreamView) (DevicePt
 }
 
 // Deallocate waits for s and frees p. A pointer not allocated by a system resource, a double free
-// or a wrong size returns ErrInvalidFree and frees nothing.
+// or a wrong size returns [ErrInvalidFree] and frees nothing.
 func (r *SamHeadroomMemoryResource) Deallocate(p DevicePtr, nbytes int, s StreamView) error {
 	if p == 0 {
 		return nil
@@ -109,5 +109,5 @@ func (r *SamHeadroomMemoryResource) Headroom() int { return r.headroom }
 // Device returns the resource's device.
 func (r *SamHeadroomMemoryResource) Device() Device { return r.dev }
 
-// Access reports HostAccessible|DeviceAccessible.
+// Access reports [HostAccessible]|[DeviceAccessible].
 func (r *SamHeadroomMemoryResource) Access() Access { return HostAccessible | DeviceAccessible }

@@ -26,11 +26,10 @@ func (s Statistics) String() string {
 		s.CurrentBytes, s.CurrentCount, s.PeakBytes, s.PeakCount, s.TotalBytes, s.TotalCount)
 }
 
-// StatisticsCounter is one counter of a StatisticsResourceAdaptor level: its value now, the
-// highest value it has had and the sum of everything added to it (librmm's
-// statistics_resource_adaptor::counter). The unit is the counter's: bytes for the first value
-// Counters returns, allocations for the second.
-type StatisticsCounter struct {
+// statCounter is one counter of a StatisticsResourceAdaptor level, in bytes or in allocations:
+// its value now, the highest value it has had and the sum of everything added to it (librmm's
+// statistics_resource_adaptor::counter).
+type statCounter struct {
 	Value int64
 	Peak  int64
 	Total int64
@@ -38,7 +37,7 @@ type StatisticsCounter struct {
 
 // statLevel is one level of the counter stack.
 type statLevel struct {
-	bytes, count StatisticsCounter
+	bytes, count statCounter
 	scope        uint64 // the scope (pushAt) that pushed it; 0 for PushCounters and the base
 }
 
@@ -81,7 +80,7 @@ func (l *statLevel) stats() Statistics {
 // StatisticsResourceAdaptor forwards every call to its upstream and counts what goes through it,
 // as librmm's statistics_resource_adaptor: bytes and allocations, each with its current value,
 // its peak and its total, kept on a stack of levels so that a block of code can be measured on
-// its own (PushCounters before it, PopCounters after it; Profiler does this).
+// its own (PushCounters before it, PopCounters after it; [Profiler] does this).
 //
 //   - Allocate calls the upstream first; when it succeeds the top level's bytes grow by nbytes
 //     (as asked, not rounded) and its count by one, and each peak follows its value. A zero-byte
@@ -106,17 +105,26 @@ type StatisticsResourceAdaptor struct {
 }
 
 // NewStatisticsResourceAdaptor returns an adaptor that counts the allocations made through it
-// from upstream (nil: the current device resource), with one level of zero counters. It cannot
-// fail.
-func NewStatisticsResourceAdaptor(upstream MemoryResource) *StatisticsResourceAdaptor {
-	return &StatisticsResourceAdaptor{upstream: resourceOrCurrent(upstream), levels: make([]statLevel, 1, 4)}
+// from upstream, with one level of zero counters. A nil upstream means the current device
+// resource ([CurrentDeviceResource], read once, here); a nil pointer as upstream returns an error
+// wrapping [ErrInvalidArgument].
+func NewStatisticsResourceAdaptor(upstream MemoryResource) (*StatisticsResourceAdaptor, error) {
+	up, err := upstreamOf("NewStatisticsResourceAdaptor", upstream)
+	if err != nil {
+		return nil, err
+	}
+	return newStatistics(up), nil
+}
+
+func newStatistics(upstream MemoryResource) *StatisticsResourceAdaptor {
+	return &StatisticsResourceAdaptor{upstream: upstream, levels: make([]statLevel, 1, 4)}
 }
 
 // top returns the top level (under mu).
 func (r *StatisticsResourceAdaptor) top() *statLevel { return &r.levels[len(r.levels)-1] }
 
 // Allocate allocates nbytes from the upstream on stream s and counts it on the top level when the
-// upstream succeeds. A negative size returns an error wrapping ErrInvalidArgument without calling
+// upstream succeeds. A negative size returns an error wrapping [ErrInvalidArgument] without calling
 // the upstream. The upstream's errors are returned unchanged.
 func (r *StatisticsResourceAdaptor) Allocate(nbytes int, s StreamView) (DevicePtr, error) {
 	if nbytes < 0 {
@@ -134,7 +142,7 @@ func (r *StatisticsResourceAdaptor) Allocate(nbytes int, s StreamView) (DevicePt
 
 // Deallocate takes nbytes and one allocation off the top level, then returns p to the upstream on
 // stream s. When the upstream returns an error (which is returned) the counts are put back on the
-// top level. A negative size returns an error wrapping ErrInvalidArgument and changes nothing.
+// top level. A negative size returns an error wrapping [ErrInvalidArgument] and changes nothing.
 func (r *StatisticsResourceAdaptor) Deallocate(p DevicePtr, nbytes int, s StreamView) error {
 	if nbytes < 0 {
 		return invalidSize("StatisticsResourceAdaptor", "Deallocate", nbytes)
@@ -156,15 +164,6 @@ func (r *StatisticsResourceAdaptor) Stats() Statistics {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	return r.top().stats()
-}
-
-// Counters returns the top level's bytes counter and allocations counter (librmm's
-// get_bytes_counter and get_allocations_counter).
-func (r *StatisticsResourceAdaptor) Counters() (bytes, allocations StatisticsCounter) {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	t := r.top()
-	return t.bytes, t.count
 }
 
 // Depth returns the number of levels on the counter stack: 1, plus one per PushCounters not yet
@@ -198,7 +197,7 @@ func (r *StatisticsResourceAdaptor) pushLocked() Statistics {
 //	P.total = P.total + T.total
 //
 // so the level below reads as if the popped level had never been pushed. With only one level
-// left it returns an error wrapping ErrOutOfRange (librmm throws std::out_of_range, Python an
+// left it returns an error wrapping [ErrOutOfRange] (librmm throws std::out_of_range, Python an
 // IndexError) and changes nothing.
 func (r *StatisticsResourceAdaptor) PopCounters() (Statistics, error) {
 	r.mu.Lock()
@@ -220,7 +219,7 @@ func (r *StatisticsResourceAdaptor) popLocked() (Statistics, error) {
 }
 
 // foldCounter merges popped counter t into its parent p.
-func foldCounter(p *StatisticsCounter, t StatisticsCounter) {
+func foldCounter(p *statCounter, t statCounter) {
 	p.Peak = max(p.Peak, p.Value+t.Peak)
 	p.Value += t.Value
 	p.Total += t.Total
@@ -272,10 +271,10 @@ func (*StatisticsResourceAdaptor) insideUpstream() {}
 
 func (*StatisticsResourceAdaptor) passesPointersThrough() {}
 
-// Access reports the upstream's accessibility (AccessOf(Upstream())).
+// Access reports the upstream's accessibility ([AccessOf](Upstream())).
 func (r *StatisticsResourceAdaptor) Access() Access { return AccessOf(r.upstream) }
 
-// Device returns the upstream's device (DeviceOf(Upstream())).
+// Device returns the upstream's device ([DeviceOf](Upstream())).
 func (r *StatisticsResourceAdaptor) Device() Device { return DeviceOf(r.upstream) }
 
 // ---- the current device resource's statistics, as rmm.statistics ----
@@ -291,7 +290,7 @@ func currentStatistics() (*StatisticsResourceAdaptor, bool) {
 }
 
 // EnableStatistics makes the current device resource count its allocations: unless it already is
-// a StatisticsResourceAdaptor, it is wrapped in a new one, which becomes the current device
+// a [StatisticsResourceAdaptor], it is wrapped in a new one, which becomes the current device
 // resource (rmm.statistics.enable_statistics). Calling it again changes nothing. It returns the
 // adaptor. Allocations made before it are not counted (freeing them through the adaptor, which
 // forwards the free, takes its counts below zero).
@@ -306,13 +305,13 @@ func enableStatisticsLocked() *StatisticsResourceAdaptor {
 	if r, ok := cur.(*StatisticsResourceAdaptor); ok {
 		return r
 	}
-	r := NewStatisticsResourceAdaptor(cur)
+	r := newStatistics(cur)
 	SetCurrentDeviceResource(r)
 	return r
 }
 
 // GetStatistics returns the top level of the current device resource's counters; ok is false
-// when the current device resource is not a StatisticsResourceAdaptor (statistics not enabled).
+// when the current device resource is not a [StatisticsResourceAdaptor] (statistics not enabled).
 func GetStatistics() (st Statistics, ok bool) {
 	r, ok := currentStatistics()
 	if !ok {
@@ -322,8 +321,8 @@ func GetStatistics() (st Statistics, ok bool) {
 }
 
 // PushStatistics pushes a new level of zero counters on the current device resource and returns
-// the figures of the level that was on top (StatisticsResourceAdaptor.PushCounters); ok is false,
-// and nothing is done, when the current device resource is not a StatisticsResourceAdaptor.
+// the figures of the level that was on top ([StatisticsResourceAdaptor.PushCounters]); ok is false,
+// and nothing is done, when the current device resource is not a [StatisticsResourceAdaptor].
 func PushStatistics() (st Statistics, ok bool) {
 	r, ok := currentStatistics()
 	if !ok {
@@ -333,9 +332,9 @@ func PushStatistics() (st Statistics, ok bool) {
 }
 
 // PopStatistics pops the top level of the current device resource's counters and returns its
-// figures (StatisticsResourceAdaptor.PopCounters). The error wraps ErrOutOfRange when only one
-// level is left, and ErrNotSupported when the current device resource is not a
-// StatisticsResourceAdaptor (statistics not enabled; rmm.statistics.pop_statistics returns None).
+// figures ([StatisticsResourceAdaptor.PopCounters]). The error wraps [ErrOutOfRange] when only one
+// level is left, and [ErrNotSupported] when the current device resource is not a
+// [StatisticsResourceAdaptor] (statistics not enabled; rmm.statistics.pop_statistics returns None).
 func PopStatistics() (Statistics, error) {
 	r, ok := currentStatistics()
 	if !ok {
@@ -346,14 +345,14 @@ func PopStatistics() (Statistics, error) {
 
 // WithStatistics runs f and returns the statistics of the allocations made through the current
 // device resource while it ran, as the rmm.statistics.statistics context manager: when the current
-// device resource is a StatisticsResourceAdaptor a level is pushed before f and popped after it;
+// device resource is a [StatisticsResourceAdaptor] a level is pushed before f and popped after it;
 // otherwise a new StatisticsResourceAdaptor is made the current device resource for the duration
 // of f and the previous resource is put back afterwards. The figures are those of the popped
 // level (or of the temporary adaptor). They are collected also when f panics.
 //
 // f must leave the current device resource as it found it, and the adaptor's counter stack as
 // deep: when the current device resource was changed inside f, the level pushed is still popped,
-// the current device resource is left as f set it, and the error wraps ErrInvalidArgument; when
+// the current device resource is left as f set it, and the error wraps [ErrInvalidArgument]; when
 // levels were pushed or popped without being balanced inside f, nothing is popped and the error
 // wraps ErrInvalidArgument. The counter stack belongs to the adaptor and is shared by every
 // goroutine allocating through it: a scope counts the allocations other goroutines make while it

@@ -12,16 +12,14 @@ import (
 
 func adpNewStats(t *testing.T, up MemoryResource) *StatisticsResourceAdaptor {
 	t.Helper()
-	r := NewStatisticsResourceAdaptor(up)
+	r, err := NewStatisticsResourceAdaptor(up)
+	require.NoError(t, err)
 	return r
 }
 
 func TestStatisticsEmpty(t *testing.T) {
 	r := adpNewStats(t, nil)
 	require.Equal(t, Statistics{}, r.Stats())
-	b, c := r.Counters()
-	require.Equal(t, StatisticsCounter{}, b)
-	require.Equal(t, StatisticsCounter{}, c)
 	require.Equal(t, 1, r.Depth())
 	require.Same(t, CurrentDeviceResource(), r.Upstream())
 }
@@ -59,9 +57,6 @@ func TestStatisticsPeakAllocations(t *testing.T) {
 					kept = append(kept, p)
 				}
 			}
-			bytes, allocs := r.Counters()
-			require.Equal(t, StatisticsCounter{Value: 50 * miB, Peak: 100 * miB, Total: 100 * miB}, bytes)
-			require.Equal(t, StatisticsCounter{Value: 5, Peak: 10, Total: 10}, allocs)
 			require.Equal(t, Statistics{50 * miB, 5, 100 * miB, 10, 100 * miB, 10}, r.Stats())
 
 			for range 10 {
@@ -142,15 +137,11 @@ func TestStatisticsNested(t *testing.T) {
 	sim, _ := NewSimulatedMemoryResource(1 << 30)
 	r := adpNewStats(t, sim)
 	a0 := adpAlloc(t, r, 10*miB)
-	b, c := r.Counters()
-	require.Equal(t, int64(10*miB), b.Value)
-	require.Equal(t, int64(1), c.Value)
+	require.Equal(t, Statistics{10 * miB, 1, 10 * miB, 1, 10 * miB, 1}, r.Stats())
 	st := r.PushCounters()
 	require.Equal(t, int64(10*miB), st.CurrentBytes)
 	require.Equal(t, int64(1), st.CurrentCount)
-	b, c = r.Counters()
-	require.Zero(t, b.Value)
-	require.Zero(t, c.Value)
+	require.Equal(t, Statistics{}, r.Stats())
 	a1 := adpAlloc(t, r, 10*miB)
 	r.PushCounters()
 	require.Equal(t, Statistics{}, r.Stats())
@@ -281,9 +272,7 @@ func TestStatisticsFreeCountsDownBeforeUpstream(t *testing.T) {
 			if size > 0 {
 				require.Equal(t, p0, p1, "the upstream handed the freed address out again")
 			}
-			b, c := r.Counters()
-			require.Equal(t, StatisticsCounter{0, int64(size), 2 * int64(size)}, b)
-			require.Equal(t, StatisticsCounter{0, 1, 2}, c)
+			require.Equal(t, Statistics{0, 0, int64(size), 1, 2 * int64(size), 2}, r.Stats())
 		})
 	}
 }

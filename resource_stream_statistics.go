@@ -6,8 +6,8 @@ import (
 	"sync"
 )
 
-// StreamStatistics are the figures of one stream in a StreamStatisticsResourceAdaptor: the
-// allocations made on Stream, with their current, peak and total bytes and counts.
+// StreamStatistics are the figures of one stream in a [StreamStatisticsResourceAdaptor]: the
+// allocations made on [StreamStatistics.Stream], with their current, peak and total bytes and counts.
 type StreamStatistics struct {
 	Stream StreamView
 	Statistics
@@ -22,8 +22,8 @@ type streamRecord struct {
 
 // StreamStatisticsResourceAdaptor forwards every call to its upstream and counts the allocations
 // made through it stream by stream: for each stream, the bytes and allocations live now, their
-// peaks and their totals (Statistics), so that a program running work on several streams can see
-// which stream's work holds its memory. StatisticsResourceAdaptor gives the same figures for all
+// peaks and their totals ([Statistics]), so that a program running work on several streams can see
+// which stream's work holds its memory. [StatisticsResourceAdaptor] gives the same figures for all
 // streams together.
 //
 //   - Allocate calls the upstream first; when it succeeds the allocation is charged to the stream
@@ -31,8 +31,8 @@ type streamRecord struct {
 //     value. Zero-byte allocations are not counted (they hold no memory, and their null pointer
 //     cannot be told apart). A failed allocation changes nothing.
 //   - Deallocate takes the allocation off the stream it was allocated on, whatever stream the free
-//     is made on (a block handed to another stream with an Event and freed there, as
-//     Uvector.SetStream before Close does, still leaves its own stream), and with the size it was
+//     is made on (a block handed to another stream with an [Event] and freed there, as
+//     [Uvector.SetStream] before Close does, still leaves its own stream), and with the size it was
 //     charged; the size given is passed to the upstream as it is. The record is dropped before
 //     the upstream is called, so that an address the upstream hands out again at once is never
 //     counted twice, and put back when the upstream returns an error (the memory is still
@@ -42,10 +42,10 @@ type streamRecord struct {
 //     its address is handed out through the adaptor again: the old record is then dropped, as a
 //     free on its stream, and the new allocation charged.
 //
-// A view of a Stream that was closed is a stream like any other here: it keeps its figures, and
+// A view of a [Stream] that was closed is a stream like any other here: it keeps its figures, and
 // allocations still live on it stay charged to it (the resources under the adaptor treat frees on
-// it as frees on DefaultStream). The adaptor keeps one entry per stream it has seen, for its life,
-// and one record per live allocation, as TrackingResourceAdaptor does.
+// it as frees on [DefaultStream]). The adaptor keeps one entry per stream it has seen, for its life,
+// and one record per live allocation, as [TrackingResourceAdaptor] does.
 //
 // Safe for concurrent use: the records and counters are kept under one mutex, never held across a
 // call to the upstream. Nothing is allocated per call beyond the growth of the record map and an
@@ -59,14 +59,19 @@ type StreamStatisticsResourceAdaptor struct {
 }
 
 // NewStreamStatisticsResourceAdaptor returns an adaptor that counts, stream by stream, the
-// allocations made through it from upstream (nil: the current device resource). It cannot fail,
-// and returns no error, as NewStatisticsResourceAdaptor.
-func NewStreamStatisticsResourceAdaptor(upstream MemoryResource) *StreamStatisticsResourceAdaptor {
+// allocations made through it from upstream. A nil upstream means the current device resource
+// ([CurrentDeviceResource], read once, here); a nil pointer as upstream returns an error wrapping
+// [ErrInvalidArgument].
+func NewStreamStatisticsResourceAdaptor(upstream MemoryResource) (*StreamStatisticsResourceAdaptor, error) {
+	up, err := upstreamOf("NewStreamStatisticsResourceAdaptor", upstream)
+	if err != nil {
+		return nil, err
+	}
 	return &StreamStatisticsResourceAdaptor{
-		upstream: resourceOrCurrent(upstream),
+		upstream: up,
 		live:     map[DevicePtr]streamRecord{},
 		streams:  map[StreamView]*statLevel{},
-	}
+	}, nil
 }
 
 // level returns the counters of stream s, making them on first use. r.mu must be held.
@@ -80,7 +85,7 @@ func (r *StreamStatisticsResourceAdaptor) level(s StreamView) *statLevel {
 }
 
 // Allocate allocates nbytes from the upstream on stream s and charges the allocation to s (see
-// the type's comment). A negative size returns an error wrapping ErrInvalidArgument without
+// the type's comment). A negative size returns an error wrapping [ErrInvalidArgument] without
 // calling the upstream; the upstream's errors are returned unchanged.
 func (r *StreamStatisticsResourceAdaptor) Allocate(nbytes int, s StreamView) (DevicePtr, error) {
 	if nbytes < 0 {
@@ -102,7 +107,7 @@ func (r *StreamStatisticsResourceAdaptor) Allocate(nbytes int, s StreamView) (De
 }
 
 // Deallocate takes p off the stream it was allocated on and returns it to the upstream on stream
-// s (see the type's comment). A negative size returns an error wrapping ErrInvalidArgument and
+// s (see the type's comment). A negative size returns an error wrapping [ErrInvalidArgument] and
 // changes nothing; the upstream's error is returned, and the allocation then stays counted.
 func (r *StreamStatisticsResourceAdaptor) Deallocate(p DevicePtr, nbytes int, s StreamView) error {
 	if nbytes < 0 {
@@ -142,8 +147,8 @@ func (r *StreamStatisticsResourceAdaptor) StreamStats(s StreamView) Statistics {
 	return Statistics{}
 }
 
-// ByStream returns the figures of every stream the adaptor has seen, by ascending StreamView.ID
-// (DefaultStream first). The slice is a copy the caller owns.
+// ByStream returns the figures of every stream the adaptor has seen, by ascending [StreamView.ID]
+// ([DefaultStream] first). The slice is a copy the caller owns.
 func (r *StreamStatisticsResourceAdaptor) ByStream() []StreamStatistics {
 	r.mu.Lock()
 	out := make([]StreamStatistics, 0, len(r.streams))
@@ -168,8 +173,8 @@ func (*StreamStatisticsResourceAdaptor) insideUpstream() {}
 
 func (*StreamStatisticsResourceAdaptor) passesPointersThrough() {}
 
-// Access reports the upstream's accessibility (AccessOf(Upstream())).
+// Access reports the upstream's accessibility ([AccessOf](Upstream())).
 func (r *StreamStatisticsResourceAdaptor) Access() Access { return AccessOf(r.upstream) }
 
-// Device returns the upstream's device (DeviceOf(Upstream())).
+// Device returns the upstream's device ([DeviceOf](Upstream())).
 func (r *StreamStatisticsResourceAdaptor) Device() Device { return DeviceOf(r.upstream) }

@@ -12,7 +12,9 @@ import (
 
 func adpNewStreamStats(t *testing.T, up MemoryResource) *StreamStatisticsResourceAdaptor {
 	t.Helper()
-	return NewStreamStatisticsResourceAdaptor(up)
+	r, err := NewStreamStatisticsResourceAdaptor(up)
+	require.NoError(t, err)
+	return r
 }
 
 // sstStreams makes n streams on the current device (host streams without CUDA), closed when the

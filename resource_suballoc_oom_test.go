@@ -33,7 +33,7 @@ func oomStatsError(t *testing.T, err error) *OutOfMemoryError {
 // Fill the arena with 256 KiB blocks and free every other one: half the arena is free, in
 // blocks of 256 KiB, so 512 KiB (small) and 2 MiB (large) requests fail for fragmentation.
 func TestArenaOutOfMemoryFragmented(t *testing.T) {
-	const mb, q = ArenaMinSuperblockSize, ArenaMinSuperblockSize / 4
+	const mb, q = arenaMinSuperblockSize, arenaMinSuperblockSize / 4
 	a, _ := arenaSim(t, 4*mb, nil)
 	var ps []DevicePtr
 	for range 16 {
@@ -69,7 +69,7 @@ func TestArenaOutOfMemoryFragmented(t *testing.T) {
 }
 
 func TestArenaOutOfMemoryExhausted(t *testing.T) {
-	const mb, q = ArenaMinSuperblockSize, ArenaMinSuperblockSize / 4
+	const mb, q = arenaMinSuperblockSize, arenaMinSuperblockSize / 4
 	a, _ := arenaSim(t, 4*mb, nil)
 	_, err := a.Allocate(5*mb, DefaultStream)
 	oom := oomStatsError(t, err)
@@ -96,7 +96,7 @@ func TestArenaOutOfMemoryExhausted(t *testing.T) {
 
 // Frees on two streams stay in those streams' arenas; the global arena is reported apart.
 func TestArenaStatsPerStream(t *testing.T) {
-	const mb, q, k100 = ArenaMinSuperblockSize, ArenaMinSuperblockSize / 4, 100 << 10
+	const mb, q, k100 = arenaMinSuperblockSize, arenaMinSuperblockSize / 4, 100 << 10
 	a, _ := arenaSim(t, 4*mb, nil)
 	_, s1 := oomStatsStream(t)
 	s2o, s2 := oomStatsStream(t)
@@ -160,10 +160,10 @@ func TestArenaStatsPerStream(t *testing.T) {
 
 // A request above the largest superblock (1 TiB) fails at once, though the arena is larger.
 func TestArenaOutOfMemoryAboveSuperblock(t *testing.T) {
-	size := 2*ArenaMaxSuperblockSize + 3<<20
+	size := 2*arenaMaxSuperblockSize + 3<<20
 	a, _ := arenaSim(t, size, nil)
 	largest := a.Stats().LargestFreeBlock
-	n := ArenaMaxSuperblockSize + ArenaMaxSuperblockSize/2
+	n := arenaMaxSuperblockSize + arenaMaxSuperblockSize/2
 	_, err := a.Allocate(n, DefaultStream)
 	oom := oomStatsError(t, err)
 	require.Equal(t, OutOfMemoryError{
@@ -171,7 +171,7 @@ func TestArenaOutOfMemoryAboveSuperblock(t *testing.T) {
 		LargestFreeBlock: largest, MaximumSize: size, Fragmented: true,
 		Detail: "the request is larger than the largest superblock (1 TiB)",
 	}, *oom)
-	require.Less(t, largest, ArenaMaxSuperblockSize)
+	require.Less(t, largest, arenaMaxSuperblockSize)
 	require.Zero(t, a.Stats().Defragmentations)
 }
 
@@ -316,8 +316,8 @@ func TestBinningOutOfMemory(t *testing.T) {
 
 	// Fragmentation in a bin served by an arena: its error as it is. 128 KiB requests go to the
 	// 256 KiB bin; freeing every other one leaves 512 KiB free in 128 KiB blocks.
-	const q = ArenaMinSuperblockSize / 8
-	arena, _ := arenaSim(t, ArenaMinSuperblockSize, nil)
+	const q = arenaMinSuperblockSize / 8
+	arena, _ := arenaSim(t, arenaMinSuperblockSize, nil)
 	require.NoError(t, b.AddBin(2*q, arena))
 	var ps []DevicePtr
 	for range 8 {

@@ -12,7 +12,7 @@ import (
 // programs and tests run anywhere, on host memory.
 //
 // Every SystemMemoryResource shares one record of the pointers it handed out, so that a pointer it
-// never gave out, a double free or a wrong size returns ErrInvalidFree instead of corrupting the C
+// never gave out, a double free or a wrong size returns [ErrInvalidFree] instead of corrupting the C
 // heap.
 type SystemMemoryResource struct {
 	access Access
@@ -42,7 +42,7 @@ func NewSystemMemoryResource() *SystemMemoryResource {
 }
 
 // Allocate returns nbytes of host memory aligned to 256 bytes. Memory exhaustion wraps
-// ErrOutOfMemory.
+// [ErrOutOfMemory].
 func (r *SystemMemoryResource) Allocate(nbytes int, s StreamView) (DevicePtr, error) {
 	if nbytes <= 0 {
 		if nbytes < 0 {
@@ -60,8 +60,8 @@ func (r *SystemMemoryResource) Allocate(nbytes int, s StreamView) (DevicePtr, er
 	return DevicePtr(p), nil
 }
 
-// Deallocate frees p. A pointer not allocated by a SystemMemoryResource, a double free or a size
-// other than the one allocated returns ErrInvalidFree and frees nothing.
+// Deallocate frees p. A pointer not allocated by a [SystemMemoryResource], a double free or a size
+// other than the one allocated returns [ErrInvalidFree] and frees nothing.
 func (r *SystemMemoryResource) Deallocate(p DevicePtr, nbytes int, s StreamView) error {
 	if p == 0 {
 		return nil
@@ -82,7 +82,7 @@ func (r *SystemMemoryResource) Deallocate(p DevicePtr, nbytes int, s StreamView)
 	return nil
 }
 
-// Access reports HostAccessible, plus DeviceAccessible where the GPU can read pageable memory.
+// Access reports [HostAccessible], plus [DeviceAccessible] where the GPU can read pageable memory.
 func (r *SystemMemoryResource) Access() Access { return r.access }
 
 // SimulatedMemoryResource hands out addresses without memory behind them, from a range of the
@@ -104,7 +104,7 @@ type SimulatedMemoryResource struct {
 const simulatedBase = uintptr(1) << 52
 
 // NewSimulatedMemoryResource returns an address-only resource that allows capacity bytes live at
-// once. A negative capacity returns an error wrapping ErrInvalidArgument.
+// once. A negative capacity returns an error wrapping [ErrInvalidArgument].
 func NewSimulatedMemoryResource(capacity int) (*SimulatedMemoryResource, error) {
 	if capacity < 0 {
 		return nil, errorf("NewSimulatedMemoryResource: negative capacity %d: %w", capacity, ErrInvalidArgument)
@@ -112,7 +112,7 @@ func NewSimulatedMemoryResource(capacity int) (*SimulatedMemoryResource, error) 
 	return &SimulatedMemoryResource{capacity: capacity, next: simulatedBase, live: map[DevicePtr]int{}}, nil
 }
 
-// Allocate returns the next 256-aligned address range of nbytes, or ErrOutOfMemory when the
+// Allocate returns the next 256-aligned address range of nbytes, or [ErrOutOfMemory] when the
 // live bytes would exceed the capacity.
 func (r *SimulatedMemoryResource) Allocate(nbytes int, s StreamView) (DevicePtr, error) {
 	if nbytes <= 0 {
@@ -138,7 +138,7 @@ func (r *SimulatedMemoryResource) Allocate(nbytes int, s StreamView) (DevicePtr,
 }
 
 // Deallocate takes p back. A pointer it never gave out, a double free or a wrong size returns
-// ErrInvalidFree.
+// [ErrInvalidFree].
 func (r *SimulatedMemoryResource) Deallocate(p DevicePtr, nbytes int, s StreamView) error {
 	if p == 0 {
 		return nil

@@ -40,7 +40,8 @@ func (u *adpUnsafeUpstream) Deallocate(p DevicePtr, n int, s StreamView) error {
 
 func TestThreadSafeSerialisesAnUnsafeResource(t *testing.T) {
 	up := &adpUnsafeUpstream{next: 1 << 30, live: map[DevicePtr]int{}}
-	r := NewThreadSafeResourceAdaptor(up)
+	r, err := NewThreadSafeResourceAdaptor(up)
+	require.NoError(t, err)
 	var wg sync.WaitGroup
 	for g := range 8 {
 		wg.Add(1)
@@ -75,7 +76,8 @@ func TestThreadSafeSerialisesAnUnsafeResource(t *testing.T) {
 
 func TestThreadSafeForwards(t *testing.T) {
 	up := newAdpFaultUpstream(newAdpScriptUpstream(0x5500))
-	r := NewThreadSafeResourceAdaptor(up)
+	r, err := NewThreadSafeResourceAdaptor(up)
+	require.NoError(t, err)
 	require.Same(t, up, r.Upstream())
 	require.Equal(t, DeviceAccessible, r.Access())
 	require.Equal(t, CurrentDevice(), r.Device())
@@ -85,6 +87,6 @@ func TestThreadSafeForwards(t *testing.T) {
 	require.ErrorIs(t, r.Deallocate(p, 77, DefaultStream), errAdpInjected)
 	adpFree(t, r, p, 77)
 	up.failNextAllocs(1, nil)
-	_, err := r.Allocate(10, DefaultStream)
+	_, err = r.Allocate(10, DefaultStream)
 	require.ErrorIs(t, err, ErrOutOfMemory)
 }

@@ -11,7 +11,7 @@ import (
 	"sync"
 )
 
-// TrackingOptions configures a TrackingResourceAdaptor. nil means the defaults.
+// TrackingOptions configures a [TrackingResourceAdaptor]. nil means the defaults.
 type TrackingOptions struct {
 	// CaptureStacks records the allocating goroutine's call stack (up to 64 frames, starting at
 	// the caller of Allocate) with every allocation. The program counters are taken with
@@ -23,7 +23,7 @@ type TrackingOptions struct {
 // maxTrackedFrames is the deepest stack a TrackingResourceAdaptor records.
 const maxTrackedFrames = 64
 
-// TrackedAllocation is one outstanding allocation of a TrackingResourceAdaptor.
+// TrackedAllocation is one outstanding allocation of a [TrackingResourceAdaptor].
 type TrackedAllocation struct {
 	Ptr  DevicePtr
 	Size int // bytes, as asked
@@ -34,7 +34,7 @@ type TrackedAllocation struct {
 
 // Frames resolves the allocation's stack to functions, files and lines (runtime.CallersFrames),
 // leaving out the innermost frames that are inside this package (adaptors, containers), so that
-// the first frame is the program's own call — NewUvector's caller rather than NewUvector; nil when
+// the first frame is the program's own call — NewUvector's caller rather than [NewUvector]; nil when
 // no stack was captured.
 func (a TrackedAllocation) Frames() []runtime.Frame {
 	if len(a.Stack) == 0 {
@@ -82,10 +82,10 @@ type trackedInfo struct {
 //   - Allocate calls the upstream first and then records the pointer with its size. Zero-byte
 //     allocations are not recorded. A pointer that is recorded already means the memory was freed
 //     behind the adaptor's back (through its upstream directly): the new memory is given back to
-//     the upstream and the error wraps ErrInvalidFree.
+//     the upstream and the error wraps [ErrInvalidFree].
 //   - Deallocate looks the pointer up and drops its record before it calls the upstream, so that
 //     an address the upstream hands out again at once is never seen twice. A pointer the adaptor
-//     has no record of is reported at level Error to DebugLogger ("Deallocating a pointer that was
+//     has no record of is reported at level Error to [DebugLogger] ("Deallocating a pointer that was
 //     not tracked. ...") and AllocatedBytes does not change, but the free is still passed to the
 //     upstream, which may have handed the memory out itself (librmm does the same). A size other
 //     than the one allocated is reported at level Error ("Alloc bytes (a) and Dealloc bytes (b) do
@@ -107,18 +107,23 @@ type TrackingResourceAdaptor struct {
 }
 
 // NewTrackingResourceAdaptor returns an adaptor that records the allocations made through it from
-// upstream (nil: the current device resource). It cannot fail, and returns no error, as
-// NewStatisticsResourceAdaptor.
-func NewTrackingResourceAdaptor(upstream MemoryResource, opts *TrackingOptions) *TrackingResourceAdaptor {
-	r := &TrackingResourceAdaptor{upstream: resourceOrCurrent(upstream), allocations: map[DevicePtr]trackedInfo{}}
+// upstream; nil opts means the defaults. A nil upstream means the current device resource
+// ([CurrentDeviceResource], read once, here); a nil pointer as upstream returns an error wrapping
+// [ErrInvalidArgument].
+func NewTrackingResourceAdaptor(upstream MemoryResource, opts *TrackingOptions) (*TrackingResourceAdaptor, error) {
+	up, err := upstreamOf("NewTrackingResourceAdaptor", upstream)
+	if err != nil {
+		return nil, err
+	}
+	r := &TrackingResourceAdaptor{upstream: up, allocations: map[DevicePtr]trackedInfo{}}
 	if opts != nil {
 		r.captureStacks = opts.CaptureStacks
 	}
-	return r
+	return r, nil
 }
 
 // Allocate allocates nbytes from the upstream on stream s and records the allocation (see the
-// type's comment). A negative size returns an error wrapping ErrInvalidArgument without calling the
+// type's comment). A negative size returns an error wrapping [ErrInvalidArgument] without calling the
 // upstream; the upstream's errors are returned unchanged.
 func (r *TrackingResourceAdaptor) Allocate(nbytes int, s StreamView) (DevicePtr, error) {
 	if nbytes < 0 {
@@ -154,7 +159,7 @@ func (r *TrackingResourceAdaptor) Allocate(nbytes int, s StreamView) (DevicePtr,
 
 // Deallocate drops the record of p and returns p to the upstream on stream s (see the type's
 // comment for untracked pointers and wrong sizes). A negative size returns an error wrapping
-// ErrInvalidArgument and changes nothing.
+// [ErrInvalidArgument] and changes nothing.
 func (r *TrackingResourceAdaptor) Deallocate(p DevicePtr, nbytes int, s StreamView) error {
 	if nbytes < 0 {
 		return invalidSize("TrackingResourceAdaptor", "Deallocate", nbytes)
@@ -240,7 +245,7 @@ func (r *TrackingResourceAdaptor) OutstandingAllocationsString() string {
 	return b.String()
 }
 
-// LogOutstandingAllocations writes OutstandingAllocationsString to DebugLogger at level Debug,
+// LogOutstandingAllocations writes OutstandingAllocationsString to [DebugLogger] at level Debug,
 // as "Outstanding Allocations: ..." (nothing is computed when the level is not enabled).
 func (r *TrackingResourceAdaptor) LogOutstandingAllocations() {
 	l := DebugLogger()
@@ -257,8 +262,8 @@ func (*TrackingResourceAdaptor) insideUpstream() {}
 
 func (*TrackingResourceAdaptor) passesPointersThrough() {}
 
-// Access reports the upstream's accessibility (AccessOf(Upstream())).
+// Access reports the upstream's accessibility ([AccessOf](Upstream())).
 func (r *TrackingResourceAdaptor) Access() Access { return AccessOf(r.upstream) }
 
-// Device returns the upstream's device (DeviceOf(Upstream())).
+// Device returns the upstream's device ([DeviceOf](Upstream())).
 func (r *TrackingResourceAdaptor) Device() Device { return DeviceOf(r.upstream) }

@@ -14,7 +14,9 @@ import (
 
 func adpNewTracking(t *testing.T, up MemoryResource, stacks bool) *TrackingResourceAdaptor {
 	t.Helper()
-	return NewTrackingResourceAdaptor(up, &TrackingOptions{CaptureStacks: stacks})
+	r, err := NewTrackingResourceAdaptor(up, &TrackingOptions{CaptureStacks: stacks})
+	require.NoError(t, err)
+	return r
 }
 
 // adpCaptureLog sends the debug log to a recordHandler for the rest of the test.

@@ -7,10 +7,10 @@ import (
 )
 
 // StreamView is a non-owning, comparable reference to a CUDA stream: its handle, the device it
-// belongs to and an identity that a reused handle cannot fake. The zero value is DefaultStream.
+// belongs to and an identity that a reused handle cannot fake. The zero value is [DefaultStream].
 //
 // Two views are equal when they name the same stream. Views of our own Streams carry a
-// process-unique identity; views made from a foreign handle with NewStreamView carry the
+// process-unique identity; views made from a foreign handle with [NewStreamView] carry the
 // driver's stream id (cuStreamGetId), so a handle recycled by the driver after its stream was
 // destroyed is a different stream.
 type StreamView struct {
@@ -46,13 +46,13 @@ func (s StreamView) cu() uintptr {
 // unavailable and streams are host streams).
 func (s StreamView) Handle() uintptr { return s.h }
 
-// ID returns the stream's identity (0 for DefaultStream).
+// ID returns the stream's identity (0 for [DefaultStream]).
 func (s StreamView) ID() uint64 { return s.id }
 
 // IsDefault reports whether s is the legacy default stream.
 func (s StreamView) IsDefault() bool { return s.id == 0 }
 
-// Device returns the device the stream belongs to; for DefaultStream, the current device.
+// Device returns the device the stream belongs to; for [DefaultStream], the current device.
 func (s StreamView) Device() Device {
 	if s.dev1 == 0 {
 		return CurrentDevice()
@@ -86,9 +86,9 @@ func (s StreamView) String() string {
 	}
 }
 
-// Closed reports whether s is a view of a Stream that has been closed (Stream.Close). It makes no
-// driver call (one map lookup), so a MemoryResource can ask it on every call before it hands s's
-// handle to the driver; DefaultStream and views made with NewStreamView report false (the
+// Closed reports whether s is a view of a [Stream] that has been closed ([Stream.Close]). It makes no
+// driver call (one map lookup), so a [MemoryResource] can ask it on every call before it hands s's
+// handle to the driver; [DefaultStream] and views made with [NewStreamView] report false (the
 // package cannot know when a foreign stream is destroyed).
 func (s StreamView) Closed() bool { return s.closed() }
 
@@ -106,7 +106,7 @@ func errStreamClosed(op string, s StreamView) error {
 }
 
 // Synchronize waits until all work queued on s is done (cuStreamSynchronize). Without CUDA it
-// returns nil at once. A view of a closed Stream returns ErrClosed.
+// returns nil at once. A view of a closed [Stream] returns [ErrClosed].
 func (s StreamView) Synchronize() error {
 	if s.closed() {
 		return errStreamClosed("Synchronize", s)
@@ -122,7 +122,7 @@ func (s StreamView) Synchronize() error {
 }
 
 // Query reports whether all work queued on s is done (cuStreamQuery). Without CUDA it reports
-// true. A view of a closed Stream returns false and ErrClosed, without calling the driver (a
+// true. A view of a closed [Stream] returns false and [ErrClosed], without calling the driver (a
 // resource of another package can tell such a view this way).
 func (s StreamView) Query() (bool, error) {
 	if s.closed() {
@@ -139,7 +139,7 @@ func (s StreamView) Query() (bool, error) {
 }
 
 // WaitEvent makes all work queued on s after this call wait until e has completed
-// (cuStreamWaitEvent); the host does not block. A view of a closed Stream returns ErrClosed.
+// (cuStreamWaitEvent); the host does not block. A view of a closed [Stream] returns [ErrClosed].
 func (s StreamView) WaitEvent(e *Event) error {
 	if s.closed() {
 		return errStreamClosed("WaitEvent", s)
@@ -154,7 +154,7 @@ func (s StreamView) WaitEvent(e *Event) error {
 }
 
 // NewStreamView wraps a CUstream created elsewhere (by the CUDA runtime, PyTorch, CuPy, ...) on
-// device dev. Handles 0 and 1 (CU_STREAM_LEGACY) give DefaultStream. The view does not own the
+// device dev. Handles 0 and 1 (CU_STREAM_LEGACY) give [DefaultStream]. The view does not own the
 // stream; resources that keep per-stream state record a CUDA event on every free on such a
 // stream, since they cannot know when it is destroyed.
 func NewStreamView(dev Device, handle uintptr) (StreamView, error) {
@@ -173,7 +173,7 @@ func NewStreamView(dev Device, handle uintptr) (StreamView, error) {
 	return StreamView{h: handle, id: foreignStreamBit | (id &^ (ownedStreamBit | foreignStreamBit)), dev1: int32(dev) + 1}, nil
 }
 
-// StreamOptions configures NewStream. nil means the defaults.
+// StreamOptions configures [NewStream]. nil means the defaults.
 type StreamOptions struct {
 	// NonBlocking creates the stream with CU_STREAM_NON_BLOCKING: it does not synchronise with the
 	// legacy default stream. Default false.
@@ -200,10 +200,10 @@ var streamRegistry sync.Map // id -> *Stream, for live Streams
 
 // NewStream creates a stream on device dev (cuStreamCreate; with opts.NonBlocking,
 // CU_STREAM_NON_BLOCKING: the stream does not synchronise with the legacy default stream). The
-// Stream owns it: Close destroys it after waiting for its work, and tells the resources that
+// [Stream] owns it: Close destroys it after waiting for its work, and tells the resources that
 // keep free memory ordered on it. Without CUDA the stream is a host stream (its work runs at
-// once). Errors: ErrInvalidArgument for a device that does not exist, ErrNoDevice when the driver
-// cannot be used, a *CUDAError from cuStreamCreate.
+// once). Errors: [ErrInvalidArgument] for a device that does not exist, [ErrNoDevice] when the driver
+// cannot be used, a [*CUDAError] from cuStreamCreate.
 func NewStream(dev Device, opts *StreamOptions) (*Stream, error) {
 	if err := dev.check(); err != nil {
 		return nil, errorf("NewStream: %w", err)
@@ -235,18 +235,18 @@ func (s *Stream) View() StreamView { return s.view }
 // Device returns the stream's device.
 func (s *Stream) Device() Device { return s.view.Device() }
 
-// Synchronize waits for all work queued on the stream; ErrClosed after Close.
+// Synchronize waits for all work queued on the stream; [ErrClosed] after Close.
 func (s *Stream) Synchronize() error { return s.view.Synchronize() }
 
 // Close tells every resource holding free memory ordered on the stream (so that it records an
 // event while the stream still exists), waits for the work queued on the stream
 // (cuStreamSynchronize), then destroys it (cuStreamDestroy). It returns the first error of the
 // two calls; the stream is destroyed and closed either way. Closing twice returns nil. Afterwards the stream's views must not be used
-// for new work: StreamView's Synchronize, Query and WaitEvent, Event.Record and the Allocate of
-// PoolMemoryResource, ArenaMemoryResource, FixedSizeMemoryResource, CudaAsyncMemoryResource,
-// CudaAsyncViewMemoryResource and PrefetchResourceAdaptor return ErrClosed for them (resources that do not order on streams,
-// such as SystemMemoryResource and CudaMemoryResource, ignore the stream), and those resources
-// treat a free on them as a free on DefaultStream after synchronising the device, never passing
+// for new work: StreamView's Synchronize, Query and WaitEvent, [Event.Record] and the Allocate of
+// [PoolMemoryResource], [ArenaMemoryResource], [FixedSizeMemoryResource], [CudaAsyncMemoryResource],
+// [CudaAsyncViewMemoryResource] and [PrefetchResourceAdaptor] return [ErrClosed] for them (resources that do not order on streams,
+// such as [SystemMemoryResource] and [CudaMemoryResource], ignore the stream), and those resources
+// treat a free on them as a free on [DefaultStream] after synchronising the device, never passing
 // the destroyed handle to the driver. A pool moves the closed stream's free blocks, its cached
 // ones included, to DefaultStream's list.
 func (s *Stream) Close() error {
@@ -302,13 +302,13 @@ func addStreamCloseHook(v StreamView, h streamCloseHook) bool {
 }
 
 // StreamPool hands out views of a fixed set of streams round-robin, as rmm::cuda_stream_pool. Make
-// one with NewStreamPool; the zero value has no streams and is not usable.
+// one with [NewStreamPool]; the zero value has no streams and is not usable.
 type StreamPool struct {
 	streams []*Stream
 	next    atomic.Uint64
 }
 
-// NewStreamPool creates n streams on device dev. n must be positive (ErrInvalidArgument).
+// NewStreamPool creates n streams on device dev. n must be positive ([ErrInvalidArgument]).
 func NewStreamPool(dev Device, n int, opts *StreamOptions) (*StreamPool, error) {
 	if n <= 0 {
 		return nil, errorf("NewStreamPool: size %d must be positive: %w", n, ErrInvalidArgument)
@@ -351,15 +351,15 @@ func (p *StreamPool) Close() error {
 	return first
 }
 
-// EventOptions configures NewEvent. nil means the defaults.
+// EventOptions configures [NewEvent]. nil means the defaults.
 type EventOptions struct {
-	// EnableTiming lets the event be used with ElapsedTime. Default false (timing disabled, as
+	// EnableTiming lets the event be used with [ElapsedTime]. Default false (timing disabled, as
 	// events used only for ordering should be).
 	EnableTiming bool
 }
 
 // Event is a CUDA event (cuEventCreate) on one device. Without CUDA it is a host event that is
-// always complete (host work is synchronous) and ElapsedTime returns ErrNotSupported.
+// always complete (host work is synchronous) and [ElapsedTime] returns [ErrNotSupported].
 type Event struct {
 	ctx  uintptr
 	h    uintptr
@@ -368,8 +368,8 @@ type Event struct {
 
 // NewEvent creates an event on device dev (cuEventCreate; without opts.EnableTiming,
 // CU_EVENT_DISABLE_TIMING). Destroy it with Close. Without CUDA the event is a host event,
-// complete at once. Errors: ErrInvalidArgument for a device that does not exist, ErrNoDevice when
-// the driver cannot be used, a *CUDAError from cuEventCreate.
+// complete at once. Errors: [ErrInvalidArgument] for a device that does not exist, [ErrNoDevice] when
+// the driver cannot be used, a [*CUDAError] from cuEventCreate.
 func NewEvent(dev Device, opts *EventOptions) (*Event, error) {
 	if err := dev.check(); err != nil {
 		return nil, errorf("NewEvent: %w", err)
@@ -399,8 +399,8 @@ func (e *Event) usable(op string) error {
 	return nil
 }
 
-// Record captures the work queued on s so far (cuEventRecord). A view of a closed Stream returns
-// ErrClosed (its handle may already name another stream).
+// Record captures the work queued on s so far (cuEventRecord). A view of a closed [Stream] returns
+// [ErrClosed] (its handle may already name another stream).
 func (e *Event) Record(s StreamView) error {
 	if err := e.usable("Record"); err != nil {
 		return err

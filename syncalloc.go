@@ -1,11 +1,11 @@
 package rmm
 
 // AllocateSync allocates nbytes from mr (nil: the current device resource) so that the memory is
-// usable on every stream once it returns (librmm's allocate_sync): it allocates on DefaultStream
+// usable on every stream once it returns (librmm's allocate_sync): it allocates on [DefaultStream]
 // and waits for that stream (cuStreamSynchronize on the legacy default stream; nothing to wait
 // for without CUDA). A stream-ordered resource's allocation is then complete before any other
 // stream, non-blocking ones included, can use it. It works the same through every adaptor,
-// since it asks only mr's Allocate. Errors: mr's, or the wait's (*CUDAError), after which the
+// since it asks only mr's Allocate. Errors: mr's, or the wait's ([*CUDAError]), after which the
 // memory has been given back.
 func AllocateSync(mr MemoryResource, nbytes int) (DevicePtr, error) {
 	mr = resourceOrCurrent(mr)
@@ -26,8 +26,8 @@ func AllocateSync(mr MemoryResource, nbytes int) (DevicePtr, error) {
 
 // DeallocateSync frees p, nbytes from mr (nil: the current device resource), once all work
 // queued on mr's device is done (cuCtxSynchronize; librmm's deallocate_sync): memory used on any
-// stream can then be freed without naming one. It frees on DefaultStream. Errors: the wait's
-// (*CUDAError; nothing is freed then), or mr's Deallocate.
+// stream can then be freed without naming one. It frees on [DefaultStream]. Errors: the wait's
+// ([*CUDAError]; nothing is freed then), or mr's Deallocate.
 func DeallocateSync(mr MemoryResource, p DevicePtr, nbytes int) error {
 	mr = resourceOrCurrent(mr)
 	if p == 0 {

@@ -10,7 +10,8 @@ import (
 // through any stack of adaptors; errors are the resource's.
 func TestAllocateSyncHost(t *testing.T) {
 	mr := newTestResource()
-	st := NewStatisticsResourceAdaptor(mr)
+	st, err := NewStatisticsResourceAdaptor(mr)
+	require.NoError(t, err)
 	p, err := AllocateSync(st, 512)
 	require.NoError(t, err)
 	require.NotZero(t, p)
@@ -43,7 +44,8 @@ func TestGPUAllocateSyncStreamOrder(t *testing.T) {
 	pool, err := NewPoolMemoryResource(async, &PoolOptions{InitialPoolSize: 1 << 20})
 	require.NoError(t, err)
 	defer pool.Close()
-	stats := NewStatisticsResourceAdaptor(async)
+	stats, err := NewStatisticsResourceAdaptor(async)
+	require.NoError(t, err)
 	lim, err := NewLimitingResourceAdaptor(async, 1<<20, nil)
 	require.NoError(t, err)
 	s, err := NewStream(0, &StreamOptions{NonBlocking: true})

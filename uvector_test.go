@@ -506,8 +506,6 @@ func TestElementTypeRefusal(t *testing.T) {
 		{"array", func() error { _, err := NewUvector[[4]*byte](1, DefaultStream, nil); return err }, []string{"[4]*uint8", "field [0]"}},
 		{"zero size", func() error { _, err := NewUvector[struct{}](1, DefaultStream, nil); return err }, []string{"struct {}", "size 0"}},
 		{"scalar", func() error { _, err := NewScalar[string](DefaultStream, nil); return err }, []string{"NewScalar[string]", "string"}},
-		{"allocator", func() error { _, err := NewAllocator[[]byte](nil); return err }, []string{"NewAllocator[[]uint8]", "slice"}},
-		{"stream allocator", func() error { _, err := NewStreamAllocator[*int](nil, DefaultStream); return err }, []string{"*int"}},
 		{"span", func() error { _, err := NewDeviceSpan[map[int]int](0, 0, 0, HostAccessible); return err }, []string{"map[int]int"}},
 		{"from slice", func() error { _, err := NewUvectorFromSlice([]string{"a"}, DefaultStream, nil); return err }, []string{"NewUvector[string]"}},
 	}

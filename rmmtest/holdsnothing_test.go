@@ -93,13 +93,13 @@ func TestLeakWithoutReleaseOrCloseFails(t *testing.T) {
 func TestHoldsNothingBackPasses(t *testing.T) {
 	adaptors := map[string]func(up rmm.MemoryResource) (rmm.MemoryResource, error){
 		"StreamStatistics": func(up rmm.MemoryResource) (rmm.MemoryResource, error) {
-			return rmm.NewStreamStatisticsResourceAdaptor(up), nil
+			return rmm.NewStreamStatisticsResourceAdaptor(up)
 		},
 		"MemoryProfile": func(up rmm.MemoryResource) (rmm.MemoryResource, error) {
 			return rmm.NewMemoryProfileResourceAdaptor(up, &rmm.MemoryProfileOptions{Rate: 1})
 		},
 		"Tracking": func(up rmm.MemoryResource) (rmm.MemoryResource, error) {
-			return rmm.NewTrackingResourceAdaptor(up, nil), nil
+			return rmm.NewTrackingResourceAdaptor(up, nil)
 		},
 		"Limiting": func(up rmm.MemoryResource) (rmm.MemoryResource, error) {
 			return rmm.NewLimitingResourceAdaptor(up, 1<<30, nil)

@@ -67,8 +67,12 @@ func rmm_torch_reinitialize(pool C.int, initial, maximum C.size_t, statistics C.
 	}
 	if statistics != 0 {
 		mr, err := rmm.PerDeviceResource(0)
+		var st *rmm.StatisticsResourceAdaptor
 		if err == nil {
-			_, err = rmm.SetPerDeviceResource(0, rmm.NewStatisticsResourceAdaptor(mr))
+			st, err = rmm.NewStatisticsResourceAdaptor(mr)
+		}
+		if err == nil {
+			_, err = rmm.SetPerDeviceResource(0, st)
 		}
 		if err != nil {
 			callocator.SetError(err)
