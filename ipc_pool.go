@@ -75,7 +75,7 @@ type vmmPiece struct {
 
 // vmmPiecesCovering returns the chunks of an expandable pool that hold [ptr, ptr+n), which must
 // lie in one live allocation, in address order, and the address the first one starts at. The
-// chunks under a live block are mapped back to back (neither a release nor carving takes a chunk
+// chunks under a live block are mapped back to back (a release never takes a chunk
 // that holds live memory), so the pieces tile [start, start+Σsize).
 func (p *PoolMemoryResource) vmmPiecesCovering(ptr DevicePtr, n int) (DevicePtr, []vmmPiece, error) {
 	p.mu.Lock()

@@ -81,9 +81,7 @@ import (
 // wait), frees after Close (synchronisation), Close itself, and the synchronisation of a cached
 // block's stream when it has no list.
 
-// PoolOptions configures NewPoolMemoryResource. nil means the defaults. (Its unexported fields
-// are the package's own tuning knobs for tests and measurements; a PoolOptions made outside the
-// package leaves them at their defaults.)
+// PoolOptions configures NewPoolMemoryResource. nil means the defaults.
 type PoolOptions struct {
 	// InitialPoolSize is the number of bytes taken from the upstream at construction, in one
 	// allocation on the default stream. It must be a multiple of 256. Default 0: nothing is taken
@@ -148,39 +146,6 @@ type PoolOptions struct {
 	// profile's rate, whoever calls Allocate; the stacks start at Allocate's caller. A profile may
 	// be shared by several pools and adaptors. Default nil: no profile.
 	MemoryProfile *MemoryProfile
-
-	// carvePage (expandable pools, not yet exported): when > 0, growths map their memory as
-	// handles of at least carvePage bytes that can be unmapped one by one, and a growth first moves
-	// the handles lying wholly in free fragments to where it maps (see carve).
-	carvePage int
-	// carveChurn (with carvePage): carve only while the bytes moved since the pool last passed
-	// its peak size are at most carveChurn × its size; 0: carveChurnDefault; < 0: no limit.
-	carveChurn float64
-
-	// stitchPiece (expandable pools, not yet exported; exclusive with carvePage): when > 0,
-	// growths map handles of at most stitchPiece bytes (rounded up to the granularity), and a
-	// request that no free block holds is served, when the chunks lying wholly in free memory
-	// hold it, by mapping them a second time back to back (resource_pool_stitch.go).
-	stitchPiece int
-	// stitchMin (with stitchPiece): the least request stitched; 0: stitchMinDefault.
-	stitchMin int
-	// stitchRest (with stitchPiece): also stitch when the free chunks hold only part of the
-	// request, growing the rest first, when that maps less than growing for the request would.
-	stitchRest bool
-	// stitchKeep (with stitchPiece): the most stitched ranges kept; 0: stitchKeepDefault.
-	stitchKeep int
-	// stitchFrac (with stitchPiece): a growth of k bytes maps handles of at least k/stitchFrac
-	// bytes (and of at least stitchPiece); 0: of stitchPiece.
-	stitchFrac int
-	// stitchNoDeps (with stitchPiece; measurements): lend no chunk of a free block that names
-	// other lists among its deps.
-	stitchNoDeps bool
-	// minGrowth (expandable pools; measurements): the least growth, rounded up to the
-	// granularity; 0: expandableMinChunk, or stitchMinGrowth with stitchPiece.
-	minGrowth int
-	// growthDivisor (expandable pools; measurements): a growth maps at least the pool's size
-	// divided by this; 0: expandableGrowthDivisor, or stitchGrowthDivisor with stitchPiece.
-	growthDivisor int
 }
 
 // poolStreams is the pool's registry of per-stream free lists (stream_order.go), named so that go
@@ -289,11 +254,11 @@ func NewPoolMemoryResource(upstream MemoryResource, opts *PoolOptions) (*PoolMem
 	if o.Exportable && !o.Expandable {
 		return nil, errorf("NewPoolMemoryResource: Exportable applies to expandable pools (a plain pool exports what its upstream can): %w", ErrInvalidArgument)
 	}
-	if (o.stitchPiece != 0 || o.Stitch) && !o.Expandable {
+	if o.Stitch && !o.Expandable {
 		return nil, errorf("NewPoolMemoryResource: Stitch applies to expandable pools: %w", ErrInvalidArgument)
 	}
 	if o.Expandable {
-		return newExpandablePool(given, nil, o)
+		return newExpandablePool(given, nil, o, poolTuning{})
 	}
 	p := &PoolMemoryResource{
 		upstream:  upstream,
@@ -325,13 +290,14 @@ func NewPoolMemoryResource(upstream MemoryResource, opts *PoolOptions) (*PoolMem
 	return p, nil
 }
 
-// newExpandablePool makes an expandable pool over vm (nil: the one upstream names, see vmmFor).
+// newExpandablePool makes an expandable pool over vm (nil: the one upstream names, see vmmFor),
+// tuned by tune (PoolOptions.Stitch sets what tune leaves zero to stitchTuning's values).
 // upstream is the opts' upstream as the caller gave it (nil allowed).
-func newExpandablePool(upstream MemoryResource, vm vmm, o PoolOptions) (*PoolMemoryResource, error) {
+func newExpandablePool(upstream MemoryResource, vm vmm, o PoolOptions, tune poolTuning) (*PoolMemoryResource, error) {
 	var dev Device
 	if vm == nil {
 		var err error
-		if vm, dev, err = vmmFor(upstream, o.Stitch || o.stitchPiece > 0); err != nil {
+		if vm, dev, err = vmmFor(upstream, o.Stitch || tune.stitchPiece > 0); err != nil {
 			return nil, err
 		}
 	} else {
@@ -345,41 +311,29 @@ func newExpandablePool(upstream MemoryResource, vm vmm, o PoolOptions) (*PoolMem
 	if upstream == nil {
 		upstream = CurrentDeviceResource()
 	}
-	if o.Stitch && o.stitchPiece == 0 {
-		// One granule, whatever the device's: rounded up below.
-		o.stitchPiece, o.stitchRest = 1, true
-		o.stitchFrac = cmp.Or(o.stitchFrac, stitchFracDefault)
+	if o.Stitch && tune.stitchPiece == 0 {
+		tune.stitchPiece, tune.stitchRest = stitchTuning.stitchPiece, stitchTuning.stitchRest
+		tune.stitchFrac = cmp.Or(tune.stitchFrac, stitchTuning.stitchFrac)
 	}
-	switch {
-	case o.stitchPiece < 0 || o.stitchMin < 0 || o.stitchKeep < 0 || o.stitchFrac < 0 || o.minGrowth < 0 || o.growthDivisor < 0:
+	if tune.stitchPiece < 0 || tune.stitchMin < 0 || tune.stitchKeep < 0 || tune.stitchFrac < 0 || tune.minGrowth < 0 || tune.growthDivisor < 0 {
 		return nil, errorf("NewPoolMemoryResource: negative stitching option: %w", ErrInvalidArgument)
-	case o.stitchPiece > 0 && o.carvePage > 0:
-		// Carving unmaps free chunks and maps them elsewhere, which an alias of them would have
-		// to follow; the two are not combined.
-		return nil, errorf("NewPoolMemoryResource: carving and Stitch are exclusive: %w", ErrInvalidArgument)
 	}
-	e, maximum, err := newExpandable(vm, dev, o.MaximumPoolSize, o.ReleaseThreshold, o.carvePage)
+	e, maximum, err := newExpandable(vm, dev, o.MaximumPoolSize, o.ReleaseThreshold)
 	if err != nil {
 		return nil, err
 	}
 	minChunk, growthDiv := expandableMinChunk, expandableGrowthDivisor
-	if o.stitchPiece > 0 {
+	if tune.stitchPiece > 0 {
 		minChunk, growthDiv = stitchMinGrowth, stitchGrowthDivisor
 	}
-	e.minChunk, e.growthDiv = cmp.Or(o.minGrowth, minChunk), cmp.Or(o.growthDivisor, growthDiv)
-	if o.stitchPiece > 0 {
-		e.piece, _ = alignUpChecked(o.stitchPiece, e.gran)
-		e.stitchMin = cmp.Or(o.stitchMin, stitchMinDefault)
-		e.stitchRest = o.stitchRest
-		e.keepMax = cmp.Or(o.stitchKeep, stitchKeepDefault)
-		e.pieceFrac, e.noDepLend = o.stitchFrac, o.stitchNoDeps
+	e.minChunk, e.growthDiv = cmp.Or(tune.minGrowth, minChunk), cmp.Or(tune.growthDivisor, growthDiv)
+	if tune.stitchPiece > 0 {
+		e.piece, _ = alignUpChecked(tune.stitchPiece, e.gran)
+		e.stitchMin = cmp.Or(tune.stitchMin, stitchMinDefault)
+		e.stitchRest = tune.stitchRest
+		e.keepMax = cmp.Or(tune.stitchKeep, stitchKeepDefault)
+		e.pieceFrac, e.noDepLend = tune.stitchFrac, tune.stitchNoDeps
 		e.aliases = map[DevicePtr]*stitchAlias{}
-	}
-	switch e.churn = o.carveChurn; {
-	case e.churn == 0:
-		e.churn = carveChurnDefault
-	case e.churn < 0:
-		e.churn = math.Inf(1)
 	}
 	p := &PoolMemoryResource{
 		upstream:  upstream,
@@ -647,10 +601,6 @@ func (p *PoolMemoryResource) allocateSlow(l *freeList, n int, s StreamView) (*bl
 	holding := false // the busy token: this goroutine may grow
 	done := func() {
 		if holding {
-			// Spare handles a carving growth left unmapped go before the token does (nothing
-			// else may map meanwhile); the pool unlocks for that, so every block must be in its
-			// place by now (the grown block split, its remainder in l).
-			p.dropSpares()
 			p.releaseBusy()
 		}
 	}
@@ -658,8 +608,6 @@ func (p *PoolMemoryResource) allocateSlow(l *freeList, n int, s StreamView) (*bl
 		p.pin(l)
 		b, w, err := p.findBlock(l, n, s)
 		if err != nil || b != nil {
-			// The spares go (done unlocks) while l is still pinned: another stream's merge could
-			// drop l in that window, and Allocate frees into l if a wait fails.
 			done()
 			p.unpin(l)
 			return b, w, l, err
@@ -691,9 +639,6 @@ func (p *PoolMemoryResource) allocateSlow(l *freeList, n int, s StreamView) (*bl
 		}
 		sizeBefore := p.size
 		b, err = p.growAny(n, s, l)
-		if err != nil {
-			p.restoreSpares(l) // what carving moved for the growth goes back where it was
-		}
 		if err == nil && b == nil {
 			// The expandable pool grew, but the free block the new chunk was to extend was taken
 			// meanwhile: search again (and grow again if need be).
@@ -709,9 +654,6 @@ func (p *PoolMemoryResource) allocateSlow(l *freeList, n int, s StreamView) (*bl
 			// larger than it found it.
 			released = true
 			DebugLogger().Debug("rmm: PoolMemoryResource releasing free memory before failing", "request", n, "pool_size", p.size)
-			// Measured before the growth: carving may have unmapped free memory for it (the
-			// handles then released as spares), which counts as given back.
-			p.dropSpares()
 			before := sizeBefore
 			if _, rerr := p.releaseWhole(false); rerr != nil {
 				// A chunk that could not be given back stays in the pool, whole and free; what
@@ -733,7 +675,7 @@ func (p *PoolMemoryResource) allocateSlow(l *freeList, n int, s StreamView) (*bl
 		if err == nil {
 			p.split(b, n, l)
 		}
-		done() // l still pinned: see above
+		done()
 		p.unpin(l)
 		if err != nil {
 			var oom *OutOfMemoryError
@@ -872,32 +814,6 @@ func (p *PoolMemoryResource) growAny(n int, s StreamView, l *freeList) (*block, 
 		if p.size-p.liveBytes >= n {
 			exact = expandableFragmentedMin
 		}
-		grows, tailFree := n, 0
-		if t := p.exp.tail; t != nil && t.free && t.list == l {
-			grows, tailFree = n-t.size, t.size
-		}
-		room := p.maximum - p.size
-		hopeless := n > p.maximum || room+(p.size-p.liveBytes-tailFree) < grows
-		if p.exp.page > 0 && !hopeless && p.size+grows > max(p.peakLive, p.liveBytes+n) &&
-			(float64(p.exp.moved) <= p.exp.churn*float64(p.size) || grows > room) {
-			// Carving only for a request that moving every free page could serve within the
-			// maximum (else it would unmap for nothing), only when the growth would take the pool
-			// above the most bytes ever live at once (below that, new memory raises no peak),
-			// and (unless the maximum leaves no room to grow instead) only while what it moved
-			// since the pool last reached a new peak size is at most churn × the pool: where
-			// placement keeps changing, moving pages back and forth at every growth costs more
-			// than the memory it saves (the UNet trace moved ~5,000 pages a pass, 3.1-3.7 µs per
-			// event in a replay on the H200); the pool then grows instead, which raises its peak
-			// and lets it carve again. See carveChurnDefault. The spare handles carve leaves are
-			// mapped by the growth or released by the caller once the grown block is split
-			// (allocateSlow's done).
-			p.carve(n, l)
-			if l.bestFit(n) != nil {
-				// Frees while carve waited for the streams (unlocked) made room: nothing to map;
-				// the caller searches again.
-				return nil, nil
-			}
-		}
 		return p.growExpandable(n, l, exact)
 	}
 	return p.grow(n, s, l)
@@ -928,9 +844,7 @@ func (p *PoolMemoryResource) releaseMayHelp(n int, err error) bool {
 	if p.maximum == 0 {
 		return false // nothing stopped it but the upstream, which did not refuse (overflow)
 	}
-	// A carving pool reserves twice its maximum: what it gives back lets its end grow, as far as
-	// the maximum less the live bytes.
-	return p.exp == nil || len(p.exp.holes) > 0 || (p.exp.reserved > p.maximum && n <= p.maximum-p.liveBytes)
+	return p.exp == nil || len(p.exp.holes) > 0
 }
 
 // split keeps the first n bytes of the free block b (out of every list) and puts the rest, as a

@@ -262,9 +262,6 @@ func (p *PoolMemoryResource) checkExpandable(all map[DevicePtr]*block, stitched 
 	if e.top > e.base+DevicePtr(e.reserved) {
 		return errorf("top %#x is past the reservation [%#x, +%d)", uintptr(e.top), uintptr(e.base), e.reserved)
 	}
-	if len(e.spare) > 0 && !p.busy {
-		return errorf("%d spare handles outside a growth", len(e.spare))
-	}
 	visited, holes, mapped := 0, 0, 0
 	var mappedRanges [][2]DevicePtr
 	at := e.base

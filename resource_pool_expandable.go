@@ -38,14 +38,6 @@ type expandable struct {
 	chunks   []vmChunk // mapped, by address
 	holes    map[*block]struct{}
 
-	// Carving (page > 0): growths map handles of at least page bytes (see pieceSize), and a
-	// growth first unmaps the handles lying wholly in free fragments into spare (see carve), to
-	// map them before it creates any. spare is empty but during a growth (busy token held).
-	page  int
-	churn float64   // PoolOptions.carveChurn (+Inf: no limit)
-	moved int       // bytes carved since the pool last passed its peak size
-	spare []vmChunk // unmapped handles; addr: where carving took each from
-
 	// Stitching (piece > 0; resource_pool_stitch.go): growths map handles of at most piece bytes, and a
 	// request no free block holds may be served by mapping the chunks lying in free memory a
 	// second time, back to back, in an alias of their own.
@@ -66,8 +58,8 @@ type expandable struct {
 	stitches   int // aliases made
 	evicted    int // aliases unmapped
 
-	minChunk  int // the least growth (expandableMinChunk unless PoolOptions.minGrowth)
-	growthDiv int // a growth maps at least size/growthDiv (expandableGrowthDivisor unless PoolOptions.growthDivisor)
+	minChunk  int // the least growth (expandableMinChunk unless poolTuning.minGrowth)
+	growthDiv int // a growth maps at least size/growthDiv (expandableGrowthDivisor unless poolTuning.growthDivisor)
 	threshold int // ReleaseThreshold; 0: never trim by itself
 	trimAt    int // free mapped bytes above which Deallocate trims
 }
@@ -97,9 +89,7 @@ const (
 
 // newExpandable reserves the range for an expandable pool of at most maximum bytes (0: the
 // device's total memory) over vm, and returns it with the maximum rounded up to the granularity.
-// With page > 0 (carving) it reserves twice the maximum: the holes carving leaves take address
-// space that the pool maps again elsewhere.
-func newExpandable(vm vmm, dev Device, maximum, threshold, page int) (*expandable, int, error) {
+func newExpandable(vm vmm, dev Device, maximum, threshold int) (*expandable, int, error) {
 	gran := vm.granularity()
 	source := "the device"
 	switch v := vm.(type) {
@@ -123,49 +113,26 @@ func newExpandable(vm vmm, dev Device, maximum, threshold, page int) (*expandabl
 		return nil, 0, errorf("NewPoolMemoryResource: MaximumPoolSize %d overflows when rounded up to the granularity %d: %w", maximum, gran, ErrInvalidArgument)
 	}
 	reserved := limit
-	if page > 0 && limit <= math.MaxInt/2 {
-		reserved = 2 * limit
-	}
 	base, err := vm.reserve(reserved)
 	if err != nil {
 		return nil, 0, errorf("NewPoolMemoryResource: reserving %s of address space for the expandable pool: %w", bytesText(reserved), err)
 	}
-	if page > 0 {
-		page, _ = alignUpChecked(page, gran)
-	}
-	e := &expandable{vm: vm, source: source, gran: gran, base: base, reserved: reserved, top: base, holes: map[*block]struct{}{}, threshold: threshold, page: page}
+	e := &expandable{vm: vm, source: source, gran: gran, base: base, reserved: reserved, top: base, holes: map[*block]struct{}{}, threshold: threshold}
 	e.resetTrim(0)
 	return e, limit, nil
 }
 
-// pieceSize is the size of the handles a growth of k bytes maps when carving: at least the page,
-// a sixteenth of the growth up to 128 MiB (so that a large growth is not hundreds of driver
-// calls); when stitching, the stitch piece, or k/pieceFrac where that is more; else k itself.
+// pieceSize is the size of the handles a growth of k bytes maps: when stitching, the stitch piece,
+// or k/pieceFrac where that is more; else k itself (one handle per growth).
 func (e *expandable) pieceSize(k int) int {
-	if e.page == 0 {
-		if e.piece > 0 {
-			if e.pieceFrac > 0 {
-				return min(k, max(e.piece, k/e.pieceFrac/e.gran*e.gran))
-			}
-			return min(k, e.piece)
-		}
+	if e.piece == 0 {
 		return k
 	}
-	return max(e.page, min(carveMaxPiece, k/carvePiecesPerGrowth/e.gran*e.gran))
+	if e.pieceFrac > 0 {
+		return min(k, max(e.piece, k/e.pieceFrac/e.gran*e.gran))
+	}
+	return min(k, e.piece)
 }
-
-const (
-	carveMaxPiece        = 128 << 20
-	carvePiecesPerGrowth = 16
-	// carveChurnDefault bounds carving's moves between two new peaks of the pool's size, as a
-	// fraction of the pool (see growAny). Replayed over an address-only device at one, three and
-	// ten passes (TestCarveTraces -rmm.carvechurns), 0.5 stopped the UNet trace's moves after
-	// its first pass (1.163 × peak live, where carving without a bound keeps it at 1.044-1.048
-	// moving ~5,000 pages a pass and the pool without carving holds 1.166-1.168) and changed no
-	// other bundled trace but bert (1.007 → 1.003); 0.1 and 0.25 gave the UNet 1.19-1.25, and
-	// 1-4 more moves in the first passes with the same end.
-	carveChurnDefault = 0.5
-)
 
 func alignUpChecked(n, a int) (int, bool) {
 	r := (n + a - 1) / a * a
@@ -287,8 +254,7 @@ func (p *PoolMemoryResource) growExpandable(n int, l *freeList, exact int) (*blo
 	return p.takeGrown(p.appendChunk(at, k, h), n, l)
 }
 
-// mapChunk maps k bytes of physical memory at addr (spare handles first, then new ones) and
-// grants access, unlocking the pool around those calls (busy token held); it returns a new
+// mapChunk maps k bytes of physical memory at addr and grants access, unlocking the pool around those calls (busy token held); it returns a new
 // unlinked block over them (not free yet). On failure nothing new is left mapped or created.
 func (p *PoolMemoryResource) mapChunk(addr DevicePtr, k int) (*block, error) {
 	size := p.size
@@ -302,17 +268,14 @@ func (p *PoolMemoryResource) mapChunk(addr DevicePtr, k int) (*block, error) {
 }
 
 // mapChunkUnlocked makes the driver calls of mapChunk (pool unlocked, busy token held; size is
-// the pool's size, for messages) and returns the chunks mapped, by address: one handle of k bytes
-// without carving; with carving, the spare handles that fit, then new handles of pieceSize(k).
-// On failure the spare handles it took are unmapped back into spare and the new ones released.
+// the pool's size, for messages) and returns the chunks mapped, by address: handles of
+// pieceSize(k) bytes. On failure every handle it created is unmapped and released.
 func (p *PoolMemoryResource) mapChunkUnlocked(addr DevicePtr, k, size int) ([]vmChunk, error) {
 	e := p.exp
 	piece := e.pieceSize(k)
 	var cs []vmChunk
-	var fresh []bool
-	var homes []DevicePtr // where each spare handle in cs was carved from
 	undo := func() {
-		for i, c := range cs {
+		for _, c := range cs {
 			if err := e.vm.unmap(c.addr, c.size); err != nil {
 				// Cannot be taken down: the handle stays mapped and is lost to the pool (the
 				// same as a chunk whose access could not be granted; see below).
@@ -320,49 +283,25 @@ func (p *PoolMemoryResource) mapChunkUnlocked(addr DevicePtr, k, size int) ([]vm
 					"address", fmt.Sprintf("%#x", uintptr(c.addr)), "bytes", c.size, "err", err)
 				continue
 			}
-			if fresh[i] {
-				e.vm.release(c.h)
-			} else {
-				e.spare = append(e.spare, vmChunk{addr: homes[i], size: c.size, h: c.h})
-			}
+			e.vm.release(c.h)
 		}
 	}
 	at := addr
 	for left := k; left > 0; {
-		c, isNew := vmChunk{}, false
-		if i := bestSpare(e.spare, left); i >= 0 {
-			c = e.spare[i]
-			e.spare = slices.Delete(e.spare, i, i+1)
-		} else {
-			m := min(left, piece)
-			h, err := e.vm.create(m)
-			if err != nil && errors.Is(err, ErrOutOfMemory) && len(e.spare) > 0 {
-				// The spare handles left are all larger than what is left to map here (a hole
-				// smaller than the pages carved for it) and hold memory the device lacks now:
-				// release them and try once more.
-				p.releaseSpares()
-				h, err = e.vm.create(m)
-			}
-			if err != nil {
-				DebugLogger().Debug("rmm: PoolMemoryResource (expandable) failed to create a chunk", "bytes", m, "pool_size", size, "err", err)
-				undo()
-				return nil, err
-			}
-			c, isNew = vmChunk{size: m, h: h}, true
+		m := min(left, piece)
+		h, err := e.vm.create(m)
+		if err != nil {
+			DebugLogger().Debug("rmm: PoolMemoryResource (expandable) failed to create a chunk", "bytes", m, "pool_size", size, "err", err)
+			undo()
+			return nil, err
 		}
-		home := c.addr
-		c.addr = at
+		c := vmChunk{addr: at, size: m, h: h}
 		if err := e.vm.mapAt(at, c.size, c.h); err != nil {
-			if isNew {
-				e.vm.release(c.h)
-			} else {
-				c.addr = home
-				e.spare = append(e.spare, c)
-			}
+			e.vm.release(c.h)
 			undo()
 			return nil, errorf("PoolMemoryResource (expandable): mapping %s at %#x: %w", bytesText(c.size), uintptr(at), err)
 		}
-		cs, fresh, homes = append(cs, c), append(fresh, isNew), append(homes, home)
+		cs = append(cs, c)
 		at += DevicePtr(c.size)
 		left -= c.size
 	}
@@ -373,17 +312,6 @@ func (p *PoolMemoryResource) mapChunkUnlocked(addr DevicePtr, k, size int) ([]vm
 	return cs, nil
 }
 
-// bestSpare returns the index of the largest spare handle of at most n bytes, -1 if none.
-func bestSpare(spare []vmChunk, n int) int {
-	best := -1
-	for i, c := range spare {
-		if c.size <= n && (best < 0 || c.size > spare[best].size) {
-			best = i
-		}
-	}
-	return best
-}
-
 // addChunk records the chunks cs just mapped over [addr, addr+k) (pool locked) and returns a new
 // unlinked block over them (not free yet).
 func (p *PoolMemoryResource) addChunk(addr DevicePtr, k int, cs []vmChunk) *block {
@@ -392,10 +320,7 @@ func (p *PoolMemoryResource) addChunk(addr DevicePtr, k int, cs []vmChunk) *bloc
 	e.chunks = slices.Insert(e.chunks, i, cs...)
 	p.size += k
 	p.sizeAtomic.Store(int64(p.size))
-	if p.size > p.peakSize {
-		p.peakSize = p.size
-		e.moved = 0
-	}
+	p.peakSize = max(p.peakSize, p.size)
 	b := p.newBlock(addr, k)
 	b.free = false
 	return b
@@ -511,7 +436,7 @@ func (p *PoolMemoryResource) releaseChunks(def *freeList, limit int, hold bool) 
 		// not be unmapped stay.
 		cands = e.unaliased(p.chunksFreeIn(def, cands))
 	}
-	return p.unmapChunks(def, cands, hold, false)
+	return p.unmapChunks(def, cands, hold)
 }
 
 // pullBlocks takes the free blocks holding the chunks cands (highest address first, so a block's
@@ -560,172 +485,6 @@ func (p *PoolMemoryResource) releaseCands(def *freeList, limit int) []chunkCand 
 	return cands
 }
 
-// carve, before a growth for an n-byte request in list l (into which every other list was
-// merged), unmaps the chunks that lie wholly in free blocks of l other than the free block at the
-// end of the chain (which the growth extends) — up to what the request needs beyond that block,
-// from the smallest free blocks up — turns their ranges into holes and keeps their handles spare,
-// for the growth to map before it creates any. Free memory scattered in fragments too small for
-// the request thus moves to where the request is placed, instead of new memory being taken.
-//
-// An unmap does not wait for the device, so carve first waits (on the host) for the work behind
-// every free, as Release does; that wait is why it carves only when a growth is due, which the
-// pool avoids by placement, and not at every free. A failed wait or unmap leaves the memory where
-// it was (written to the debug log): the growth then creates what it lacks.
-//
-// Why, and why not yet the default: replaying the thirteen bundled traces over an address-only
-// device with 8 MiB pages (TestCarveTraces, -rmm.carvetraces 8388608), peak mapped / peak live
-// at one pass / three fell on the LSTM trace from 1.115 to 1.021, on the one-stream CuPy trace
-// from 1.545 to 1.041 / 1.063, on the UNet from 1.166 / 1.168 to 1.041 / 1.052, on ViT from
-// 1.069 / 1.085 to 1.060, on the two-stream CuPy trace from 1.249 to 1.130 / 1.150; but the
-// MoE transformer rose from 1.037 to 1.058 and the three-stream pipeline from 1.291 to 1.335 at
-// three passes, every growth maps 8-128 MiB pieces (GPT-2 LoRA: 990 handles created in a first
-// pass instead of 84), and the UNet, whose placement changes every step, moves ~5 800 pages a
-// pass (and creates ~1 600, for carved pages its growths did not map). bench/experiments/carve
-// has the policies tried. Since then growAny bounds the moves (carveChurnDefault): the UNet stays
-// at 1.163 with no moves after its first pass, but eight traces climb with the passes
-// (BENCHMARKS.md, ninth run).
-//
-// Pool locked, busy token held, l pinned; unlocks and relocks.
-func (p *PoolMemoryResource) carve(n int, l *freeList) {
-	choose := func() []chunkCand {
-		e := p.exp
-		need := n
-		if t := e.tail; t != nil && t.free && t.list == l {
-			need -= t.size
-		}
-		if need <= 0 {
-			return nil
-		}
-		var cands []chunkCand
-		l.each(func(b *block) {
-			if b != e.tail {
-				cands = e.chunksIn(b, cands)
-			}
-		})
-		// The smallest free blocks first: they are the fragments least likely to serve a request.
-		sort.Slice(cands, func(x, y int) bool {
-			if cands[x].b.size != cands[y].b.size {
-				return cands[x].b.size < cands[y].b.size
-			}
-			return cands[x].c.addr > cands[y].c.addr
-		})
-		// Only chunks the growth will map in full: a larger one would leave a hole and be given
-		// back unused.
-		budget, _ := alignUpChecked(need, e.gran)
-		got, take := 0, cands[:0]
-		for _, c := range cands {
-			if got+c.c.size <= budget {
-				take = append(take, c)
-				got += c.c.size
-			}
-		}
-		sort.Slice(take, func(x, y int) bool { return take[x].c.addr > take[y].c.addr })
-		return take
-	}
-	if len(choose()) == 0 {
-		return
-	}
-	if err := p.syncAll(false); err != nil {
-		DebugLogger().Debug("rmm: PoolMemoryResource (expandable): waiting for the streams before carving failed; growing without", "request", n, "err", err)
-		return
-	}
-	p.clearAllDeps() // every stream's work behind the frees is done
-	// The lists may have changed while the pool was unlocked: choose again.
-	if err := p.unmapChunks(l, choose(), false, true); err != nil {
-		DebugLogger().Debug("rmm: PoolMemoryResource (expandable): carving free memory failed in part", "request", n, "err", err)
-	}
-}
-
-// dropSpares releases the spare handles a growth did not map (pool locked, busy token held;
-// unlocks and relocks around the driver calls).
-func (p *PoolMemoryResource) dropSpares() {
-	e := p.exp
-	if e == nil || len(e.spare) == 0 {
-		return
-	}
-	p.mu.Unlock()
-	p.releaseSpares()
-	p.mu.Lock()
-}
-
-// restoreSpares maps the spare handles a failed growth left back where carving took them from,
-// each into the hole its range became, and frees them into l (pool locked, busy token held;
-// unlocks and relocks around the driver calls): a failed Allocate then leaves the pool's memory
-// where it was. A handle that cannot be mapped back stays spare (and is released with the rest).
-func (p *PoolMemoryResource) restoreSpares(l *freeList) {
-	e := p.exp
-	if e == nil || len(e.spare) == 0 {
-		return
-	}
-	spares := e.spare
-	e.spare = nil
-	slices.SortFunc(spares, func(x, y vmChunk) int { return cmp.Compare(x.addr, y.addr) })
-	for _, c := range spares {
-		h := e.holeCovering(c.addr, c.size)
-		if h == nil {
-			e.spare = append(e.spare, c)
-			continue
-		}
-		p.mu.Unlock()
-		err := e.vm.mapAt(c.addr, c.size, c.h)
-		if err == nil {
-			if err = e.vm.setAccess(c.addr, c.size); err != nil {
-				if uerr := e.vm.unmap(c.addr, c.size); uerr != nil {
-					err = errors.Join(err, uerr)
-				}
-			}
-		}
-		p.mu.Lock()
-		if err != nil {
-			DebugLogger().Debug("rmm: PoolMemoryResource (expandable): a carved chunk could not be mapped back after a failed growth", "address", fmt.Sprintf("%#x", uintptr(c.addr)), "bytes", c.size, "err", err)
-			e.spare = append(e.spare, c)
-			continue
-		}
-		h = p.splitHoleAt(h, c.addr)
-		nb := p.addChunk(c.addr, c.size, []vmChunk{c})
-		p.fillHole(h, nb)
-		p.freeInto(l, nb)
-	}
-}
-
-// holeCovering returns the hole holding all of [addr, addr+size), or nil.
-func (e *expandable) holeCovering(addr DevicePtr, size int) *block {
-	if addr == 0 {
-		return nil
-	}
-	for h := range e.holes {
-		if h.addr <= addr && addr+DevicePtr(size) <= h.end() {
-			return h
-		}
-	}
-	return nil
-}
-
-// splitHoleAt returns a hole starting at addr, which lies in the hole h: h itself, or its part
-// from addr on, split off as a hole of its own.
-func (p *PoolMemoryResource) splitHoleAt(h *block, addr DevicePtr) *block {
-	if h.addr == addr {
-		return h
-	}
-	r := p.newBlock(addr, int(h.end()-addr))
-	r.free, r.hole = false, true
-	h.size = int(addr - h.addr)
-	p.linkAfter(h, r)
-	p.exp.holes[r] = struct{}{}
-	return r
-}
-
-// releaseSpares releases the spare handles (pool unlocked, busy token held).
-func (p *PoolMemoryResource) releaseSpares() {
-	e := p.exp
-	for _, c := range e.spare {
-		if err := e.vm.release(c.h); err != nil {
-			DebugLogger().Warn("rmm: PoolMemoryResource (expandable): releasing an unmapped chunk failed", "bytes", c.size, "err", err)
-		}
-	}
-	e.spare = nil
-}
-
 // chunkCand is a chunk lying wholly in the free block b.
 type chunkCand struct {
 	c vmChunk
@@ -740,14 +499,13 @@ func (e *expandable) chunksIn(b *block, cs []chunkCand) []chunkCand {
 	return cs
 }
 
-// unmapChunks unmaps the chunks cands (each wholly in a free block of def; sorted by address,
-// highest first: carving a chunk out of a free block leaves the block's lower part, with its
-// lower chunks, in the same block) and turns their ranges into holes; keep puts their handles
-// into the spare handles, else they are released. The work behind the frees must be known done.
+// unmapChunks unmaps and releases the chunks cands (each wholly in a free block of def; sorted by
+// address, highest first: taking a chunk out of a free block leaves the block's lower part, with
+// its lower chunks, in the same block) and turns their ranges into holes. The work behind the frees must be known done.
 // Pool locked, busy token held (or the pool closed); without hold the unmaps are made unlocked,
 // the free blocks holding the chunks out of every list meanwhile (still counted in the pool's
 // size). A chunk that cannot be unmapped stays, free, where it was.
-func (p *PoolMemoryResource) unmapChunks(def *freeList, cands []chunkCand, hold, keep bool) error {
+func (p *PoolMemoryResource) unmapChunks(def *freeList, cands []chunkCand, hold bool) error {
 	e := p.exp
 	if len(cands) == 0 {
 		return nil
@@ -767,17 +525,14 @@ func (p *PoolMemoryResource) unmapChunks(def *freeList, cands []chunkCand, hold,
 			continue
 		}
 		unmapped[i] = true
-		if keep {
-			continue
-		}
 		if err := e.vm.release(ch.h); err != nil && firstErr == nil {
 			firstErr = errorf("PoolMemoryResource (expandable): releasing the chunk at %#x: %w", uintptr(ch.addr), err)
 		}
 	}
 	p.relockUnless(hold)
 	p.unpin(def)
-	// Back into def, coalescing with what was freed meanwhile, and the chunks unmapped carved
-	// out as holes: block by block from the highest, each block's chunks from the highest.
+	// Back into def, coalescing with what was freed meanwhile, and the chunks unmapped cut out
+	// as holes: block by block from the highest, each block's chunks from the highest.
 	released := map[DevicePtr]bool{}
 	i := 0
 	for _, b := range blocks {
@@ -787,13 +542,7 @@ func (p *PoolMemoryResource) unmapChunks(def *freeList, cands []chunkCand, hold,
 				ch := cands[i].c
 				released[ch.addr] = true
 				p.size -= ch.size
-				if keep {
-					e.moved += ch.size
-				}
-				p.carveHole(def, nb, ch.addr, ch.size)
-				if keep {
-					e.spare = append(e.spare, vmChunk{addr: ch.addr, size: ch.size, h: ch.h})
-				}
+				p.makeHole(def, nb, ch.addr, ch.size)
 			}
 		}
 	}
@@ -811,9 +560,9 @@ func (p *PoolMemoryResource) unmapChunks(def *freeList, cands []chunkCand, hold,
 	return firstErr
 }
 
-// carveHole turns [addr, addr+size), which lies inside the free block b of def, into a hole,
+// makeHole turns [addr, addr+size), which lies inside the free block b of def, into a hole,
 // merged with adjacent holes.
-func (p *PoolMemoryResource) carveHole(def *freeList, b *block, addr DevicePtr, size int) {
+func (p *PoolMemoryResource) makeHole(def *freeList, b *block, addr DevicePtr, size int) {
 	e := p.exp
 	def.remove(b)
 	end := addr + DevicePtr(size)

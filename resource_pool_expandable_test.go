@@ -10,8 +10,14 @@ import (
 // newExpTestPool builds an expandable pool over vm with the given options.
 func newExpTestPool(t testing.TB, vm vmm, o PoolOptions) *PoolMemoryResource {
 	t.Helper()
+	return newTunedTestPool(t, vm, o, poolTuning{})
+}
+
+// newTunedTestPool is newExpTestPool with the package's knobs set to tune.
+func newTunedTestPool(t testing.TB, vm vmm, o PoolOptions, tune poolTuning) *PoolMemoryResource {
+	t.Helper()
 	o.Expandable = true
-	p, err := newExpandablePool(NewSystemMemoryResource(), vm, o)
+	p, err := newExpandablePool(NewSystemMemoryResource(), vm, o, tune)
 	require.NoError(t, err)
 	return p
 }

@@ -7,7 +7,7 @@ import (
 	"sort"
 )
 
-// Stitching (expandable pools with PoolOptions.stitchPiece > 0, off by default).
+// Stitching (expandable pools with PoolOptions.Stitch, or poolTuning.stitchPiece > 0).
 //
 // An expandable pool's free memory ends up scattered between live blocks: a request that no free
 // block holds makes the pool grow although its free bytes may hold the request several times. A
@@ -45,6 +45,39 @@ import (
 // address-only VMM (TestStitchTraces), 8 MiB pieces left the two multi-stream traces at 1.126 /
 // 1.147 and 1.093 / 1.104; without stitchRest, LoRA and GPT-2 training got worse than without
 // stitching (1.071 / 1.083 at 2 MiB against 1.006 / 1.019).
+
+// poolTuning holds an expandable pool's parameters that are not options: the package's own
+// knobs, for tests and measurements (newExpandablePool; a zero field takes its default).
+type poolTuning struct {
+	// stitchPiece: when > 0, growths map handles of at most stitchPiece bytes (rounded up to the
+	// granularity), and a request that no free block holds is served, when the chunks lying
+	// wholly in free memory hold it, by mapping them a second time back to back.
+	stitchPiece int
+	// stitchMin (with stitchPiece): the least request stitched; 0: stitchMinDefault.
+	stitchMin int
+	// stitchRest (with stitchPiece): also stitch when the free chunks hold only part of the
+	// request, growing the rest first, when that maps less than growing for the request would.
+	stitchRest bool
+	// stitchKeep (with stitchPiece): the most stitched ranges kept; 0: stitchKeepDefault.
+	stitchKeep int
+	// stitchFrac (with stitchPiece): a growth of k bytes maps handles of at least k/stitchFrac
+	// bytes (and of at least stitchPiece); 0: of stitchPiece.
+	stitchFrac int
+	// stitchNoDeps (with stitchPiece): lend no chunk of a free block that names other lists
+	// among its deps.
+	stitchNoDeps bool
+	// minGrowth: the least growth, rounded up to the granularity; 0: expandableMinChunk, or
+	// stitchMinGrowth with stitchPiece.
+	minGrowth int
+	// growthDivisor: a growth maps at least the pool's size divided by this; 0:
+	// expandableGrowthDivisor, or stitchGrowthDivisor with stitchPiece.
+	growthDivisor int
+}
+
+// stitchTuning is what PoolOptions.Stitch sets: pieces of one granule, whatever the device's
+// (stitchPiece is rounded up to it), or a stitchFracDefault-th of the growth where that is more;
+// the rest of a request grown when the free chunks hold only part of it.
+var stitchTuning = poolTuning{stitchPiece: 1, stitchRest: true, stitchFrac: stitchFracDefault}
 
 // stitchAlias is a range of address space into which chunks of the pool are mapped back to back.
 // While its block is live the chunks are lent; once freed it is kept, for a later request that
@@ -86,12 +119,12 @@ const (
 	// calls as 64; with 2 the second pass mapped 6,868 handles over the twenty traces, with 1
 	// 6,971 (4: 6,802; see keptAtEnd).
 	stitchEnds = 4
-	// stitchMinDefault is the least request stitching serves (PoolOptions.stitchMin 0): one
+	// stitchMinDefault is the least request stitching serves (poolTuning.stitchMin 0): one
 	// granule, the least a chunk can be; below it a growth maps little. See TestStitchTraces
 	// -rmm.stitchmin -1: the piece size instead gave the same footprints and driver calls on every
 	// trace with 8 MiB pieces.
 	stitchMinDefault = 2 << 20
-	// stitchKeepDefault bounds the aliases kept (live or not; PoolOptions.stitchKeep 0). Past
+	// stitchKeepDefault bounds the aliases kept (live or not; poolTuning.stitchKeep 0). Past
 	// it, a new stitch first evicts the least recently used quarter of the aliases not live,
 	// after waiting (on the host) for the work behind every free: an unmap does not wait for the
 	// device. An alias holds address space only. The sixteen traces keep at most 93 (T5, 2 MiB

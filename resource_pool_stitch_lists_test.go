@@ -34,7 +34,7 @@ func newKeptLists(t *testing.T, n int) *keptLists {
 	vm := newGatedVMM(0)
 	cv := newCountingVMM(vm.vmm)
 	vm.vmm = cv
-	p := newExpTestPool(t, vm, PoolOptions{MaximumPoolSize: 1 << 30, stitchPiece: 2 * mib})
+	p := newTunedTestPool(t, vm, PoolOptions{MaximumPoolSize: 1 << 30}, poolTuning{stitchPiece: 2 * mib})
 	e := newPoolSyncEnv(t, p)
 	vm.check = e.checkReturned
 	a := &keptLists{e: e, p: p, vm: vm, cv: cv, n: n}
@@ -242,7 +242,7 @@ func newEndLastPool(t *testing.T) (*poolSyncEnv, *PoolMemoryResource, *countingV
 	vm := newGatedVMM(0)
 	cv := newCountingVMM(vm.vmm)
 	vm.vmm = cv
-	p := newExpTestPool(t, vm, PoolOptions{MaximumPoolSize: 1 << 30, stitchPiece: 2 * mib})
+	p := newTunedTestPool(t, vm, PoolOptions{MaximumPoolSize: 1 << 30}, poolTuning{stitchPiece: 2 * mib})
 	e := newPoolSyncEnv(t, p)
 	vm.check = e.checkReturned
 	sa, _, ia := e.stream(0xa, "A")

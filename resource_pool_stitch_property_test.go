@@ -499,7 +499,7 @@ func newStitchPropSUT(t *testing.T, mode string, piece int, rest bool, stats *st
 		inner = s.sim
 	}
 	p, err := newExpandablePool(NewSystemMemoryResource(), &stitchPropVMM{vmm: inner, sut: s},
-		PoolOptions{Expandable: true, MaximumPoolSize: 48 * mib, stitchPiece: piece, stitchRest: rest, stitchKeep: 4})
+		PoolOptions{Expandable: true, MaximumPoolSize: 48 * mib}, poolTuning{stitchPiece: piece, stitchRest: rest, stitchKeep: 4})
 	if err != nil {
 		panic(err)
 	}
