@@ -1,7 +1,6 @@
 package rmm
 
 import (
-	"cmp"
 	"errors"
 	"fmt"
 	"math"
@@ -148,6 +147,73 @@ type PoolOptions struct {
 	MemoryProfile *MemoryProfile
 }
 
+// poolBacking is where a pool's memory comes from and goes back to: upstream blocks
+// (upstreamBacking), chunks mapped onto one reserved range (expandable) or pieces mapped onto one
+// range plus stitched ranges (stitching). Placement calls it on its slow paths only, pool locked;
+// a method may unlock the pool for driver calls where it says so, holding the busy token (see
+// resource_pool_unlock.go).
+type poolBacking interface {
+	// grow makes room for an n-byte request on s, whose list l is pinned (placement found no free
+	// block that holds it): it returns a free block of at least n bytes out of every list, or
+	// nil when it grew but the request must search again (what it grew is then free in l). Busy
+	// token held; it may unlock.
+	grow(n int, s StreamView, l *freeList) (*block, error)
+	// releaseMayHelp reports whether giving every wholly free range back could let a growth the
+	// pool's maximum refused succeed (placement has checked the rest: see releaseMayHelp).
+	releaseMayHelp() bool
+	// release gives back what lies wholly in free blocks of def, into which every list was
+	// merged after a host wait for the work behind the frees. Busy token held; without hold it
+	// may unlock, the blocks it gives back out of every list meanwhile.
+	release(def *freeList, hold bool) error
+	// trim is called after a free that left the free block b while the pool's free bytes exceed
+	// PoolMemoryResource.trimAt; it gives memory back as the backing's threshold says.
+	trim(b *block)
+	// releaseAfterClose gives back what it can after the free of b (now free in the one list
+	// left after Close), pool locked throughout.
+	releaseAfterClose(b *block) error
+	// close gives back what the backing holds beyond the blocks (Close; every free waited for).
+	close() error
+
+	// serveAtEnd may serve an n-byte request on l's stream whose best fit is the free block t at
+	// the end of the chain (tailLast pools) otherwise: it returns a live block marked served, or
+	// nil. No unlock.
+	serveAtEnd(n int, l *freeList, t *block) *block
+	// freeServed frees a served block b (out of the live table) on l's stream, and returns the
+	// last block it freed into l. servedFrom is the list a live served block was made for (nil:
+	// none), restoreServedDeps gives back the deps a failed wait took from it.
+	freeServed(l *freeList, b *block) *block
+	servedFrom(b *block) *freeList
+	restoreServedDeps(b *block, deps []*freeList)
+
+	// stats fills in the backing's figures (UpstreamBlocks, Reserved, Holes, HoleBytes).
+	stats(st *PoolStats)
+	// checkServed verifies the served blocks (served of them live), adds the lists they name to
+	// deps, and returns the bytes they hold beyond their sizes; checkChain verifies the chains
+	// against every block of the pool, all (CheckInvariants).
+	checkServed(served int, deps map[*freeList]int) (int, error)
+	checkChain(all map[DevicePtr]*block, served int) error
+	// exportIPC exports [ptr, ptr+n), which lies in one live allocation (ExportIPC).
+	exportIPC(ptr DevicePtr, n int) (*IPCHandle, error)
+}
+
+// noServing is the part of poolBacking of a backing that serves no request otherwise.
+type noServing struct{}
+
+func (noServing) serveAtEnd(int, *freeList, *block) *block { return nil }
+func (noServing) servedFrom(*block) *freeList              { return nil }
+func (noServing) restoreServedDeps(*block, []*freeList)    {}
+
+func (noServing) freeServed(*freeList, *block) *block {
+	panic("rmm: internal error: a pool block marked served by a backing that serves none")
+}
+
+func (noServing) checkServed(served int, _ map[*freeList]int) (int, error) {
+	if served > 0 {
+		return 0, errorf("%d served blocks in a pool whose backing serves none", served)
+	}
+	return 0, nil
+}
+
 // poolStreams is the pool's registry of per-stream free lists (stream_order.go), named so that go
 // doc leaves the embedded field out, as it does any unexported field.
 type poolStreams = streamLists[*freeList]
@@ -188,15 +254,28 @@ type PoolMemoryResource struct {
 	// still its stream's, so that a run of calls on one stream finds its list with no map
 	// lookup (listOf).
 	lastList   *freeList
-	size       int // bytes taken from upstream
-	upstreams  map[DevicePtr]int
+	size       int        // bytes taken from upstream
 	live       blockTable // allocated blocks by address
 	liveBytes  int        // sum of the rounded sizes of live allocations
 	peakLive   int        // the highest liveBytes seen
 	spare      []*block
 	closed     bool
 	closedList *freeList // after Close: the one list left
-	exp        *expandable
+
+	// backing is where the memory comes from and goes back to (poolBacking). Placement reaches
+	// it only through that interface; what placement itself must do differently for a backing
+	// is set below at construction.
+	backing poolBacking
+	name    string // for messages: "PoolMemoryResource", or with the backing's kind
+	// chained: every block lies in one chain (a backing that maps one range), whose ends head
+	// and tail link and unlink keep; else each upstream allocation is a chain of its own.
+	chained    bool
+	head, tail *block
+	// tailLast: placement serves the free block at the end of the chain only when no other free
+	// block holds the request (findEndLast), and asks the backing first (serveAtEnd).
+	tailLast bool
+	// trimAt: a free that leaves more free bytes than this asks the backing to trim (0: never).
+	trimAt int
 
 	// The slow paths that unlock the mutex for driver calls (resource_pool_unlock.go).
 	busy    bool // a growth or release is in flight
@@ -260,114 +339,21 @@ func NewPoolMemoryResource(upstream MemoryResource, opts *PoolOptions) (*PoolMem
 	if o.Expandable {
 		return newExpandablePool(given, nil, o, poolTuning{})
 	}
-	p := &PoolMemoryResource{
-		upstream:  upstream,
-		maximum:   o.MaximumPoolSize,
-		upstreams: map[DevicePtr]int{},
-		prof:      o.MemoryProfile,
-		profLeft:  o.MemoryProfile.nextSample(),
-	}
-	if err := p.initStreams("PoolMemoryResource", DeviceOf(upstream), p, newFreeList); err != nil {
-		return nil, err
-	}
-	if o.InitialPoolSize > 0 {
-		ptr, err := upstream.Allocate(o.InitialPoolSize, DefaultStream)
-		if err != nil {
-			return nil, errorf("NewPoolMemoryResource: taking the initial %s from %s: %w", bytesText(o.InitialPoolSize), resourceName(upstream), err)
-		}
-		p.mu.Lock()
-		l, err := p.listFor(DefaultStream)
-		if err != nil {
-			p.mu.Unlock()
-			upstream.Deallocate(ptr, o.InitialPoolSize, DefaultStream)
-			return nil, err
-		}
-		p.addUpstreamBlock(ptr, o.InitialPoolSize)
-		l.insert(p.newBlock(ptr, o.InitialPoolSize))
-		l.dirty = true // a stream-ordered upstream gave it in the default stream's order
-		p.mu.Unlock()
-	}
-	return p, nil
+	return newUpstreamPool(upstream, o)
 }
 
-// newExpandablePool makes an expandable pool over vm (nil: the one upstream names, see vmmFor),
-// tuned by tune (PoolOptions.Stitch sets what tune leaves zero to stitchTuning's values).
-// upstream is the opts' upstream as the caller gave it (nil allowed).
-func newExpandablePool(upstream MemoryResource, vm vmm, o PoolOptions, tune poolTuning) (*PoolMemoryResource, error) {
-	var dev Device
-	if vm == nil {
-		var err error
-		if vm, dev, err = vmmFor(upstream, o.Stitch || tune.stitchPiece > 0); err != nil {
-			return nil, err
-		}
-	} else {
-		dev = DeviceOf(upstream)
-	}
-	if o.Exportable {
-		if err := setVMMExportable(vm); err != nil {
-			return nil, err
-		}
-	}
-	if upstream == nil {
-		upstream = CurrentDeviceResource()
-	}
-	if o.Stitch && tune.stitchPiece == 0 {
-		tune.stitchPiece, tune.stitchRest = stitchTuning.stitchPiece, stitchTuning.stitchRest
-		tune.stitchFrac = cmp.Or(tune.stitchFrac, stitchTuning.stitchFrac)
-	}
-	if tune.stitchPiece < 0 || tune.stitchMin < 0 || tune.stitchKeep < 0 || tune.stitchFrac < 0 || tune.minGrowth < 0 || tune.growthDivisor < 0 {
-		return nil, errorf("NewPoolMemoryResource: negative stitching option: %w", ErrInvalidArgument)
-	}
-	e, maximum, err := newExpandable(vm, dev, o.MaximumPoolSize, o.ReleaseThreshold)
-	if err != nil {
-		return nil, err
-	}
-	minChunk, growthDiv := expandableMinChunk, expandableGrowthDivisor
-	if tune.stitchPiece > 0 {
-		minChunk, growthDiv = stitchMinGrowth, stitchGrowthDivisor
-	}
-	e.minChunk, e.growthDiv = cmp.Or(tune.minGrowth, minChunk), cmp.Or(tune.growthDivisor, growthDiv)
-	if tune.stitchPiece > 0 {
-		e.piece, _ = alignUpChecked(tune.stitchPiece, e.gran)
-		e.stitchMin = cmp.Or(tune.stitchMin, stitchMinDefault)
-		e.stitchRest = tune.stitchRest
-		e.keepMax = cmp.Or(tune.stitchKeep, stitchKeepDefault)
-		e.pieceFrac, e.noDepLend = tune.stitchFrac, tune.stitchNoDeps
-		e.aliases = map[DevicePtr]*stitchAlias{}
-	}
+// newPool makes the pool's placement over backing, with the pool's size limit maximum (0: none),
+// for a memory on dev (pool not yet in use: no locking).
+func newPool(upstream MemoryResource, maximum int, o PoolOptions, dev Device) (*PoolMemoryResource, error) {
 	p := &PoolMemoryResource{
-		upstream:  upstream,
-		maximum:   maximum,
-		upstreams: map[DevicePtr]int{},
-		exp:       e,
-		prof:      o.MemoryProfile,
-		profLeft:  o.MemoryProfile.nextSample(),
+		upstream: upstream,
+		maximum:  maximum,
+		name:     "PoolMemoryResource",
+		prof:     o.MemoryProfile,
+		profLeft: o.MemoryProfile.nextSample(),
 	}
 	if err := p.initStreams("PoolMemoryResource", dev, p, newFreeList); err != nil {
-		vm.free(e.base, e.reserved)
 		return nil, err
-	}
-	if o.InitialPoolSize > 0 {
-		p.mu.Lock()
-		defer p.mu.Unlock()
-		l, err := p.listFor(DefaultStream)
-		if err == nil {
-			var b *block
-			p.busy = true
-			if b, err = p.growExpandable(o.InitialPoolSize, l, 1); err == nil {
-				if b == nil {
-					err = errors.New("internal error: the initial chunk is smaller than the initial size")
-				} else {
-					p.freeInto(l, b)
-				}
-			}
-			p.busy = false
-		}
-		if err != nil {
-			p.releaseChunks(p.lists[0], -1, true)
-			p.freeReservation()
-			return nil, errorf("NewPoolMemoryResource: mapping the initial %s: %w", bytesText(o.InitialPoolSize), err)
-		}
 	}
 	return p, nil
 }
@@ -391,7 +377,7 @@ func (p *PoolMemoryResource) MaximumPoolSize() int { return p.maximum }
 
 // Expandable reports whether the pool maps its own memory into one reserved address range
 // (PoolOptions.Expandable), as Reinitialize's pool does where the device allows it.
-func (p *PoolMemoryResource) Expandable() bool { return p.exp != nil }
+func (p *PoolMemoryResource) Expandable() bool { return p.chained }
 
 // Allocate returns nbytes (rounded up to 256) ordered on s. See the type's documentation for
 // where the memory comes from. Errors:
@@ -451,15 +437,8 @@ func (p *PoolMemoryResource) Allocate(nbytes int, s StreamView) (DevicePtr, erro
 	// The stream's own list first, as findBlock would: no unlock, so nothing to pin.
 	var b *block
 	var w takeWait
-	if b = l.bestFit(n); b != nil && p.exp != nil && p.exp.aliases != nil && b == p.exp.tail {
-		b = nil // a stitching pool serves the end of the chain last (findEndLast)
-	}
-	if b != nil {
-		if p.exp == nil || p.exp.aliases == nil {
-			b = p.takeFront(l, b, n) // takeOwn's common case, spelt out
-		} else {
-			b = p.takeOwn(l, b, n)
-		}
+	if b = l.bestFit(n); b != nil && (!p.tailLast || b != p.tail) {
+		b = p.takeFront(l, b, n) // findBlock's common case, spelt out (the end last: findEndLast)
 	} else if b, w, l, err = p.allocateSlow(l, n, s); err != nil {
 		p.mu.Unlock()
 		var oom *OutOfMemoryError
@@ -529,14 +508,14 @@ func (p *PoolMemoryResource) allocateWaited(b *block, l *freeList, w takeWait, d
 	if home == nil {
 		home = l
 	}
-	// A stitched block's chunks may hold bytes beyond n whose deps s waits for here: a free of
-	// the block on another stream returns them naming the list they were lent out of (from, s's),
-	// whose event must then cover these waits (freeStitched).
+	// A block the backing served may hold bytes beyond n whose deps s waits for here: a free of
+	// the block on another stream returns them naming the list they came out of (from, s's),
+	// whose event must then cover these waits (poolBacking.servedFrom).
 	// (from is l, pinned below, unless l was remade since: the old list was then dropped, after
 	// a host wait for every stream or the closing of its stream.)
 	var from *freeList
 	var fromEv uintptr
-	if b.stitched && len(dw) > 0 && p.exp.aliases[ptr].from == l {
+	if b.served && len(dw) > 0 && p.backing.servedFrom(b) == l {
 		from = l
 		if !l.lazy {
 			fromEv = l.event
@@ -560,9 +539,9 @@ func (p *PoolMemoryResource) allocateWaited(b *block, l *freeList, w takeWait, d
 	}
 	if werr != nil {
 		p.live.del(ptr)
-		if b.stitched {
-			p.restoreLentDeps(b, deps)
-			p.freeStitched(home, b)
+		if b.served {
+			p.backing.restoreServedDeps(b, deps)
+			p.backing.freeServed(home, b)
 		} else {
 			p.liveBytes -= n
 			p.restoreDeps(b, deps)
@@ -638,7 +617,7 @@ func (p *PoolMemoryResource) allocateSlow(l *freeList, n int, s StreamView) (*bl
 			p.busy, holding = true, true
 		}
 		sizeBefore := p.size
-		b, err = p.growAny(n, s, l)
+		b, err = p.backing.grow(n, s, l)
 		if err == nil && b == nil {
 			// The expandable pool grew, but the free block the new chunk was to extend was taken
 			// meanwhile: search again (and grow again if need be).
@@ -697,12 +676,12 @@ func (p *PoolMemoryResource) allocateSlow(l *freeList, n int, s StreamView) (*bl
 // list comes with the wait the caller must make once unlocked (s waits for that stream's event).
 // Pool locked, l pinned; a merge unlocks and relocks.
 func (p *PoolMemoryResource) findBlock(l *freeList, n int, s StreamView) (*block, takeWait, error) {
-	if p.exp != nil && p.exp.aliases != nil {
+	if p.tailLast {
 		b, w := p.findEndLast(l, n)
 		return b, w, nil
 	}
 	if b := l.bestFit(n); b != nil {
-		return p.takeOwn(l, b, n), takeWait{}, nil
+		return p.takeFront(l, b, n), takeWait{}, nil
 	}
 	// Blocks in the other streams' caches are free memory: put them where this search (and the
 	// merging after it) sees them.
@@ -771,52 +750,127 @@ func (p *PoolMemoryResource) findBlock(l *freeList, n int, s StreamView) (*block
 			p.dropList(o)
 		}
 		if b := l.bestFit(n); b != nil {
-			return p.takeOwn(l, b, n), takeWait{}, nil
+			return p.takeFront(l, b, n), takeWait{}, nil
 		}
 	}
 	return nil, takeWait{}, nil
 }
 
-// takeOwn takes a block of n bytes for l's stream out of l, whose block b serves it: in a
-// stitching pool a kept alias instead when b is the free block at the end of the chain
-// (keptAtEnd). Pool locked; it does not unlock.
-func (p *PoolMemoryResource) takeOwn(l *freeList, b *block, n int) *block {
-	if p.exp != nil && p.exp.aliases != nil {
-		if sb := p.keptAtEnd(n, l, b); sb != nil {
-			return sb
+// findEndLast takes a free block of at least n bytes for the stream of l (findBlock's work in a
+// tailLast pool): the best fit in l, else in another stream's list, the free block at the end of
+// the chain (p.tail) only when no other block fits, in whichever list it lies. It returns the
+// block cut to n bytes, or what the backing serves instead (serveAtEnd), with the wait the caller
+// must make when it came from another list; nil when nothing fits. The lists are not merged: the
+// pool then grows, and its backing may take memory from any list (a list other than l named among
+// the deps of what it serves). A free block at the end of the chain too small for the request
+// moves into l naming its list among its deps (the growth extends it, as a free block of l's,
+// and whoever takes it waits for that list). Pool locked; it does not unlock.
+//
+// Why: the first pass of a training loop grows the pool, and a growth leaves what it mapped
+// beyond the request free at the end of the chain, where the next small requests fit best. Later
+// passes find every growth's memory free at the end, the largest block; the same requests then
+// go to the free blocks between live ones, and placement differs from the first pass's, and so
+// does the free memory a stitching backing finds: the second pass would map new ranges. Served
+// last, the end of the chain is placed the same way however much it holds. The list a free block
+// lies in depends on the stream that freed it and on the merges: a pass that grew would have
+// merged every list into the growing stream's before each growth, a later pass that does not grow
+// none, so that a request would find a block of its own list in one pass and of another in the
+// next; so no list is merged.
+//
+// The end of the chain, taken for a request of another stream than the one whose list holds it,
+// moves into that stream's list first, so that the rest stays there: a first pass grows the end
+// for the stream that asks, and its rest lies in that stream's list, where the later passes,
+// which find the end free and large, then leave it too. Left in the list that held the end, the
+// rest would serve another stream in a later pass than in the first, and every placement after
+// it would differ. BENCHMARKS.md ("Stitching in the package") gives the driver calls this saves.
+func (p *PoolMemoryResource) findEndLast(l *freeList, n int) (*block, takeWait) {
+	t := p.listedTail()
+	if b := bestFitBut(l, n, t); b != nil {
+		return p.takeOwn(l, b, n), takeWait{}
+	}
+	// Blocks in the other streams' caches are free memory: put them where this search sees them.
+	// The end of the chain may be one of them: read it again, listed now, so that the other
+	// lists' best fits skip it as well.
+	p.flushCaches()
+	t = p.listedTail()
+	for _, o := range p.lists {
+		if o == l {
+			continue
+		}
+		if b := bestFitBut(o, n, t); b != nil {
+			return p.takeOther(l, o, b, n)
 		}
 	}
-	return p.takeFront(l, b, n)
+	if t == nil {
+		return nil, takeWait{}
+	}
+	fits := t.size >= n
+	o := t.list
+	if o == l {
+		if !fits {
+			return nil, takeWait{}
+		}
+		return p.takeOwn(l, t, n), takeWait{}
+	}
+	if fits {
+		if sb := p.backing.serveAtEnd(n, l, t); sb != nil {
+			return sb, takeWait{}
+		}
+	}
+	// The end moves into l naming o, as a free into l would (freeInto coalesces it with l's
+	// neighbours, and drops l from its deps: l's takers are ordered after l's frees). What a
+	// request leaves of it then stays in l, where a growth for l would have left it (see
+	// above); whoever takes it waits for o (its deps), this request
+	// included. Too small, it is what the growth extends.
+	o.remove(t)
+	p.addDep(t, o)
+	t = p.freeInto(l, t)
+	if !fits {
+		return nil, takeWait{}
+	}
+	return p.takeFront(l, t, n), takeWait{}
 }
 
-// growAny grows the pool for an n-byte request on s, whose list is l.
-func (p *PoolMemoryResource) growAny(n int, s StreamView, l *freeList) (*block, error) {
-	if p.exp != nil {
-		// When the free bytes already hold the request (every list was merged into l, or in a
-		// stitching pool searched, and the caches flushed before growing), the pool is fragmented, not exhausted: it maps only
-		// what the request lacks beyond the free block at the end, but at least
-		// expandableFragmentedMin. A growth step there would stay free beside the scattered free
-		// memory. Replayed over an address-only device (-passes 1 / 3), this took GPT-2 LoRA
-		// from 1.050 to 1.006 × peak live, GPT-2 generation 1.083 → 1.055, GPT-2 training
-		// 1.018 / 1.082 → 1.017 / 1.019, the MoE transformer 1.048 → 1.037, ViT 1.128 →
-		// 1.069 / 1.085, the UNet 1.207 → 1.166 / 1.168 and the two multi-stream traces
-		// 1.204 / 1.282 → 1.204 / 1.259 and 1.313 → 1.291 (bert and resnet50 unchanged); the
-		// price is more, smaller growths in a first pass (MoE: 328 chunks instead of 51, none
-		// after it). Without the minimum: the same but the UNet 1.181 and MoE 439 chunks; with
-		// 16 MiB MoE rose to 1.062, with 32 MiB LoRA to 1.075.
-		if p.exp.piece > 0 && n >= p.exp.stitchMin {
-			// The chunks lying in free memory, mapped a second time back to back (resource_pool_stitch.go).
-			if b, again := p.stitch(n, l); b != nil || again {
-				return b, nil
-			}
-		}
-		exact := 0
-		if p.size-p.liveBytes >= n {
-			exact = expandableFragmentedMin
-		}
-		return p.growExpandable(n, l, exact)
+// listedTail returns the free block at the end of the chain while it lies in a list; nil when
+// the end is live, or out of the lists (in a cache, or while the pool is unlocked).
+func (p *PoolMemoryResource) listedTail() *block {
+	if t := p.tail; t != nil && t.free && t.list != nil {
+		return t
 	}
-	return p.grow(n, s, l)
+	return nil
+}
+
+// takeOther takes n bytes of b, a free block of another stream's list o, for l's stream: what
+// the backing serves instead when b is the end of the chain (serveAtEnd; the lists it takes from
+// are among the deps of what it serves), else b cut to n bytes with the wait for o the caller
+// makes once unlocked.
+func (p *PoolMemoryResource) takeOther(l, o *freeList, b *block, n int) (*block, takeWait) {
+	if sb := p.backing.serveAtEnd(n, l, b); sb != nil {
+		return sb, takeWait{}
+	}
+	return p.takeFront(o, b, n), p.beginWait(o)
+}
+
+// bestFitBut returns o's best fit for n bytes other than the block x (nil: none).
+func bestFitBut(o *freeList, n int, x *block) *block {
+	b := o.bestFit(n)
+	if b == nil || b != x {
+		return b
+	}
+	o.remove(x)
+	b = o.bestFit(n)
+	o.insert(x)
+	return b
+}
+
+// takeOwn takes a block of n bytes for l's stream out of l, whose block b serves it: when b is
+// the free block at the end of the chain, what the backing serves there instead (serveAtEnd), if
+// anything. Pool locked; it does not unlock.
+func (p *PoolMemoryResource) takeOwn(l *freeList, b *block, n int) *block {
+	if sb := p.backing.serveAtEnd(n, l, b); sb != nil {
+		return sb
+	}
+	return p.takeFront(l, b, n)
 }
 
 // releaseMayHelp reports whether, after growing for an n-byte request failed with err, giving
@@ -844,7 +898,7 @@ func (p *PoolMemoryResource) releaseMayHelp(n int, err error) bool {
 	if p.maximum == 0 {
 		return false // nothing stopped it but the upstream, which did not refuse (overflow)
 	}
-	return p.exp == nil || len(p.exp.holes) > 0
+	return p.backing.releaseMayHelp()
 }
 
 // split keeps the first n bytes of the free block b (out of every list) and puts the rest, as a
@@ -887,8 +941,8 @@ func (p *PoolMemoryResource) linkBefore(a, b *block) {
 	a.prev, a.next = b.prev, b
 	if b.prev != nil {
 		b.prev.next = a
-	} else if p.exp != nil && p.exp.head == b {
-		p.exp.head = a
+	} else if p.chained && p.head == b {
+		p.head = a
 	}
 	b.prev = a
 }
@@ -899,8 +953,8 @@ func (p *PoolMemoryResource) linkAfter(b, r *block) {
 	r.prev, r.next = b, b.next
 	if b.next != nil {
 		b.next.prev = r
-	} else if p.exp != nil {
-		p.exp.tail = r
+	} else if p.chained {
+		p.tail = r
 	}
 	b.next = r
 }
@@ -912,25 +966,10 @@ func (p *PoolMemoryResource) absorbNext(b *block) *block {
 	b.next = nx.next
 	if nx.next != nil {
 		nx.next.prev = b
-	} else if p.exp != nil {
-		p.exp.tail = b
+	} else if p.chained {
+		p.tail = b
 	}
 	return nx
-}
-
-// growSize is librmm's growth policy for an n-byte request: the size to ask the upstream for
-// first, 0 when the pool cannot grow enough.
-func (p *PoolMemoryResource) growSize(n int) int {
-	if p.maximum == 0 {
-		return max(n, p.size)
-	}
-	room := p.maximum - p.size // not rounded up: the pool must never pass its maximum
-	if n > room {
-		return 0
-	}
-	// Half the headroom, kept on the 256-byte grid so that what is left stays usable and the
-	// pool can reach its maximum exactly.
-	return max(n, AlignDown(room/2, Alignment))
 }
 
 // maxDetail is the Detail of an out-of-memory error when the maximum stopped a growth of need
@@ -943,73 +982,6 @@ func maxDetail(n, need, left, maximum int) string {
 		return "maximum pool size reached"
 	}
 	return fmt.Sprintf("growing by the %d bytes it needs would pass the maximum pool size (%d bytes left under it)", need, left)
-}
-
-// backOff is the next size to try after the upstream refused try bytes for an n-byte request:
-// half, at least n. Under a maximum it stays on the 256-byte grid; without one it is librmm's
-// exact halving.
-func (p *PoolMemoryResource) backOff(try, n int) int {
-	if p.maximum > 0 {
-		return max(n, AlignDown(try/2, Alignment))
-	}
-	return max(n, try/2)
-}
-
-// grow takes a new block from the upstream for an n-byte request on s (whose list is l, pinned)
-// and returns it, free and out of every list. Pool locked with the busy token held; the upstream
-// is called unlocked (nothing else grows or releases meanwhile, so the size it was sized for
-// stays).
-func (p *PoolMemoryResource) grow(n int, s StreamView, l *freeList) (*block, error) {
-	try := p.growSize(n)
-	if try == 0 {
-		DebugLogger().Debug("rmm: PoolMemoryResource cannot grow", "request", n, "pool_size", p.size, "maximum", p.maximum)
-		return nil, p.oomErr(n, maxDetail(n, n, p.maximum-p.size, p.maximum), nil, false)
-	}
-	first, size, lazy, ev := try, p.size, l.lazy, l.event
-	p.mu.Unlock()
-	var ptr DevicePtr
-	var lastErr error
-	ok := false
-	for try >= n {
-		var err error
-		if ptr, err = p.upstream.Allocate(try, s); err == nil {
-			ok = true
-			break
-		}
-		lastErr = err
-		if try == n {
-			break
-		}
-		try = p.backOff(try, n)
-	}
-	if ok && !lazy && p.ctx != 0 && ev != 0 {
-		// The block is ordered on s (a stream-ordered upstream such as cuMemAllocAsync): the
-		// event of a list we hold only a view of must cover that before another stream can see
-		// the remainder (l is pinned: the event lives; its other records are on s too).
-		if err := p.drv.eventRecord(p.ctx, ev, s.cu()); err != nil {
-			p.upstream.Deallocate(ptr, try, s)
-			p.mu.Lock()
-			return nil, errorf("PoolMemoryResource: recording the event on %v: %w", s, err)
-		}
-	}
-	if !ok {
-		DebugLogger().Debug("rmm: PoolMemoryResource failed to grow", "request", n, "pool_size", size, "maximum", p.maximum, "err", lastErr)
-	} else {
-		DebugLogger().Debug("rmm: PoolMemoryResource grew", "request", n, "bytes", try, "pool_size", size+try, "maximum", p.maximum)
-	}
-	p.mu.Lock()
-	if ok {
-		if lazy {
-			l.dirty = true // a lazy list's event must cover the allocation on s
-		}
-		p.addUpstreamBlock(ptr, try)
-		return p.newBlock(ptr, try), nil
-	}
-	detail := fmt.Sprintf("the upstream refused %d bytes", n)
-	if first != n {
-		detail = fmt.Sprintf("the upstream refused every size from %d down to %d bytes", first, n)
-	}
-	return nil, p.oomErr(n, detail, lastErr, true)
 }
 
 // oomErr is the *OutOfMemoryError for an n-byte (rounded) request (Allocate puts the size asked
@@ -1027,9 +999,7 @@ func (p *PoolMemoryResource) oomErr(n int, detail string, cause error, refused b
 		Detail:           detail,
 		Cause:            cause,
 	}
-	if p.exp != nil {
-		e.Resource = "PoolMemoryResource (expandable)"
-	}
+	e.Resource = p.name
 	if !refused && p.maximum > 0 {
 		e.Headroom = p.maximum - p.size
 	}
@@ -1056,13 +1026,6 @@ func (p *PoolMemoryResource) largestFree() int {
 		}
 	}
 	return m
-}
-
-func (p *PoolMemoryResource) addUpstreamBlock(ptr DevicePtr, n int) {
-	p.upstreams[ptr] = n
-	p.size += n
-	p.sizeAtomic.Store(int64(p.size))
-	p.peakSize = max(p.peakSize, p.size)
 }
 
 // Deallocate returns p's block to the free list of stream s, coalescing it with free neighbours
@@ -1120,11 +1083,11 @@ func (p *PoolMemoryResource) Deallocate(ptr DevicePtr, nbytes int, s StreamView)
 	} else {
 		p.live.del(ptr)
 	}
-	if b.stitched {
-		// Never cached: its chunks go back into l (resource_pool_stitch.go).
-		b = p.freeStitched(l, b)
-		if p.exp.trimAt > 0 {
-			p.trimIfOver(b)
+	if b.served {
+		// Never cached: what it holds goes back into l (poolBacking.freeServed).
+		b = p.backing.freeServed(l, b)
+		if p.trimAt > 0 {
+			p.backing.trim(b)
 		}
 		return nil
 	}
@@ -1133,8 +1096,8 @@ func (p *PoolMemoryResource) Deallocate(ptr DevicePtr, nbytes int, s StreamView)
 	}
 	p.liveBytes -= b.size
 	b = p.freeInto(l, b)
-	if p.exp != nil && p.exp.trimAt > 0 {
-		p.trimIfOver(b)
+	if p.trimAt > 0 {
+		p.backing.trim(b)
 	}
 	return nil
 }
@@ -1186,8 +1149,8 @@ func (p *PoolMemoryResource) freeInto(l *freeList, b *block) *block {
 		nx.prev = b.prev
 		if b.prev != nil {
 			b.prev.next = nx
-		} else if p.exp != nil && p.exp.head == b {
-			p.exp.head = nx
+		} else if p.chained && p.head == b {
+			p.head = nx
 		}
 		p.recycle(b)
 		return nx
@@ -1406,67 +1369,7 @@ func (p *PoolMemoryResource) releaseWhole(hold bool) (*freeList, error) {
 	if err != nil {
 		return nil, err
 	}
-	if p.exp != nil {
-		return def, p.releaseChunks(def, -1, hold)
-	}
-	var whole []*block
-	def.each(func(b *block) {
-		if b.prev == nil && b.next == nil { // no neighbour: the whole upstream allocation
-			whole = append(whole, b)
-		}
-	})
-	if len(whole) == 0 {
-		return def, nil
-	}
-	for _, b := range whole {
-		def.remove(b)
-	}
-	p.pin(def)
-	p.unlockUnless(hold)
-	errs := make([]error, len(whole))
-	for i, b := range whole {
-		errs[i] = p.freeUpstream(b)
-	}
-	p.relockUnless(hold)
-	p.unpin(def)
-	var firstErr error
-	for i, b := range whole {
-		if errs[i] != nil {
-			firstErr = cmp.Or(firstErr, errs[i])
-			p.freeInto(def, b) // stays in the pool, whole and free (its work was waited for)
-			continue
-		}
-		p.forgetUpstream(b)
-	}
-	return def, firstErr
-}
-
-// returnUpstream gives the wholly free upstream block b back to the upstream.
-func (p *PoolMemoryResource) returnUpstream(b *block) error {
-	if err := p.freeUpstream(b); err != nil {
-		return err
-	}
-	b.list.remove(b)
-	p.forgetUpstream(b)
-	return nil
-}
-
-// freeUpstream hands the wholly free upstream block b back to the upstream (the pool's figures
-// unchanged: forgetUpstream does that once it succeeded).
-func (p *PoolMemoryResource) freeUpstream(b *block) error {
-	if err := p.upstream.Deallocate(b.addr, b.size, DefaultStream); err != nil {
-		return errorf("PoolMemoryResource: returning %s at %#x to %s: %w", bytesText(b.size), uintptr(b.addr), resourceName(p.upstream), err)
-	}
-	return nil
-}
-
-// forgetUpstream takes b, given back to the upstream and out of every list, off the pool's
-// figures.
-func (p *PoolMemoryResource) forgetUpstream(b *block) {
-	delete(p.upstreams, b.addr)
-	p.size -= b.size
-	p.sizeAtomic.Store(int64(p.size))
-	p.recycle(b)
+	return def, p.backing.release(def, hold)
 }
 
 // Close waits for the work behind every free, returns every wholly free upstream block to the
@@ -1499,11 +1402,8 @@ func (p *PoolMemoryResource) Close() error {
 	p.destroyEvents()
 	p.closed = true
 	p.closedList = def
-	if p.exp != nil {
-		p.dropIdleAliases(true) // every free was waited for
-		if ferr := p.freeReservation(); ferr != nil && err == nil {
-			err = ferr
-		}
+	if ferr := p.backing.close(); ferr != nil && err == nil {
+		err = ferr // every free was waited for
 	}
 	if n := p.live.len(); n > 0 {
 		DebugLogger().Warn("rmm: PoolMemoryResource closed with live allocations; their upstream blocks go back as they are freed",
@@ -1526,23 +1426,11 @@ func (p *PoolMemoryResource) deallocateAfterClose(b *block, s StreamView) error 
 		b.dropSample()
 	}
 	p.live.del(b.addr)
-	if b.stitched {
-		// Its stream is synchronised: the alias can go at once, before its chunks can.
-		a := p.exp.aliases[b.addr]
-		b = p.freeStitched(p.closedList, b)
-		p.dropAliases([]*stitchAlias{a}, true)
+	if b.served {
+		b = p.backing.freeServed(p.closedList, b) // its stream is synchronised
 	} else {
 		p.liveBytes -= b.size
 		b = p.freeInto(p.closedList, b)
 	}
-	if p.exp != nil {
-		if err := p.releaseChunks(p.closedList, -1, true); err != nil {
-			return err
-		}
-		return p.freeReservation()
-	}
-	if b.prev == nil && b.next == nil {
-		return p.returnUpstream(b)
-	}
-	return nil
+	return p.backing.releaseAfterClose(b)
 }

@@ -134,8 +134,8 @@ func depCheckDepRefs(p *PoolMemoryResource) error {
 	if err != nil {
 		return err
 	}
-	if p.exp != nil {
-		for _, a := range p.exp.aliases {
+	if st := p.stitching(); st != nil {
+		for _, a := range st.aliases {
 			if a.b != nil {
 				count[a.from]++ // a live stitched range names the list its chunks were lent out of
 			}
@@ -293,8 +293,8 @@ func TestDepCoalesceSeqWalk(t *testing.T) {
 					vm.check = e.checkReturned
 					depSeqWalk(t, e, seed, 400, seed%2 == 0)
 					require.Empty(t, vm.errs)
-					stitched += p.exp.stitches
-					stitchedDeps += p.exp.stitchedDeps
+					stitched += p.stitching().stitches
+					stitchedDeps += p.stitching().stitchedDeps
 				} else {
 					u := newGatedUpstream(t, 1<<30)
 					var err error

@@ -35,8 +35,8 @@ type block struct {
 	prio        uint16
 	free        bool
 	hole        bool // an expandable pool's range whose memory was given back (not free)
-	lent        bool // an expandable pool's chunk mapped into a live stitched block (resource_pool_stitch.go)
-	stitched    bool // a live block in a stitched range, outside every chain (resource_pool_stitch.go)
+	lent        bool // a chunk of the chain mapped into a live stitched block (pool_backing_stitch.go)
+	served      bool // a live block the backing served outside every chain (a stitched range: poolBacking.freeServed)
 	// slack: allocated, the size less the size asked (below Alignment: an allocated block has the
 	// asked size rounded up; see req and setReq).
 	slack      uint8
@@ -275,7 +275,7 @@ func (l *freeList) remove(b *block) {
 // block, b stays or becomes that class's only block, so that no order among l's blocks needs
 // looking at (the caller changes b's address to match, l.bytes is updated here).
 func (l *freeList) resize(b *block, size int) bool {
-	if b.parent != nil || b.left != nil || b.right != nil || b.lent || b.hole || b.stitched {
+	if b.parent != nil || b.left != nil || b.right != nil || b.lent || b.hole || b.served {
 		return false
 	}
 	l1, c1 := freeClass(b.size)

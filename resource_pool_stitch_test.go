@@ -83,7 +83,7 @@ func newStitchTestPool(t *testing.T, tune poolTuning, host bool, free ...int) *s
 }
 
 func (s *stitchTestPool) inPrimary(q DevicePtr) bool {
-	e := s.p.exp
+	e := s.p.expandable()
 	return q >= e.base && q < e.base+DevicePtr(e.reserved)
 }
 
@@ -126,7 +126,7 @@ func TestStitchServesAndReuses(t *testing.T) {
 	require.NoError(t, p.Deallocate(q, 8*mib, DefaultStream))
 	require.NoError(t, p.CheckInvariants())
 	require.Equal(t, 8*mib, p.Stats().FreeBytes)
-	require.Equal(t, 1, len(p.exp.aliases), "kept")
+	require.Equal(t, 1, len(p.stitching().aliases), "kept")
 	c0 := vm.counts()
 	q2, err := p.Allocate(8*mib, DefaultStream)
 	require.NoError(t, err)
@@ -152,7 +152,7 @@ func TestStitchLendsRuns(t *testing.T) {
 	p := s.p
 	q, err := p.Allocate(8*mib, DefaultStream)
 	require.NoError(t, err)
-	a := p.exp.aliases[q]
+	a := p.stitching().aliases[q]
 	require.NotNil(t, a)
 	require.Len(t, a.chunks, 4)
 	require.Equal(t, []vmChunk{{addr: s.ptrs[1], size: 6 * mib}, {addr: s.ptrs[5], size: 2 * mib}}, a.runs)
@@ -212,13 +212,13 @@ func TestStitchReleaseWithKeptAlias(t *testing.T) {
 	// With the block live, Release gives nothing back: its handles are lent.
 	require.NoError(t, p.Release())
 	require.Equal(t, 32*mib, p.PoolSize())
-	require.Len(t, p.exp.aliases, 1)
+	require.Len(t, p.stitching().aliases, 1)
 	require.NoError(t, p.Deallocate(q, 8*mib, DefaultStream))
 	c0 := vm.counts()
 	require.NoError(t, p.Release())
 	require.NoError(t, p.CheckInvariants())
 	require.Equal(t, 24*mib, p.PoolSize())
-	require.Empty(t, p.exp.aliases)
+	require.Empty(t, p.stitching().aliases)
 	require.Equal(t, 1+4, vm.counts().unmaps-c0.unmaps, "the alias, then the four handles")
 	require.Equal(t, 4, vm.counts().releases-c0.releases)
 	charged, mappings, _, _ := s.sim.stats()
@@ -281,7 +281,7 @@ func TestStitchOptions(t *testing.T) {
 	q, err := p.Allocate(64*mib, DefaultStream)
 	require.NoError(t, err)
 	require.Equal(t, 1, vm.counts().creates)
-	require.Nil(t, p.exp.aliases)
+	require.Nil(t, p.stitching(), "no stitching backing")
 	require.NoError(t, p.Deallocate(q, 64*mib, DefaultStream))
 	// On: handles of at most the piece.
 	vm = newCountingVMM(newSimVMM(hostVMMGranularity, 0))
@@ -320,7 +320,7 @@ func TestStitchPublicOption(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, before.creates, vm.counts().creates, "stitched from the four free pieces")
 	require.Equal(t, 32*mib, p.PoolSize())
-	require.Equal(t, 1, p.exp.stitches)
+	require.Equal(t, 1, p.stitching().stitches)
 	require.NoError(t, p.CheckInvariants())
 	require.NoError(t, p.Deallocate(q, 8*mib, DefaultStream))
 	// A growth of nearly 1 GiB (952 MiB: what the request lacks beyond the free tail) maps
@@ -356,7 +356,7 @@ func TestStitchOverHostMemory(t *testing.T) {
 	q, err := p.Allocate(8*mib, DefaultStream)
 	require.NoError(t, err)
 	require.Equal(t, 32*mib, p.PoolSize(), "stitched, not grown")
-	require.Equal(t, 1, p.exp.stitches)
+	require.Equal(t, 1, p.stitching().stitches)
 	b := hostBytes(q, 8*mib)
 	for k, i := range []int{2, 6, 10, 14} {
 		require.Equal(t, byte(i+1), b[k*2*mib], "piece %d of the stitched range shows handle %d's bytes", k, i)
@@ -383,20 +383,20 @@ func TestStitchEvictsLeastRecentlyUsed(t *testing.T) {
 		require.NoError(t, p.Deallocate(q, n, DefaultStream))
 		vas = append(vas, q)
 	}
-	require.Len(t, p.exp.aliases, 2)
+	require.Len(t, p.stitching().aliases, 2)
 	c0 := vm.counts()
 	_, f0 := s.rv.counts()
 	q, err := p.Allocate(8*mib, DefaultStream)
 	require.NoError(t, err)
 	require.NoError(t, p.CheckInvariants())
-	require.Len(t, p.exp.aliases, 2)
-	require.Nil(t, p.exp.aliases[vas[0]], "the least recently used went")
-	require.NotNil(t, p.exp.aliases[vas[1]])
-	require.NotNil(t, p.exp.aliases[q])
+	require.Len(t, p.stitching().aliases, 2)
+	require.Nil(t, p.stitching().aliases[vas[0]], "the least recently used went")
+	require.NotNil(t, p.stitching().aliases[vas[1]])
+	require.NotNil(t, p.stitching().aliases[q])
 	require.Equal(t, 1, vm.counts().unmaps-c0.unmaps)
 	_, f1 := s.rv.counts()
 	require.Equal(t, f0+1, f1)
-	require.Equal(t, 1, p.exp.evicted)
+	require.Equal(t, 1, p.stitching().evicted)
 	require.NoError(t, p.Deallocate(q, 8*mib, DefaultStream))
 }
 
@@ -408,7 +408,7 @@ func TestStitchEvictsLeastRecentlyUsed(t *testing.T) {
 func TestStitchReleaseKeepsUnsyncedFree(t *testing.T) {
 	vm, p, e, blocks, k := unsyncedFreeSetup(t)
 	e.mustFree(k, 8*mib, DefaultStream, e.def) // the alias is kept
-	require.Len(t, p.exp.aliases, 1)
+	require.Len(t, p.stitching().aliases, 1)
 
 	vm.unmap_.shut(t)
 	released := make(chan error, 1)
@@ -431,8 +431,8 @@ func TestStitchReleaseKeepsUnsyncedFree(t *testing.T) {
 func TestStitchTrimKeepsUnsyncedFree(t *testing.T) {
 	vm, p, e, blocks, k := unsyncedFreeSetup(t)
 	p.mu.Lock()
-	p.exp.threshold = 256 << 10 // as ReleaseThreshold: trim past 256 KiB free
-	p.exp.resetTrim(p.size - p.liveBytes)
+	p.expandable().threshold = 256 << 10 // as ReleaseThreshold: trim past 256 KiB free
+	p.expandable().resetTrim(p.size - p.liveBytes)
 	p.mu.Unlock()
 	vm.unmap_.shut(t)
 	freed := make(chan error, 1)
@@ -462,7 +462,7 @@ func unsyncedFreeSetup(t *testing.T) (*gatedVMM, *PoolMemoryResource, *poolSyncE
 		e.mustFree(blocks[i], 2*mib, DefaultStream, e.def)
 	}
 	k := e.mustAlloc(8*mib, DefaultStream, e.def)
-	require.Equal(t, 1, p.exp.stitches)
+	require.Equal(t, 1, p.stitching().stitches)
 	return vm, p, e, blocks, k
 }
 

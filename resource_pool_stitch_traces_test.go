@@ -116,8 +116,8 @@ func TestStitchTraces(t *testing.T) {
 			slices.Sort(walls)
 			slices.Sort(cpus)
 			made, kept, evicted := 0, 0, 0
-			if p.exp.aliases != nil {
-				made, kept, evicted = p.exp.stitches, len(p.exp.aliases), p.exp.evicted
+			if p.stitching() != nil {
+				made, kept, evicted = p.stitching().stitches, len(p.stitching().aliases), p.stitching().evicted
 			}
 			t.Logf("%s | p1/p3/p%d %s | create/map/unmap %s | stitched %d kept %d evicted %d | pass 1 %d ns/event | later %d ns/event (CPU %d)", line, report[2],
 				strings.Join(ratios, " "), strings.Join(calls, " "), made, kept, evicted, first.Nanoseconds()/int64(len(events)), walls[0].Nanoseconds()/int64(len(events)), cpus[0].Nanoseconds()/int64(len(events)))
@@ -147,7 +147,7 @@ func TestStitchReplaysAtEnd(t *testing.T) {
 			_, err = Replay(events, p, nil)
 			require.NoError(t, err)
 			first := vm.counts()
-			require.Positive(t, p.exp.stitches, "the first pass stitches")
+			require.Positive(t, p.stitching().stitches, "the first pass stitches")
 			r, err := Replay(events, p, nil)
 			require.NoError(t, err)
 			require.Zero(t, r.Failures)
@@ -214,9 +214,9 @@ func TestStitchTraceStreamOrder(t *testing.T) {
 				r, err := Replay(events, mr, opts)
 				require.NoError(t, err)
 				require.Zero(t, r.Failures)
-				maps[pass], deps[pass] = vm.counts().maps, p.exp.stitchedDeps
+				maps[pass], deps[pass] = vm.counts().maps, p.stitching().stitchedDeps
 			}
-			require.Positive(t, p.exp.stitches, "the trace stitches")
+			require.Positive(t, p.stitching().stitches, "the trace stitches")
 			t.Logf("second pass: %d maps", maps[1]-maps[0])
 			if tc.steady {
 				require.Equal(t, maps[0], maps[1], "the second pass maps no handle")

@@ -265,11 +265,11 @@ func (e *poolSyncEnv) alloc(n int, s StreamView, i int) (DevicePtr, error) {
 func (e *poolSyncEnv) modelRanges(ptr DevicePtr, n int, va bool) []arenaSyncFreed {
 	n = AlignDown(n+Alignment-1, Alignment)
 	one := []arenaSyncFreed{{p: ptr, end: ptr + DevicePtr(n)}}
-	if e.p.exp == nil {
+	if e.p.stitching() == nil {
 		return one
 	}
 	e.p.mu.Lock()
-	a := e.p.exp.aliases[ptr]
+	a := e.p.stitching().aliases[ptr]
 	stitched := a != nil && a.b != nil
 	e.p.mu.Unlock()
 	if !stitched {

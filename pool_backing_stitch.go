@@ -79,6 +79,103 @@ type poolTuning struct {
 // the rest of a request grown when the free chunks hold only part of it.
 var stitchTuning = poolTuning{stitchPiece: 1, stitchRest: true, stitchFrac: stitchFracDefault}
 
+// stitching is the backing of a stitching pool (PoolOptions.Stitch): an expandable backing whose
+// growths map handles of at most a piece, and which serves a request no free block holds by
+// mapping the chunks lying in free memory a second time, back to back, in an alias of their own.
+type stitching struct {
+	*expandable
+	stitchMin  int  // the least request stitched
+	stitchRest bool // the free chunks may hold only most of a request: the rest is grown first
+	keepMax    int  // the most aliases kept
+	noDepLend  bool
+	// stitchedDeps counts the stitched blocks that named other lists (Allocate waited for them).
+	stitchedDeps int
+	aliases      map[DevicePtr]*stitchAlias
+	bySize       []*stitchAlias // the aliases sorted by size, then age (aliasOrder; keptFor)
+	blockScratch []*block       // scratch for freeByAddr
+	// endIndex: the aliases that hold each stitchEnd among their ends (keptAtEnd).
+	endIndex   map[stitchEnd][]*stitchAlias
+	stitchTick uint64
+	stitches   int // aliases made
+	evicted    int // aliases unmapped
+}
+
+// newStitching wraps the expandable backing e, tuned by tune (stitchPiece > 0).
+func newStitching(e *expandable, tune poolTuning) *stitching {
+	st := &stitching{
+		expandable: e,
+		stitchMin:  cmp.Or(tune.stitchMin, stitchMinDefault),
+		stitchRest: tune.stitchRest,
+		keepMax:    cmp.Or(tune.stitchKeep, stitchKeepDefault),
+		noDepLend:  tune.stitchNoDeps,
+		aliases:    map[DevicePtr]*stitchAlias{},
+	}
+	e.st = st
+	return st
+}
+
+// grow serves an n-byte request that no free block holds (findEndLast searched every list, the
+// caches flushed) with a stitched block when the chunks lying in free memory hold it, else grows
+// as an expandable pool does.
+func (e *stitching) grow(n int, s StreamView, l *freeList) (*block, error) {
+	if n >= e.stitchMin {
+		if b, again := e.stitch(n, l); b != nil || again {
+			return b, nil
+		}
+	}
+	return e.expandable.grow(n, s, l)
+}
+
+// serveAtEnd serves a request whose best fit is the end of the chain with a kept alias
+// (keptAtEnd).
+func (e *stitching) serveAtEnd(n int, l *freeList, t *block) *block { return e.keptAtEnd(n, l, t) }
+
+// freeServed frees a stitched block (freeStitched); after Close, with its stream synchronised,
+// its alias goes at once, before its chunks can.
+func (e *stitching) freeServed(l *freeList, b *block) *block {
+	if !e.p.closed {
+		return e.freeStitched(l, b)
+	}
+	a := e.aliases[b.addr]
+	b = e.freeStitched(l, b)
+	e.dropAliases([]*stitchAlias{a}, true)
+	return b
+}
+
+// servedFrom is the list the chunks of the live stitched block b were lent out of.
+func (e *stitching) servedFrom(b *block) *freeList { return e.aliases[b.addr].from }
+
+func (e *stitching) restoreServedDeps(b *block, deps []*freeList) { e.restoreLentDeps(b, deps) }
+
+// checkServed verifies the stitched blocks (checkStitches) and counts the lists live stitched
+// ranges name among the deps.
+func (e *stitching) checkServed(served int, deps map[*freeList]int) (int, error) {
+	for _, a := range e.aliases {
+		if a.b != nil && a.from != nil {
+			deps[a.from]++ // a live stitched range names the list its chunks were lent out of
+		}
+	}
+	lentSeen := map[*block]bool{}
+	for b := e.p.head; b != nil; b = b.next {
+		if b.lent {
+			lentSeen[b] = true
+		}
+	}
+	return e.checkStitches(lentSeen)
+}
+
+// close unmaps every alias not live (every free was waited for), then frees the reservation
+// once nothing is mapped.
+func (e *stitching) close() error {
+	e.dropIdleAliases(true)
+	return e.expandable.close()
+}
+
+// exportIPC exports the pieces under a stitched block, else those of the chain.
+func (e *stitching) exportIPC(ptr DevicePtr, n int) (*IPCHandle, error) {
+	return e.exportVMM(ptr, n, e.stitchedPieces)
+}
+
 // stitchAlias is a range of address space into which chunks of the pool are mapped back to back.
 // While its block is live the chunks are lent; once freed it is kept, for a later request that
 // its chunks hold when they are free again, until evicted or until one of its chunks is given
@@ -167,8 +264,8 @@ const (
 // lent too: the stitched block then names those lists (newAlias), and Allocate makes the
 // allocating stream wait for them before it hands the block out, as it does for a block taken
 // whole.
-func (p *PoolMemoryResource) stitchCands(l *freeList) []chunkCand {
-	e := p.exp
+func (e *stitching) stitchCands(l *freeList) []chunkCand {
+	p := e.p
 	var cs []chunkCand
 	add := func(b *block) {
 		if len(b.deps()) == 0 || !e.noDepLend {
@@ -194,14 +291,13 @@ func (p *PoolMemoryResource) stitchCands(l *freeList) []chunkCand {
 // of the request at the end of the chain: the caller searches again, and stitches the next time.
 //
 // Pool locked, busy token held, l pinned; it may unlock and relock.
-func (p *PoolMemoryResource) stitch(n int, l *freeList) (b *block, again bool) {
-	e := p.exp
-	if a, pick := p.keptFor(n, l); a != nil {
-		return p.lendAlias(a, n, l, pick), false
+func (e *stitching) stitch(n int, l *freeList) (b *block, again bool) {
+	if a, pick := e.keptFor(n, l); a != nil {
+		return e.lendAlias(a, n, l, pick), false
 	}
-	cands := p.stitchCands(l)
-	if len(e.aliases) >= e.keepMax && p.evictAliases() {
-		cands = p.stitchCands(l) // the pool was unlocked
+	cands := e.stitchCands(l)
+	if len(e.aliases) >= e.keepMax && e.evictAliases() {
+		cands = e.stitchCands(l) // the pool was unlocked
 	}
 	pick, sum := pickChunks(cands, n)
 	if sum < n {
@@ -216,16 +312,16 @@ func (p *PoolMemoryResource) stitch(n int, l *freeList) (b *block, again bool) {
 		// 1.001 and 1.048 / 1.055, and the UNet 1.030 → 1.006 (TestStitchTraces).
 		k, _ := alignUpChecked(n-sum, e.gran)
 		need := n
-		if t := e.tail; t != nil && t.free && t.list == l {
+		if t := e.p.tail; t != nil && t.free && t.list == l {
 			need -= t.size
 		}
 		kNeed, _ := alignUpChecked(need, e.gran)
 		if k >= kNeed {
 			return nil, false
 		}
-		return nil, p.growTail(k, l)
+		return nil, e.growTail(k, l)
 	}
-	return p.newAlias(pick, n, l), false
+	return e.newAlias(pick, n, l), false
 }
 
 // pickChunks chooses chunks among cands holding at least n bytes: the largest first while they
@@ -259,8 +355,7 @@ func pickChunks(cands []chunkCand, n int) ([]chunkCand, int) {
 // keptFor returns the smallest kept alias (the oldest of that size: aliasOrder), not live, that
 // serves n bytes and whose chunks all lie wholly in free blocks that may lend them (as
 // stitchCands lists them), with those chunks in its order and their blocks; nil when none does.
-func (p *PoolMemoryResource) keptFor(n int, l *freeList) (*stitchAlias, []chunkCand) {
-	e := p.exp
+func (e *stitching) keptFor(n int, l *freeList) (*stitchAlias, []chunkCand) {
 	if len(e.aliases) == 0 {
 		return nil, nil
 	}
@@ -278,7 +373,7 @@ func (p *PoolMemoryResource) keptFor(n int, l *freeList) (*stitchAlias, []chunkC
 			if !e.noDepLend {
 				src = nil
 			}
-			bs = p.freeByAddr(src)
+			bs = e.freeByAddr(src)
 			defer e.dropScratch()
 		}
 		if pick := pickIn(a, bs); pick != nil {
@@ -299,7 +394,7 @@ func aliasOrder(x, y *stitchAlias) int {
 }
 
 // addAlias enters a among the aliases: in aliases, bySize and, by its ends, endIndex.
-func (e *expandable) addAlias(a *stitchAlias) {
+func (e *stitching) addAlias(a *stitchAlias) {
 	e.aliases[a.va] = a
 	i, _ := slices.BinarySearchFunc(e.bySize, a, aliasOrder)
 	e.bySize = slices.Insert(e.bySize, i, a)
@@ -307,7 +402,7 @@ func (e *expandable) addAlias(a *stitchAlias) {
 }
 
 // removeAlias takes a out of the aliases (addAlias).
-func (e *expandable) removeAlias(a *stitchAlias) {
+func (e *stitching) removeAlias(a *stitchAlias) {
 	delete(e.aliases, a.va)
 	if i, ok := slices.BinarySearchFunc(e.bySize, a, aliasOrder); ok {
 		e.bySize = slices.Delete(e.bySize, i, i+1)
@@ -317,15 +412,15 @@ func (e *expandable) removeAlias(a *stitchAlias) {
 
 // endAt returns where the chain's end stands for stitchEnd: the start of the free block at the
 // end of the chain, or the end of the chain when the block there is not free.
-func (e *expandable) endAt() DevicePtr {
-	if t := e.tail; t != nil && t.free {
+func (e *stitching) endAt() DevicePtr {
+	if t := e.p.tail; t != nil && t.free {
 		return t.addr
 	}
 	return e.top
 }
 
 // noteEnd records r in a.ends, replacing its oldest, and in the pool's endIndex.
-func (e *expandable) noteEnd(a *stitchAlias, r stitchEnd) {
+func (e *stitching) noteEnd(a *stitchAlias, r stitchEnd) {
 	if old := a.ends[a.endNext]; old.at != 0 {
 		e.unindexEnd(a, old)
 	}
@@ -340,7 +435,7 @@ func (e *expandable) noteEnd(a *stitchAlias, r stitchEnd) {
 }
 
 // unindexEnd takes a out of endIndex[r] unless another of its ends is r.
-func (e *expandable) unindexEnd(a *stitchAlias, r stitchEnd) {
+func (e *stitching) unindexEnd(a *stitchAlias, r stitchEnd) {
 	k := 0
 	for _, x := range a.ends {
 		if x == r {
@@ -354,7 +449,7 @@ func (e *expandable) unindexEnd(a *stitchAlias, r stitchEnd) {
 }
 
 // dropIndexed takes a out of endIndex[r].
-func (e *expandable) dropIndexed(a *stitchAlias, r stitchEnd) {
+func (e *stitching) dropIndexed(a *stitchAlias, r stitchEnd) {
 	as := slices.DeleteFunc(e.endIndex[r], func(x *stitchAlias) bool { return x == a })
 	if len(as) == 0 {
 		delete(e.endIndex, r)
@@ -365,7 +460,7 @@ func (e *expandable) dropIndexed(a *stitchAlias, r stitchEnd) {
 
 // indexEnds adds (with drop false) or takes out the ends of a in endIndex, as a enters or leaves
 // the aliases.
-func (e *expandable) indexEnds(a *stitchAlias, drop bool) {
+func (e *stitching) indexEnds(a *stitchAlias, drop bool) {
 	for i, r := range a.ends {
 		if r.at == 0 || slices.Contains(a.ends[:i], r) {
 			continue
@@ -376,128 +471,6 @@ func (e *expandable) indexEnds(a *stitchAlias, drop bool) {
 			e.endIndex[r] = append(e.endIndex[r], a)
 		}
 	}
-}
-
-// findEndLast takes a free block of at least n bytes for the stream of l (findBlock's work in a
-// stitching pool): the best fit in l, else in another stream's list, the free block at the end of
-// the chain (e.tail) only when no other block fits, in whichever list it lies. It returns the
-// block cut to n bytes, or a kept alias lent (keptAtEnd), with the wait the caller must make
-// when it came from another list; nil when nothing fits. The lists are not merged: the pool then
-// grows or stitches, and both take chunks from any list (stitchCands, keptFor), a list other than
-// l named among the stitched block's deps. A free block at the end of the chain too small for the
-// request moves into l naming its list among its deps (the growth extends it, as a free block of
-// l's, and whoever takes it waits for that list). Pool locked; it does not unlock.
-//
-// Why: the first pass of a training loop grows the pool, and a growth leaves what it mapped
-// beyond the request free at the end of the chain, where the next small requests fit best. Later
-// passes find every growth's memory free at the end, the largest block; the same requests then
-// go to the free blocks between live ones, placement differs from the first pass's, and so do the
-// chunks its stitches find free: the second pass stitches new aliases. Served last, the end of the
-// chain is placed the same way however much it holds. The list a free block lies in depends on
-// the stream that freed it and on the merges: a pass that grew merged every list into the
-// growing stream's before each growth, a later pass that does not grow merges none, so that a
-// request found a block of its own list in one pass and of another in the next.
-//
-// Replayed over the address-only VMM (TestStitchTraces, twenty-four traces, four passes), this
-// replaces endLast, which served the end last in the stream's own list only, only for requests
-// under an eighth of the pool, and only while no other list held free blocks, and the merges
-// before a growth. The second pass's mappings: the two-thread CuPy trace 151 → 0, the
-// three-stream CuPy pipeline 563 → 0 (and its third pass 598 → 0), the SegFormer 7,683 → 7,739;
-// the third passes map none. Peak mapped / peak live at passes 1 / 3: the two-thread CuPy trace
-// 1.045 / 1.055 → 1.045 / 1.045 (its page floor at the old placement was 1.055), the
-// three-stream pipeline 1.027 → 1.022, the three-stream CuPy pipeline 1.005 / 1.010 → 1.012 /
-// 1.012, the VAE decoder 1.004 → 1.006 (without the eighth's bound), the SegFormer 1.003 /
-// 1.004 → 1.002 / 1.003; the nineteen others the same, with the same driver calls. The first
-// pass mapped 118,508 → 116,938 handles. Takes from another stream's list, each a wait for its
-// event, about doubled on the multi-stream traces (the three-stream pipeline: 866 → 2,244 a
-// pass over 55,124 allocations, with the model of stream order).
-//
-// The end of the chain, taken for a request of another stream than the one whose list holds it,
-// moves into that stream's list first, so that the rest stays there: a first pass grows the end
-// for the stream that asks, and its rest lies in that stream's list, where the later passes,
-// which find the end free and large, then leave it too. Before, the rest stayed in the list that
-// held the end: the SegFormer's side stream took its first blocks from the default stream's list
-// in the second pass and from its own in the first, the blocks its default stream took next
-// differed (its 216th allocation on), and so did every stitch after that: its second pass mapped
-// 7,739 handles for 18 new aliases. Now 0 (TestStitchTraces, four passes; 1.002 / 1.003 → 1.002 /
-// 1.002), and the other twenty-four traces make the same driver calls with the same footprints.
-func (p *PoolMemoryResource) findEndLast(l *freeList, n int) (*block, takeWait) {
-	t := p.exp.listedTail()
-	if b := bestFitBut(l, n, t); b != nil {
-		return p.takeOwn(l, b, n), takeWait{}
-	}
-	// Blocks in the other streams' caches are free memory: put them where this search sees them.
-	// The end of the chain may be one of them: read it again, listed now, so that the other
-	// lists' best fits skip it as well.
-	p.flushCaches()
-	t = p.exp.listedTail()
-	for _, o := range p.lists {
-		if o == l {
-			continue
-		}
-		if b := bestFitBut(o, n, t); b != nil {
-			return p.takeOther(l, o, b, n)
-		}
-	}
-	if t == nil {
-		return nil, takeWait{}
-	}
-	fits := t.size >= n
-	o := t.list
-	if o == l {
-		if !fits {
-			return nil, takeWait{}
-		}
-		return p.takeOwn(l, t, n), takeWait{}
-	}
-	if fits {
-		if sb := p.keptAtEnd(n, l, t); sb != nil {
-			return sb, takeWait{}
-		}
-	}
-	// The end moves into l naming o, as a free into l would (freeInto coalesces it with l's
-	// neighbours, and drops l from its deps: l's takers are ordered after l's frees). What a
-	// request leaves of it then stays in l, where a growth for l would have left it (see the
-	// note on the SegFormer above); whoever takes it waits for o (its deps), this request
-	// included. Too small, it is what the growth extends.
-	o.remove(t)
-	p.addDep(t, o)
-	t = p.freeInto(l, t)
-	if !fits {
-		return nil, takeWait{}
-	}
-	return p.takeFront(l, t, n), takeWait{}
-}
-
-// listedTail returns the free block at the end of the chain while it lies in a list; nil when
-// the end is live, or out of the lists (in a cache, or while the pool is unlocked).
-func (e *expandable) listedTail() *block {
-	if t := e.tail; t != nil && t.free && t.list != nil {
-		return t
-	}
-	return nil
-}
-
-// takeOther takes n bytes of b, a free block of another stream's list o, for l's stream: a kept
-// alias instead when b is the end of the chain (keptAtEnd; the lists it lends out of are among
-// its deps), else b cut to n bytes with the wait for o the caller makes once unlocked.
-func (p *PoolMemoryResource) takeOther(l, o *freeList, b *block, n int) (*block, takeWait) {
-	if sb := p.keptAtEnd(n, l, b); sb != nil {
-		return sb, takeWait{}
-	}
-	return p.takeFront(o, b, n), p.beginWait(o)
-}
-
-// bestFitBut returns o's best fit for n bytes other than the block x (nil: none).
-func bestFitBut(o *freeList, n int, x *block) *block {
-	b := o.bestFit(n)
-	if b == nil || b != x {
-		return b
-	}
-	o.remove(x)
-	b = o.bestFit(n)
-	o.insert(x)
-	return b
 }
 
 // keptAtEnd serves an n-byte request on l's stream, whose best fit (in l, or in another stream's
@@ -535,9 +508,8 @@ func bestFitBut(o *freeList, n int, x *block) *block {
 // Pool locked; it does not unlock (so l need not be pinned). The busy token need not be held:
 // lending makes no driver call, and a growth, release or eviction that unlocks keeps what it
 // works on out of the lists and out of the aliases meanwhile.
-func (p *PoolMemoryResource) keptAtEnd(n int, l *freeList, t *block) *block {
-	e := p.exp
-	if len(e.aliases) == 0 || n < e.stitchMin || t != e.tail {
+func (e *stitching) keptAtEnd(n int, l *freeList, t *block) *block {
+	if len(e.aliases) == 0 || n < e.stitchMin || t != e.p.tail {
 		return nil
 	}
 	var best *stitchAlias
@@ -556,19 +528,19 @@ func (p *PoolMemoryResource) keptAtEnd(n int, l *freeList, t *block) *block {
 	if e.noDepLend {
 		src = l // lending out of another list names it among the deps
 	}
-	pick := pickIn(best, p.freeByAddr(src))
+	pick := pickIn(best, e.freeByAddr(src))
 	e.dropScratch()
 	if pick == nil {
 		return nil
 	}
-	return p.lendAlias(best, n, l, pick)
+	return e.lendAlias(best, n, l, pick)
 }
 
 // freeByAddr returns the free blocks of a granule or more that may lend chunks (those
 // stitchCands lists chunks of) of l, or of every list when l is nil, sorted by address: the
 // pool's scratch slice, valid until the next call; dropScratch clears it after use.
-func (p *PoolMemoryResource) freeByAddr(l *freeList) []*block {
-	e := p.exp
+func (e *stitching) freeByAddr(l *freeList) []*block {
+	p := e.p
 	bs := e.blockScratch[:0]
 	add := func(b *block) {
 		if len(b.deps()) == 0 || !e.noDepLend {
@@ -588,7 +560,7 @@ func (p *PoolMemoryResource) freeByAddr(l *freeList) []*block {
 }
 
 // dropScratch clears freeByAddr's slice, so that it holds no block.
-func (e *expandable) dropScratch() { clear(e.blockScratch) }
+func (e *stitching) dropScratch() { clear(e.blockScratch) }
 
 // pickIn returns the runs of the alias a (stitchAlias.runs), in its order, each with the block
 // of bs (sorted by address) it lies wholly in; nil when one lies in none. A run's chunks lie back
@@ -681,19 +653,19 @@ func blockOf(bs []*block, c vmChunk, hint int) int {
 // listed in pick in its order as runs with the free blocks they lie in (pickIn), are lent out of
 // those blocks' lists. A run lent out of another stream's list names that list among the deps
 // that pass to the stitched block (Allocate makes l's stream wait for them). No driver call.
-func (p *PoolMemoryResource) lendAlias(a *stitchAlias, n int, l *freeList, pick []chunkCand) *block {
-	end := p.exp.endAt()
-	a.lent = p.lendNaming(pick, l)
-	return p.stitchedBlock(a, n, l, end)
+func (e *stitching) lendAlias(a *stitchAlias, n int, l *freeList, pick []chunkCand) *block {
+	end := e.endAt()
+	a.lent = e.lendNaming(pick, l)
+	return e.stitchedBlock(a, n, l, end)
 }
 
 // stitchedBlock makes the block of the alias a, whose chunks were just lent out of l, for n
 // bytes; end is where the chain's end stood before they were (endAt). The lent blocks' deps
 // pass to it (Allocate waits for them; restoreLentDeps gives them back if a wait fails).
-func (p *PoolMemoryResource) stitchedBlock(a *stitchAlias, n int, l *freeList, end DevicePtr) *block {
-	e := p.exp
+func (e *stitching) stitchedBlock(a *stitchAlias, n int, l *freeList, end DevicePtr) *block {
+	p := e.p
 	b := p.newBlock(a.va, n)
-	b.free, b.stitched = false, true
+	b.free, b.served = false, true
 	for _, h := range a.lent {
 		p.forgetDropped(h)
 		p.mergeDeps(b, h)
@@ -715,7 +687,8 @@ func (p *PoolMemoryResource) stitchedBlock(a *stitchAlias, n int, l *freeList, e
 // lendNaming lends the runs of chunks pick for l's stream (lendChunks); a block lent out of
 // another stream's list names that list among its deps, which pass to the stitched block
 // (stitchedBlock): Allocate waits for them.
-func (p *PoolMemoryResource) lendNaming(pick []chunkCand, l *freeList) []*block {
+func (e *stitching) lendNaming(pick []chunkCand, l *freeList) []*block {
+	p := e.p
 	var from []*freeList // by index in pick: the other stream's list it is lent out of
 	for i, c := range pick {
 		if o := c.b.list; o != l {
@@ -725,7 +698,7 @@ func (p *PoolMemoryResource) lendNaming(pick []chunkCand, l *freeList) []*block 
 			from[i] = o
 		}
 	}
-	lent := p.lendChunks(pick)
+	lent := e.lendChunks(pick)
 	for i, o := range from {
 		if o != nil {
 			p.addDep(lent[i], o)
@@ -738,7 +711,8 @@ func (p *PoolMemoryResource) lendNaming(pick []chunkCand, l *freeList) []*block 
 // listed when chosen, with no unlock since) out of their blocks' lists and returns the lent block
 // over each, in the order of pick. The parts of their free blocks around them stay free in the
 // same lists.
-func (p *PoolMemoryResource) lendChunks(pick []chunkCand) []*block {
+func (e *stitching) lendChunks(pick []chunkCand) []*block {
+	p := e.p
 	order := make([]int, len(pick))
 	for i := range order {
 		order[i] = i
@@ -774,14 +748,16 @@ func (p *PoolMemoryResource) lendChunks(pick []chunkCand) []*block {
 
 // restoreLentDeps gives the blocks lent under the stitched block b the deps in deps that are still
 // lists of the pool (Allocate's wait for them failed: the chunks go back unused).
-func (p *PoolMemoryResource) restoreLentDeps(b *block, deps []*freeList) {
-	for _, h := range p.exp.aliases[b.addr].lent {
+func (e *stitching) restoreLentDeps(b *block, deps []*freeList) {
+	p := e.p
+	for _, h := range e.aliases[b.addr].lent {
 		p.restoreDeps(h, deps)
 	}
 }
 
 // unlend frees the lent blocks into l, as a free of their memory on l's stream.
-func (p *PoolMemoryResource) unlend(lent []*block, l *freeList) *block {
+func (e *stitching) unlend(lent []*block, l *freeList) *block {
+	p := e.p
 	var last *block
 	for _, h := range lent {
 		h.lent = false
@@ -795,8 +771,8 @@ func (p *PoolMemoryResource) unlend(lent []*block, l *freeList) *block {
 // new reservation and returns the stitched block over it; nil when a driver call failed (the
 // chunks are then free in l again, with those deps, and the caller grows). The driver calls are made unlocked,
 // the lent blocks out of every list meanwhile.
-func (p *PoolMemoryResource) newAlias(pick []chunkCand, n int, l *freeList) *block {
-	e := p.exp
+func (e *stitching) newAlias(pick []chunkCand, n int, l *freeList) *block {
+	p := e.p
 	chunks := make([]vmChunk, len(pick))
 	size := 0
 	for i, c := range pick {
@@ -805,7 +781,7 @@ func (p *PoolMemoryResource) newAlias(pick []chunkCand, n int, l *freeList) *blo
 	}
 	end := e.endAt()
 	runs := runsOf(pick)
-	lent := p.lendNaming(runs, l)
+	lent := e.lendNaming(runs, l)
 	p.mu.Unlock()
 	va, err := e.vm.reserve(size)
 	if err == nil {
@@ -836,13 +812,13 @@ func (p *PoolMemoryResource) newAlias(pick []chunkCand, n int, l *freeList) *blo
 	p.mu.Lock()
 	if err != nil {
 		DebugLogger().Debug("rmm: PoolMemoryResource (expandable): stitching failed; growing instead", "request", n, "bytes", size, "err", err)
-		p.unlend(lent, l)
+		e.unlend(lent, l)
 		return nil
 	}
 	a := &stitchAlias{va: va, seq: e.stitches, size: size, chunks: chunks, runs: runChunks(runs), lent: lent}
 	e.addAlias(a)
 	e.stitches++
-	return p.stitchedBlock(a, n, l, end)
+	return e.stitchedBlock(a, n, l, end)
 }
 
 // freeStitched frees the stitched block b on l's stream (out of the live table; Deallocate has
@@ -856,8 +832,8 @@ func (p *PoolMemoryResource) newAlias(pick []chunkCand, n int, l *freeList) *blo
 // stream than the allocating one, a chunk holding such bytes names the allocating stream's
 // list among its deps (whose event, recorded after those waits, covers them), as a block
 // coalesced across streams does; after Close every stream was synchronised.
-func (p *PoolMemoryResource) freeStitched(l *freeList, b *block) *block {
-	e := p.exp
+func (e *stitching) freeStitched(l *freeList, b *block) *block {
+	p := e.p
 	a := e.aliases[b.addr]
 	p.liveBytes -= a.size // b.size, and the chunks' bytes beyond it (stitchedBlock)
 	lent, from := a.lent, a.from
@@ -875,26 +851,26 @@ func (p *PoolMemoryResource) freeStitched(l *freeList, b *block) *block {
 		from.depRefs--
 	}
 	p.recycle(b)
-	return p.unlend(lent, l)
+	return e.unlend(lent, l)
 }
 
 // growTail maps k more bytes at the end of the chain (within the reservation and the maximum)
 // and frees them into l, where they coalesce with a free block at the end. It reports whether
 // it did. Pool locked, busy token held, l pinned; the driver calls are made unlocked.
-func (p *PoolMemoryResource) growTail(k int, l *freeList) bool {
-	e := p.exp
+func (e *stitching) growTail(k int, l *freeList) bool {
+	p := e.p
 	if room := min(int(e.base+DevicePtr(e.reserved)-e.top), p.maximum-p.size); k > room {
 		return false
 	}
 	at, size := e.top, p.size
 	p.mu.Unlock()
-	cs, err := p.mapChunkUnlocked(at, k, size)
+	cs, err := e.mapChunkUnlocked(at, k, size)
 	p.mu.Lock()
 	if err != nil {
 		DebugLogger().Debug("rmm: PoolMemoryResource (expandable): growing the rest of a stitch failed", "bytes", k, "err", err)
 		return false
 	}
-	p.freeInto(l, p.appendChunk(at, k, cs))
+	p.freeInto(l, e.appendChunk(at, k, cs))
 	return true
 }
 
@@ -902,8 +878,8 @@ func (p *PoolMemoryResource) growTail(k int, l *freeList) bool {
 // after waiting (on the host) for the work behind every free, since an unmap does not wait for
 // the device and the work of the stream that freed a stitched block may still use its range. It
 // reports whether it unlocked the pool. Pool locked, busy token held.
-func (p *PoolMemoryResource) evictAliases() bool {
-	e := p.exp
+func (e *stitching) evictAliases() bool {
+	p := e.p
 	var idle []*stitchAlias
 	for _, a := range e.aliases {
 		if a.b == nil {
@@ -926,15 +902,15 @@ func (p *PoolMemoryResource) evictAliases() bool {
 			victims = append(victims, a)
 		}
 	}
-	p.dropAliases(victims, false)
+	e.dropAliases(victims, false)
 	return true
 }
 
 // dropAliases unmaps the aliases as (none live; the work behind their last frees known done) and
 // frees their reservations; without hold the calls are made unlocked (busy token held). An alias
 // that cannot be unmapped stays, kept.
-func (p *PoolMemoryResource) dropAliases(as []*stitchAlias, hold bool) {
-	e := p.exp
+func (e *stitching) dropAliases(as []*stitchAlias, hold bool) {
+	p := e.p
 	if len(as) == 0 {
 		return
 	}
@@ -966,10 +942,37 @@ func (p *PoolMemoryResource) dropAliases(as []*stitchAlias, hold bool) {
 	}
 }
 
+// unmapAliasesOver unmaps the kept aliases that map one of the chunks cands, which
+// releaseChunks is to give back (a handle goes back only once every alias of it is unmapped),
+// and returns the chunks that can go: cands less those of an alias that could not be unmapped,
+// each with the free block of def it lies in now. Pool locked, busy token held; without hold it
+// unlocks.
+func (e *stitching) unmapAliasesOver(def *freeList, cands []chunkCand, hold bool) []chunkCand {
+	p := e.p
+	if as := e.aliasesOver(cands); len(as) > 0 {
+		// The kept aliases over them go first, unlocked without hold. Meanwhile the blocks
+		// holding the chunks stay out of def, as unmapChunks keeps them: memory freed into def
+		// then (on the default stream, or merged from a closing stream's list), whose work no
+		// wait covered, must neither be given back with them nor coalesce into them, and no
+		// one may take them, or lend them through an alias.
+		blocks := pullBlocks(def, cands)
+		p.pin(def)
+		e.dropAliases(as, hold)
+		p.unpin(def)
+		for _, b := range blocks {
+			p.freeInto(def, b)
+		}
+		// The same chunks, in the free blocks they lie in now; those of an alias that could
+		// not be unmapped stay.
+		cands = e.unaliased(e.chunksFreeIn(def, cands))
+	}
+	return cands
+}
+
 // aliasesOver returns the aliases (not live) that map one of the chunks cands: before those are
 // given back, these must be unmapped (dropAliases), as a handle goes back only once every alias
 // of it is unmapped.
-func (e *expandable) aliasesOver(cands []chunkCand) []*stitchAlias {
+func (e *stitching) aliasesOver(cands []chunkCand) []*stitchAlias {
 	if len(e.aliases) == 0 || len(cands) == 0 {
 		return nil
 	}
@@ -993,7 +996,7 @@ func (e *expandable) aliasesOver(cands []chunkCand) []*stitchAlias {
 }
 
 // unaliased returns cands less the chunks an alias still maps.
-func (e *expandable) unaliased(cands []chunkCand) []chunkCand {
+func (e *stitching) unaliased(cands []chunkCand) []chunkCand {
 	if len(e.aliases) == 0 {
 		return cands
 	}
@@ -1007,22 +1010,22 @@ func (e *expandable) unaliased(cands []chunkCand) []chunkCand {
 }
 
 // dropIdleAliases drops every alias not live (Close; the work behind every free waited for).
-func (p *PoolMemoryResource) dropIdleAliases(hold bool) {
+func (e *stitching) dropIdleAliases(hold bool) {
 	var as []*stitchAlias
-	for _, a := range p.exp.aliases {
+	for _, a := range e.aliases {
 		if a.b == nil {
 			as = append(as, a)
 		}
 	}
-	p.dropAliases(as, hold)
+	e.dropAliases(as, hold)
 }
 
 // stitchedPieces returns, for [ptr, ptr+n) inside a live stitched block, where its alias starts
 // and the handles mapped there (for ExportIPC); nil pieces when ptr is in no stitched range.
-func (p *PoolMemoryResource) stitchedPieces(ptr DevicePtr, n int) (DevicePtr, []vmmPiece, error) {
+func (e *stitching) stitchedPieces(ptr DevicePtr, n int) (DevicePtr, []vmmPiece, error) {
+	p := e.p
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	e := p.exp
 	for _, a := range e.aliases {
 		if ptr < a.va || ptr >= a.va+DevicePtr(a.size) {
 			continue
@@ -1045,8 +1048,8 @@ func (p *PoolMemoryResource) stitchedPieces(ptr DevicePtr, n int) (DevicePtr, []
 // alias's block is live and stitched, its lent blocks are in the chain exactly over its chunks,
 // no chunk is lent twice, every lent block of the chain belongs to a live alias, every chunk of
 // an alias is a chunk of the pool; it returns the bytes live aliases hold beyond their blocks.
-func (p *PoolMemoryResource) checkStitches(lentSeen map[*block]bool) (int, error) {
-	e := p.exp
+func (e *stitching) checkStitches(lentSeen map[*block]bool) (int, error) {
+	p := e.p
 	owner := map[*block]*stitchAlias{}
 	slack := 0
 	chunkAt := make(map[DevicePtr]vmChunk, len(e.chunks))
@@ -1081,7 +1084,7 @@ func (p *PoolMemoryResource) checkStitches(lentSeen map[*block]bool) (int, error
 			return 0, errorf("live stitched range %#x names no list", uintptr(va))
 		}
 		stitchedLive++
-		if p.live.get(va) != a.b || !a.b.stitched || a.b.size > a.size {
+		if p.live.get(va) != a.b || !a.b.served || a.b.size > a.size {
 			return 0, errorf("stitched range %#x: its block is not live, not stitched or larger than it", uintptr(va))
 		}
 		slack += a.size - a.b.size
@@ -1127,7 +1130,7 @@ func (p *PoolMemoryResource) checkStitches(lentSeen map[*block]bool) (int, error
 	}
 	stitchedBlocks := 0
 	p.live.each(func(b *block) {
-		if b.stitched {
+		if b.served {
 			stitchedBlocks++
 		}
 	})

@@ -25,43 +25,155 @@ type vmChunk struct {
 
 func (c vmChunk) end() DevicePtr { return c.addr + DevicePtr(c.size) }
 
-// expandable is the state of an expandable pool; nil on a plain pool.
+// expandable is the backing of an expandable pool (PoolOptions.Expandable without Stitch).
 type expandable struct {
+	noServing
+	p        *PoolMemoryResource
+	st       *stitching // the stitching backing that wraps this one; nil when not stitching
 	vm       vmm
 	source   string // where the memory comes from, for messages: "the device", "the host", ...
 	gran     int
 	base     DevicePtr // the reservation
 	reserved int       // bytes reserved: the maximum size
-	top      DevicePtr // end of the chain
-	head     *block    // the block at base; nil while the chain is empty
-	tail     *block    // the last block of the chain
+	top      DevicePtr // end of the chain (p.head, p.tail: its blocks)
 	chunks   []vmChunk // mapped, by address
 	holes    map[*block]struct{}
 
-	// Stitching (piece > 0; resource_pool_stitch.go): growths map handles of at most piece bytes, and a
-	// request no free block holds may be served by mapping the chunks lying in free memory a
-	// second time, back to back, in an alias of their own.
-	piece      int
-	stitchMin  int  // the least request stitched
-	stitchRest bool // the free chunks may hold only most of a request: the rest is grown first
-	keepMax    int  // the most aliases kept
-	pieceFrac  int
-	noDepLend  bool
-	// stitchedDeps counts the stitched blocks that named other lists (Allocate waited for them).
-	stitchedDeps int
-	aliases      map[DevicePtr]*stitchAlias
-	bySize       []*stitchAlias // the aliases sorted by size, then age (aliasOrder; keptFor)
-	blockScratch []*block       // scratch for freeByAddr
-	// endIndex: the aliases that hold each stitchEnd among their ends (keptAtEnd).
-	endIndex   map[stitchEnd][]*stitchAlias
-	stitchTick uint64
-	stitches   int // aliases made
-	evicted    int // aliases unmapped
-
+	// Growths map handles of at most piece bytes, or of k/pieceFrac where that is more, for a
+	// growth of k (pieceSize); 0: one handle per growth.
+	piece     int
+	pieceFrac int
 	minChunk  int // the least growth (expandableMinChunk unless poolTuning.minGrowth)
 	growthDiv int // a growth maps at least size/growthDiv (expandableGrowthDivisor unless poolTuning.growthDivisor)
 	threshold int // ReleaseThreshold; 0: never trim by itself
-	trimAt    int // free mapped bytes above which Deallocate trims
+}
+
+// newExpandablePool makes an expandable pool over vm (nil: the one upstream names, see vmmFor),
+// tuned by tune (PoolOptions.Stitch sets what tune leaves zero to stitchTuning's values): its
+// backing is an expandable, or a stitching wrapping one. upstream is the opts' upstream as the
+// caller gave it (nil allowed).
+func newExpandablePool(upstream MemoryResource, vm vmm, o PoolOptions, tune poolTuning) (*PoolMemoryResource, error) {
+	var dev Device
+	if vm == nil {
+		var err error
+		if vm, dev, err = vmmFor(upstream, o.Stitch || tune.stitchPiece > 0); err != nil {
+			return nil, err
+		}
+	} else {
+		dev = DeviceOf(upstream)
+	}
+	if o.Exportable {
+		if err := setVMMExportable(vm); err != nil {
+			return nil, err
+		}
+	}
+	if upstream == nil {
+		upstream = CurrentDeviceResource()
+	}
+	if o.Stitch && tune.stitchPiece == 0 {
+		tune.stitchPiece, tune.stitchRest = stitchTuning.stitchPiece, stitchTuning.stitchRest
+		tune.stitchFrac = cmp.Or(tune.stitchFrac, stitchTuning.stitchFrac)
+	}
+	if tune.stitchPiece < 0 || tune.stitchMin < 0 || tune.stitchKeep < 0 || tune.stitchFrac < 0 || tune.minGrowth < 0 || tune.growthDivisor < 0 {
+		return nil, errorf("NewPoolMemoryResource: negative stitching option: %w", ErrInvalidArgument)
+	}
+	e, maximum, err := newExpandable(vm, dev, o.MaximumPoolSize, o.ReleaseThreshold)
+	if err != nil {
+		return nil, err
+	}
+	minChunk, growthDiv := expandableMinChunk, expandableGrowthDivisor
+	if tune.stitchPiece > 0 {
+		minChunk, growthDiv = stitchMinGrowth, stitchGrowthDivisor
+	}
+	e.minChunk, e.growthDiv = cmp.Or(tune.minGrowth, minChunk), cmp.Or(tune.growthDivisor, growthDiv)
+	p, err := newPool(upstream, maximum, o, dev)
+	if err != nil {
+		vm.free(e.base, e.reserved)
+		return nil, err
+	}
+	e.p = p
+	p.backing, p.chained, p.name = e, true, "PoolMemoryResource (expandable)"
+	if tune.stitchPiece > 0 {
+		e.piece, _ = alignUpChecked(tune.stitchPiece, e.gran)
+		e.pieceFrac = tune.stitchFrac
+		p.backing = newStitching(e, tune)
+		p.tailLast = true
+	}
+	e.resetTrim(0)
+	if o.InitialPoolSize > 0 {
+		p.mu.Lock()
+		defer p.mu.Unlock()
+		l, err := p.listFor(DefaultStream)
+		if err == nil {
+			var b *block
+			p.busy = true
+			if b, err = e.growExpandable(o.InitialPoolSize, l, 1); err == nil {
+				if b == nil {
+					err = errors.New("internal error: the initial chunk is smaller than the initial size")
+				} else {
+					p.freeInto(l, b)
+				}
+			}
+			p.busy = false
+		}
+		if err != nil {
+			e.releaseChunks(p.lists[0], -1, true)
+			e.freeReservation()
+			return nil, errorf("NewPoolMemoryResource: mapping the initial %s: %w", bytesText(o.InitialPoolSize), err)
+		}
+	}
+	return p, nil
+}
+
+// grow maps memory for an n-byte request on l's stream (every other list merged into l and the
+// caches flushed before). When the free bytes already hold the request, the pool is fragmented,
+// not exhausted: it maps only what the request lacks beyond the free block at the end, but at
+// least expandableFragmentedMin, as a growth step there would stay free beside the scattered free
+// memory; the minimum keeps a run of such requests from mapping a sliver each. The price is more,
+// smaller growths in a first pass (BENCHMARKS.md, "Eighth run" gives the footprints).
+func (e *expandable) grow(n int, _ StreamView, l *freeList) (*block, error) {
+	p := e.p
+	exact := 0
+	if p.size-p.liveBytes >= n {
+		exact = expandableFragmentedMin
+	}
+	return e.growExpandable(n, l, exact)
+}
+
+// releaseMayHelp: an expandable pool stopped by its maximum gains from giving back only when it
+// has holes. Growth fills a hole only together with the free blocks right next to it, and the
+// free chunks given back between two holes (or between a hole and the end) merge them into one;
+// without holes a chunk given back leaves a hole exactly where its free memory already was.
+func (e *expandable) releaseMayHelp() bool { return len(e.holes) > 0 }
+
+// release gives back (unmaps and releases) every chunk that lies wholly in free memory of def.
+func (e *expandable) release(def *freeList, hold bool) error {
+	return e.releaseChunks(def, -1, hold)
+}
+
+// releaseAfterClose gives back every chunk wholly free after a free that outlived Close, then
+// the reservation once no chunk is left (pool locked throughout).
+func (e *expandable) releaseAfterClose(*block) error {
+	if err := e.releaseChunks(e.p.closedList, -1, true); err != nil {
+		return err
+	}
+	return e.freeReservation()
+}
+
+// close frees the reservation once nothing is mapped (Close).
+func (e *expandable) close() error { return e.freeReservation() }
+
+func (e *expandable) stats(st *PoolStats) {
+	st.UpstreamBlocks = len(e.chunks)
+	st.Reserved = e.reserved
+	st.Holes = len(e.holes)
+	for h := range e.holes {
+		st.HoleBytes += h.size
+	}
+}
+
+func (e *expandable) exportIPC(ptr DevicePtr, n int) (*IPCHandle, error) {
+	return e.exportVMM(ptr, n, nil)
 }
 
 // The chunk size: a growth maps what the request needs beyond the free block it extends, but at
@@ -118,7 +230,6 @@ func newExpandable(vm vmm, dev Device, maximum, threshold int) (*expandable, int
 		return nil, 0, errorf("NewPoolMemoryResource: reserving %s of address space for the expandable pool: %w", bytesText(reserved), err)
 	}
 	e := &expandable{vm: vm, source: source, gran: gran, base: base, reserved: reserved, top: base, holes: map[*block]struct{}{}, threshold: threshold}
-	e.resetTrim(0)
 	return e, limit, nil
 }
 
@@ -143,10 +254,10 @@ func alignUpChecked(n, a int) (int, bool) {
 // minimum chunk, so that a pool hovering at its threshold does not synchronise at every free.
 func (e *expandable) resetTrim(free int) {
 	if e.threshold <= 0 {
-		e.trimAt = 0
+		e.p.trimAt = 0
 		return
 	}
-	e.trimAt = max(e.threshold, free) + max(e.gran, expandableMinChunk)
+	e.p.trimAt = max(e.threshold, free) + max(e.gran, expandableMinChunk)
 }
 
 // chunkSize is the size to map for a growth that needs need more bytes, with size mapped now.
@@ -168,8 +279,8 @@ func (e *expandable) chunkSize(need, size int) int {
 // so the new memory is freed into l, coalescing with whatever is free there now, and when the
 // result is still smaller than n it stays there and growExpandable returns nil, nil: the caller
 // searches again.
-func (p *PoolMemoryResource) growExpandable(n int, l *freeList, exact int) (*block, error) {
-	e := p.exp
+func (e *expandable) growExpandable(n int, l *freeList, exact int) (*block, error) {
+	p := e.p
 	if n > p.maximum {
 		// Also keeps the sizes below from overflowing when rounded up to the granularity.
 		return nil, p.oomErr(n, "the request exceeds the maximum pool size", nil, false)
@@ -182,7 +293,7 @@ func (p *PoolMemoryResource) growExpandable(n int, l *freeList, exact int) (*blo
 	}
 	// What growing at the end of the chain would map: what the request needs beyond the free
 	// block there, or a growth step (exact: only the need), within the room left.
-	need := n - free(e.tail)
+	need := n - free(e.p.tail)
 	kNeed, _ := alignUpChecked(need, e.gran)
 	tailK := e.chunkSize(need, p.size)
 	room := min(int(e.base+DevicePtr(e.reserved)-e.top), p.maximum-p.size)
@@ -226,13 +337,13 @@ func (p *PoolMemoryResource) growExpandable(n int, l *freeList, exact int) (*blo
 		}
 	}
 	if best != nil {
-		nb, err := p.mapChunk(bestAt, bestK)
+		nb, err := e.mapChunk(bestAt, bestK)
 		if err != nil {
-			return nil, p.growErr(n, bestK, err)
+			return nil, e.growErr(n, bestK, err)
 		}
-		p.logGrowth(nb)
-		p.fillHole(best, nb)
-		return p.takeGrown(nb, n, l)
+		e.logGrowth(nb)
+		e.fillHole(best, nb)
+		return e.takeGrown(nb, n, l)
 	}
 	// Else at the end of the chain, extending a free tail.
 	if tailK == math.MaxInt {
@@ -241,37 +352,37 @@ func (p *PoolMemoryResource) growExpandable(n int, l *freeList, exact int) (*blo
 	k := tailK
 	at, size := e.top, p.size
 	p.mu.Unlock()
-	h, err := p.mapChunkUnlocked(at, k, size)
+	h, err := e.mapChunkUnlocked(at, k, size)
 	for err != nil && errors.Is(err, ErrOutOfMemory) && k > kNeed {
 		// Not enough memory for the whole step: halve it, down to what the request needs.
 		k = max(kNeed, (k/2+e.gran-1)/e.gran*e.gran)
-		h, err = p.mapChunkUnlocked(at, k, size)
+		h, err = e.mapChunkUnlocked(at, k, size)
 	}
 	p.mu.Lock()
 	if err != nil {
-		return nil, p.growErr(n, k, err)
+		return nil, e.growErr(n, k, err)
 	}
-	return p.takeGrown(p.appendChunk(at, k, h), n, l)
+	return e.takeGrown(e.appendChunk(at, k, h), n, l)
 }
 
 // mapChunk maps k bytes of physical memory at addr and grants access, unlocking the pool around those calls (busy token held); it returns a new
 // unlinked block over them (not free yet). On failure nothing new is left mapped or created.
-func (p *PoolMemoryResource) mapChunk(addr DevicePtr, k int) (*block, error) {
+func (e *expandable) mapChunk(addr DevicePtr, k int) (*block, error) {
+	p := e.p
 	size := p.size
 	p.mu.Unlock()
-	cs, err := p.mapChunkUnlocked(addr, k, size)
+	cs, err := e.mapChunkUnlocked(addr, k, size)
 	p.mu.Lock()
 	if err != nil {
 		return nil, err
 	}
-	return p.addChunk(addr, k, cs), nil
+	return e.addChunk(addr, k, cs), nil
 }
 
 // mapChunkUnlocked makes the driver calls of mapChunk (pool unlocked, busy token held; size is
 // the pool's size, for messages) and returns the chunks mapped, by address: handles of
 // pieceSize(k) bytes. On failure every handle it created is unmapped and released.
-func (p *PoolMemoryResource) mapChunkUnlocked(addr DevicePtr, k, size int) ([]vmChunk, error) {
-	e := p.exp
+func (e *expandable) mapChunkUnlocked(addr DevicePtr, k, size int) ([]vmChunk, error) {
 	piece := e.pieceSize(k)
 	var cs []vmChunk
 	undo := func() {
@@ -314,8 +425,8 @@ func (p *PoolMemoryResource) mapChunkUnlocked(addr DevicePtr, k, size int) ([]vm
 
 // addChunk records the chunks cs just mapped over [addr, addr+k) (pool locked) and returns a new
 // unlinked block over them (not free yet).
-func (p *PoolMemoryResource) addChunk(addr DevicePtr, k int, cs []vmChunk) *block {
-	e := p.exp
+func (e *expandable) addChunk(addr DevicePtr, k int, cs []vmChunk) *block {
+	p := e.p
 	i := sort.Search(len(e.chunks), func(i int) bool { return e.chunks[i].addr > addr })
 	e.chunks = slices.Insert(e.chunks, i, cs...)
 	p.size += k
@@ -329,40 +440,41 @@ func (p *PoolMemoryResource) addChunk(addr DevicePtr, k int, cs []vmChunk) *bloc
 // appendChunk records the chunks cs just mapped over [addr, addr+k) at the top of the range
 // (pool locked), logs the growth, and returns a new block over them linked at the chain's tail
 // (not free yet).
-func (p *PoolMemoryResource) appendChunk(addr DevicePtr, k int, cs []vmChunk) *block {
-	e := p.exp
-	nb := p.addChunk(addr, k, cs)
-	p.logGrowth(nb)
-	nb.prev = e.tail
-	if e.tail != nil {
-		e.tail.next = nb
+func (e *expandable) appendChunk(addr DevicePtr, k int, cs []vmChunk) *block {
+	nb := e.addChunk(addr, k, cs)
+	e.logGrowth(nb)
+	nb.prev = e.p.tail
+	if e.p.tail != nil {
+		e.p.tail.next = nb
 	} else {
-		e.head = nb
+		e.p.head = nb
 	}
-	e.tail = nb
+	e.p.tail = nb
 	e.top = nb.end()
 	return nb
 }
 
 // logGrowth writes a growth by the block nb to the debug log.
-func (p *PoolMemoryResource) logGrowth(nb *block) {
+func (e *expandable) logGrowth(nb *block) {
+	p := e.p
 	DebugLogger().Debug("rmm: PoolMemoryResource (expandable) grew", "bytes", nb.size, "address", fmt.Sprintf("%#x", uintptr(nb.addr)), "pool_size", p.size, "maximum", p.maximum)
 }
 
 // growErr is the error of a failed growth by k bytes for an n-byte request.
-func (p *PoolMemoryResource) growErr(n, k int, err error) error {
+func (e *expandable) growErr(n, k int, err error) error {
+	p := e.p
 	if errors.Is(err, ErrOutOfMemory) {
-		return p.oomErr(n, fmt.Sprintf("%s refused a chunk of %d bytes", p.exp.source, k), err, true)
+		return p.oomErr(n, fmt.Sprintf("%s refused a chunk of %d bytes", e.source, k), err, true)
 	}
 	return err
 }
 
 // fillHole puts the new block nb, which lies at one end of hole h, into the chain in h's place.
-func (p *PoolMemoryResource) fillHole(h, nb *block) {
-	e := p.exp
+func (e *expandable) fillHole(h, nb *block) {
+	p := e.p
 	if nb.size == h.size {
 		nb.prev, nb.next = h.prev, h.next
-		p.relink(h, nb)
+		e.relink(h, nb)
 		delete(e.holes, h)
 		p.recycle(h)
 		return
@@ -372,7 +484,7 @@ func (p *PoolMemoryResource) fillHole(h, nb *block) {
 		if h.prev != nil {
 			h.prev.next = nb
 		} else {
-			e.head = nb
+			e.p.head = nb
 		}
 		h.prev = nb
 		h.addr += DevicePtr(nb.size)
@@ -383,24 +495,24 @@ func (p *PoolMemoryResource) fillHole(h, nb *block) {
 }
 
 // relink makes old's neighbours (and head/tail) point at nb, which took old's place.
-func (p *PoolMemoryResource) relink(old, nb *block) {
-	e := p.exp
+func (e *expandable) relink(old, nb *block) {
 	if old.prev != nil {
 		old.prev.next = nb
 	} else {
-		e.head = nb
+		e.p.head = nb
 	}
 	if old.next != nil {
 		old.next.prev = nb
 	} else {
-		e.tail = nb
+		e.p.tail = nb
 	}
 }
 
 // takeGrown frees the fresh block nb into l (coalescing with free neighbours) and takes the
 // resulting block out of l when it holds at least n bytes; else (the neighbours it was sized to
 // extend were taken while the pool was unlocked) it leaves it there and returns nil.
-func (p *PoolMemoryResource) takeGrown(nb *block, n int, l *freeList) (*block, error) {
+func (e *expandable) takeGrown(nb *block, n int, l *freeList) (*block, error) {
+	p := e.p
 	b := p.freeInto(l, nb)
 	if b.size < n {
 		return nil, nil
@@ -416,27 +528,12 @@ func (p *PoolMemoryResource) takeGrown(nb *block, n int, l *freeList) (*block, e
 // shortens it). Pool locked, busy token held (or the pool closed); without hold the unmaps are
 // made unlocked, the free blocks holding the chunks out of every list meanwhile (still counted in
 // the pool's size).
-func (p *PoolMemoryResource) releaseChunks(def *freeList, limit int, hold bool) error {
-	e := p.exp
-	cands := p.releaseCands(def, limit)
-	if as := e.aliasesOver(cands); len(as) > 0 {
-		// The kept aliases over them go first, unlocked without hold. Meanwhile the blocks
-		// holding the chunks stay out of def, as unmapChunks keeps them: memory freed into def
-		// then (on the default stream, or merged from a closing stream's list), whose work no
-		// wait covered, must neither be given back with them nor coalesce into them, and no
-		// one may take them, or lend them through an alias.
-		blocks := pullBlocks(def, cands)
-		p.pin(def)
-		p.dropAliases(as, hold)
-		p.unpin(def)
-		for _, b := range blocks {
-			p.freeInto(def, b)
-		}
-		// The same chunks, in the free blocks they lie in now; those of an alias that could
-		// not be unmapped stay.
-		cands = e.unaliased(p.chunksFreeIn(def, cands))
+func (e *expandable) releaseChunks(def *freeList, limit int, hold bool) error {
+	cands := e.releaseCands(def, limit)
+	if e.st != nil {
+		cands = e.st.unmapAliasesOver(def, cands, hold)
 	}
-	return p.unmapChunks(def, cands, hold)
+	return e.unmapChunks(def, cands, hold)
 }
 
 // pullBlocks takes the free blocks holding the chunks cands (highest address first, so a block's
@@ -454,7 +551,7 @@ func pullBlocks(def *freeList, cands []chunkCand) []*block {
 
 // chunksFreeIn returns the chunks of cands (highest address first) each with the free block of
 // def that holds it now, in the same order; a chunk that no free block of def holds is left out.
-func (p *PoolMemoryResource) chunksFreeIn(def *freeList, cands []chunkCand) []chunkCand {
+func (e *expandable) chunksFreeIn(def *freeList, cands []chunkCand) []chunkCand {
 	var bs []*block
 	def.each(func(b *block) { bs = append(bs, b) })
 	slices.SortFunc(bs, func(x, y *block) int { return cmp.Compare(x.addr, y.addr) })
@@ -468,8 +565,8 @@ func (p *PoolMemoryResource) chunksFreeIn(def *freeList, cands []chunkCand) []ch
 }
 
 // releaseCands returns the chunks releaseChunks gives back, highest address first.
-func (p *PoolMemoryResource) releaseCands(def *freeList, limit int) []chunkCand {
-	e := p.exp
+func (e *expandable) releaseCands(def *freeList, limit int) []chunkCand {
+	p := e.p
 	var cands []chunkCand
 	def.each(func(b *block) { cands = e.chunksIn(b, cands) })
 	// Highest address first (see unmapChunks).
@@ -505,8 +602,8 @@ func (e *expandable) chunksIn(b *block, cs []chunkCand) []chunkCand {
 // Pool locked, busy token held (or the pool closed); without hold the unmaps are made unlocked,
 // the free blocks holding the chunks out of every list meanwhile (still counted in the pool's
 // size). A chunk that cannot be unmapped stays, free, where it was.
-func (p *PoolMemoryResource) unmapChunks(def *freeList, cands []chunkCand, hold bool) error {
-	e := p.exp
+func (e *expandable) unmapChunks(def *freeList, cands []chunkCand, hold bool) error {
+	p := e.p
 	if len(cands) == 0 {
 		return nil
 	}
@@ -542,7 +639,7 @@ func (p *PoolMemoryResource) unmapChunks(def *freeList, cands []chunkCand, hold 
 				ch := cands[i].c
 				released[ch.addr] = true
 				p.size -= ch.size
-				p.makeHole(def, nb, ch.addr, ch.size)
+				e.makeHole(def, nb, ch.addr, ch.size)
 			}
 		}
 	}
@@ -555,15 +652,15 @@ func (p *PoolMemoryResource) unmapChunks(def *freeList, cands []chunkCand, hold 
 		}
 		e.chunks = kept
 		p.sizeAtomic.Store(int64(p.size))
-		p.trimTailHole()
+		e.trimTailHole()
 	}
 	return firstErr
 }
 
 // makeHole turns [addr, addr+size), which lies inside the free block b of def, into a hole,
 // merged with adjacent holes.
-func (p *PoolMemoryResource) makeHole(def *freeList, b *block, addr DevicePtr, size int) {
-	e := p.exp
+func (e *expandable) makeHole(def *freeList, b *block, addr DevicePtr, size int) {
+	p := e.p
 	def.remove(b)
 	end := addr + DevicePtr(size)
 	if end < b.end() { // free remainder after the hole
@@ -603,34 +700,34 @@ func isHole(b *block) bool { return b.hole }
 
 // trimTailHole drops a hole at the end of the chain, so the chain ends at mapped memory and the
 // next growth maps there.
-func (p *PoolMemoryResource) trimTailHole() {
-	e := p.exp
-	t := e.tail
+func (e *expandable) trimTailHole() {
+	p := e.p
+	t := e.p.tail
 	if t == nil || !isHole(t) {
 		return
 	}
 	delete(e.holes, t)
 	e.top = t.addr
-	e.tail = t.prev
+	e.p.tail = t.prev
 	if t.prev != nil {
 		t.prev.next = nil
 	} else {
-		e.head = nil
+		e.p.head = nil
 	}
 	p.recycle(t)
 }
 
-// trimIfOver is called after a free that left the free block b: past the trim level, or past the
+// trim is called after a free that left the free block b: past the trim level, or past the
 // threshold when b holds a whole chunk, it waits for the streams' work behind the frees and gives
 // back whole free chunks until at most ReleaseThreshold bytes are free. (The trim level rises
 // after a trim that left memory mapped, so that a pool whose free memory lies in chunks that
 // also hold live blocks does not synchronise at every free; a free that makes a chunk wholly
 // free trims all the same.) A trim that fails is written to the debug log and leaves the memory
 // mapped: the free that called it is done, and must not report an error.
-func (p *PoolMemoryResource) trimIfOver(b *block) {
-	e := p.exp
+func (e *expandable) trim(b *block) {
+	p := e.p
 	free := p.size - p.liveBytes
-	if e.trimAt == 0 || free <= e.threshold || (free <= e.trimAt && !p.holdsChunk(b)) {
+	if p.trimAt == 0 || free <= e.threshold || (free <= p.trimAt && !e.holdsChunk(b)) {
 		return
 	}
 	if p.busy {
@@ -643,7 +740,7 @@ func (p *PoolMemoryResource) trimIfOver(b *block) {
 	def, err := p.mergeAllSynced(false)
 	if err == nil {
 		p.pin(def)
-		err = p.releaseChunks(def, e.threshold, false)
+		err = e.releaseChunks(def, e.threshold, false)
 		p.unpin(def)
 	}
 	e.resetTrim(p.size - p.liveBytes)
@@ -655,8 +752,7 @@ func (p *PoolMemoryResource) trimIfOver(b *block) {
 }
 
 // holdsChunk reports whether the block b covers a whole mapped chunk.
-func (p *PoolMemoryResource) holdsChunk(b *block) bool {
-	e := p.exp
+func (e *expandable) holdsChunk(b *block) bool {
 	i := e.firstChunkIn(b)
 	return i < len(e.chunks) && e.chunks[i].end() <= b.end()
 }
@@ -671,9 +767,8 @@ func (e *expandable) firstChunkIn(b *block) int {
 	return sort.Search(len(e.chunks), func(i int) bool { return e.chunks[i].addr >= b.addr })
 }
 
-// closeExpandable gives back the reservation once nothing is mapped.
-func (p *PoolMemoryResource) freeReservation() error {
-	e := p.exp
+// freeReservation gives back the reservation once nothing is mapped.
+func (e *expandable) freeReservation() error {
 	if len(e.chunks) > 0 || e.reserved == 0 {
 		return nil
 	}
@@ -723,3 +818,96 @@ func vmmFor(upstream MemoryResource, stitch bool) (vmm, Device, error) {
 // hostVMMGranularity is the granularity of the host-memory expandable pool: the device's, so that
 // a pool behaves the same on the host as on the GPU.
 const hostVMMGranularity = 2 << 20
+
+// checkChain verifies an expandable pool's chain: one run of blocks from the reservation's
+// base to top, each free, live or a hole, holes never adjacent, the chunks exactly the mapped
+// (non-hole) ranges, their sizes summing to PoolSize.
+func (e *expandable) checkChain(all map[DevicePtr]*block, stitched int) error {
+	p := e.p
+	if (p.head == nil) != (p.tail == nil) || (p.head == nil && e.top != e.base) {
+		return errorf("empty chain with head %p, tail %p, top %#x (base %#x)", p.head, p.tail, uintptr(e.top), uintptr(e.base))
+	}
+	if e.top > e.base+DevicePtr(e.reserved) {
+		return errorf("top %#x is past the reservation [%#x, +%d)", uintptr(e.top), uintptr(e.base), e.reserved)
+	}
+	visited, holes, mapped := 0, 0, 0
+	var mappedRanges [][2]DevicePtr
+	at := e.base
+	var last *block
+	for b := p.head; b != nil; b = b.next {
+		if b.addr != at || b.size <= 0 || b.addr%Alignment != 0 {
+			return errorf("block %#x of %s found where %#x was expected", uintptr(b.addr), bytesText(b.size), uintptr(at))
+		}
+		if b.prev != last {
+			return errorf("block %#x has a wrong previous neighbour", uintptr(b.addr))
+		}
+		hole := isHole(b)
+		if hole {
+			holes++
+			if _, ok := e.holes[b]; !ok {
+				return errorf("hole %#x is not indexed", uintptr(b.addr))
+			}
+			if last != nil && isHole(last) {
+				return errorf("holes %#x and %#x are adjacent", uintptr(last.addr), uintptr(b.addr))
+			}
+			if b.addr%DevicePtr(e.gran) != 0 || b.size%e.gran != 0 {
+				return errorf("hole %#x of %s is off the granularity %d", uintptr(b.addr), bytesText(b.size), e.gran)
+			}
+		} else {
+			if b.lent {
+				if b.free || b.list != nil || all[b.addr] != nil {
+					return errorf("lent block %#x is free, listed or live", uintptr(b.addr))
+				}
+			} else {
+				visited++
+				if all[b.addr] != b {
+					return errorf("block %#x is linked but neither free in a list nor live", uintptr(b.addr))
+				}
+			}
+			mapped += b.size
+			if n := len(mappedRanges); n > 0 && mappedRanges[n-1][1] == b.addr {
+				mappedRanges[n-1][1] = b.end()
+			} else {
+				mappedRanges = append(mappedRanges, [2]DevicePtr{b.addr, b.end()})
+			}
+		}
+		if last != nil && adjacentUncoalesced(last, b) {
+			return errorf("free blocks %#x and %#x are adjacent but not coalesced", uintptr(last.addr), uintptr(b.addr))
+		}
+		at = b.end()
+		last = b
+	}
+	if last != p.tail || at != e.top {
+		return errorf("the chain ends at %#x, top is %#x", uintptr(at), uintptr(e.top))
+	}
+	if last != nil && isHole(last) {
+		return errorf("the chain ends with a hole at %#x", uintptr(last.addr))
+	}
+	if holes != len(e.holes) {
+		return errorf("%d holes in the chain, %d indexed", holes, len(e.holes))
+	}
+	if visited+stitched != len(all) {
+		return errorf("%d blocks, %d of them in the chain and %d stitched", len(all), visited, stitched)
+	}
+	if mapped != p.size {
+		return errorf("mapped blocks total %s, pool size %d", bytesText(mapped), p.size)
+	}
+	// The chunks, in address order, tile exactly the mapped ranges.
+	ci := 0
+	for _, r := range mappedRanges {
+		for a := r[0]; a < r[1]; {
+			if ci >= len(e.chunks) || e.chunks[ci].addr != a {
+				return errorf("no chunk starts at mapped address %#x", uintptr(a))
+			}
+			a = e.chunks[ci].end()
+			ci++
+			if a > r[1] {
+				return errorf("chunk ending %#x runs past the mapped range ending %#x", uintptr(a), uintptr(r[1]))
+			}
+		}
+	}
+	if ci != len(e.chunks) {
+		return errorf("%d chunks, %d of them cover mapped blocks", len(e.chunks), ci)
+	}
+	return nil
+}
