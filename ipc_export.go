@@ -220,5 +220,8 @@ func (p *PoolMemoryResource) ExportIPC(ptr DevicePtr, nbytes int) (*IPCHandle, e
 	if err := checkExportRange(name, ptr, nbytes); err != nil {
 		return nil, err
 	}
+	if p.backing == nil {
+		return nil, errNotMade("ExportIPC")
+	}
 	return p.backing.exportIPC(ptr, nbytes)
 }

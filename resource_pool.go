@@ -358,6 +358,12 @@ func newPool(upstream MemoryResource, maximum int, o PoolOptions, dev Device) (*
 	return p, nil
 }
 
+// errNotMade is the error of a method called on a PoolMemoryResource that NewPoolMemoryResource
+// did not make (its zero value): it has no backing to take memory from.
+func errNotMade(op string) error {
+	return errorf("PoolMemoryResource.%s: the pool was not made by NewPoolMemoryResource: %w", op, ErrInvalidArgument)
+}
+
 // Upstream returns the resource the pool takes its memory from.
 func (p *PoolMemoryResource) Upstream() MemoryResource { return p.upstream }
 
@@ -427,6 +433,10 @@ func (p *PoolMemoryResource) Allocate(nbytes int, s StreamView) (DevicePtr, erro
 	var err error
 	l, ok := p.listOf(s.id) // listFor's common case, spelt out
 	if !ok || l.closed {
+		if p.backing == nil { // a pool has a list once it served an allocation
+			p.mu.Unlock()
+			return 0, errNotMade("Allocate")
+		}
 		if l, err = p.listFor(s); err != nil {
 			p.mu.Unlock()
 			return 0, err
@@ -1050,6 +1060,9 @@ func (p *PoolMemoryResource) Deallocate(ptr DevicePtr, nbytes int, s StreamView)
 		b = p.takeIssued(ptr, nbytes)
 	}
 	if b == nil {
+		if p.backing == nil {
+			return errNotMade("Deallocate")
+		}
 		return errorf("PoolMemoryResource.Deallocate(%#x, %d): the pointer was not allocated by this pool or was already freed: %w", uintptr(ptr), nbytes, ErrInvalidFree)
 	}
 	if b.req() != nbytes {
@@ -1321,6 +1334,9 @@ func (p *PoolMemoryResource) syncAll(hold bool) error {
 // unlocked: other goroutines allocate and free meanwhile (an allocation that needs to grow waits
 // for the Release to end), and memory freed during the Release stays in the pool.
 func (p *PoolMemoryResource) Release() error {
+	if p.backing == nil {
+		return errNotMade("Release")
+	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if p.closed {
@@ -1378,6 +1394,9 @@ func (p *PoolMemoryResource) releaseWhole(hold bool) (*freeList, error) {
 // upstream as soon as its last allocation is freed (after a synchronisation of the freeing stream).
 // Closing with live allocations writes a warning to the debug log. Closing twice returns nil.
 func (p *PoolMemoryResource) Close() error {
+	if p.backing == nil {
+		return errNotMade("Close")
+	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if p.closed {

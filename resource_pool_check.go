@@ -31,6 +31,9 @@ type PoolStats struct {
 // Stats returns the pool's figures. It costs O(s log n) for s streams and n free blocks (plus the
 // number of holes of an expandable pool), with no scan of the blocks.
 func (p *PoolMemoryResource) Stats() PoolStats {
+	if p.backing == nil {
+		return PoolStats{} // not made by NewPoolMemoryResource: nothing held
+	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	st := PoolStats{
@@ -86,6 +89,9 @@ func (p *PoolMemoryResource) CheckInvariants() (err error) {
 			err = errorf("PoolMemoryResource.CheckInvariants: %w", err)
 		}
 	}()
+	if p.backing == nil {
+		return errNotMade("CheckInvariants")
+	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	p.quiesce() // blocks in flight between lists are in none
