@@ -130,7 +130,8 @@ func newExpandablePool(upstream MemoryResource, vm vmm, o PoolOptions, tune pool
 // not exhausted: it maps only what the request lacks beyond the free block at the end, but at
 // least expandableFragmentedMin, as a growth step there would stay free beside the scattered free
 // memory; the minimum keeps a run of such requests from mapping a sliver each. The price is more,
-// smaller growths in a first pass (BENCHMARKS.md, "Eighth run" gives the footprints).
+// smaller growths in a first pass (BENCHMARKS.md, the section on growth by what a fragmented
+// pool lacks).
 func (e *expandable) grow(n int, _ StreamView, l *freeList) (*block, error) {
 	p := e.p
 	exact := 0
@@ -181,15 +182,12 @@ func (e *expandable) exportIPC(ptr DevicePtr, n int) (*IPCHandle, error) {
 // rounded up to the granularity; one chunk (one physical allocation) per growth. (A fragmented
 // pool, whose free bytes hold the request, maps only what it needs: see growAny.)
 //
-// Why: on an H200, creating, mapping and granting access to a chunk costs 71 µs at 2 MiB, 92 µs
-// at 64 MiB and 152 µs at 1 GiB — per mapping, not per byte, and about what cuMemAlloc costs for
-// the same size — so one chunk per growth keeps growth as cheap per byte as cuMemAlloc, and the
-// step keeps the count of growths low (bert, gpt2 and resnet50 traces: 27, 53 and 20 growths)
-// while the unused tail stays under a sixteenth of the pool. Replayed over an address-only VMM,
-// peak mapped / peak live was 1.001 (bert), 1.018 (gpt2), 1.012 (resnet50) and 1.67 (the
-// two-stream CuPy trace) with these values; a 2 MiB minimum gave the same except CuPy 1.79; a
-// page size of 2–64 MiB per chunk (many mappings per growth, so that Release can give back any
-// free page) multiplied the growth calls by 3–100 and did not help CuPy either.
+// Why: creating, mapping and granting access to a chunk costs about what cuMemAlloc costs for the
+// same size, per mapping rather than per byte; so one chunk per growth keeps growth as cheap per
+// byte as cuMemAlloc, and the step keeps the count of growths low while the unused tail stays
+// under a sixteenth of the pool. Smaller chunks (many mappings per growth, so that Release could
+// give back any free page) multiplied the growth calls and did not make the pools smaller
+// (BENCHMARKS.md, "Growth of an expandable pool by one chunk, beside cuMemAlloc").
 const (
 	expandableGrowthDivisor = 16
 	expandableMinChunk      = 32 << 20
@@ -787,8 +785,7 @@ var errNotExpandableUpstream = errors.New("an expandable pool maps its own memor
 // SystemMemoryResource (or nil without CUDA), and addresses only, within its capacity, for a
 // SimulatedMemoryResource. A stitching pool over host memory maps memfds, which (as the device's
 // handles) can be mapped at a second address; otherwise every stitch would fail and the pool
-// grow instead (the two-thread CuPy trace: 1.255 × peak live at three passes over host memory,
-// 1.055 over addresses only and on the H200).
+// grow instead, larger than over the device.
 func vmmFor(upstream MemoryResource, stitch bool) (vmm, Device, error) {
 	host := newHostVMM
 	if stitch {

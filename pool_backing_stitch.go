@@ -9,6 +9,17 @@ import (
 
 // Stitching (expandable pools with PoolOptions.Stitch, or poolTuning.stitchPiece > 0).
 //
+// With PoolOptions.Stitch (stitchTuning), growths map physical memory in pieces of the
+// granularity or a stitchFracDefault-th of the growth where that is more; a growth maps what the
+// request needs but at least stitchMinGrowth and a stitchGrowthDivisor-th of the pool (instead
+// of the plain expandable pool's step); and a request of stitchMinDefault or more that no free
+// block holds is stitched from the pieces lying in free memory (cuMemAddressReserve, cuMemMap,
+// cuMemSetAccess), after growing only what they lack. The range is kept, and serves a later
+// request with no driver call once its pieces are free again; kept ranges are unmapped after a
+// host wait for the streams' work (at Release, Close, or past stitchKeepDefault of them). Over
+// host memory each piece is a memfd (Linux: memfd_create), which can be mapped at a second
+// address.
+//
 // An expandable pool's free memory ends up scattered between live blocks: a request that no free
 // block holds makes the pool grow although its free bytes may hold the request several times. A
 // physical chunk can be mapped at a second address, and both addresses see the same bytes; so
@@ -35,16 +46,12 @@ import (
 // after a host wait for the work behind every free, as Release waits before it unmaps chunks:
 // unmap does not wait for the device.
 //
-// Why it is not on by default: on the twenty-five traces of testdata/traces, replayed on an H200
-// (BENCHMARKS.md, twenty-first run), a stitching pool takes 1.001-1.045 x peak live at passes 1
-// and 3, against 1.001-1.545 without stitching, with no driver call after the first pass. But
-// the first pass makes 17 to 260 times as many mappings (T5: 9.5 µs per event, the driver's
-// 22-86 µs per mapping, serialised; the pieces alone, with nothing stitched, would cost over 300
-// ns per event on 21 of the traces), while the median of three passes costs about the same with
-// or without stitching (121-263 ns per event against 82-233, replayed from one goroutine). Over the
-// address-only VMM (TestStitchTraces), 8 MiB pieces left the two multi-stream traces at 1.126 /
-// 1.147 and 1.093 / 1.104; without stitchRest, LoRA and GPT-2 training got worse than without
-// stitching (1.071 / 1.083 at 2 MiB against 1.006 / 1.019).
+// Why it is not on by default: a stitching pool keeps the memory it maps close to the live bytes
+// on every bundled trace, and makes no driver call after the first pass, but its first pass makes
+// many times as many mappings as the plain expandable pool's (each a driver call that serialises),
+// and later passes cost about the same with or without it. Growing only the rest of a request the
+// free pieces do not hold (stitchRest) matters: without it some training traces end up larger
+// than without stitching. BENCHMARKS.md, "Stitching in the package", gives the figures.
 
 // poolTuning holds an expandable pool's parameters that are not options: the package's own
 // knobs, for tests and measurements (newExpandablePool; a zero field takes its default).
@@ -211,50 +218,39 @@ type stitchEnd struct {
 }
 
 const (
-	// stitchEnds is the count of stitchEnd an alias keeps, the oldest replaced first. Over the
-	// address-only VMM (TestStitchTraces, three passes) 4 gave the same footprints and driver
-	// calls as 64; with 2 the second pass mapped 6,868 handles over the twenty traces, with 1
-	// 6,971 (4: 6,802; see keptAtEnd).
+	// stitchEnds is the count of stitchEnd an alias keeps, the oldest replaced first: enough for
+	// the few ends a training loop's steps leave (see keptAtEnd); fewer made later passes map
+	// again, more changed nothing over the bundled traces.
 	stitchEnds = 4
 	// stitchMinDefault is the least request stitching serves (poolTuning.stitchMin 0): one
-	// granule, the least a chunk can be; below it a growth maps little. See TestStitchTraces
-	// -rmm.stitchmin -1: the piece size instead gave the same footprints and driver calls on every
-	// trace with 8 MiB pieces.
+	// granule, the least a chunk can be; below it a growth maps little. (TestStitchTraces
+	// -rmm.stitchmin -1 replays with the piece size instead.)
 	stitchMinDefault = 2 << 20
 	// stitchKeepDefault bounds the aliases kept (live or not; poolTuning.stitchKeep 0). Past
 	// it, a new stitch first evicts the least recently used quarter of the aliases not live,
 	// after waiting (on the host) for the work behind every free: an unmap does not wait for the
-	// device. An alias holds address space only. The sixteen traces keep at most 93 (T5, 2 MiB
-	// pieces; with 32 MiB pieces the UNet made 470 in ten passes, a new one at every pass).
+	// device. An alias holds address space only, so the bound is far above what a training loop
+	// keeps; it is there for a workload whose placement changes at every step, which would
+	// otherwise make a new alias each time.
 	stitchKeepDefault = 1024
 	// stitchReuseSlack: a kept alias serves requests down to its size less a sixteenth, less one
 	// granule (the model in bench/experiments/aliasmodel, whose footprints the option was
 	// measured against, used the same).
 	stitchReuseSlack = 16
 	// stitchFracDefault: with PoolOptions.Stitch, a growth of k bytes maps pieces of at least
-	// k/stitchFracDefault (and at least a granule). Replayed over the address-only VMM (sixteen
-	// traces, TestStitchTraces -rmm.stitchfrac; passes 1 / 3), 64 keeps every trace at or below
-	// 1.05 but the two-thread CuPy trace (1.048 / 1.055, its page floor 1.055), as 2 MiB pieces
-	// do, with 2-8 × fewer handles and mappings in the first pass (T5 8,617 / 11,788 instead of
-	// 19,394 / 25,102); 32 and 16 take 1.5-3 × fewer again, but leave the CuPy trace at 1.072 and
-	// 1.079 and the LSTM at 1.046 (16).
+	// k/stitchFracDefault (and at least a granule): a large growth then maps far fewer handles
+	// than in granules, while its pieces stay small enough for the free memory between live
+	// blocks to hold whole ones. Larger fractions cost footprint on the multi-stream traces
+	// (TestStitchTraces -rmm.stitchfrac replays with another).
 	stitchFracDefault = 64
 	// stitchMinGrowth and stitchGrowthDivisor replace expandableMinChunk and
 	// expandableGrowthDivisor in a stitching pool: a growth maps what the request lacks but at
 	// least 16 MiB and a 64th of the pool. The step of the plain expandable pool keeps the count of
 	// mappings low; here a growth maps pieces of at least a granule, so the mappings follow the
-	// bytes mapped whatever the step, and a large step only leaves memory unused at the top.
-	// Replayed over the address-only VMM (eighteen traces, TestStitchTraces -rmm.mingrowth
-	// -rmm.growthdiv, passes 1 / 3), the step of a 16th cost the most at the peak of a late growth:
-	// MoE 1.040, Faster R-CNN 1.049, graph network 1.041, T5 1.020; a 64th takes them to 1.017,
-	// 1.002, 1.008 and 1.004 (a 32nd: 1.018, 1.002, 1.024, 1.020), with the first pass's mappings
-	// within +6% over the eighteen. The 32 MiB least growth left the speech encoder-decoder (peak
-	// 234 MiB) at 1.120: its last growth, for a 9 MiB request, mapped 32 MiB; 16 MiB takes it to
-	// 1.026 (12 MiB 1.026, 20 MiB 1.043, 24 MiB 1.086, 8 MiB 1.052: a small pool's figure follows
-	// where its last growth falls), and changes no other trace by more than 0.004. Every trace is
-	// then at most 1.026 but the two-stream CuPy trace (1.045 / 1.055, its page floor 1.055). The
-	// plain expandable pool keeps its step: there these values put the speech trace at 1.163 and
-	// ViT at 1.082, and mapped up to twice as many chunks.
+	// bytes mapped whatever the step, and a large step only leaves memory unused at the top: at
+	// the peak, a small pool's footprint follows where its last growth falls. The plain
+	// expandable pool keeps its step, which there maps fewer chunks. (TestStitchTraces
+	// -rmm.mingrowth -rmm.growthdiv replays with others.)
 	stitchMinGrowth     = 16 << 20
 	stitchGrowthDivisor = 64
 )
@@ -306,10 +302,8 @@ func (e *stitching) stitch(n int, l *freeList) (b *block, again bool) {
 		}
 		// Grow only the rest, when that maps less than a growth for the whole request would
 		// (what it lacks beyond the free block at the end), however little the free chunks
-		// hold: requiring them to hold half of the request left the image decoder at 1.089 (its
-		// peak is a 3.4 GiB request with 0.9 GiB of free chunks, 0.3 GiB of them at the end)
-		// and the two-stream CuPy trace at 1.201 (2 MiB pieces); without that bound they reach
-		// 1.001 and 1.048 / 1.055, and the UNet 1.030 → 1.006 (TestStitchTraces).
+		// hold: a bound on that share (say, half of the request) left a request much larger
+		// than the free chunks to grow in full, and the pool larger (TestStitchTraces).
 		k, _ := alignUpChecked(n-sum, e.gran)
 		need := n
 		if t := e.p.tail; t != nil && t.free && t.list == l {
@@ -386,9 +380,9 @@ func (e *stitching) keptFor(n int, l *freeList) (*stitchAlias, []chunkCand) {
 // aliasOrder orders aliases by size, then by when they were made (expandable.bySize).
 //
 // Not by address: where the driver places a new reservation is its own choice (the address-only
-// VMM places each above the last, the device's did not), and with the alias of equal size chosen
-// by address, T5's second pass on the H200 lent another alias than over the address-only VMM,
-// and stitched a new one of 216 chunks where the address-only replay mapped none.
+// VMM places each above the last, the device's need not), and with the alias of equal size
+// chosen by address a pass on the device could lend another alias than the same pass over the
+// address-only VMM, and stitch a new one where the replay maps none.
 func aliasOrder(x, y *stitchAlias) int {
 	return cmp.Or(cmp.Compare(x.size, y.size), cmp.Compare(x.seq, y.seq))
 }
@@ -485,25 +479,14 @@ func (e *stitching) indexEnds(a *stitchAlias, drop bool) {
 // take it from the end instead; every placement after that differs from the first step's, the
 // aliases the first step made no longer find their chunks free, and the second step stitches
 // new ones (mapping every chunk again) that later steps reuse. Taking the alias again where
-// the end stands where it stood keeps the second step's placement that of the first. Replayed
-// over the address-only VMM (TestStitchTraces, three passes), the second pass's mappings
-// fell from 8,845 to 6,802 over the twenty traces: the graph network 1,161 → 0, MoE 851 → 0,
-// ResNet-50 294 → 0, GPT-2 generation 66 → 0, DLRM 8 → 0, the UNet 2,940 → 2,791; but GPT-2
-// LoRA rose 930 → 1,101, ViT 510 → 798 and T5 196 → 219, where placement differs for other
-// reasons (small requests that the first step placed in what a growth left free at the end,
-// which later steps place elsewhere: see findEndLast). Footprints at passes 1 and 3 stayed within 0.002 (GPT-2
-// generation 1.009 → 1.011, the VAE decoder 1.002 → 1.004; ResNet-50 1.008 → 1.007 and ViT
-// 1.012 → 1.011 at pass 3). The first pass mapped 94,370 → 93,483 handles.
+// the end stands where it stood keeps the second step's placement that of the first. Some
+// traces still map again in their second pass, where placement differs for other reasons (small
+// requests that the first step placed in what a growth left free at the end, which later steps
+// place elsewhere: see findEndLast).
 //
-// Where several streams allocate, the first pass stitched (when this was measured) after merging
-// every list into the allocating stream's (findBlock, before growing; since findEndLast, no
-// list is merged), and a later pass, which does not grow, finds
-// the end of the chain in another stream's list and the alias's chunks spread over several
-// lists: so the request taken from another list, and the chunks lent out of any. Over the
-// address-only VMM (TestStitchTraces, three passes; keptAtEnd then looked at l alone), the
-// three-stream pipeline's second pass mapped 1,117 → 0 handles, the two-stream SegFormer's 8,311
-// → 7,683 (1.003 → 1.004 at pass 3; its second pass still places small requests where the first
-// pass's merges had emptied the default stream's list), every other trace the same.
+// Where several streams allocate, a later pass, which does not grow, may find the end of the
+// chain in another stream's list and the alias's chunks spread over several lists: so the
+// request is taken from another list, and the chunks lent out of any.
 //
 // Pool locked; it does not unlock (so l need not be pinned). The busy token need not be held:
 // lending makes no driver call, and a growth, release or eviction that unlocks keeps what it
@@ -567,9 +550,8 @@ func (e *stitching) dropScratch() { clear(e.blockScratch) }
 // to back, and two free blocks of a granule or more never do (they coalesce, across lists too:
 // joins): so the run lies in one block when each of its chunks lies in one. Looking each run up
 // among the free blocks costs less than listing every chunk of every free block (stitchCands) in
-// a pool of many chunks, and lending a run as one block less than lending its chunks one by one:
-// over the twenty-two traces of testdata/traces the aliases' chunks form 10 to 48 times fewer
-// runs (the VAE decoder's seven aliases: 1,859 chunks, 39 runs).
+// a pool of many chunks, and lending a run as one block less than lending its chunks one by one;
+// an alias's chunks, mapped by a few growths, form far fewer runs than chunks.
 func pickIn(a *stitchAlias, bs []*block) []chunkCand {
 	// First whether every run lies in one (most aliases looked at do not), then the blocks.
 	at := -1

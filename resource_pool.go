@@ -91,59 +91,36 @@ type PoolOptions struct {
 	// and at least InitialPoolSize. Default 0: no maximum (expandable: the device's total memory;
 	// over a SimulatedMemoryResource, its capacity).
 	MaximumPoolSize int
-	// Expandable makes a pool whose memory is one virtual address range: MaximumPoolSize bytes
-	// (rounded up to the granularity, 2 MiB on current GPUs) of address space are reserved at
-	// construction (cuMemAddressReserve), and the pool grows by creating chunks of physical memory
-	// (cuMemCreate) and mapping them right after what is mapped (cuMemMap, cuMemSetAccess), so
-	// that the free block at the end simply gets longer and free neighbours always coalesce: a
-	// capped pool reaches its cap, and a long-running one does not fragment across growth steps.
-	// Release gives back (cuMemUnmap, cuMemRelease) every chunk that holds no live block. The
-	// upstream is never called; it names where the memory comes from and must be one of: nil (the
-	// current device, or host memory without CUDA), a CudaMemoryResource (its device), the
-	// SystemMemoryResource (host memory, reserved and mapped with mmap), a
-	// SimulatedMemoryResource (addresses only, at most its capacity mapped: for replaying traces).
-	// InitialPoolSize and MaximumPoolSize are rounded up to the granularity (2 MiB on current
-	// GPUs). See the type's documentation for the chunk sizes.
+	// Expandable makes the pool map its own memory into one virtual address range of
+	// MaximumPoolSize bytes, reserved at construction (cuMemAddressReserve), growing by chunks of
+	// physical memory (cuMemCreate, cuMemMap, cuMemSetAccess), so that free neighbours always
+	// coalesce; Release gives back (cuMemUnmap, cuMemRelease) every chunk that holds no live
+	// block. The upstream only names where the memory comes from: nil (the current device, or
+	// host memory without CUDA), a [CudaMemoryResource], the [SystemMemoryResource] or a
+	// [SimulatedMemoryResource] (addresses only); another is [ErrInvalidArgument]. Sizes are
+	// rounded up to the granularity (2 MiB on current GPUs). Default false.
 	Expandable bool
-	// ReleaseThreshold (expandable pools only) is the most free memory, in bytes, the pool keeps
-	// mapped: once a Deallocate leaves more than ReleaseThreshold plus one minimum chunk (32 MiB)
-	// free, the pool waits (on the host) for the work behind the frees and gives back whole free
-	// chunks, highest addresses first, until at most ReleaseThreshold bytes are free or no whole
-	// chunk is free. A trim that fails (the wait or an unmap) leaves the memory mapped for a later
-	// trim or Release, and is written to the debug log: the free itself succeeds. Default 0: memory stays mapped until Release or Close. A value of 1 gives
-	// back every whole free chunk at each trim.
+	// ReleaseThreshold (Expandable only, else [ErrInvalidArgument]) is the most free memory, in
+	// bytes, the pool keeps mapped: a Deallocate that leaves more free (plus one minimum chunk)
+	// waits on the host for the streams' work and gives back whole free chunks, highest first. A
+	// trim that fails is written to the debug log; the free succeeds. Default 0: never by itself.
 	ReleaseThreshold int
-	// Stitch (expandable pools only; off by default) keeps the memory an expandable pool maps
-	// close to what is live when request sizes keep changing, for a slower first pass: growths map
-	// physical memory in pieces of the granularity (2 MiB) or a 64th of the growth where that is
-	// more, a growth maps what the request needs but at least 16 MiB and a 64th of the pool
-	// (instead of 32 MiB and a 16th), and a request of 2 MiB or more that no free block holds is served by mapping the
-	// pieces lying in free memory a second time, back to back, into an address range of its own
-	// (cuMemAddressReserve, cuMemMap, cuMemSetAccess), after growing only what they lack. The
-	// range is kept, and serves a later request with no driver call once its pieces are free
-	// again; kept ranges are unmapped after a host wait for the streams' work (at Release, Close,
-	// or past 1,024 of them). Memory freed on other streams is used after the allocating stream
-	// waits for them, as for any block. ExportIPC exports the pieces under a stitched block.
-	// Over host memory each piece is a memfd (Linux: memfd_create), which can be mapped at a second
-	// address: one open file descriptor per piece until the pool gives it back.
-	// BENCHMARKS.md gives the footprints and the first pass's cost on the twenty-two bundled
-	// traces.
+	// Stitch (Expandable only, else [ErrInvalidArgument]) keeps the memory mapped close to what
+	// is live when request sizes keep changing, for a slower first pass: growths map pieces of
+	// about a granule, and a request that no free block holds is served by mapping free pieces a
+	// second time, back to back, into a range of its own (kept for reuse; [ExportIPC] exports its
+	// pieces). Over host memory each piece is a memfd: one open file descriptor per piece.
+	// Default false. BENCHMARKS.md gives the footprints and the first pass's cost.
 	Stitch bool
-	// Exportable (expandable pools over device memory only) creates the pool's physical memory
-	// exportable as POSIX file descriptors, so that its allocations can be shared with other
-	// processes (ExportIPC). NewPoolMemoryResource returns ErrNotSupported when the device or
-	// driver cannot export such memory, or the pool maps host memory. Default false. (A plain
-	// pool needs no option: it exports through its upstream.)
+	// Exportable (Expandable over device memory only) creates the physical memory exportable as
+	// POSIX file descriptors, for [PoolMemoryResource.ExportIPC]; [ErrNotSupported] when the
+	// device, the driver or host memory cannot. Default false (a plain pool exports through its
+	// upstream).
 	Exportable bool
 	// MemoryProfile, when set, makes the pool record a sample of its own allocations in it, as a
-	// MemoryProfileResourceAdaptor over the pool would, at less cost: each allocation of n bytes
-	// is sampled with the same probability, 1-exp(-n/rate) (all of them at rate 1), but the pool
-	// draws by counting the bytes asked of it down to the next sample (as Go's runtime samples its
-	// heap) inside its own locks, and keeps a sampled block's record on the block, so that an
-	// allocation not sampled costs a subtraction and a comparison, and no adaptor call is made
-	// (BENCHMARKS.md gives W1 with either). Every allocation of the pool is sampled at the
-	// profile's rate, whoever calls Allocate; the stacks start at Allocate's caller. A profile may
-	// be shared by several pools and adaptors. Default nil: no profile.
+	// [MemoryProfileResourceAdaptor] over the pool would (each allocation of n bytes with
+	// probability 1-exp(-n/rate)), at less cost; the stacks start at Allocate's caller. A profile
+	// may be shared. Default nil: no profile.
 	MemoryProfile *MemoryProfile
 }
 
@@ -218,31 +195,17 @@ func (noServing) checkServed(served int, _ map[*freeList]int) (int, error) {
 // doc leaves the embedded field out, as it does any unexported field.
 type poolStreams = streamLists[*freeList]
 
-// PoolMemoryResource is a coalescing best-fit sub-allocator over an upstream [MemoryResource],
-// with librmm's pool semantics: memory taken from the upstream in large blocks is cut into
-// allocations and coalesced again as they are freed. Memory freed on a stream is reused on that
-// stream at once, without synchronisation; memory freed on another stream is handed out only after
-// the allocating stream waits, on the device, for an event recorded on the freeing stream
-// (cuEventRecord, cuStreamWaitEvent; the host does not block).
-//
-// Allocate rounds sizes up to [Alignment] (256 bytes) and returns addresses aligned to it. When no
-// free block holds a request the pool grows ([PoolOptions] gives the sizes; librmm's policy by
-// default); before it fails it gives every wholly free upstream block back and tries once more. A
-// failure is an *[OutOfMemoryError] (errors.Is [ErrOutOfMemory]) with the pool's figures, saying
-// whether the pool is exhausted or fragmented; after [PoolMemoryResource.Close], Allocate returns
-// [ErrClosed] (a block freed then is still taken back). Deallocate returns [ErrInvalidFree] for a
-// pointer the pool did not hand out, a second free or a size other than the one allocated, and
-// changes nothing.
-//
-// An expandable pool ([PoolOptions].Expandable) takes its memory from one virtual address range
-// by mapping chunks of physical memory (cuMemAddressReserve, cuMemCreate, cuMemMap,
-// cuMemSetAccess), so that free neighbours coalesce across growths; [PoolMemoryResource.Release]
-// and [PoolOptions].ReleaseThreshold give whole chunks back (cuMemUnmap, cuMemRelease) once the
-// work behind their frees is done.
-//
-// Safe for concurrent use; the driver's slow calls (growth, releases, cross-stream waits) are
-// made without holding the pool's lock. [PoolMemoryResource.Stats] counts blocks held in the
-// per-stream caches as free.
+// PoolMemoryResource is a coalescing best-fit sub-allocator with librmm's pool semantics: it
+// takes memory in large blocks (from an upstream [MemoryResource], or mapped by itself with
+// [PoolOptions].Expandable) and cuts it into allocations, rounded up to [Alignment] (256 bytes)
+// and aligned to it. Memory freed on a stream is reused on that stream at once; on another
+// stream only after that stream waits, on the device, for the freeing stream (cuEventRecord,
+// cuStreamWaitEvent). When no free block holds a request the pool grows, and before it fails it
+// gives back what is wholly free and tries once more: a failure is an *[OutOfMemoryError]
+// ([ErrOutOfMemory]). Deallocate returns [ErrInvalidFree] for a pointer it did not hand out, a
+// second free or another size, changing nothing; after [PoolMemoryResource.Close] Allocate
+// returns [ErrClosed]; a pool not made by [NewPoolMemoryResource] returns [ErrInvalidArgument].
+// Safe for concurrent use; the driver's slow calls are made without holding the pool's lock.
 type PoolMemoryResource struct {
 	upstream MemoryResource
 	maximum  int // 0 = unbounded

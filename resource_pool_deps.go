@@ -17,18 +17,15 @@ import "slices"
 // Only pieces that make at least poolCrossCoalesceMin bytes together coalesce across streams:
 // smaller blocks are what a stream's own list and cache serve at once, and taking a neighbour's
 // small block out of its stream's list sends that stream down the slow path, to take memory from
-// another list with a wait; with 16 goroutines each on its own stream (W3 at 64 KiB on the H200)
-// coalescing at any size did that about 25,000 times a second and cut the pairs/s from 229 M to
-// 52 M; with the minimum, 170–1,100 slow paths and 228 M (one of those runs each).
+// another list with a wait: with many goroutines each on its own stream (W3), coalescing at any
+// size did that many times a second and cut the throughput several-fold; with the minimum it is
+// rare.
 //
 // Why coalesce at all: without it, memory freed on different streams stays cut at every boundary between them
 // until the pool, having no block that fits, merges every list into one; by then best fit has
-// split the small pieces, and the pool grows. Replayed over an address-only device (expandable
-// pool, -passes 1 / 3), the two-stream CuPy trace went from 1.557 / 1.656 × peak live to
-// 1.204 / 1.282, and the three-stream PyTorch pipeline from 1.736 to 1.313 (one stream alone,
-// the same traces reach 1.164 and 1.280); the waits it adds are one record and wait per take of
-// such a block, about 1,700 and 850 coalesces in those traces of 110,000 events. (With the 1 MiB
-// minimum and the expandable pool's fragmented growth: 1.154 and 1.291 at both pass counts.)
+// split the small pieces, and the pool grows. On the multi-stream traces this took the
+// expandable pool's footprint well down, for one record and wait per take of such a block
+// (BENCHMARKS.md, the section on coalescing across streams).
 //
 // A list named in deps is counted (freeList.depRefs). When a list is merged into another one
 // whose stream waited for it, the listed blocks naming it name the other list instead

@@ -21,12 +21,11 @@ import (
 // block is a block of an upstream allocation. A free block is the treap node itself, so indexing
 // it allocates nothing. The fields a treap descent reads come first.
 //
-// A block is 80 bytes, and should stay so: W2 at 100,000 pairs below 1 MiB walks treaps and
-// chains of tens of thousands of blocks, and is bound by the cache lines they take. Padding the
-// 80-byte block of an earlier pool to 96 bytes made it 11-15% slower there, to 112 bytes 19-23%
-// (the address-only pool and expandable pool on the host, six alternated runs each). So what few
-// blocks have lies out of line (rare), the asked size is kept as its difference from the size,
-// and the treap's priorities have 16 bits (ties only cost a class's treap a little balance).
+// A block is 80 bytes, and should stay so: W2 walks treaps and chains of tens of thousands of
+// blocks, and is bound by the cache lines they take; a larger block made it measurably slower
+// (BENCHMARKS.md). So what few blocks have lies out of line (rare), the asked size is kept as its
+// difference from the size, and the treap's priorities have 16 bits (ties only cost a class's
+// treap a little balance).
 type block struct {
 	size        int
 	addr        DevicePtr

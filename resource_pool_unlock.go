@@ -3,8 +3,9 @@ package rmm
 // Driver calls out of the pool's mutex.
 //
 // A cuMemAlloc, a cuMemCreate + cuMemMap + cuMemSetAccess, a cuEventSynchronize or a cuMemFree
-// takes 70 µs to milliseconds; made under the pool's mutex it would stall every goroutine using
-// the pool. So the pool makes them unlocked, and keeps its state consistent around them:
+// takes tens of microseconds to milliseconds; made under the pool's mutex it would stall every
+// goroutine using the pool. So the pool makes them unlocked, and keeps its state consistent
+// around them:
 //
 //   - Growth and release are slow paths run by one goroutine at a time, the holder of the busy
 //     token (p.busy). Between its decisions (under the mutex) and its effects (under the mutex
