@@ -36,7 +36,7 @@ import (
 // Stream order: the chunks come from free blocks of any list (the lists are not merged before a
 // stitching pool grows: findEndLast): a chunk lent out of another stream's list names that list
 // among the stitched block's deps, which Allocate makes the allocating stream wait for. Where a free block names other streams' lists among
-// its deps (memory coalesced across streams, resource_pool_deps.go), the stitched block names them too,
+// its deps (memory coalesced across streams, pool_placement.go), the stitched block names them too,
 // and Allocate makes the allocating stream wait for them before it returns the block, as for a
 // block taken whole; its free returns the chunks to the freeing stream's list as any free does.
 // The chunks' bytes beyond the request were never used, so a free on another stream does not

@@ -13,7 +13,7 @@ import (
 	"github.com/stretchr/testify/require"
 )
 
-// Adversarial tests of coalescing across streams (resource_pool_deps.go): block.deps, depRefs, retargetDeps,
+// Adversarial tests of coalescing across streams (pool_placement.go): block.deps, depRefs, retargetDeps,
 // coveredDeps, forgetDropped, streamClosing.
 
 // depCloseHook is a second close hook on a Stream, registered after the pool's: Stream.Close

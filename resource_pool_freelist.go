@@ -51,7 +51,7 @@ type blockRare struct {
 	// the address (so before any free of it), read and cleared by the free under its lock.
 	sample *memProfBucket
 	// deps: free, listed: other lists whose events a taker must also wait on (memory freed on
-	// their streams coalesced into this block; resource_pool_deps.go).
+	// their streams coalesced into this block; pool_placement.go).
 	deps []*freeList
 }
 
@@ -74,7 +74,7 @@ func badReq(size, n int) {
 	panic(fmt.Sprintf("rmm: a pool block of %d bytes handed out for %d", size, n))
 }
 
-// deps returns the lists whose events a taker of b must also wait on (resource_pool_deps.go).
+// deps returns the lists whose events a taker of b must also wait on (pool_placement.go).
 func (b *block) deps() []*freeList {
 	if b.rare == nil {
 		return nil
@@ -137,7 +137,7 @@ type freeList struct {
 	// after the synchronisation it made unlocked, to know whether it covered every block.
 	frees uint64
 	// depRefs counts the blocks whose deps name this list: it is dropped while a listed block
-	// does only once its stream's work behind the frees was waited for (resource_pool_deps.go).
+	// does only once its stream's work behind the frees was waited for (pool_placement.go).
 	depRefs int
 	count   int // blocks
 	bytes   int // free bytes

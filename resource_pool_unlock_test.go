@@ -12,7 +12,7 @@ import (
 	"github.com/stretchr/testify/require"
 )
 
-// Tests of the pool's driver calls made unlocked (resource_pool_unlock.go): growth, cross-stream takes,
+// Tests of the pool's driver calls made unlocked (pool_placement.go): growth, cross-stream takes,
 // merges and Release racing other goroutines, through the fake device of
 // resource_arena_pending_test.go (arenaSyncFake) and its model of stream order, with upstreams
 // and virtual memory whose calls can be held on a gate.
