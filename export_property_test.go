@@ -3,7 +3,6 @@ package rmm
 import (
 	"sort"
 	"sync"
-	"sync/atomic"
 )
 
 // Constructors for the property tests (property_test.go, package rmm_test), which drive the
@@ -21,12 +20,7 @@ type MappedRange struct {
 type TrackedVMM struct {
 	vmm
 	mu   sync.Mutex
-	maps map[DevicePtr]int       // every mapping: address -> size
-	seen map[vmmHandle]DevicePtr // every handle mapped, at its last address
-	// Remaps, when not nil, counts the handles mapped again at another address (carving moved
-	// them): whether the carving paths of the expandable pool ran. A test sets it to a counter
-	// of its own, so that tests running in parallel do not count each other's.
-	Remaps *atomic.Int64
+	maps map[DevicePtr]int // every mapping: address -> size
 }
 
 func (v *TrackedVMM) mapAt(a DevicePtr, n int, h vmmHandle) error {
@@ -35,10 +29,6 @@ func (v *TrackedVMM) mapAt(a DevicePtr, n int, h vmmHandle) error {
 	}
 	v.mu.Lock()
 	defer v.mu.Unlock()
-	if at, ok := v.seen[h]; ok && at != a && v.Remaps != nil {
-		v.Remaps.Add(1)
-	}
-	v.seen[h] = a
 	v.maps[a] = n
 	return nil
 }
@@ -80,8 +70,8 @@ func (v *TrackedVMM) Ranges() []MappedRange {
 // NewTrackedExpandablePool builds an expandable pool over a TrackedVMM of the given granularity
 // and physical limit (0: none), over host memory when host is set, else over addresses without
 // memory. upstream is the pool's upstream (only its accessibility matters: the pool maps its
-// memory itself). carvePage > 0 turns carving on (PoolOptions' unexported carvePage).
-func NewTrackedExpandablePool(upstream MemoryResource, host bool, granularity, physicalLimit, carvePage int, opts PoolOptions) (*PoolMemoryResource, *TrackedVMM, error) {
+// memory itself).
+func NewTrackedExpandablePool(upstream MemoryResource, host bool, granularity, physicalLimit int, opts PoolOptions) (*PoolMemoryResource, *TrackedVMM, error) {
 	var inner vmm
 	if host {
 		h, err := newHostVMM(granularity, physicalLimit)
@@ -92,9 +82,9 @@ func NewTrackedExpandablePool(upstream MemoryResource, host bool, granularity, p
 	} else {
 		inner = newSimVMM(granularity, physicalLimit)
 	}
-	vm := &TrackedVMM{vmm: inner, maps: map[DevicePtr]int{}, seen: map[vmmHandle]DevicePtr{}}
-	opts.Expandable, opts.carvePage = true, carvePage
-	p, err := newExpandablePool(upstream, vm, opts)
+	vm := &TrackedVMM{vmm: inner, maps: map[DevicePtr]int{}}
+	opts.Expandable = true
+	p, err := newExpandablePool(upstream, vm, opts, poolTuning{})
 	if err != nil {
 		return nil, nil, err
 	}

@@ -9,5 +9,5 @@ func NewExpandablePoolOverHostVMM(granularity, physicalLimit int, opts PoolOptio
 		return nil, err
 	}
 	opts.Expandable = true
-	return newExpandablePool(NewSystemMemoryResource(), vm, opts)
+	return newExpandablePool(NewSystemMemoryResource(), vm, opts, poolTuning{})
 }

@@ -129,14 +129,14 @@ func TestGPUExpandablePoolReleaseThreshold(t *testing.T) {
 	require.NoError(t, cuCtxSynchronize(ctx))
 }
 
-// gpuFragmentRounds is the scenario the carving and stitching tests share, over the device's
-// virtual memory with the pool options o (8 MiB pieces): sixteen 8 MiB blocks of one growth
+// gpuFragmentRounds is the scenario of the stitching test below, over the device's
+// virtual memory with the pool tuned by tune (8 MiB pieces): sixteen 8 MiB blocks of one growth
 // (sixteen handles), half of them freed on stream a behind long kernels that write and read them,
 // then a 64 MiB request on stream b that no free block holds. Twice: the odd blocks first, then
 // (after they are allocated again on b) the even ones. check gets the request's block y and the
 // VMM's counts before the frees and after the request; then every pattern — what the kernels
 // copied out, the live blocks, y's fill — must read back intact.
-func gpuFragmentRounds(t *testing.T, o PoolOptions, check func(round int, big, y DevicePtr, before, after vmmCounts)) {
+func gpuFragmentRounds(t *testing.T, tune poolTuning, check func(round int, big, y DevicePtr, before, after vmmCounts)) {
 	requireGPU(t)
 	dv, err := newDeviceVMM(0)
 	require.NoError(t, err)
@@ -145,8 +145,7 @@ func gpuFragmentRounds(t *testing.T, o PoolOptions, check func(round int, big, y
 		t.Skipf("granularity %d", dv.granularity())
 	}
 	vm := newCountingVMM(dv)
-	o.MaximumPoolSize = 1 << 30
-	p := newExpTestPool(t, vm, o)
+	p := newTunedTestPool(t, vm, PoolOptions{MaximumPoolSize: 1 << 30}, tune)
 	defer p.Close()
 	a, err := NewStream(0, &StreamOptions{NonBlocking: true})
 	require.NoError(t, err)
@@ -209,22 +208,11 @@ func gpuFragmentRounds(t *testing.T, o PoolOptions, check func(round int, big, y
 	require.NoError(t, p.CheckInvariants())
 }
 
-// Carving while kernels still run over the fragments (gpuFragmentRounds): the pool must wait for
-// stream a before it unmaps the freed blocks' pages (an early unmap is an illegal address that
-// kills the context) and map those same handles at the end for the request: no new memory,
-// seven handles remapped.
-func TestGPUExpandablePoolCarvesWhileKernelRuns(t *testing.T) {
-	gpuFragmentRounds(t, PoolOptions{carvePage: 2 * mib}, func(round int, big, y DevicePtr, before, after vmmCounts) {
-		require.Equal(t, before.creates, after.creates, "round %d: no new memory", round)
-		require.GreaterOrEqual(t, after.remaps-before.remaps, 7, "round %d: the fragments' handles moved", round)
-	})
-}
-
 // Stitching while kernels still run over the fragments (gpuFragmentRounds): the pool maps the
 // eight freed handles a second time, back to back, in a range of its own (no memory created),
 // after b waits for a.
 func TestGPUExpandablePoolStitchesWhileKernelRuns(t *testing.T) {
-	gpuFragmentRounds(t, PoolOptions{stitchPiece: 8 * mib, stitchRest: true}, func(round int, big, y DevicePtr, before, after vmmCounts) {
+	gpuFragmentRounds(t, poolTuning{stitchPiece: 8 * mib, stitchRest: true}, func(round int, big, y DevicePtr, before, after vmmCounts) {
 		require.True(t, y < big || y >= big+16*8*mib, "round %d: the block lies in a range of its own", round)
 		require.Equal(t, before.creates, after.creates, "round %d: no new memory", round)
 		require.GreaterOrEqual(t, after.maps-before.maps, 8, "round %d: the freed handles mapped again", round)

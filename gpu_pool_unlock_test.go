@@ -8,7 +8,7 @@ import (
 	"github.com/stretchr/testify/require"
 )
 
-// GPU tests of the pool's driver calls made unlocked (resource_pool_unlock.go).
+// GPU tests of the pool's driver calls made unlocked (pool_placement.go).
 
 // The random walk of TestPoolUnlockConcurrentStreamOrder on the device: the pool's calls go
 // through the fake, which passes them on to the driver and checks them against its model of

@@ -220,18 +220,8 @@ func (p *PoolMemoryResource) ExportIPC(ptr DevicePtr, nbytes int) (*IPCHandle, e
 	if err := checkExportRange(name, ptr, nbytes); err != nil {
 		return nil, err
 	}
-	if p.exp != nil {
-		return p.exportVMM(ptr, nbytes)
+	if p.backing == nil {
+		return nil, errNotMade("ExportIPC")
 	}
-	base, size, err := p.upstreamBlockCovering(ptr, nbytes)
-	if err != nil {
-		return nil, err
-	}
-	h, err := ExportIPC(p.upstream, base, size)
-	if err != nil {
-		return nil, errorf("%s.ExportIPC: the upstream block [%#x, %#x) from %s: %w", name, uintptr(base), uintptr(base)+uintptr(size), resourceName(p.upstream), err)
-	}
-	h.offset += int(ptr - base)
-	h.size = nbytes
-	return h, nil
+	return p.backing.exportIPC(ptr, nbytes)
 }

@@ -75,15 +75,15 @@ type vmmPiece struct {
 
 // vmmPiecesCovering returns the chunks of an expandable pool that hold [ptr, ptr+n), which must
 // lie in one live allocation, in address order, and the address the first one starts at. The
-// chunks under a live block are mapped back to back (neither a release nor carving takes a chunk
+// chunks under a live block are mapped back to back (a release never takes a chunk
 // that holds live memory), so the pieces tile [start, start+Σsize).
-func (p *PoolMemoryResource) vmmPiecesCovering(ptr DevicePtr, n int) (DevicePtr, []vmmPiece, error) {
+func (e *expandable) vmmPiecesCovering(ptr DevicePtr, n int) (DevicePtr, []vmmPiece, error) {
+	p := e.p
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if err := p.checkLiveRange(ptr, n); err != nil {
 		return 0, nil, err
 	}
-	e := p.exp
 	end := ptr + DevicePtr(n)
 	i := sort.Search(len(e.chunks), func(i int) bool { return e.chunks[i].end() > ptr })
 	var start DevicePtr
@@ -106,12 +106,14 @@ func (p *PoolMemoryResource) vmmPiecesCovering(ptr DevicePtr, n int) (DevicePtr,
 	return start, pieces, nil
 }
 
-// exportVMM exports [ptr, ptr+n) of an expandable pool: one file descriptor per piece.
-func (p *PoolMemoryResource) exportVMM(ptr DevicePtr, n int) (*IPCHandle, error) {
+// exportVMM exports [ptr, ptr+n) of an expandable pool: one file descriptor per piece. stitched,
+// when not nil, gives the pieces under a stitched block (nil pieces when ptr is in none).
+func (e *expandable) exportVMM(ptr DevicePtr, n int, stitched func(DevicePtr, int) (DevicePtr, []vmmPiece, error)) (*IPCHandle, error) {
 	const name = "PoolMemoryResource (expandable)"
-	dv, ok := p.exp.vm.(*deviceVMM)
+	p := e.p
+	dv, ok := e.vm.(*deviceVMM)
 	if !ok {
-		return nil, notExportable(name, fmt.Sprintf("its memory is %s, which cannot be shared with other processes", p.exp.source))
+		return nil, notExportable(name, fmt.Sprintf("its memory is %s, which cannot be shared with other processes", e.source))
 	}
 	if dv.handleTypes&memHandleTypePOSIXFD == 0 {
 		return nil, notExportable(name, "it was made without PoolOptions.Exportable, so its physical memory cannot be exported")
@@ -121,9 +123,13 @@ func (p *PoolMemoryResource) exportVMM(ptr DevicePtr, n int) (*IPCHandle, error)
 		return nil, errorf("%s.ExportIPC: %w", name, err)
 	}
 	// A stitched block exports the handles mapped under its own range, in order.
-	start, pieces, err := p.stitchedPieces(ptr, n)
+	var start DevicePtr
+	var pieces []vmmPiece
+	if stitched != nil {
+		start, pieces, err = stitched(ptr, n)
+	}
 	if err == nil && pieces == nil {
-		start, pieces, err = p.vmmPiecesCovering(ptr, n)
+		start, pieces, err = e.vmmPiecesCovering(ptr, n)
 	}
 	if err != nil {
 		return nil, err
@@ -143,22 +149,6 @@ func (p *PoolMemoryResource) exportVMM(ptr DevicePtr, n int) (*IPCHandle, error)
 	}
 	h.fds = fds
 	return h, nil
-}
-
-// upstreamBlockCovering returns the upstream allocation of a plain pool that holds [ptr, ptr+n),
-// which must lie in one live allocation of the pool.
-func (p *PoolMemoryResource) upstreamBlockCovering(ptr DevicePtr, n int) (DevicePtr, int, error) {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	if err := p.checkLiveRange(ptr, n); err != nil {
-		return 0, 0, err
-	}
-	for base, size := range p.upstreams {
-		if base <= ptr && ptr+DevicePtr(n) <= base+DevicePtr(size) {
-			return base, size, nil
-		}
-	}
-	return 0, 0, errorf("internal error: PoolMemoryResource.ExportIPC(%#x, %d): live memory in no upstream block", uintptr(ptr), n)
 }
 
 // checkLiveRange returns nil when [ptr, ptr+n) lies in one allocation the pool handed out and has

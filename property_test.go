@@ -4,14 +4,14 @@
 // Every test here builds resources and hands them to rmmtest, which checks them; none keeps a
 // model of its own. rmmtest.RunConfigurations runs gopter's state machine (commands) with
 // shrinking, and draws a configuration for each random sequence: a pool's initial and maximum
-// sizes over an upstream with a random cap, an expandable pool's maximum, physical limit and
-// carving, an adaptor over such a pool. What each resource is checked for after every step is
+// sizes over an upstream with a random cap, an expandable pool's maximum and physical limit, an
+// adaptor over such a pool. What each resource is checked for after every step is
 // rmmtest's list (the package documentation of rmmtest): alignment, no overlaps, every
 // allocation inside memory the upstream gave (or the VMM mapped), Stats against the live
 // allocations and the upstream, failed calls changing nothing, patterns intact in host memory,
 // Release giving back what is wholly free, Close giving back everything, and the rest. A test
 // then checks that its configurations reached what it is about (out of memory, the upstream
-// refusing, the pool's back-off, releases down to nothing, carving).
+// refusing, the pool's back-off, releases down to nothing).
 //
 // Replaying a failure: the seed is printed with every failure (and logged with -v), and
 //
@@ -27,7 +27,6 @@ import (
 	"math"
 	"math/rand/v2"
 	"strings"
-	"sync/atomic"
 	"testing"
 
 	"github.com/gormm/rmm"
@@ -383,11 +382,9 @@ type propExpandable struct {
 	host             bool // host memory, else addresses without memory
 	initial, maximum int
 	physicalLimit    int // 0: none
-	carvePage        int // 0: no carving
 	capacity         int // the address range (the maximum when there is none)
 	size             func(*rand.Rand) int
 	fullPattern      bool
-	remaps           *atomic.Int64 // counts the handles carving mapped again elsewhere; nil: uncounted
 }
 
 func (c propExpandable) String() string {
@@ -395,8 +392,8 @@ func (c propExpandable) String() string {
 	if c.host {
 		mem = "host memory"
 	}
-	return fmt.Sprintf("expandable pool over %s (%d-byte granularity), initial %d, maximum %d, physical limit %d, carve page %d",
-		mem, c.gran, c.initial, c.maximum, c.physicalLimit, c.carvePage)
+	return fmt.Sprintf("expandable pool over %s (%d-byte granularity), initial %d, maximum %d, physical limit %d",
+		mem, c.gran, c.initial, c.maximum, c.physicalLimit)
 }
 
 func (c propExpandable) configuration() rmmtest.Configuration {
@@ -412,12 +409,11 @@ func (c propExpandable) configuration() rmmtest.Configuration {
 	return rmmtest.Configuration{
 		Name: c.String(),
 		NewResource: func(t *testing.T, up rmm.MemoryResource) rmm.MemoryResource {
-			p, v, err := rmm.NewTrackedExpandablePool(up, c.host, c.gran, c.physicalLimit, c.carvePage,
+			p, v, err := rmm.NewTrackedExpandablePool(up, c.host, c.gran, c.physicalLimit,
 				rmm.PoolOptions{InitialPoolSize: c.initial, MaximumPoolSize: c.maximum})
 			if err != nil {
 				t.Fatalf("building an %v: %v", c, err)
 			}
-			v.Remaps = c.remaps
 			vm = v
 			return p
 		},
@@ -443,18 +439,14 @@ func (c propExpandable) configuration() rmmtest.Configuration {
 func TestExpandablePoolProperty(t *testing.T) {
 	t.Parallel() // seconds of work on its own resources: see TestMain
 	const gran, capacity = 4 * propKiB, 64 * propMiB
-	var remaps atomic.Int64
 	cov := rmmtest.RunConfigurations(t, func(r *rand.Rand) rmmtest.Configuration {
-		c := propExpandable{streams: propStreams(r), gran: gran, capacity: capacity, remaps: &remaps}
+		c := propExpandable{streams: propStreams(r), gran: gran, capacity: capacity}
 		if r.IntN(2) == 0 {
 			c.initial = gran * r.IntN(256)
 		}
 		c.maximum = capacity // an expandable pool always has one: its range
 		if r.IntN(3) == 0 {
 			c.maximum = max(c.initial, gran) + gran*r.IntN(2048)
-		}
-		if r.IntN(2) == 0 {
-			c.carvePage = gran * (1 + r.IntN(4)) // growths in pieces; fragments carved
 		}
 		c.size = func(r *rand.Rand) int {
 			switch r.IntN(12) {
@@ -470,7 +462,6 @@ func TestExpandablePoolProperty(t *testing.T) {
 	require.Positive(t, cov.Allocations)
 	require.Positive(t, cov.CrossStreamFrees)
 	require.Positive(t, cov.OutOfMemory)
-	require.Positive(t, remaps.Load(), "no growth carved free memory")
 }
 
 // Over real host memory mapped with a 4 KiB granularity: a pattern in every byte of every live
@@ -479,17 +470,13 @@ func TestExpandablePoolProperty(t *testing.T) {
 func TestExpandablePoolPropertyHostMemory(t *testing.T) {
 	t.Parallel() // seconds of work on its own resources: see TestMain
 	const gran, capacity = 4 * propKiB, 32 * propMiB
-	var remaps atomic.Int64
 	cov := rmmtest.RunConfigurations(t, func(r *rand.Rand) rmmtest.Configuration {
-		c := propExpandable{streams: propStreams(r), gran: gran, host: true, capacity: capacity, maximum: capacity, fullPattern: true, remaps: &remaps}
+		c := propExpandable{streams: propStreams(r), gran: gran, host: true, capacity: capacity, maximum: capacity, fullPattern: true}
 		if r.IntN(2) == 0 {
 			c.initial = gran * r.IntN(64)
 		}
 		if r.IntN(3) == 0 {
 			c.physicalLimit = c.initial + gran*(1+r.IntN(1024))
-		}
-		if r.IntN(2) == 0 {
-			c.carvePage = gran * (1 + r.IntN(4)) // growths in pieces; fragments carved
 		}
 		c.size = func(r *rand.Rand) int {
 			switch r.IntN(12) {
@@ -504,7 +491,6 @@ func TestExpandablePoolPropertyHostMemory(t *testing.T) {
 	}, &rmmtest.Options{Sequences: 200, MaxCommands: 100})
 	require.Positive(t, cov.Allocations)
 	require.Positive(t, cov.CrossStreamFrees)
-	require.Positive(t, remaps.Load(), "no growth carved free memory")
 }
 
 // With a physical limit below the range: the device refuses chunks.

@@ -1,11 +1,8 @@
 package rmm
 
 import (
-	"cmp"
 	"errors"
-	"fmt"
 	"math"
-	"slices"
 	"sync"
 	"sync/atomic"
 )
@@ -81,9 +78,7 @@ import (
 // wait), frees after Close (synchronisation), Close itself, and the synchronisation of a cached
 // block's stream when it has no list.
 
-// PoolOptions configures NewPoolMemoryResource. nil means the defaults. (Its unexported fields
-// are the package's own tuning knobs for tests and measurements; a PoolOptions made outside the
-// package leaves them at their defaults.)
+// PoolOptions configures NewPoolMemoryResource. nil means the defaults.
 type PoolOptions struct {
 	// InitialPoolSize is the number of bytes taken from the upstream at construction, in one
 	// allocation on the default stream. It must be a multiple of 256. Default 0: nothing is taken
@@ -94,124 +89,121 @@ type PoolOptions struct {
 	// and at least InitialPoolSize. Default 0: no maximum (expandable: the device's total memory;
 	// over a SimulatedMemoryResource, its capacity).
 	MaximumPoolSize int
-	// Expandable makes a pool whose memory is one virtual address range: MaximumPoolSize bytes
-	// (rounded up to the granularity, 2 MiB on current GPUs) of address space are reserved at
-	// construction (cuMemAddressReserve), and the pool grows by creating chunks of physical memory
-	// (cuMemCreate) and mapping them right after what is mapped (cuMemMap, cuMemSetAccess), so
-	// that the free block at the end simply gets longer and free neighbours always coalesce: a
-	// capped pool reaches its cap, and a long-running one does not fragment across growth steps.
-	// Release gives back (cuMemUnmap, cuMemRelease) every chunk that holds no live block. The
-	// upstream is never called; it names where the memory comes from and must be one of: nil (the
-	// current device, or host memory without CUDA), a CudaMemoryResource (its device), the
-	// SystemMemoryResource (host memory, reserved and mapped with mmap), a
-	// SimulatedMemoryResource (addresses only, at most its capacity mapped: for replaying traces).
-	// InitialPoolSize and MaximumPoolSize are rounded up to the granularity (2 MiB on current
-	// GPUs). See the type's documentation for the chunk sizes.
+	// Expandable makes the pool map its own memory into one virtual address range of
+	// MaximumPoolSize bytes, reserved at construction (cuMemAddressReserve), growing by chunks of
+	// physical memory (cuMemCreate, cuMemMap, cuMemSetAccess), so that free neighbours always
+	// coalesce; Release gives back (cuMemUnmap, cuMemRelease) every chunk that holds no live
+	// block. The upstream only names where the memory comes from: nil (the current device, or
+	// host memory without CUDA), a [CudaMemoryResource], the [SystemMemoryResource] or a
+	// [SimulatedMemoryResource] (addresses only); another is [ErrInvalidArgument]. Sizes are
+	// rounded up to the granularity (2 MiB on current GPUs). Default false.
 	Expandable bool
-	// ReleaseThreshold (expandable pools only) is the most free memory, in bytes, the pool keeps
-	// mapped: once a Deallocate leaves more than ReleaseThreshold plus one minimum chunk (32 MiB)
-	// free, the pool waits (on the host) for the work behind the frees and gives back whole free
-	// chunks, highest addresses first, until at most ReleaseThreshold bytes are free or no whole
-	// chunk is free. A trim that fails (the wait or an unmap) leaves the memory mapped for a later
-	// trim or Release, and is written to the debug log: the free itself succeeds. Default 0: memory stays mapped until Release or Close. A value of 1 gives
-	// back every whole free chunk at each trim.
+	// ReleaseThreshold (Expandable only, else [ErrInvalidArgument]) is the most free memory, in
+	// bytes, the pool keeps mapped: a Deallocate that leaves more free (plus one minimum chunk)
+	// waits on the host for the streams' work and gives back whole free chunks, highest first. A
+	// trim that fails is written to the debug log; the free succeeds. Default 0: never by itself.
 	ReleaseThreshold int
-	// Stitch (expandable pools only; off by default) keeps the memory an expandable pool maps
-	// close to what is live when request sizes keep changing, for a slower first pass: growths map
-	// physical memory in pieces of the granularity (2 MiB) or a 64th of the growth where that is
-	// more, a growth maps what the request needs but at least 16 MiB and a 64th of the pool
-	// (instead of 32 MiB and a 16th), and a request of 2 MiB or more that no free block holds is served by mapping the
-	// pieces lying in free memory a second time, back to back, into an address range of its own
-	// (cuMemAddressReserve, cuMemMap, cuMemSetAccess), after growing only what they lack. The
-	// range is kept, and serves a later request with no driver call once its pieces are free
-	// again; kept ranges are unmapped after a host wait for the streams' work (at Release, Close,
-	// or past 1,024 of them). Memory freed on other streams is used after the allocating stream
-	// waits for them, as for any block. ExportIPC exports the pieces under a stitched block.
-	// Over host memory each piece is a memfd (Linux: memfd_create), which can be mapped at a second
-	// address: one open file descriptor per piece until the pool gives it back.
-	// BENCHMARKS.md gives the footprints and the first pass's cost on the twenty-two bundled
-	// traces.
+	// Stitch (Expandable only, else [ErrInvalidArgument]) keeps the memory mapped close to what
+	// is live when request sizes keep changing, for a slower first pass: growths map pieces of
+	// about a granule, and a request that no free block holds is served by mapping free pieces a
+	// second time, back to back, into a range of its own (kept for reuse; [ExportIPC] exports its
+	// pieces). Over host memory each piece is a memfd: one open file descriptor per piece.
+	// Default false. BENCHMARKS.md gives the footprints and the first pass's cost.
 	Stitch bool
-	// Exportable (expandable pools over device memory only) creates the pool's physical memory
-	// exportable as POSIX file descriptors, so that its allocations can be shared with other
-	// processes (ExportIPC). NewPoolMemoryResource returns ErrNotSupported when the device or
-	// driver cannot export such memory, or the pool maps host memory. Default false. (A plain
-	// pool needs no option: it exports through its upstream.)
+	// Exportable (Expandable over device memory only) creates the physical memory exportable as
+	// POSIX file descriptors, for [PoolMemoryResource.ExportIPC]; [ErrNotSupported] when the
+	// device, the driver or host memory cannot. Default false (a plain pool exports through its
+	// upstream).
 	Exportable bool
 	// MemoryProfile, when set, makes the pool record a sample of its own allocations in it, as a
-	// MemoryProfileResourceAdaptor over the pool would, at less cost: each allocation of n bytes
-	// is sampled with the same probability, 1-exp(-n/rate) (all of them at rate 1), but the pool
-	// draws by counting the bytes asked of it down to the next sample (as Go's runtime samples its
-	// heap) inside its own locks, and keeps a sampled block's record on the block, so that an
-	// allocation not sampled costs a subtraction and a comparison, and no adaptor call is made
-	// (BENCHMARKS.md gives W1 with either). Every allocation of the pool is sampled at the
-	// profile's rate, whoever calls Allocate; the stacks start at Allocate's caller. A profile may
-	// be shared by several pools and adaptors. Default nil: no profile.
+	// [MemoryProfileResourceAdaptor] over the pool would (each allocation of n bytes with
+	// probability 1-exp(-n/rate)), at less cost; the stacks start at Allocate's caller. A profile
+	// may be shared. Default nil: no profile.
 	MemoryProfile *MemoryProfile
+}
 
-	// carvePage (expandable pools, not yet exported): when > 0, growths map their memory as
-	// handles of at least carvePage bytes that can be unmapped one by one, and a growth first moves
-	// the handles lying wholly in free fragments to where it maps (see carve).
-	carvePage int
-	// carveChurn (with carvePage): carve only while the bytes moved since the pool last passed
-	// its peak size are at most carveChurn × its size; 0: carveChurnDefault; < 0: no limit.
-	carveChurn float64
+// poolBacking is where a pool's memory comes from and goes back to: upstream blocks
+// (upstreamBacking), chunks mapped onto one reserved range (expandable) or pieces mapped onto one
+// range plus stitched ranges (stitching). Placement calls it on its slow paths only, pool locked;
+// a method may unlock the pool for driver calls where it says so, holding the busy token (see
+// pool_placement.go).
+type poolBacking interface {
+	// grow makes room for an n-byte request on s, whose list l is pinned (placement found no free
+	// block that holds it): it returns a free block of at least n bytes out of every list, or
+	// nil when it grew but the request must search again (what it grew is then free in l). Busy
+	// token held; it may unlock.
+	grow(n int, s StreamView, l *freeList) (*block, error)
+	// releaseMayHelp reports whether giving every wholly free range back could let a growth the
+	// pool's maximum refused succeed (placement has checked the rest: see releaseMayHelp).
+	releaseMayHelp() bool
+	// release gives back what lies wholly in free blocks of def, into which every list was
+	// merged after a host wait for the work behind the frees. Busy token held; without hold it
+	// may unlock, the blocks it gives back out of every list meanwhile.
+	release(def *freeList, hold bool) error
+	// trim is called after a free that left the free block b while the pool's free bytes exceed
+	// PoolMemoryResource.trimAt; it gives memory back as the backing's threshold says.
+	trim(b *block)
+	// releaseAfterClose gives back what it can after the free of b (now free in the one list
+	// left after Close), pool locked throughout.
+	releaseAfterClose(b *block) error
+	// close gives back what the backing holds beyond the blocks (Close; every free waited for).
+	close() error
 
-	// stitchPiece (expandable pools, not yet exported; exclusive with carvePage): when > 0,
-	// growths map handles of at most stitchPiece bytes (rounded up to the granularity), and a
-	// request that no free block holds is served, when the chunks lying wholly in free memory
-	// hold it, by mapping them a second time back to back (resource_pool_stitch.go).
-	stitchPiece int
-	// stitchMin (with stitchPiece): the least request stitched; 0: stitchMinDefault.
-	stitchMin int
-	// stitchRest (with stitchPiece): also stitch when the free chunks hold only part of the
-	// request, growing the rest first, when that maps less than growing for the request would.
-	stitchRest bool
-	// stitchKeep (with stitchPiece): the most stitched ranges kept; 0: stitchKeepDefault.
-	stitchKeep int
-	// stitchFrac (with stitchPiece): a growth of k bytes maps handles of at least k/stitchFrac
-	// bytes (and of at least stitchPiece); 0: of stitchPiece.
-	stitchFrac int
-	// stitchNoDeps (with stitchPiece; measurements): lend no chunk of a free block that names
-	// other lists among its deps.
-	stitchNoDeps bool
-	// minGrowth (expandable pools; measurements): the least growth, rounded up to the
-	// granularity; 0: expandableMinChunk, or stitchMinGrowth with stitchPiece.
-	minGrowth int
-	// growthDivisor (expandable pools; measurements): a growth maps at least the pool's size
-	// divided by this; 0: expandableGrowthDivisor, or stitchGrowthDivisor with stitchPiece.
-	growthDivisor int
+	// serveAtEnd may serve an n-byte request on l's stream whose best fit is the free block t at
+	// the end of the chain (tailLast pools) otherwise: it returns a live block marked served, or
+	// nil. No unlock.
+	serveAtEnd(n int, l *freeList, t *block) *block
+	// freeServed frees a served block b (out of the live table) on l's stream, and returns the
+	// last block it freed into l. servedFrom is the list a live served block was made for (nil:
+	// none), restoreServedDeps gives back the deps a failed wait took from it.
+	freeServed(l *freeList, b *block) *block
+	servedFrom(b *block) *freeList
+	restoreServedDeps(b *block, deps []*freeList)
+
+	// stats fills in the backing's figures (UpstreamBlocks, Reserved, Holes, HoleBytes).
+	stats(st *PoolStats)
+	// checkServed verifies the served blocks (served of them live), adds the lists they name to
+	// deps, and returns the bytes they hold beyond their sizes; checkChain verifies the chains
+	// against every block of the pool, all (CheckInvariants).
+	checkServed(served int, deps map[*freeList]int) (int, error)
+	checkChain(all map[DevicePtr]*block, served int) error
+	// exportIPC exports [ptr, ptr+n), which lies in one live allocation (ExportIPC).
+	exportIPC(ptr DevicePtr, n int) (*IPCHandle, error)
+}
+
+// noServing is the part of poolBacking of a backing that serves no request otherwise.
+type noServing struct{}
+
+func (noServing) serveAtEnd(int, *freeList, *block) *block { return nil }
+func (noServing) servedFrom(*block) *freeList              { return nil }
+func (noServing) restoreServedDeps(*block, []*freeList)    {}
+
+func (noServing) freeServed(*freeList, *block) *block {
+	panic("rmm: internal error: a pool block marked served by a backing that serves none")
+}
+
+func (noServing) checkServed(served int, _ map[*freeList]int) (int, error) {
+	if served > 0 {
+		return 0, errorf("%d served blocks in a pool whose backing serves none", served)
+	}
+	return 0, nil
 }
 
 // poolStreams is the pool's registry of per-stream free lists (stream_order.go), named so that go
 // doc leaves the embedded field out, as it does any unexported field.
 type poolStreams = streamLists[*freeList]
 
-// PoolMemoryResource is a coalescing best-fit sub-allocator over an upstream [MemoryResource],
-// with librmm's pool semantics: memory taken from the upstream in large blocks is cut into
-// allocations and coalesced again as they are freed. Memory freed on a stream is reused on that
-// stream at once, without synchronisation; memory freed on another stream is handed out only after
-// the allocating stream waits, on the device, for an event recorded on the freeing stream
-// (cuEventRecord, cuStreamWaitEvent; the host does not block).
-//
-// Allocate rounds sizes up to [Alignment] (256 bytes) and returns addresses aligned to it. When no
-// free block holds a request the pool grows ([PoolOptions] gives the sizes; librmm's policy by
-// default); before it fails it gives every wholly free upstream block back and tries once more. A
-// failure is an *[OutOfMemoryError] (errors.Is [ErrOutOfMemory]) with the pool's figures, saying
-// whether the pool is exhausted or fragmented; after [PoolMemoryResource.Close], Allocate returns
-// [ErrClosed] (a block freed then is still taken back). Deallocate returns [ErrInvalidFree] for a
-// pointer the pool did not hand out, a second free or a size other than the one allocated, and
-// changes nothing.
-//
-// An expandable pool ([PoolOptions].Expandable) takes its memory from one virtual address range
-// by mapping chunks of physical memory (cuMemAddressReserve, cuMemCreate, cuMemMap,
-// cuMemSetAccess), so that free neighbours coalesce across growths; [PoolMemoryResource.Release]
-// and [PoolOptions].ReleaseThreshold give whole chunks back (cuMemUnmap, cuMemRelease) once the
-// work behind their frees is done.
-//
-// Safe for concurrent use; the driver's slow calls (growth, releases, cross-stream waits) are
-// made without holding the pool's lock. [PoolMemoryResource.Stats] counts blocks held in the
-// per-stream caches as free.
+// PoolMemoryResource is a coalescing best-fit sub-allocator with librmm's pool semantics: it
+// takes memory in large blocks (from an upstream [MemoryResource], or mapped by itself with
+// [PoolOptions].Expandable) and cuts it into allocations, rounded up to [Alignment] (256 bytes)
+// and aligned to it. Memory freed on a stream is reused on that stream at once; on another
+// stream only after that stream waits, on the device, for the freeing stream (cuEventRecord,
+// cuStreamWaitEvent). When no free block holds a request the pool grows, and before it fails it
+// gives back what is wholly free and tries once more: a failure is an *[OutOfMemoryError]
+// ([ErrOutOfMemory]). Deallocate returns [ErrInvalidFree] for a pointer it did not hand out, a
+// second free or another size, changing nothing; after [PoolMemoryResource.Close] Allocate
+// returns [ErrClosed]; a pool not made by [NewPoolMemoryResource] returns [ErrInvalidArgument].
+// Safe for concurrent use; the driver's slow calls are made without holding the pool's lock.
 type PoolMemoryResource struct {
 	upstream MemoryResource
 	maximum  int // 0 = unbounded
@@ -223,17 +215,30 @@ type PoolMemoryResource struct {
 	// still its stream's, so that a run of calls on one stream finds its list with no map
 	// lookup (listOf).
 	lastList   *freeList
-	size       int // bytes taken from upstream
-	upstreams  map[DevicePtr]int
+	size       int        // bytes taken from upstream
 	live       blockTable // allocated blocks by address
 	liveBytes  int        // sum of the rounded sizes of live allocations
 	peakLive   int        // the highest liveBytes seen
 	spare      []*block
 	closed     bool
 	closedList *freeList // after Close: the one list left
-	exp        *expandable
 
-	// The slow paths that unlock the mutex for driver calls (resource_pool_unlock.go).
+	// backing is where the memory comes from and goes back to (poolBacking). Placement reaches
+	// it only through that interface; what placement itself must do differently for a backing
+	// is set below at construction.
+	backing poolBacking
+	name    string // for messages: "PoolMemoryResource", or with the backing's kind
+	// chained: every block lies in one chain (a backing that maps one range), whose ends head
+	// and tail link and unlink keep; else each upstream allocation is a chain of its own.
+	chained    bool
+	head, tail *block
+	// tailLast: placement serves the free block at the end of the chain only when no other free
+	// block holds the request (findEndLast), and asks the backing first (serveAtEnd).
+	tailLast bool
+	// trimAt: a free that leaves more free bytes than this asks the backing to trim (0: never).
+	trimAt int
+
+	// The slow paths that unlock the mutex for driver calls (pool_placement.go).
 	busy    bool // a growth or release is in flight
 	busyQ   []*busyWaiter
 	pinned  int       // pins over all lists
@@ -289,133 +294,35 @@ func NewPoolMemoryResource(upstream MemoryResource, opts *PoolOptions) (*PoolMem
 	if o.Exportable && !o.Expandable {
 		return nil, errorf("NewPoolMemoryResource: Exportable applies to expandable pools (a plain pool exports what its upstream can): %w", ErrInvalidArgument)
 	}
-	if (o.stitchPiece != 0 || o.Stitch) && !o.Expandable {
+	if o.Stitch && !o.Expandable {
 		return nil, errorf("NewPoolMemoryResource: Stitch applies to expandable pools: %w", ErrInvalidArgument)
 	}
 	if o.Expandable {
-		return newExpandablePool(given, nil, o)
+		return newExpandablePool(given, nil, o, poolTuning{})
 	}
+	return newUpstreamPool(upstream, o)
+}
+
+// newPool makes the pool's placement over backing, with the pool's size limit maximum (0: none),
+// for a memory on dev (pool not yet in use: no locking).
+func newPool(upstream MemoryResource, maximum int, o PoolOptions, dev Device) (*PoolMemoryResource, error) {
 	p := &PoolMemoryResource{
-		upstream:  upstream,
-		maximum:   o.MaximumPoolSize,
-		upstreams: map[DevicePtr]int{},
-		prof:      o.MemoryProfile,
-		profLeft:  o.MemoryProfile.nextSample(),
+		upstream: upstream,
+		maximum:  maximum,
+		name:     "PoolMemoryResource",
+		prof:     o.MemoryProfile,
+		profLeft: o.MemoryProfile.nextSample(),
 	}
-	if err := p.initStreams("PoolMemoryResource", DeviceOf(upstream), p, newFreeList); err != nil {
+	if err := p.initStreams("PoolMemoryResource", dev, p, newFreeList); err != nil {
 		return nil, err
-	}
-	if o.InitialPoolSize > 0 {
-		ptr, err := upstream.Allocate(o.InitialPoolSize, DefaultStream)
-		if err != nil {
-			return nil, errorf("NewPoolMemoryResource: taking the initial %s from %s: %w", bytesText(o.InitialPoolSize), resourceName(upstream), err)
-		}
-		p.mu.Lock()
-		l, err := p.listFor(DefaultStream)
-		if err != nil {
-			p.mu.Unlock()
-			upstream.Deallocate(ptr, o.InitialPoolSize, DefaultStream)
-			return nil, err
-		}
-		p.addUpstreamBlock(ptr, o.InitialPoolSize)
-		l.insert(p.newBlock(ptr, o.InitialPoolSize))
-		l.dirty = true // a stream-ordered upstream gave it in the default stream's order
-		p.mu.Unlock()
 	}
 	return p, nil
 }
 
-// newExpandablePool makes an expandable pool over vm (nil: the one upstream names, see vmmFor).
-// upstream is the opts' upstream as the caller gave it (nil allowed).
-func newExpandablePool(upstream MemoryResource, vm vmm, o PoolOptions) (*PoolMemoryResource, error) {
-	var dev Device
-	if vm == nil {
-		var err error
-		if vm, dev, err = vmmFor(upstream, o.Stitch || o.stitchPiece > 0); err != nil {
-			return nil, err
-		}
-	} else {
-		dev = DeviceOf(upstream)
-	}
-	if o.Exportable {
-		if err := setVMMExportable(vm); err != nil {
-			return nil, err
-		}
-	}
-	if upstream == nil {
-		upstream = CurrentDeviceResource()
-	}
-	if o.Stitch && o.stitchPiece == 0 {
-		// One granule, whatever the device's: rounded up below.
-		o.stitchPiece, o.stitchRest = 1, true
-		o.stitchFrac = cmp.Or(o.stitchFrac, stitchFracDefault)
-	}
-	switch {
-	case o.stitchPiece < 0 || o.stitchMin < 0 || o.stitchKeep < 0 || o.stitchFrac < 0 || o.minGrowth < 0 || o.growthDivisor < 0:
-		return nil, errorf("NewPoolMemoryResource: negative stitching option: %w", ErrInvalidArgument)
-	case o.stitchPiece > 0 && o.carvePage > 0:
-		// Carving unmaps free chunks and maps them elsewhere, which an alias of them would have
-		// to follow; the two are not combined.
-		return nil, errorf("NewPoolMemoryResource: carving and Stitch are exclusive: %w", ErrInvalidArgument)
-	}
-	e, maximum, err := newExpandable(vm, dev, o.MaximumPoolSize, o.ReleaseThreshold, o.carvePage)
-	if err != nil {
-		return nil, err
-	}
-	minChunk, growthDiv := expandableMinChunk, expandableGrowthDivisor
-	if o.stitchPiece > 0 {
-		minChunk, growthDiv = stitchMinGrowth, stitchGrowthDivisor
-	}
-	e.minChunk, e.growthDiv = cmp.Or(o.minGrowth, minChunk), cmp.Or(o.growthDivisor, growthDiv)
-	if o.stitchPiece > 0 {
-		e.piece, _ = alignUpChecked(o.stitchPiece, e.gran)
-		e.stitchMin = cmp.Or(o.stitchMin, stitchMinDefault)
-		e.stitchRest = o.stitchRest
-		e.keepMax = cmp.Or(o.stitchKeep, stitchKeepDefault)
-		e.pieceFrac, e.noDepLend = o.stitchFrac, o.stitchNoDeps
-		e.aliases = map[DevicePtr]*stitchAlias{}
-	}
-	switch e.churn = o.carveChurn; {
-	case e.churn == 0:
-		e.churn = carveChurnDefault
-	case e.churn < 0:
-		e.churn = math.Inf(1)
-	}
-	p := &PoolMemoryResource{
-		upstream:  upstream,
-		maximum:   maximum,
-		upstreams: map[DevicePtr]int{},
-		exp:       e,
-		prof:      o.MemoryProfile,
-		profLeft:  o.MemoryProfile.nextSample(),
-	}
-	if err := p.initStreams("PoolMemoryResource", dev, p, newFreeList); err != nil {
-		vm.free(e.base, e.reserved)
-		return nil, err
-	}
-	if o.InitialPoolSize > 0 {
-		p.mu.Lock()
-		defer p.mu.Unlock()
-		l, err := p.listFor(DefaultStream)
-		if err == nil {
-			var b *block
-			p.busy = true
-			if b, err = p.growExpandable(o.InitialPoolSize, l, 1); err == nil {
-				if b == nil {
-					err = errors.New("internal error: the initial chunk is smaller than the initial size")
-				} else {
-					p.freeInto(l, b)
-				}
-			}
-			p.busy = false
-		}
-		if err != nil {
-			p.releaseChunks(p.lists[0], -1, true)
-			p.freeReservation()
-			return nil, errorf("NewPoolMemoryResource: mapping the initial %s: %w", bytesText(o.InitialPoolSize), err)
-		}
-	}
-	return p, nil
+// errNotMade is the error of a method called on a PoolMemoryResource that NewPoolMemoryResource
+// did not make (its zero value): it has no backing to take memory from.
+func errNotMade(op string) error {
+	return errorf("PoolMemoryResource.%s: the pool was not made by NewPoolMemoryResource: %w", op, ErrInvalidArgument)
 }
 
 // Upstream returns the resource the pool takes its memory from.
@@ -437,7 +344,7 @@ func (p *PoolMemoryResource) MaximumPoolSize() int { return p.maximum }
 
 // Expandable reports whether the pool maps its own memory into one reserved address range
 // (PoolOptions.Expandable), as Reinitialize's pool does where the device allows it.
-func (p *PoolMemoryResource) Expandable() bool { return p.exp != nil }
+func (p *PoolMemoryResource) Expandable() bool { return p.chained }
 
 // Allocate returns nbytes (rounded up to 256) ordered on s. See the type's documentation for
 // where the memory comes from. Errors:
@@ -487,6 +394,10 @@ func (p *PoolMemoryResource) Allocate(nbytes int, s StreamView) (DevicePtr, erro
 	var err error
 	l, ok := p.listOf(s.id) // listFor's common case, spelt out
 	if !ok || l.closed {
+		if p.backing == nil { // a pool has a list once it served an allocation
+			p.mu.Unlock()
+			return 0, errNotMade("Allocate")
+		}
 		if l, err = p.listFor(s); err != nil {
 			p.mu.Unlock()
 			return 0, err
@@ -497,15 +408,8 @@ func (p *PoolMemoryResource) Allocate(nbytes int, s StreamView) (DevicePtr, erro
 	// The stream's own list first, as findBlock would: no unlock, so nothing to pin.
 	var b *block
 	var w takeWait
-	if b = l.bestFit(n); b != nil && p.exp != nil && p.exp.aliases != nil && b == p.exp.tail {
-		b = nil // a stitching pool serves the end of the chain last (findEndLast)
-	}
-	if b != nil {
-		if p.exp == nil || p.exp.aliases == nil {
-			b = p.takeFront(l, b, n) // takeOwn's common case, spelt out
-		} else {
-			b = p.takeOwn(l, b, n)
-		}
+	if b = l.bestFit(n); b != nil && (!p.tailLast || b != p.tail) {
+		b = p.takeFront(l, b, n) // findBlock's common case, spelt out (the end last: findEndLast)
 	} else if b, w, l, err = p.allocateSlow(l, n, s); err != nil {
 		p.mu.Unlock()
 		var oom *OutOfMemoryError
@@ -575,14 +479,14 @@ func (p *PoolMemoryResource) allocateWaited(b *block, l *freeList, w takeWait, d
 	if home == nil {
 		home = l
 	}
-	// A stitched block's chunks may hold bytes beyond n whose deps s waits for here: a free of
-	// the block on another stream returns them naming the list they were lent out of (from, s's),
-	// whose event must then cover these waits (freeStitched).
+	// A block the backing served may hold bytes beyond n whose deps s waits for here: a free of
+	// the block on another stream returns them naming the list they came out of (from, s's),
+	// whose event must then cover these waits (poolBacking.servedFrom).
 	// (from is l, pinned below, unless l was remade since: the old list was then dropped, after
 	// a host wait for every stream or the closing of its stream.)
 	var from *freeList
 	var fromEv uintptr
-	if b.stitched && len(dw) > 0 && p.exp.aliases[ptr].from == l {
+	if b.served && len(dw) > 0 && p.backing.servedFrom(b) == l {
 		from = l
 		if !l.lazy {
 			fromEv = l.event
@@ -606,9 +510,9 @@ func (p *PoolMemoryResource) allocateWaited(b *block, l *freeList, w takeWait, d
 	}
 	if werr != nil {
 		p.live.del(ptr)
-		if b.stitched {
-			p.restoreLentDeps(b, deps)
-			p.freeStitched(home, b)
+		if b.served {
+			p.backing.restoreServedDeps(b, deps)
+			p.backing.freeServed(home, b)
 		} else {
 			p.liveBytes -= n
 			p.restoreDeps(b, deps)
@@ -636,521 +540,6 @@ func (p *PoolMemoryResource) allocateWaited(b *block, l *freeList, w takeWait, d
 	return ptr, sampled, nil
 }
 
-// allocateSlow finds or grows a free block of n bytes for s, whose list is l, and returns it cut
-// to n bytes and out of every list, with the wait to make once unlocked when it was taken from
-// another stream's list, and s's list as it is now (the pool may have dropped and remade it
-// while unlocked) (pool locked; it may unlock and relock).
-func (p *PoolMemoryResource) allocateSlow(l *freeList, n int, s StreamView) (*block, takeWait, *freeList, error) {
-	released := false
-	gaveBack := 0    // bytes the release before failing gave back
-	grew := false    // an expandable growth mapped memory that others' takes left too small
-	holding := false // the busy token: this goroutine may grow
-	done := func() {
-		if holding {
-			// Spare handles a carving growth left unmapped go before the token does (nothing
-			// else may map meanwhile); the pool unlocks for that, so every block must be in its
-			// place by now (the grown block split, its remainder in l).
-			p.dropSpares()
-			p.releaseBusy()
-		}
-	}
-	for {
-		p.pin(l)
-		b, w, err := p.findBlock(l, n, s)
-		if err != nil || b != nil {
-			// The spares go (done unlocks) while l is still pinned: another stream's merge could
-			// drop l in that window, and Allocate frees into l if a wait fails.
-			done()
-			p.unpin(l)
-			return b, w, l, err
-		}
-		if p.merging > 0 || (!holding && p.busy) {
-			// A merge holding free blocks out of the lists, or a growth or release in flight (it
-			// may make the room this request needs): wait for it and search again, rather than
-			// grow past what is needed or fail while memory is on its way back. Growths queue
-			// for the token in order; the next one searches again before it grows.
-			p.unpin(l)
-			if p.merging > 0 {
-				p.wait()
-			} else {
-				p.acquireBusy()
-				holding = true
-			}
-			if p.closed {
-				done()
-				return nil, takeWait{}, l, errorf("PoolMemoryResource.Allocate: called after Close: %w", ErrClosed)
-			}
-			if l, err = p.listFor(s); err != nil {
-				done()
-				return nil, takeWait{}, l, err
-			}
-			continue
-		}
-		if !holding {
-			p.busy, holding = true, true
-		}
-		sizeBefore := p.size
-		b, err = p.growAny(n, s, l)
-		if err != nil {
-			p.restoreSpares(l) // what carving moved for the growth goes back where it was
-		}
-		if err == nil && b == nil {
-			// The expandable pool grew, but the free block the new chunk was to extend was taken
-			// meanwhile: search again (and grow again if need be).
-			grew = true
-			p.unpin(l)
-			continue
-		}
-		if err != nil && !released && (grew || p.releaseMayHelp(n, err)) {
-			// Give back what is wholly free (other sizes may fit the upstream better) and try
-			// again: a capped pool reaches its cap, a full device gets room. After a growth for
-			// this request that others' takes left too small, also when nothing else could
-			// help: the chunk it mapped is free, and a failed request must not leave the pool
-			// larger than it found it.
-			released = true
-			DebugLogger().Debug("rmm: PoolMemoryResource releasing free memory before failing", "request", n, "pool_size", p.size)
-			// Measured before the growth: carving may have unmapped free memory for it (the
-			// handles then released as spares), which counts as given back.
-			p.dropSpares()
-			before := sizeBefore
-			if _, rerr := p.releaseWhole(false); rerr != nil {
-				// A chunk that could not be given back stays in the pool, whole and free; what
-				// was given back still counts.
-				DebugLogger().Debug("rmm: PoolMemoryResource could not give back all free memory", "request", n, "err", rerr)
-			}
-			if p.size < before {
-				// Every free block is now in the default stream's list, with the work behind it
-				// waited for: the search merges it into s's list (so that growth extends it), and
-				// grows once more if it must.
-				gaveBack = before - p.size
-				p.unpin(l)
-				continue
-			}
-			done()
-			p.unpin(l)
-			return nil, takeWait{}, l, err
-		}
-		if err == nil {
-			p.split(b, n, l)
-		}
-		done() // l still pinned: see above
-		p.unpin(l)
-		if err != nil {
-			var oom *OutOfMemoryError
-			if gaveBack > 0 && errors.As(err, &oom) {
-				// The figures are those after the release: say so, or "pool size 0" reads as if
-				// the pool had never held anything.
-				oom.Detail += fmt.Sprintf(" (on a second try, after giving back %d bytes of free memory)", gaveBack)
-			}
-			return nil, takeWait{}, l, err
-		}
-		return b, takeWait{}, l, nil
-	}
-}
-
-// findBlock takes a free block of at least n bytes for stream s out of the lists — own list l
-// first, then other lists, then merging other lists into l (a stitching pool merges none:
-// findEndLast) — and returns it cut to n bytes, its remainder left in the list it came from; nil
-// when none is free. A block from another stream's
-// list comes with the wait the caller must make once unlocked (s waits for that stream's event).
-// Pool locked, l pinned; a merge unlocks and relocks.
-func (p *PoolMemoryResource) findBlock(l *freeList, n int, s StreamView) (*block, takeWait, error) {
-	if p.exp != nil && p.exp.aliases != nil {
-		b, w := p.findEndLast(l, n)
-		return b, w, nil
-	}
-	if b := l.bestFit(n); b != nil {
-		return p.takeOwn(l, b, n), takeWait{}, nil
-	}
-	// Blocks in the other streams' caches are free memory: put them where this search (and the
-	// merging after it) sees them.
-	p.flushCaches()
-	// A block that fits on its own in another stream's list: take it (the remainder after the
-	// split stays in that list); s waits for that stream once the caller has unlocked.
-	for _, o := range p.lists {
-		if o == l {
-			continue
-		}
-		if b := o.bestFit(n); b != nil {
-			return p.takeFront(o, b, n), p.beginWait(o), nil
-		}
-	}
-	// Merge whole lists into ours, so that neighbours from different streams coalesce. Each
-	// list's blocks leave it under the lock, s waits for its stream unlocked, and they enter l
-	// only then: whoever takes them from l (after l's own event) is ordered after that wait.
-	for budget := 2*len(p.lists) + 2; budget > 0; budget-- {
-		var o *freeList
-		for _, x := range p.lists {
-			if x != l && x.count > 0 {
-				o = x
-				break
-			}
-		}
-		if o == nil {
-			break
-		}
-		blocks := p.takeAll(o)
-		w := p.beginWait(o)
-		frees := o.frees
-		var err error
-		if w.o != nil {
-			lazy, ev := l.lazy, l.event
-			p.merging++
-			p.mu.Unlock()
-			err = p.doWait(w, s)
-			if err == nil && !lazy && ev != 0 {
-				// A stream we hold only a view of records at every free: l's event must cover
-				// what s now waits for before the blocks can be seen in l (l is pinned: ev lives).
-				err = p.drv.eventRecord(p.ctx, ev, s.cu())
-			}
-			p.mu.Lock()
-			p.merging--
-			p.wake()
-		}
-		if err != nil {
-			for _, b := range blocks {
-				p.freeInto(o, b)
-			}
-			p.endWait(w, err)
-			return nil, takeWait{}, err
-		}
-		for _, b := range blocks {
-			p.freeInto(l, b)
-		}
-		p.endWait(w, nil)
-		if l.lazy {
-			l.dirty = true // l's event must now also cover what s waited for
-		}
-		// o can go once nothing names it. Blocks that name it among their deps may name l
-		// instead only when every free into o came before the wait: a free made while the pool
-		// was unlocked (which may have coalesced into another list since) is not covered by it.
-		if o.count == 0 && o.pins == 0 && p.byStream[o.stream.id] == o &&
-			(o.depRefs == 0 || (o.frees == frees && !p.retargetDeps(o, l))) {
-			p.dropList(o)
-		}
-		if b := l.bestFit(n); b != nil {
-			return p.takeOwn(l, b, n), takeWait{}, nil
-		}
-	}
-	return nil, takeWait{}, nil
-}
-
-// takeOwn takes a block of n bytes for l's stream out of l, whose block b serves it: in a
-// stitching pool a kept alias instead when b is the free block at the end of the chain
-// (keptAtEnd). Pool locked; it does not unlock.
-func (p *PoolMemoryResource) takeOwn(l *freeList, b *block, n int) *block {
-	if p.exp != nil && p.exp.aliases != nil {
-		if sb := p.keptAtEnd(n, l, b); sb != nil {
-			return sb
-		}
-	}
-	return p.takeFront(l, b, n)
-}
-
-// growAny grows the pool for an n-byte request on s, whose list is l.
-func (p *PoolMemoryResource) growAny(n int, s StreamView, l *freeList) (*block, error) {
-	if p.exp != nil {
-		// When the free bytes already hold the request (every list was merged into l, or in a
-		// stitching pool searched, and the caches flushed before growing), the pool is fragmented, not exhausted: it maps only
-		// what the request lacks beyond the free block at the end, but at least
-		// expandableFragmentedMin. A growth step there would stay free beside the scattered free
-		// memory. Replayed over an address-only device (-passes 1 / 3), this took GPT-2 LoRA
-		// from 1.050 to 1.006 × peak live, GPT-2 generation 1.083 → 1.055, GPT-2 training
-		// 1.018 / 1.082 → 1.017 / 1.019, the MoE transformer 1.048 → 1.037, ViT 1.128 →
-		// 1.069 / 1.085, the UNet 1.207 → 1.166 / 1.168 and the two multi-stream traces
-		// 1.204 / 1.282 → 1.204 / 1.259 and 1.313 → 1.291 (bert and resnet50 unchanged); the
-		// price is more, smaller growths in a first pass (MoE: 328 chunks instead of 51, none
-		// after it). Without the minimum: the same but the UNet 1.181 and MoE 439 chunks; with
-		// 16 MiB MoE rose to 1.062, with 32 MiB LoRA to 1.075.
-		if p.exp.piece > 0 && n >= p.exp.stitchMin {
-			// The chunks lying in free memory, mapped a second time back to back (resource_pool_stitch.go).
-			if b, again := p.stitch(n, l); b != nil || again {
-				return b, nil
-			}
-		}
-		exact := 0
-		if p.size-p.liveBytes >= n {
-			exact = expandableFragmentedMin
-		}
-		grows, tailFree := n, 0
-		if t := p.exp.tail; t != nil && t.free && t.list == l {
-			grows, tailFree = n-t.size, t.size
-		}
-		room := p.maximum - p.size
-		hopeless := n > p.maximum || room+(p.size-p.liveBytes-tailFree) < grows
-		if p.exp.page > 0 && !hopeless && p.size+grows > max(p.peakLive, p.liveBytes+n) &&
-			(float64(p.exp.moved) <= p.exp.churn*float64(p.size) || grows > room) {
-			// Carving only for a request that moving every free page could serve within the
-			// maximum (else it would unmap for nothing), only when the growth would take the pool
-			// above the most bytes ever live at once (below that, new memory raises no peak),
-			// and (unless the maximum leaves no room to grow instead) only while what it moved
-			// since the pool last reached a new peak size is at most churn × the pool: where
-			// placement keeps changing, moving pages back and forth at every growth costs more
-			// than the memory it saves (the UNet trace moved ~5,000 pages a pass, 3.1-3.7 µs per
-			// event in a replay on the H200); the pool then grows instead, which raises its peak
-			// and lets it carve again. See carveChurnDefault. The spare handles carve leaves are
-			// mapped by the growth or released by the caller once the grown block is split
-			// (allocateSlow's done).
-			p.carve(n, l)
-			if l.bestFit(n) != nil {
-				// Frees while carve waited for the streams (unlocked) made room: nothing to map;
-				// the caller searches again.
-				return nil, nil
-			}
-		}
-		return p.growExpandable(n, l, exact)
-	}
-	return p.grow(n, s, l)
-}
-
-// releaseMayHelp reports whether, after growing for an n-byte request failed with err, giving
-// wholly free memory back could let a second growth succeed: the pool holds free memory (blocks in
-// the streams' caches included), the request fits under the maximum (if any), and either the
-// upstream (or the device) refused for want of memory — capped or not: the upstream may then have
-// room for one block where it had none beside the free ones; another failure is not helped by
-// giving back —, or the maximum stopped a plain pool (whose free upstream blocks count against
-// it), or an expandable pool has holes: growth fills a hole only together with the free blocks
-// right next to it, and the free chunks given back between two holes (or between a hole and the
-// end) merge them into one. An expandable pool without holes stopped by its maximum gains
-// nothing: a chunk given back leaves a hole exactly where its free memory already was.
-func (p *PoolMemoryResource) releaseMayHelp(n int, err error) bool {
-	var oom *OutOfMemoryError
-	if !errors.As(err, &oom) || (p.maximum > 0 && n > p.maximum) {
-		return false
-	}
-	if free, _ := p.freeFigures(); free == 0 {
-		return false
-	}
-	if oom.Cause != nil {
-		// The upstream refused: only when for want of memory, which giving back may make.
-		return errors.Is(oom.Cause, ErrOutOfMemory)
-	}
-	if p.maximum == 0 {
-		return false // nothing stopped it but the upstream, which did not refuse (overflow)
-	}
-	// A carving pool reserves twice its maximum: what it gives back lets its end grow, as far as
-	// the maximum less the live bytes.
-	return p.exp == nil || len(p.exp.holes) > 0 || (p.exp.reserved > p.maximum && n <= p.maximum-p.liveBytes)
-}
-
-// split keeps the first n bytes of the free block b (out of every list) and puts the rest, as a
-// new free block after it, into list home.
-func (p *PoolMemoryResource) split(b *block, n int, home *freeList) {
-	if b.size == n {
-		return
-	}
-	r := p.newBlock(b.addr+DevicePtr(n), b.size-n)
-	b.size = n
-	p.linkAfter(b, r)
-	p.copyDeps(r, b)
-	p.dropDep(r, home)
-	home.insert(r)
-}
-
-// takeFront takes the first n bytes of b, a free block of list l of at least n bytes, and returns
-// them as a block out of every list, with b's deps; the rest stays free in l (pool locked).
-func (p *PoolMemoryResource) takeFront(l *freeList, b *block, n int) *block {
-	if b.size > n && l.resize(b, b.size-n) {
-		// The rest keeps b's node in l, alone in its class's treap (see resize), so that no
-		// treap removal and insertion is made: the n bytes become a new block before b. A loop
-		// that allocates and frees one size from a large free block (W1 once its block
-		// coalesced with its neighbours) then costs no treap operation either way (see
-		// freeInto).
-		a := p.newBlock(b.addr, n)
-		p.copyDeps(a, b)
-		p.linkBefore(a, b)
-		b.addr += DevicePtr(n)
-		return a
-	}
-	l.remove(b)
-	p.split(b, n, l)
-	return b
-}
-
-// linkBefore puts a into b's chain right before b (a's memory is what precedes b's). At the head of
-// an expandable pool's chain, a becomes its head.
-func (p *PoolMemoryResource) linkBefore(a, b *block) {
-	a.prev, a.next = b.prev, b
-	if b.prev != nil {
-		b.prev.next = a
-	} else if p.exp != nil && p.exp.head == b {
-		p.exp.head = a
-	}
-	b.prev = a
-}
-
-// linkAfter puts r into b's chain right after b (r's memory is the end of what b had). At the end
-// of an expandable pool's chain, r becomes its tail.
-func (p *PoolMemoryResource) linkAfter(b, r *block) {
-	r.prev, r.next = b, b.next
-	if b.next != nil {
-		b.next.prev = r
-	} else if p.exp != nil {
-		p.exp.tail = r
-	}
-	b.next = r
-}
-
-// absorbNext merges b's next neighbour into b and returns it, unlinked, for the caller to recycle.
-func (p *PoolMemoryResource) absorbNext(b *block) *block {
-	nx := b.next
-	b.size += nx.size
-	b.next = nx.next
-	if nx.next != nil {
-		nx.next.prev = b
-	} else if p.exp != nil {
-		p.exp.tail = b
-	}
-	return nx
-}
-
-// growSize is librmm's growth policy for an n-byte request: the size to ask the upstream for
-// first, 0 when the pool cannot grow enough.
-func (p *PoolMemoryResource) growSize(n int) int {
-	if p.maximum == 0 {
-		return max(n, p.size)
-	}
-	room := p.maximum - p.size // not rounded up: the pool must never pass its maximum
-	if n > room {
-		return 0
-	}
-	// Half the headroom, kept on the 256-byte grid so that what is left stays usable and the
-	// pool can reach its maximum exactly.
-	return max(n, AlignDown(room/2, Alignment))
-}
-
-// maxDetail is the Detail of an out-of-memory error when the maximum stopped a growth of need
-// bytes for an n-byte request with left bytes under the maximum.
-func maxDetail(n, need, left, maximum int) string {
-	switch {
-	case n > maximum:
-		return "the request exceeds the maximum pool size"
-	case left <= 0:
-		return "maximum pool size reached"
-	}
-	return fmt.Sprintf("growing by the %d bytes it needs would pass the maximum pool size (%d bytes left under it)", need, left)
-}
-
-// backOff is the next size to try after the upstream refused try bytes for an n-byte request:
-// half, at least n. Under a maximum it stays on the 256-byte grid; without one it is librmm's
-// exact halving.
-func (p *PoolMemoryResource) backOff(try, n int) int {
-	if p.maximum > 0 {
-		return max(n, AlignDown(try/2, Alignment))
-	}
-	return max(n, try/2)
-}
-
-// grow takes a new block from the upstream for an n-byte request on s (whose list is l, pinned)
-// and returns it, free and out of every list. Pool locked with the busy token held; the upstream
-// is called unlocked (nothing else grows or releases meanwhile, so the size it was sized for
-// stays).
-func (p *PoolMemoryResource) grow(n int, s StreamView, l *freeList) (*block, error) {
-	try := p.growSize(n)
-	if try == 0 {
-		DebugLogger().Debug("rmm: PoolMemoryResource cannot grow", "request", n, "pool_size", p.size, "maximum", p.maximum)
-		return nil, p.oomErr(n, maxDetail(n, n, p.maximum-p.size, p.maximum), nil, false)
-	}
-	first, size, lazy, ev := try, p.size, l.lazy, l.event
-	p.mu.Unlock()
-	var ptr DevicePtr
-	var lastErr error
-	ok := false
-	for try >= n {
-		var err error
-		if ptr, err = p.upstream.Allocate(try, s); err == nil {
-			ok = true
-			break
-		}
-		lastErr = err
-		if try == n {
-			break
-		}
-		try = p.backOff(try, n)
-	}
-	if ok && !lazy && p.ctx != 0 && ev != 0 {
-		// The block is ordered on s (a stream-ordered upstream such as cuMemAllocAsync): the
-		// event of a list we hold only a view of must cover that before another stream can see
-		// the remainder (l is pinned: the event lives; its other records are on s too).
-		if err := p.drv.eventRecord(p.ctx, ev, s.cu()); err != nil {
-			p.upstream.Deallocate(ptr, try, s)
-			p.mu.Lock()
-			return nil, errorf("PoolMemoryResource: recording the event on %v: %w", s, err)
-		}
-	}
-	if !ok {
-		DebugLogger().Debug("rmm: PoolMemoryResource failed to grow", "request", n, "pool_size", size, "maximum", p.maximum, "err", lastErr)
-	} else {
-		DebugLogger().Debug("rmm: PoolMemoryResource grew", "request", n, "bytes", try, "pool_size", size+try, "maximum", p.maximum)
-	}
-	p.mu.Lock()
-	if ok {
-		if lazy {
-			l.dirty = true // a lazy list's event must cover the allocation on s
-		}
-		p.addUpstreamBlock(ptr, try)
-		return p.newBlock(ptr, try), nil
-	}
-	detail := fmt.Sprintf("the upstream refused %d bytes", n)
-	if first != n {
-		detail = fmt.Sprintf("the upstream refused every size from %d down to %d bytes", first, n)
-	}
-	return nil, p.oomErr(n, detail, lastErr, true)
-}
-
-// oomErr is the *OutOfMemoryError for an n-byte (rounded) request (Allocate puts the size asked
-// for in Requested); refused: the upstream (or
-// the device) refused memory, so there is no headroom whatever the maximum says.
-func (p *PoolMemoryResource) oomErr(n int, detail string, cause error, refused bool) error {
-	free, largest := p.freeFigures()
-	e := OutOfMemoryError{
-		Resource:         "PoolMemoryResource",
-		Requested:        n,
-		PoolSize:         p.size,
-		FreeBytes:        free,
-		LargestFreeBlock: largest,
-		MaximumSize:      p.maximum,
-		Detail:           detail,
-		Cause:            cause,
-	}
-	if p.exp != nil {
-		e.Resource = "PoolMemoryResource (expandable)"
-	}
-	if !refused && p.maximum > 0 {
-		e.Headroom = p.maximum - p.size
-	}
-	return newOutOfMemory(e, n)
-}
-
-// freeFigures returns the free bytes and the largest free block, blocks in the streams' caches
-// included (as Stats counts them; liveBytes counts cached blocks as live). Pool locked.
-func (p *PoolMemoryResource) freeFigures() (free, largest int) {
-	free, largest = p.size-p.liveBytes, p.largestFree()
-	for _, c := range p.cachedByStream() {
-		free += c.bytes
-		largest = max(largest, c.largest)
-	}
-	return free, largest
-}
-
-// largestFree is the largest free block over all lists. O(s log n).
-func (p *PoolMemoryResource) largestFree() int {
-	m := 0
-	for _, l := range p.lists {
-		if b := l.largest(); b != nil && b.size > m {
-			m = b.size
-		}
-	}
-	return m
-}
-
-func (p *PoolMemoryResource) addUpstreamBlock(ptr DevicePtr, n int) {
-	p.upstreams[ptr] = n
-	p.size += n
-	p.sizeAtomic.Store(int64(p.size))
-	p.peakSize = max(p.peakSize, p.size)
-}
-
 // Deallocate returns p's block to the free list of stream s, coalescing it with free neighbours
 // of that list (never across upstream blocks). nbytes must be the size given to Allocate. A
 // pointer the pool did not hand out, a double free or another size returns ErrInvalidFree and
@@ -1173,6 +562,9 @@ func (p *PoolMemoryResource) Deallocate(ptr DevicePtr, nbytes int, s StreamView)
 		b = p.takeIssued(ptr, nbytes)
 	}
 	if b == nil {
+		if p.backing == nil {
+			return errNotMade("Deallocate")
+		}
 		return errorf("PoolMemoryResource.Deallocate(%#x, %d): the pointer was not allocated by this pool or was already freed: %w", uintptr(ptr), nbytes, ErrInvalidFree)
 	}
 	if b.req() != nbytes {
@@ -1206,11 +598,11 @@ func (p *PoolMemoryResource) Deallocate(ptr DevicePtr, nbytes int, s StreamView)
 	} else {
 		p.live.del(ptr)
 	}
-	if b.stitched {
-		// Never cached: its chunks go back into l (resource_pool_stitch.go).
-		b = p.freeStitched(l, b)
-		if p.exp.trimAt > 0 {
-			p.trimIfOver(b)
+	if b.served {
+		// Never cached: what it holds goes back into l (poolBacking.freeServed).
+		b = p.backing.freeServed(l, b)
+		if p.trimAt > 0 {
+			p.backing.trim(b)
 		}
 		return nil
 	}
@@ -1219,8 +611,8 @@ func (p *PoolMemoryResource) Deallocate(ptr DevicePtr, nbytes int, s StreamView)
 	}
 	p.liveBytes -= b.size
 	b = p.freeInto(l, b)
-	if p.exp != nil && p.exp.trimAt > 0 {
-		p.trimIfOver(b)
+	if p.trimAt > 0 {
+		p.backing.trim(b)
 	}
 	return nil
 }
@@ -1243,97 +635,6 @@ func (p *PoolMemoryResource) freeListOf(ptr DevicePtr, b *block, s StreamView) (
 		p.live.put(b)
 		return err
 	})
-}
-
-// freeInto makes b free in list l, coalescing it with its address neighbours that are free in
-// l (neighbours are never in another upstream allocation). It returns the resulting block.
-//
-// A neighbour free in another stream's list coalesces too when the two hold at least
-// poolCrossCoalesceMin bytes: the merged block lands in l and names that list among its deps,
-// which its taker waits for (resource_pool_deps.go). Blocks free but in no list (in flight between lists,
-// or held out while the pool is unlocked) are left alone.
-func (p *PoolMemoryResource) freeInto(l *freeList, b *block) *block {
-	b.free, b.slack = true, 0
-	l.frees++
-	noDeps := len(b.deps()) == 0
-	if !noDeps {
-		p.forgetDropped(b)
-		noDeps = len(b.deps()) == 0
-	}
-	// The next neighbour free in l, alone in its class's treap, with no other neighbour to
-	// coalesce with: it takes b's bytes with no treap's descent (see resize and takeFront). The
-	// neighbours are checked against the merged size, as the loop below checks them after a
-	// merge; nx's next needs no check when nx alone reaches poolCrossCoalesceMin (had it joined
-	// nx, it would have then).
-	if nx := b.next; noDeps && nx != nil && nx.free && nx.list == l &&
-		!joins(b.prev, l, nx.size+b.size) && (nx.size >= poolCrossCoalesceMin || !joins(nx.next, l, nx.size+b.size)) &&
-		l.resize(nx, nx.size+b.size) {
-		nx.addr = b.addr
-		nx.prev = b.prev
-		if b.prev != nil {
-			b.prev.next = nx
-		} else if p.exp != nil && p.exp.head == b {
-			p.exp.head = nx
-		}
-		p.recycle(b)
-		return nx
-	}
-	// Both sides again after each merge: a neighbour too small to coalesce across streams with
-	// b alone may coalesce with what b has become.
-	for merged := true; merged; {
-		merged = false
-		if pr := b.prev; joins(pr, l, b.size) {
-			p.addDep(pr, unlist(pr, l))
-			p.mergeDeps(pr, b)
-			p.recycle(p.absorbNext(pr))
-			b, merged = pr, true
-		}
-		if nx := b.next; joins(nx, l, b.size) {
-			p.addDep(b, unlist(nx, l))
-			p.mergeDeps(b, nx)
-			p.recycle(p.absorbNext(b))
-			merged = true
-		}
-	}
-	p.dropDep(b, l)
-	l.insert(b)
-	return b
-}
-
-func (p *PoolMemoryResource) newBlock(ptr DevicePtr, n int) *block {
-	var b *block
-	if k := len(p.spare); k > 0 {
-		b = p.spare[k-1] // zeroed by recycle
-		p.spare = p.spare[:k-1]
-	} else {
-		b = new(block)
-	}
-	b.addr, b.size, b.free = ptr, n, true
-	return b
-}
-
-func (p *PoolMemoryResource) recycle(b *block) {
-	p.clearDeps(b)
-	*b = block{}
-	p.spare = append(p.spare, b)
-}
-
-// mergeInto moves every block of o into l, coalescing.
-func (p *PoolMemoryResource) mergeInto(l, o *freeList) {
-	// All out of o first: a block freed into l may coalesce with neighbours in other lists, and
-	// must not take one of o's blocks that this loop has still to move.
-	for _, b := range p.takeAll(o) {
-		p.freeInto(l, b)
-	}
-}
-
-// newFreeList makes the list of a stream, the pool holding n lists.
-func newFreeList(n int) *freeList {
-	l := &freeList{rng: uint32(n)*2654435761 + 1}
-	if l.rng == 0 {
-		l.rng = 1
-	}
-	return l
 }
 
 // streamClosing is called by Stream.Close before the stream is destroyed. The stream's free
@@ -1371,70 +672,6 @@ func (p *PoolMemoryResource) streamClosing(s StreamView) {
 	p.dropList(l)
 }
 
-// poolSyncTries bounds the unlocked synchronisations of Release: when every try saw frees made
-// meanwhile, the last one keeps the lock.
-const poolSyncTries = 3
-
-// syncAll waits (on the host) for the work behind every list's frees (pool locked, busy token
-// held). Without hold the records and synchronisations are made unlocked; frees made meanwhile
-// are not covered by them, so it tries again (the last try locked) until no list changed.
-func (p *PoolMemoryResource) syncAll(hold bool) error {
-	if p.ctx == 0 {
-		return nil
-	}
-	type snap struct {
-		l      *freeList
-		record bool
-		frees  uint64
-	}
-	for try := 0; ; try++ {
-		locked := hold || try == poolSyncTries-1
-		var snaps []snap
-		for _, l := range p.lists {
-			if l.event == 0 {
-				continue
-			}
-			x := snap{l: l, frees: l.frees, record: l.claimRecord(l.recording > 0)}
-			if x.record {
-				l.recording++
-			}
-			p.pin(l)
-			snaps = append(snaps, x)
-		}
-		p.unlockUnless(locked)
-		var err error
-		for _, x := range snaps {
-			if err = p.hostWait(x.l, x.record); err != nil {
-				break
-			}
-		}
-		p.relockUnless(locked)
-		for _, x := range snaps {
-			if x.record {
-				x.l.recording--
-				if err != nil {
-					x.l.unclaim()
-				}
-			}
-			p.unpin(x.l)
-		}
-		if err != nil || locked {
-			return err
-		}
-		changed := false
-		for _, l := range p.lists {
-			i := slices.IndexFunc(snaps, func(x snap) bool { return x.l == l })
-			if (i < 0 && l.count > 0) || (i >= 0 && snaps[i].frees != l.frees) {
-				changed = true
-				break
-			}
-		}
-		if !changed {
-			return nil
-		}
-	}
-}
-
 // Release returns to the upstream every upstream block that is wholly free; an expandable pool
 // unmaps and releases every chunk that holds no live block (the range stays reserved; a later
 // growth maps memory there again). It first waits (on the host) for the work behind every free —
@@ -1444,6 +681,9 @@ func (p *PoolMemoryResource) syncAll(hold bool) error {
 // unlocked: other goroutines allocate and free meanwhile (an allocation that needs to grow waits
 // for the Release to end), and memory freed during the Release stays in the pool.
 func (p *PoolMemoryResource) Release() error {
+	if p.backing == nil {
+		return errNotMade("Release")
+	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if p.closed {
@@ -1458,109 +698,15 @@ func (p *PoolMemoryResource) Release() error {
 	return err
 }
 
-// mergeAllSynced waits for the work behind every free and merges every list into the default
-// stream's, which it returns (pool locked, busy token held; see syncAll for hold).
-func (p *PoolMemoryResource) mergeAllSynced(hold bool) (*freeList, error) {
-	p.flushCaches()
-	if err := p.syncAll(hold); err != nil {
-		return nil, errorf("PoolMemoryResource: waiting for the streams: %w", err)
-	}
-	p.clearAllDeps() // every stream's work behind the frees is done
-	def, err := p.listFor(DefaultStream)
-	if err != nil {
-		return nil, err
-	}
-	for _, o := range append([]*freeList(nil), p.lists...) {
-		if o != def {
-			p.mergeInto(def, o)
-			if o.pins == 0 {
-				// Every free was waited for: a block in flight that still names o may forget it.
-				p.retargetDeps(o, def)
-				p.dropList(o)
-			}
-		}
-	}
-	return def, nil
-}
-
-// releaseWhole synchronises, merges every list into the default stream's list and returns the
-// wholly free upstream blocks (expandable: chunks); it returns that list. Pool locked, busy token
-// held; without hold the upstream's frees are made unlocked, the blocks out of every list
-// meanwhile (still counted in the pool's size: nothing grows until the token is released).
-func (p *PoolMemoryResource) releaseWhole(hold bool) (*freeList, error) {
-	def, err := p.mergeAllSynced(hold)
-	if err != nil {
-		return nil, err
-	}
-	if p.exp != nil {
-		return def, p.releaseChunks(def, -1, hold)
-	}
-	var whole []*block
-	def.each(func(b *block) {
-		if b.prev == nil && b.next == nil { // no neighbour: the whole upstream allocation
-			whole = append(whole, b)
-		}
-	})
-	if len(whole) == 0 {
-		return def, nil
-	}
-	for _, b := range whole {
-		def.remove(b)
-	}
-	p.pin(def)
-	p.unlockUnless(hold)
-	errs := make([]error, len(whole))
-	for i, b := range whole {
-		errs[i] = p.freeUpstream(b)
-	}
-	p.relockUnless(hold)
-	p.unpin(def)
-	var firstErr error
-	for i, b := range whole {
-		if errs[i] != nil {
-			firstErr = cmp.Or(firstErr, errs[i])
-			p.freeInto(def, b) // stays in the pool, whole and free (its work was waited for)
-			continue
-		}
-		p.forgetUpstream(b)
-	}
-	return def, firstErr
-}
-
-// returnUpstream gives the wholly free upstream block b back to the upstream.
-func (p *PoolMemoryResource) returnUpstream(b *block) error {
-	if err := p.freeUpstream(b); err != nil {
-		return err
-	}
-	b.list.remove(b)
-	p.forgetUpstream(b)
-	return nil
-}
-
-// freeUpstream hands the wholly free upstream block b back to the upstream (the pool's figures
-// unchanged: forgetUpstream does that once it succeeded).
-func (p *PoolMemoryResource) freeUpstream(b *block) error {
-	if err := p.upstream.Deallocate(b.addr, b.size, DefaultStream); err != nil {
-		return errorf("PoolMemoryResource: returning %s at %#x to %s: %w", bytesText(b.size), uintptr(b.addr), resourceName(p.upstream), err)
-	}
-	return nil
-}
-
-// forgetUpstream takes b, given back to the upstream and out of every list, off the pool's
-// figures.
-func (p *PoolMemoryResource) forgetUpstream(b *block) {
-	delete(p.upstreams, b.addr)
-	p.size -= b.size
-	p.sizeAtomic.Store(int64(p.size))
-	p.recycle(b)
-}
-
 // Close waits for the work behind every free, returns every wholly free upstream block to the
 // upstream and destroys the pool's events. Afterwards Allocate returns ErrClosed. Allocations
 // still live stay valid: Deallocate keeps working, and each upstream block goes back to the
 // upstream as soon as its last allocation is freed (after a synchronisation of the freeing stream).
 // Closing with live allocations writes a warning to the debug log. Closing twice returns nil.
 func (p *PoolMemoryResource) Close() error {
+	if p.backing == nil {
+		return errNotMade("Close")
+	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if p.closed {
@@ -1585,11 +731,8 @@ func (p *PoolMemoryResource) Close() error {
 	p.destroyEvents()
 	p.closed = true
 	p.closedList = def
-	if p.exp != nil {
-		p.dropIdleAliases(true) // every free was waited for
-		if ferr := p.freeReservation(); ferr != nil && err == nil {
-			err = ferr
-		}
+	if ferr := p.backing.close(); ferr != nil && err == nil {
+		err = ferr // every free was waited for
 	}
 	if n := p.live.len(); n > 0 {
 		DebugLogger().Warn("rmm: PoolMemoryResource closed with live allocations; their upstream blocks go back as they are freed",
@@ -1612,23 +755,11 @@ func (p *PoolMemoryResource) deallocateAfterClose(b *block, s StreamView) error 
 		b.dropSample()
 	}
 	p.live.del(b.addr)
-	if b.stitched {
-		// Its stream is synchronised: the alias can go at once, before its chunks can.
-		a := p.exp.aliases[b.addr]
-		b = p.freeStitched(p.closedList, b)
-		p.dropAliases([]*stitchAlias{a}, true)
+	if b.served {
+		b = p.backing.freeServed(p.closedList, b) // its stream is synchronised
 	} else {
 		p.liveBytes -= b.size
 		b = p.freeInto(p.closedList, b)
 	}
-	if p.exp != nil {
-		if err := p.releaseChunks(p.closedList, -1, true); err != nil {
-			return err
-		}
-		return p.freeReservation()
-	}
-	if b.prev == nil && b.next == nil {
-		return p.returnUpstream(b)
-	}
-	return nil
+	return p.backing.releaseAfterClose(b)
 }

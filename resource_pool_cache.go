@@ -213,7 +213,7 @@ func (p *PoolMemoryResource) takeIssued(ptr DevicePtr, nbytes int) *block {
 // liveBytes.
 func (p *PoolMemoryResource) cacheFree(l *freeList, b *block, s StreamView) bool {
 	if !l.lazy || b.size > poolCacheMaxBlock || p.closed || !l.asksFor(b.size) ||
-		(p.exp != nil && p.exp.threshold > 0) {
+		p.trimAt > 0 {
 		return false
 	}
 	c := p.cacheOf(s)

@@ -31,6 +31,9 @@ type PoolStats struct {
 // Stats returns the pool's figures. It costs O(s log n) for s streams and n free blocks (plus the
 // number of holes of an expandable pool), with no scan of the blocks.
 func (p *PoolMemoryResource) Stats() PoolStats {
+	if p.backing == nil {
+		return PoolStats{} // not made by NewPoolMemoryResource: nothing held
+	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	st := PoolStats{
@@ -39,7 +42,6 @@ func (p *PoolMemoryResource) Stats() PoolStats {
 		MaximumPoolSize: p.maximum,
 		LiveBytes:       p.liveBytes,
 		LiveAllocations: p.live.len(),
-		UpstreamBlocks:  len(p.upstreams),
 		Streams:         len(p.lists),
 	}
 	cached := p.cachedByStream()
@@ -69,14 +71,7 @@ func (p *PoolMemoryResource) Stats() PoolStats {
 	}
 	st.FreeBytes = st.PoolSize - st.LiveBytes
 	sort.SliceStable(st.PerStream, func(i, j int) bool { return st.PerStream[i].Stream.id == 0 && st.PerStream[j].Stream.id != 0 })
-	if e := p.exp; e != nil {
-		st.UpstreamBlocks = len(e.chunks)
-		st.Reserved = e.reserved
-		st.Holes = len(e.holes)
-		for h := range e.holes {
-			st.HoleBytes += h.size
-		}
-	}
+	p.backing.stats(&st)
 	return st
 }
 
@@ -94,6 +89,9 @@ func (p *PoolMemoryResource) CheckInvariants() (err error) {
 			err = errorf("PoolMemoryResource.CheckInvariants: %w", err)
 		}
 	}()
+	if p.backing == nil {
+		return errNotMade("CheckInvariants")
+	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	p.quiesce() // blocks in flight between lists are in none
@@ -127,18 +125,6 @@ func (p *PoolMemoryResource) CheckInvariants() (err error) {
 		}
 		freeBytes += bytes
 	}
-	if p.exp != nil {
-		for _, a := range p.exp.aliases {
-			if a.b != nil && a.from != nil {
-				deps[a.from]++ // a live stitched range names the list its chunks were lent out of
-			}
-		}
-	}
-	for _, l := range p.lists {
-		if l.depRefs != deps[l] {
-			return errorf("list of %v counts %d blocks naming it among their deps, %d do", l.stream, l.depRefs, deps[l])
-		}
-	}
 	liveBytes, counted := 0, 0
 	var liveErr error
 	p.live.each(func(b *block) {
@@ -154,7 +140,7 @@ func (p *PoolMemoryResource) CheckInvariants() (err error) {
 		return errorf("live table counts %d blocks, holds %d", p.live.len(), counted)
 	}
 	var lives []*block
-	stitched := 0 // live stitched blocks: outside every chain (resource_pool_stitch.go)
+	served := 0 // live blocks the backing served: outside every chain (poolBacking.freeServed)
 	p.live.each(func(b *block) { lives = append(lives, b) })
 	for _, b := range lives {
 		ptr := b.addr
@@ -169,8 +155,8 @@ func (p *PoolMemoryResource) CheckInvariants() (err error) {
 		}
 		all[ptr] = b
 		liveBytes += b.size
-		if b.stitched {
-			stitched++
+		if b.served {
+			served++
 		}
 	}
 	held, err := p.checkCaches(all)
@@ -178,21 +164,15 @@ func (p *PoolMemoryResource) CheckInvariants() (err error) {
 		return err
 	}
 	liveBytes += held
-	if stitched > 0 && (p.exp == nil || p.exp.aliases == nil) {
-		return errorf("%d stitched blocks in a pool that does not stitch", stitched)
+	slack, err := p.backing.checkServed(served, deps)
+	if err != nil {
+		return err
 	}
-	lentSeen := map[*block]bool{}
-	if p.exp != nil {
-		for b := p.exp.head; b != nil; b = b.next {
-			if b.lent {
-				lentSeen[b] = true
-			}
+	liveBytes += slack // a served block may hold more than its size
+	for _, l := range p.lists {
+		if l.depRefs != deps[l] {
+			return errorf("list of %v counts %d blocks naming it among their deps, %d do", l.stream, l.depRefs, deps[l])
 		}
-		slack, err := p.checkStitches(lentSeen)
-		if err != nil {
-			return err
-		}
-		liveBytes += slack // a live stitched block holds the whole of its chunks
 	}
 	if liveBytes != p.liveBytes {
 		return errorf("live bytes counted %d, sum %d", p.liveBytes, liveBytes)
@@ -200,149 +180,5 @@ func (p *PoolMemoryResource) CheckInvariants() (err error) {
 	if freeBytes+liveBytes != p.size {
 		return errorf("free %d + live %d bytes != pool size %d", freeBytes, liveBytes, p.size)
 	}
-	if p.exp != nil {
-		return p.checkExpandable(all, stitched)
-	}
-	total, visited := 0, 0
-	ups := make([]DevicePtr, 0, len(p.upstreams))
-	for a := range p.upstreams {
-		ups = append(ups, a)
-	}
-	sort.Slice(ups, func(i, j int) bool { return ups[i] < ups[j] })
-	for _, a := range ups {
-		size := p.upstreams[a]
-		total += size
-		b := all[a]
-		if b == nil {
-			return errorf("no block starts the upstream allocation %#x", uintptr(a))
-		}
-		if b.prev != nil {
-			return errorf("the first block of upstream allocation %#x has a previous neighbour", uintptr(a))
-		}
-		covered := 0
-		for ; b != nil; b = b.next {
-			visited++
-			if b.addr%Alignment != 0 || b.size <= 0 {
-				return errorf("block %#x of %s is not 256-aligned", uintptr(b.addr), bytesText(b.size))
-			}
-			if all[b.addr] != b {
-				return errorf("block %#x is linked but neither free in a list nor live", uintptr(b.addr))
-			}
-			covered += b.size
-			if nx := b.next; nx != nil {
-				if nx.prev != b || nx.addr != b.end() {
-					return errorf("blocks %#x and %#x are badly linked", uintptr(b.addr), uintptr(nx.addr))
-				}
-				if adjacentUncoalesced(b, nx) {
-					return errorf("free blocks %#x and %#x are adjacent but not coalesced", uintptr(b.addr), uintptr(nx.addr))
-				}
-			}
-		}
-		if covered != size {
-			return errorf("upstream allocation %#x of %s is covered by %s of blocks", uintptr(a), bytesText(size), bytesText(covered))
-		}
-	}
-	if visited != len(all) {
-		return errorf("%d blocks, %d of them in an upstream allocation's chain", len(all), visited)
-	}
-	if total != p.size {
-		return errorf("upstream blocks total %s, pool size %d", bytesText(total), p.size)
-	}
-	return nil
-}
-
-// checkExpandable verifies an expandable pool's chain: one run of blocks from the reservation's
-// base to top, each free, live or a hole, holes never adjacent, the chunks exactly the mapped
-// (non-hole) ranges, their sizes summing to PoolSize.
-func (p *PoolMemoryResource) checkExpandable(all map[DevicePtr]*block, stitched int) error {
-	e := p.exp
-	if (e.head == nil) != (e.tail == nil) || (e.head == nil && e.top != e.base) {
-		return errorf("empty chain with head %p, tail %p, top %#x (base %#x)", e.head, e.tail, uintptr(e.top), uintptr(e.base))
-	}
-	if e.top > e.base+DevicePtr(e.reserved) {
-		return errorf("top %#x is past the reservation [%#x, +%d)", uintptr(e.top), uintptr(e.base), e.reserved)
-	}
-	if len(e.spare) > 0 && !p.busy {
-		return errorf("%d spare handles outside a growth", len(e.spare))
-	}
-	visited, holes, mapped := 0, 0, 0
-	var mappedRanges [][2]DevicePtr
-	at := e.base
-	var last *block
-	for b := e.head; b != nil; b = b.next {
-		if b.addr != at || b.size <= 0 || b.addr%Alignment != 0 {
-			return errorf("block %#x of %s found where %#x was expected", uintptr(b.addr), bytesText(b.size), uintptr(at))
-		}
-		if b.prev != last {
-			return errorf("block %#x has a wrong previous neighbour", uintptr(b.addr))
-		}
-		hole := isHole(b)
-		if hole {
-			holes++
-			if _, ok := e.holes[b]; !ok {
-				return errorf("hole %#x is not indexed", uintptr(b.addr))
-			}
-			if last != nil && isHole(last) {
-				return errorf("holes %#x and %#x are adjacent", uintptr(last.addr), uintptr(b.addr))
-			}
-			if b.addr%DevicePtr(e.gran) != 0 || b.size%e.gran != 0 {
-				return errorf("hole %#x of %s is off the granularity %d", uintptr(b.addr), bytesText(b.size), e.gran)
-			}
-		} else {
-			if b.lent {
-				if b.free || b.list != nil || all[b.addr] != nil {
-					return errorf("lent block %#x is free, listed or live", uintptr(b.addr))
-				}
-			} else {
-				visited++
-				if all[b.addr] != b {
-					return errorf("block %#x is linked but neither free in a list nor live", uintptr(b.addr))
-				}
-			}
-			mapped += b.size
-			if n := len(mappedRanges); n > 0 && mappedRanges[n-1][1] == b.addr {
-				mappedRanges[n-1][1] = b.end()
-			} else {
-				mappedRanges = append(mappedRanges, [2]DevicePtr{b.addr, b.end()})
-			}
-		}
-		if last != nil && adjacentUncoalesced(last, b) {
-			return errorf("free blocks %#x and %#x are adjacent but not coalesced", uintptr(last.addr), uintptr(b.addr))
-		}
-		at = b.end()
-		last = b
-	}
-	if last != e.tail || at != e.top {
-		return errorf("the chain ends at %#x, top is %#x", uintptr(at), uintptr(e.top))
-	}
-	if last != nil && isHole(last) {
-		return errorf("the chain ends with a hole at %#x", uintptr(last.addr))
-	}
-	if holes != len(e.holes) {
-		return errorf("%d holes in the chain, %d indexed", holes, len(e.holes))
-	}
-	if visited+stitched != len(all) {
-		return errorf("%d blocks, %d of them in the chain and %d stitched", len(all), visited, stitched)
-	}
-	if mapped != p.size {
-		return errorf("mapped blocks total %s, pool size %d", bytesText(mapped), p.size)
-	}
-	// The chunks, in address order, tile exactly the mapped ranges.
-	ci := 0
-	for _, r := range mappedRanges {
-		for a := r[0]; a < r[1]; {
-			if ci >= len(e.chunks) || e.chunks[ci].addr != a {
-				return errorf("no chunk starts at mapped address %#x", uintptr(a))
-			}
-			a = e.chunks[ci].end()
-			ci++
-			if a > r[1] {
-				return errorf("chunk ending %#x runs past the mapped range ending %#x", uintptr(a), uintptr(r[1]))
-			}
-		}
-	}
-	if ci != len(e.chunks) {
-		return errorf("%d chunks, %d of them cover mapped blocks", len(e.chunks), ci)
-	}
-	return nil
+	return p.backing.checkChain(all, served)
 }

@@ -13,7 +13,7 @@ import (
 	"github.com/stretchr/testify/require"
 )
 
-// Adversarial tests of coalescing across streams (resource_pool_deps.go): block.deps, depRefs, retargetDeps,
+// Adversarial tests of coalescing across streams (pool_placement.go): block.deps, depRefs, retargetDeps,
 // coveredDeps, forgetDropped, streamClosing.
 
 // depCloseHook is a second close hook on a Stream, registered after the pool's: Stream.Close
@@ -134,8 +134,8 @@ func depCheckDepRefs(p *PoolMemoryResource) error {
 	if err != nil {
 		return err
 	}
-	if p.exp != nil {
-		for _, a := range p.exp.aliases {
+	if st := p.stitching(); st != nil {
+		for _, a := range st.aliases {
 			if a.b != nil {
 				count[a.from]++ // a live stitched range names the list its chunks were lent out of
 			}
@@ -273,35 +273,28 @@ func depSeqWalkF(t *testing.T, e *poolSyncEnv, seed uint64, ops int, withRelease
 
 func TestDepCoalesceSeqWalk(t *testing.T) {
 	t.Parallel() // seconds of work on its own resources: see TestMain
-	remaps := 0  // pages carving moved, over every seed
 	// Stitched ranges made, and how many of their blocks named other streams' lists (so that
 	// Allocate waited for them), over every seed.
 	stitched, stitchedDeps := 0, 0
 	for seed := uint64(0); seed < 60; seed++ {
-		for _, mode := range []string{"plain", "exp", "carve", "stitch"} {
+		for _, mode := range []string{"plain", "exp", "stitch"} {
 			t.Run(fmt.Sprintf("seed%d-%s", seed, mode), func(t *testing.T) {
 				var p *PoolMemoryResource
 				if mode != "plain" {
-					// Carving unmaps free pages before a growth: the gated VMM's check fails
-					// on an unmap of memory whose frees the model does not know complete.
+					// The gated VMM's check fails on an unmap of memory whose frees the model
+					// does not know complete.
 					vm := newGatedVMM(0)
-					cv := newCountingVMM(vm.vmm)
-					vm.vmm = cv
-					o := PoolOptions{MaximumPoolSize: 64 * mib}
-					switch mode {
-					case "carve":
-						o.carvePage = 2 * mib
-					case "stitch":
-						o.stitchPiece, o.stitchRest = 2*mib, true
+					var tune poolTuning
+					if mode == "stitch" {
+						tune.stitchPiece, tune.stitchRest = 2*mib, true
 					}
-					p = newExpTestPool(t, vm, o)
+					p = newTunedTestPool(t, vm, PoolOptions{MaximumPoolSize: 64 * mib}, tune)
 					e := newPoolSyncEnv(t, p)
 					vm.check = e.checkReturned
 					depSeqWalk(t, e, seed, 400, seed%2 == 0)
 					require.Empty(t, vm.errs)
-					remaps += cv.counts().remaps
-					stitched += p.exp.stitches
-					stitchedDeps += p.exp.stitchedDeps
+					stitched += p.stitching().stitches
+					stitchedDeps += p.stitching().stitchedDeps
 				} else {
 					u := newGatedUpstream(t, 1<<30)
 					var err error
@@ -316,7 +309,6 @@ func TestDepCoalesceSeqWalk(t *testing.T) {
 			})
 		}
 	}
-	require.Positive(t, remaps, "no growth carved")
 	require.Positive(t, stitched, "nothing stitched")
 	require.Positive(t, stitchedDeps, "no stitched block named another stream's list")
 }
@@ -492,7 +484,7 @@ func depConcWalk(t *testing.T, e *poolSyncEnv, workers, rounds, ops int, seed ui
 func TestDepCoalesceConcWalk(t *testing.T) {
 	t.Parallel() // seconds of work on its own resources: see TestMain
 	for seed := uint64(0); seed < 12; seed++ {
-		modes := []string{"plain", "exp", "trim", "plain-faults", "exp-faults", "carve", "carve-faults", "stitch", "stitch-faults"}
+		modes := []string{"plain", "exp", "trim", "plain-faults", "exp-faults", "stitch", "stitch-faults"}
 		for _, mode := range modes {
 			t.Run(fmt.Sprintf("%s-seed%d", mode, seed), func(t *testing.T) {
 				var p *PoolMemoryResource
@@ -508,15 +500,12 @@ func TestDepCoalesceConcWalk(t *testing.T) {
 					if mode == "trim" || mode == "exp-faults" {
 						thr = 8 * mib
 					}
-					page, piece := 0, 0
-					if strings.HasPrefix(mode, "carve") {
-						page = 2 * mib
-					}
+					piece := 0
 					if strings.HasPrefix(mode, "stitch") {
 						piece = 2 * mib
 					}
 					vm = newGatedVMM(0)
-					p = newExpTestPool(t, vm, PoolOptions{MaximumPoolSize: 96 * mib, ReleaseThreshold: thr, carvePage: page, stitchPiece: piece, stitchRest: piece > 0})
+					p = newTunedTestPool(t, vm, PoolOptions{MaximumPoolSize: 96 * mib, ReleaseThreshold: thr}, poolTuning{stitchPiece: piece, stitchRest: piece > 0})
 				}
 				e := newPoolSyncEnv(t, p)
 				var faults *atomic.Bool

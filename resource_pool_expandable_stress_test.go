@@ -150,7 +150,7 @@ func (m *expRandState) verify(ptr DevicePtr, a expRandAlloc, full bool) {
 
 // maxGap is the largest range of the reservation that holds no live allocation.
 func (m *expRandState) maxGap() int {
-	e := m.p.exp
+	e := m.p.expandable()
 	var ptrs []DevicePtr
 	for p := range m.live {
 		ptrs = append(ptrs, p)
@@ -185,7 +185,7 @@ func (m *expRandState) check(what string) {
 		ptrs = append(ptrs, p)
 	}
 	sort.Slice(ptrs, func(i, j int) bool { return ptrs[i] < ptrs[j] })
-	e := m.p.exp
+	e := m.p.expandable()
 	var end DevicePtr
 	for _, p := range ptrs {
 		a := m.live[p]
@@ -462,7 +462,7 @@ func expRandRun(t *testing.T, seed int64, host bool) {
 	require.ErrorIs(t, err, ErrClosed)
 	require.NoError(t, p.Release())
 	for len(m.live) > 0 {
-		require.NotZero(t, p.exp.reserved, "the reservation outlives the live allocations")
+		require.NotZero(t, p.expandable().reserved, "the reservation outlives the live allocations")
 		ptr, a, _ := m.pick(r)
 		m.verify(ptr, a, true)
 		require.ErrorIs(t, p.Deallocate(ptr, a.size+1, DefaultStream), ErrInvalidFree)
@@ -477,7 +477,7 @@ func expRandRun(t *testing.T, seed int64, host bool) {
 	}
 	require.Zero(t, p.PoolSize())
 	require.Zero(t, vm.physical())
-	require.Zero(t, p.exp.reserved, "the reservation is freed with the last allocation")
+	require.Zero(t, p.expandable().reserved, "the reservation is freed with the last allocation")
 	require.NoError(t, p.Close())
 	for _, s := range m.streams[1:] {
 		require.NoError(t, s.Close())

@@ -10,8 +10,32 @@ import (
 // newExpTestPool builds an expandable pool over vm with the given options.
 func newExpTestPool(t testing.TB, vm vmm, o PoolOptions) *PoolMemoryResource {
 	t.Helper()
+	return newTunedTestPool(t, vm, o, poolTuning{})
+}
+
+// expandable returns the backing of an expandable pool (of a stitching pool, the expandable it
+// wraps); nil for a plain pool.
+func (p *PoolMemoryResource) expandable() *expandable {
+	switch b := p.backing.(type) {
+	case *expandable:
+		return b
+	case *stitching:
+		return b.expandable
+	}
+	return nil
+}
+
+// stitching returns the backing of a stitching pool; nil for another pool.
+func (p *PoolMemoryResource) stitching() *stitching {
+	st, _ := p.backing.(*stitching)
+	return st
+}
+
+// newTunedTestPool is newExpTestPool with the package's knobs set to tune.
+func newTunedTestPool(t testing.TB, vm vmm, o PoolOptions, tune poolTuning) *PoolMemoryResource {
+	t.Helper()
 	o.Expandable = true
-	p, err := newExpandablePool(NewSystemMemoryResource(), vm, o)
+	p, err := newExpandablePool(NewSystemMemoryResource(), vm, o, tune)
 	require.NoError(t, err)
 	return p
 }
@@ -50,8 +74,8 @@ func runExpCases(t *testing.T, vms []expVMMCase, f func(t *testing.T, vm vmm, g 
 // expClosedClean closes p and checks that nothing is left mapped or reserved.
 func expClosedClean(t *testing.T, p *PoolMemoryResource, vm vmm) {
 	require.NoError(t, p.Close())
-	require.Empty(t, p.exp.chunks)
-	require.Zero(t, p.exp.reserved, "the reservation is freed at Close")
+	require.Empty(t, p.expandable().chunks)
+	require.Zero(t, p.expandable().reserved, "the reservation is freed at Close")
 	if sv, ok := vm.(*simVMM); ok {
 		charged, mappings, _, _ := sv.stats()
 		require.Zero(t, charged)
@@ -116,12 +140,12 @@ func expCaseCoalescesAcrossStreams(t *testing.T, vm vmm, g int) {
 	require.Equal(t, 2*g, p.PoolSize())
 	require.NoError(t, p.Deallocate(a, g, DefaultStream))
 	require.NoError(t, p.Deallocate(b, g, s1.View()))
-	chunks := len(p.exp.chunks)
+	chunks := len(p.expandable().chunks)
 	c, err := p.Allocate(2*g, s1.View())
 	require.NoError(t, err)
 	require.Equal(t, a, c, "the two halves coalesced")
 	require.Equal(t, 2*g, p.PoolSize(), "without growing")
-	require.Equal(t, chunks, len(p.exp.chunks))
+	require.Equal(t, chunks, len(p.expandable().chunks))
 	require.NoError(t, p.CheckInvariants())
 	require.NoError(t, p.Deallocate(c, 2*g, s1.View()))
 	require.NoError(t, s1.Close())
@@ -138,7 +162,7 @@ func expCaseCoalescesAcrossGrowthSteps(t *testing.T, vm vmm, g int) {
 		require.NoError(t, err)
 		ptrs = append(ptrs, ptr)
 	}
-	require.Greater(t, len(p.exp.chunks), 1)
+	require.Greater(t, len(p.expandable().chunks), 1)
 	for _, ptr := range ptrs {
 		require.NoError(t, p.Deallocate(ptr, 40*miB, DefaultStream))
 	}
@@ -164,7 +188,7 @@ func expCaseReleaseKeepsOnlyLiveChunks(t *testing.T, vm vmm, g int) {
 	}
 	small, err := p.Allocate(1000, DefaultStream) // a chunk of its own
 	require.NoError(t, err)
-	chunksBefore := len(p.exp.chunks)
+	chunksBefore := len(p.expandable().chunks)
 	// Free 1, 2 and 4; 0, 3, 5 (and small) stay live.
 	for _, i := range []int{1, 2, 4} {
 		require.NoError(t, p.Deallocate(ptrs[i], 40*miB, DefaultStream))
@@ -176,7 +200,7 @@ func expCaseReleaseKeepsOnlyLiveChunks(t *testing.T, vm vmm, g int) {
 		live = append(live, [2]DevicePtr{ptrs[i], ptrs[i] + 40*miB})
 	}
 	live = append(live, [2]DevicePtr{small, small + 1024})
-	for _, c := range p.exp.chunks {
+	for _, c := range p.expandable().chunks {
 		used := false
 		for _, l := range live {
 			if l[0] < c.end() && c.addr < l[1] {
@@ -189,7 +213,7 @@ func expCaseReleaseKeepsOnlyLiveChunks(t *testing.T, vm vmm, g int) {
 	require.Equal(t, chunksBefore-3, st.UpstreamBlocks, "the three freed 40 MiB chunks went back")
 	require.Equal(t, 2, st.Holes, "1 and 2 make one hole of 80 MiB, 4 one of 40 MiB")
 	require.Equal(t, 120*miB, st.HoleBytes)
-	require.Equal(t, st.PoolSize+st.HoleBytes, int(p.exp.top-p.exp.base))
+	require.Equal(t, st.PoolSize+st.HoleBytes, int(p.expandable().top-p.expandable().base))
 	if sv, ok := vm.(*simVMM); ok {
 		_, mappings, _, _ := sv.stats()
 		require.Equal(t, st.UpstreamBlocks, mappings)
@@ -199,11 +223,11 @@ func expCaseReleaseKeepsOnlyLiveChunks(t *testing.T, vm vmm, g int) {
 	fill, err := p.Allocate(p.Stats().LargestFreeBlock, DefaultStream)
 	require.NoError(t, err)
 	require.Equal(t, small+1024, fill)
-	top := p.exp.top
+	top := p.expandable().top
 	again, err := p.Allocate(40*miB, DefaultStream)
 	require.NoError(t, err)
 	require.Equal(t, ptrs[1], again, "mapped into the hole")
-	require.Equal(t, top, p.exp.top)
+	require.Equal(t, top, p.expandable().top)
 	require.NoError(t, p.CheckInvariants())
 	for _, i := range []int{0, 3, 5} {
 		require.NoError(t, p.Deallocate(ptrs[i], 40*miB, DefaultStream))
@@ -214,7 +238,7 @@ func expCaseReleaseKeepsOnlyLiveChunks(t *testing.T, vm vmm, g int) {
 	require.NoError(t, p.Release())
 	require.Zero(t, p.PoolSize())
 	require.Zero(t, p.Stats().Holes)
-	require.Equal(t, p.exp.base, p.exp.top)
+	require.Equal(t, p.expandable().base, p.expandable().top)
 	require.NoError(t, p.CheckInvariants())
 	expClosedClean(t, p, vm)
 }

@@ -21,12 +21,11 @@ import (
 // block is a block of an upstream allocation. A free block is the treap node itself, so indexing
 // it allocates nothing. The fields a treap descent reads come first.
 //
-// A block is 80 bytes, and should stay so: W2 at 100,000 pairs below 1 MiB walks treaps and
-// chains of tens of thousands of blocks, and is bound by the cache lines they take. Padding the
-// 80-byte block of an earlier pool to 96 bytes made it 11-15% slower there, to 112 bytes 19-23%
-// (the address-only pool and expandable pool on the host, six alternated runs each). So what few
-// blocks have lies out of line (rare), the asked size is kept as its difference from the size,
-// and the treap's priorities have 16 bits (ties only cost a class's treap a little balance).
+// A block is 80 bytes, and should stay so: W2 walks treaps and chains of tens of thousands of
+// blocks, and is bound by the cache lines they take; a larger block made it measurably slower
+// (BENCHMARKS.md). So what few blocks have lies out of line (rare), the asked size is kept as its
+// difference from the size, and the treap's priorities have 16 bits (ties only cost a class's
+// treap a little balance).
 type block struct {
 	size        int
 	addr        DevicePtr
@@ -35,8 +34,8 @@ type block struct {
 	prio        uint16
 	free        bool
 	hole        bool // an expandable pool's range whose memory was given back (not free)
-	lent        bool // an expandable pool's chunk mapped into a live stitched block (resource_pool_stitch.go)
-	stitched    bool // a live block in a stitched range, outside every chain (resource_pool_stitch.go)
+	lent        bool // a chunk of the chain mapped into a live stitched block (pool_backing_stitch.go)
+	served      bool // a live block the backing served outside every chain (a stitched range: poolBacking.freeServed)
 	// slack: allocated, the size less the size asked (below Alignment: an allocated block has the
 	// asked size rounded up; see req and setReq).
 	slack      uint8
@@ -52,7 +51,7 @@ type blockRare struct {
 	// the address (so before any free of it), read and cleared by the free under its lock.
 	sample *memProfBucket
 	// deps: free, listed: other lists whose events a taker must also wait on (memory freed on
-	// their streams coalesced into this block; resource_pool_deps.go).
+	// their streams coalesced into this block; pool_placement.go).
 	deps []*freeList
 }
 
@@ -75,7 +74,7 @@ func badReq(size, n int) {
 	panic(fmt.Sprintf("rmm: a pool block of %d bytes handed out for %d", size, n))
 }
 
-// deps returns the lists whose events a taker of b must also wait on (resource_pool_deps.go).
+// deps returns the lists whose events a taker of b must also wait on (pool_placement.go).
 func (b *block) deps() []*freeList {
 	if b.rare == nil {
 		return nil
@@ -138,7 +137,7 @@ type freeList struct {
 	// after the synchronisation it made unlocked, to know whether it covered every block.
 	frees uint64
 	// depRefs counts the blocks whose deps name this list: it is dropped while a listed block
-	// does only once its stream's work behind the frees was waited for (resource_pool_deps.go).
+	// does only once its stream's work behind the frees was waited for (pool_placement.go).
 	depRefs int
 	count   int // blocks
 	bytes   int // free bytes
@@ -275,7 +274,7 @@ func (l *freeList) remove(b *block) {
 // block, b stays or becomes that class's only block, so that no order among l's blocks needs
 // looking at (the caller changes b's address to match, l.bytes is updated here).
 func (l *freeList) resize(b *block, size int) bool {
-	if b.parent != nil || b.left != nil || b.right != nil || b.lent || b.hole || b.stitched {
+	if b.parent != nil || b.left != nil || b.right != nil || b.lent || b.hole || b.served {
 		return false
 	}
 	l1, c1 := freeClass(b.size)

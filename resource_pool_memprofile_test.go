@@ -371,9 +371,9 @@ func TestPoolMemoryProfileStacksEveryPath(t *testing.T) {
 				ptr, err := poolProfAllocSite(p, sz, s)
 				require.NoError(t, err)
 				n++
-				if p.exp != nil && p.exp.aliases != nil {
+				if p.stitching() != nil {
 					p.mu.Lock()
-					if _, ok := p.exp.aliases[ptr]; ok {
+					if _, ok := p.stitching().aliases[ptr]; ok {
 						stitched++
 					}
 					p.mu.Unlock()

@@ -34,7 +34,7 @@ func newKeptLists(t *testing.T, n int) *keptLists {
 	vm := newGatedVMM(0)
 	cv := newCountingVMM(vm.vmm)
 	vm.vmm = cv
-	p := newExpTestPool(t, vm, PoolOptions{MaximumPoolSize: 1 << 30, stitchPiece: 2 * mib})
+	p := newTunedTestPool(t, vm, PoolOptions{MaximumPoolSize: 1 << 30}, poolTuning{stitchPiece: 2 * mib})
 	e := newPoolSyncEnv(t, p)
 	vm.check = e.checkReturned
 	a := &keptLists{e: e, p: p, vm: vm, cv: cv, n: n}
@@ -55,9 +55,9 @@ func newKeptLists(t *testing.T, n int) *keptLists {
 		even = append(even, a.blocks[i])
 	}
 	s := e.mustAlloc(n, DefaultStream, e.def)
-	require.Equal(t, 1, p.exp.stitches)
+	require.Equal(t, 1, p.stitching().stitches)
 	require.Equal(t, 48*mib, p.PoolSize(), "stitched, not grown")
-	al := p.exp.aliases[s]
+	al := p.stitching().aliases[s]
 	require.NotNil(t, al)
 	var cs []DevicePtr
 	for _, c := range al.chunks {
@@ -69,7 +69,7 @@ func newKeptLists(t *testing.T, n int) *keptLists {
 	a.va = s
 	a.y = e.mustAlloc(40*mib, DefaultStream, e.def)
 	require.Equal(t, a.end, a.y)
-	require.Equal(t, 1, p.exp.stitches)
+	require.Equal(t, 1, p.stitching().stitches)
 	e.mustFree(s, n, DefaultStream, e.def)
 	for range 8 {
 		a.chunks = append(a.chunks, e.mustAlloc(2*mib, DefaultStream, e.def))
@@ -141,12 +141,12 @@ func TestStitchKeptAtEndThreeLists(t *testing.T) {
 				sc, _, ic := e.stream(0xc, "C")
 				sd, _, id := e.stream(0xd, "D")
 				a.spread(t, sb, ib, sa, ia, sb, ib)
-				maps, deps := a.cv.counts().maps, p.exp.stitchedDeps
+				maps, deps := a.cv.counts().maps, p.stitching().stitchedDeps
 				q, err := e.alloc(n, sc, ic)
 				require.NoError(t, err)
 				require.Equal(t, a.va, q, "the kept alias")
 				require.Equal(t, maps, a.cv.counts().maps)
-				require.Greater(t, p.exp.stitchedDeps, deps)
+				require.Greater(t, p.stitching().stitchedDeps, deps)
 				require.Empty(t, e.f.errors())
 				require.NoError(t, p.CheckInvariants())
 				fs, fi := sc, ic
@@ -242,7 +242,7 @@ func newEndLastPool(t *testing.T) (*poolSyncEnv, *PoolMemoryResource, *countingV
 	vm := newGatedVMM(0)
 	cv := newCountingVMM(vm.vmm)
 	vm.vmm = cv
-	p := newExpTestPool(t, vm, PoolOptions{MaximumPoolSize: 1 << 30, stitchPiece: 2 * mib})
+	p := newTunedTestPool(t, vm, PoolOptions{MaximumPoolSize: 1 << 30}, poolTuning{stitchPiece: 2 * mib})
 	e := newPoolSyncEnv(t, p)
 	vm.check = e.checkReturned
 	sa, _, ia := e.stream(0xa, "A")
@@ -304,7 +304,7 @@ func TestStitchEndRestStaysWithTaker(t *testing.T) {
 	q := e.mustAlloc(6*mib, s[1], i[1])
 	require.Equal(t, a+4*mib, q, "B's bytes are cut from the front of the end")
 	p.mu.Lock() // read under the lock, checked after it (a failed check must not hold it)
-	tail := *p.exp.tail
+	tail := *p.tail
 	lb := p.byStream[s[1].id]
 	aBytes := la.bytes
 	p.mu.Unlock()
@@ -347,7 +347,7 @@ func TestStitchEndInCacheServedLast(t *testing.T) {
 	e.mustFree(x, 512*kiB, s[2], i[2])   // C's list
 	e.mustFree(end, 512*kiB, s[0], i[0]) // the end of the chain, into A's cache
 	p.mu.Lock()
-	cached := p.exp.tail.list == nil
+	cached := p.tail.list == nil
 	p.mu.Unlock()
 	require.True(t, cached, "the end lies in A's cache, in no list")
 	q := e.mustAlloc(384*kiB, s[1], i[1])
@@ -376,14 +376,14 @@ func TestStitchChunksOfAnotherList(t *testing.T) {
 		e.mustFree(blocks[k], 2*mib, s[1], i[1]) // used, then freed, on B
 		even = append(even, blocks[k])
 	}
-	maps, deps := cv.counts().maps, p.exp.stitchedDeps
+	maps, deps := cv.counts().maps, p.stitching().stitchedDeps
 	q := e.mustAlloc(16*mib, s[0], i[0])
-	require.Equal(t, 1, p.exp.stitches)
+	require.Equal(t, 1, p.stitching().stitches)
 	require.Equal(t, 48*mib, p.PoolSize(), "stitched, not grown")
 	require.Equal(t, maps+8, cv.counts().maps)
-	require.Greater(t, p.exp.stitchedDeps, deps, "the stitched block names B's list")
+	require.Greater(t, p.stitching().stitchedDeps, deps, "the stitched block names B's list")
 	var cs []DevicePtr
-	for _, c := range p.exp.aliases[q].chunks {
+	for _, c := range p.stitching().aliases[q].chunks {
 		cs = append(cs, c.addr)
 	}
 	slices.Sort(cs)

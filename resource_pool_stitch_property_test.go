@@ -107,7 +107,7 @@ type stitchPhys struct {
 func stitchPhysOf(p *PoolMemoryResource, ptr DevicePtr, n int) []stitchPhys {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	e := p.exp
+	e := p.stitching()
 	end := ptr + DevicePtr(n)
 	if a := e.aliases[ptr]; a != nil && a.b != nil {
 		var out []stitchPhys
@@ -134,7 +134,7 @@ func stitchPhysOf(p *PoolMemoryResource, ptr DevicePtr, n int) []stitchPhys {
 func (s *stitchPropSUT) stitchedAt(ptr DevicePtr) bool {
 	s.p.mu.Lock()
 	defer s.p.mu.Unlock()
-	a := s.p.exp.aliases[ptr]
+	a := s.p.stitching().aliases[ptr]
 	return a != nil && a.b != nil
 }
 
@@ -213,7 +213,7 @@ func (s *stitchPropSUT) check() error {
 		of  DevicePtr
 	}
 	var pieces []piece
-	gran := s.p.exp.gran
+	gran := s.p.expandable().gran
 	for _, a := range s.live {
 		if a.ptr == 0 {
 			continue // refused for want of memory
@@ -338,7 +338,7 @@ func stitchPropAllocate(size, stream int) commands.Command {
 	return &stitchPropCmd{
 		name: fmt.Sprintf("Allocate(%d KiB, stream %d)", size>>10, stream),
 		run: func(s *stitchPropSUT) error {
-			made := s.p.exp.stitches
+			made := s.p.stitching().stitches
 			q, err := s.p.Allocate(size, s.streams[stream])
 			var oom *OutOfMemoryError
 			if errors.As(err, &oom) {
@@ -352,7 +352,7 @@ func stitchPropAllocate(size, stream int) commands.Command {
 			if s.stitchedAt(q) {
 				s.stats.add(func(x *stitchPropStats) {
 					x.stitched++
-					if s.p.exp.stitches == made {
+					if s.p.stitching().stitches == made {
 						x.reused++ // a kept alias, with no driver call
 					}
 				})
@@ -499,7 +499,7 @@ func newStitchPropSUT(t *testing.T, mode string, piece int, rest bool, stats *st
 		inner = s.sim
 	}
 	p, err := newExpandablePool(NewSystemMemoryResource(), &stitchPropVMM{vmm: inner, sut: s},
-		PoolOptions{Expandable: true, MaximumPoolSize: 48 * mib, stitchPiece: piece, stitchRest: rest, stitchKeep: 4})
+		PoolOptions{Expandable: true, MaximumPoolSize: 48 * mib}, poolTuning{stitchPiece: piece, stitchRest: rest, stitchKeep: 4})
 	if err != nil {
 		panic(err)
 	}
@@ -550,7 +550,7 @@ func (s *stitchPropSUT) destroy() {
 			s.p.Deallocate(a.ptr, a.size, s.streams[a.stream])
 		}
 	}
-	s.stats.add(func(x *stitchPropStats) { x.evicted += s.p.exp.evicted })
+	s.stats.add(func(x *stitchPropStats) { x.evicted += s.p.stitching().evicted })
 	if err := s.p.Close(); err != nil {
 		panic(err)
 	}

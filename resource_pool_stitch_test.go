@@ -52,7 +52,7 @@ type stitchTestPool struct {
 	ptrs []DevicePtr
 }
 
-func newStitchTestPool(t *testing.T, o PoolOptions, host bool, free ...int) *stitchTestPool {
+func newStitchTestPool(t *testing.T, tune poolTuning, host bool, free ...int) *stitchTestPool {
 	t.Helper()
 	var inner vmm
 	var sim *simVMM
@@ -68,13 +68,10 @@ func newStitchTestPool(t *testing.T, o PoolOptions, host bool, free ...int) *sti
 	}
 	rv := &reserveCountingVMM{vmm: inner}
 	vm := newCountingVMM(rv)
-	if o.MaximumPoolSize == 0 {
-		o.MaximumPoolSize = 1 << 30
+	if tune.stitchPiece == 0 {
+		tune.stitchPiece = 2 * mib
 	}
-	if o.stitchPiece == 0 {
-		o.stitchPiece = 2 * mib
-	}
-	p := newExpTestPool(t, vm, o)
+	p := newTunedTestPool(t, vm, PoolOptions{MaximumPoolSize: 1 << 30}, tune)
 	t.Cleanup(func() { p.Close() })
 	ptrs := sixteenBlocksOfOneGrowth(t, p)
 	require.Equal(t, 16, vm.counts().creates, "in 2 MiB handles")
@@ -86,7 +83,7 @@ func newStitchTestPool(t *testing.T, o PoolOptions, host bool, free ...int) *sti
 }
 
 func (s *stitchTestPool) inPrimary(q DevicePtr) bool {
-	e := s.p.exp
+	e := s.p.expandable()
 	return q >= e.base && q < e.base+DevicePtr(e.reserved)
 }
 
@@ -94,7 +91,7 @@ func (s *stitchTestPool) inPrimary(q DevicePtr) bool {
 // second time back to back: no memory is created, the pool stays at 32 MiB; freed, the alias is
 // kept and the next request of that size takes it again with no driver call at all.
 func TestStitchServesAndReuses(t *testing.T) {
-	s := newStitchTestPool(t, PoolOptions{}, false, 1, 3, 5, 7)
+	s := newStitchTestPool(t, poolTuning{}, false, 1, 3, 5, 7)
 	p, vm := s.p, s.vm
 	before := vm.counts()
 	r0, _ := s.rv.counts()
@@ -129,7 +126,7 @@ func TestStitchServesAndReuses(t *testing.T) {
 	require.NoError(t, p.Deallocate(q, 8*mib, DefaultStream))
 	require.NoError(t, p.CheckInvariants())
 	require.Equal(t, 8*mib, p.Stats().FreeBytes)
-	require.Equal(t, 1, len(p.exp.aliases), "kept")
+	require.Equal(t, 1, len(p.stitching().aliases), "kept")
 	c0 := vm.counts()
 	q2, err := p.Allocate(8*mib, DefaultStream)
 	require.NoError(t, err)
@@ -151,11 +148,11 @@ func TestStitchServesAndReuses(t *testing.T) {
 // 5 serve an 8 MiB request through two lent blocks, and the kept alias is found and lent again
 // a run at a time; the blocks around them are unchanged.
 func TestStitchLendsRuns(t *testing.T) {
-	s := newStitchTestPool(t, PoolOptions{}, false, 1, 2, 3, 5)
+	s := newStitchTestPool(t, poolTuning{}, false, 1, 2, 3, 5)
 	p := s.p
 	q, err := p.Allocate(8*mib, DefaultStream)
 	require.NoError(t, err)
-	a := p.exp.aliases[q]
+	a := p.stitching().aliases[q]
 	require.NotNil(t, a)
 	require.Len(t, a.chunks, 4)
 	require.Equal(t, []vmChunk{{addr: s.ptrs[1], size: 6 * mib}, {addr: s.ptrs[5], size: 2 * mib}}, a.runs)
@@ -182,7 +179,7 @@ func TestStitchLendsRuns(t *testing.T) {
 // The same over host memory: bytes written through the stitched range are those of the handles'
 // own addresses, and the other way round.
 func TestStitchHostAliases(t *testing.T) {
-	s := newStitchTestPool(t, PoolOptions{}, true, 2, 9, 12)
+	s := newStitchTestPool(t, poolTuning{}, true, 2, 9, 12)
 	p := s.p
 	q, err := p.Allocate(6*mib, DefaultStream)
 	require.NoError(t, err)
@@ -208,20 +205,20 @@ func TestStitchHostAliases(t *testing.T) {
 // Release gives back the free handles only after unmapping the kept alias that maps them; Close
 // frees every reservation.
 func TestStitchReleaseWithKeptAlias(t *testing.T) {
-	s := newStitchTestPool(t, PoolOptions{}, false, 1, 3, 5, 7)
+	s := newStitchTestPool(t, poolTuning{}, false, 1, 3, 5, 7)
 	p, vm := s.p, s.vm
 	q, err := p.Allocate(8*mib, DefaultStream)
 	require.NoError(t, err)
 	// With the block live, Release gives nothing back: its handles are lent.
 	require.NoError(t, p.Release())
 	require.Equal(t, 32*mib, p.PoolSize())
-	require.Len(t, p.exp.aliases, 1)
+	require.Len(t, p.stitching().aliases, 1)
 	require.NoError(t, p.Deallocate(q, 8*mib, DefaultStream))
 	c0 := vm.counts()
 	require.NoError(t, p.Release())
 	require.NoError(t, p.CheckInvariants())
 	require.Equal(t, 24*mib, p.PoolSize())
-	require.Empty(t, p.exp.aliases)
+	require.Empty(t, p.stitching().aliases)
 	require.Equal(t, 1+4, vm.counts().unmaps-c0.unmaps, "the alias, then the four handles")
 	require.Equal(t, 4, vm.counts().releases-c0.releases)
 	charged, mappings, _, _ := s.sim.stats()
@@ -255,7 +252,7 @@ func TestStitchReleaseWithKeptAlias(t *testing.T) {
 // 48 MiB).
 func TestStitchRest(t *testing.T) {
 	for _, rest := range []bool{false, true} {
-		s := newStitchTestPool(t, PoolOptions{stitchRest: rest}, false, 1, 3, 5)
+		s := newStitchTestPool(t, poolTuning{stitchRest: rest}, false, 1, 3, 5)
 		p, vm := s.p, s.vm
 		c0 := vm.counts()
 		q, err := p.Allocate(8*mib, DefaultStream)
@@ -277,12 +274,6 @@ func TestStitchRest(t *testing.T) {
 }
 
 func TestStitchOptions(t *testing.T) {
-	_, err := newExpandablePool(NewSystemMemoryResource(), newSimVMM(hostVMMGranularity, 0),
-		PoolOptions{Expandable: true, MaximumPoolSize: 1 << 30, stitchPiece: 8 * mib, carvePage: 8 * mib})
-	require.ErrorIs(t, err, ErrInvalidArgument)
-	require.ErrorContains(t, err, "exclusive")
-	_, err = NewPoolMemoryResource(NewSystemMemoryResource(), &PoolOptions{stitchPiece: 8 * mib})
-	require.ErrorIs(t, err, ErrInvalidArgument)
 	// Off by default: one handle per growth.
 	vm := newCountingVMM(newSimVMM(hostVMMGranularity, 0))
 	p := newExpTestPool(t, vm, PoolOptions{MaximumPoolSize: 1 << 30})
@@ -290,11 +281,11 @@ func TestStitchOptions(t *testing.T) {
 	q, err := p.Allocate(64*mib, DefaultStream)
 	require.NoError(t, err)
 	require.Equal(t, 1, vm.counts().creates)
-	require.Nil(t, p.exp.aliases)
+	require.Nil(t, p.stitching(), "no stitching backing")
 	require.NoError(t, p.Deallocate(q, 64*mib, DefaultStream))
 	// On: handles of at most the piece.
 	vm = newCountingVMM(newSimVMM(hostVMMGranularity, 0))
-	p2 := newExpTestPool(t, vm, PoolOptions{MaximumPoolSize: 1 << 30, stitchPiece: 8 * mib})
+	p2 := newTunedTestPool(t, vm, PoolOptions{MaximumPoolSize: 1 << 30}, poolTuning{stitchPiece: 8 * mib})
 	defer p2.Close()
 	q, err = p2.Allocate(64*mib, DefaultStream)
 	require.NoError(t, err)
@@ -309,9 +300,6 @@ func TestStitchPublicOption(t *testing.T) {
 	_, err := NewPoolMemoryResource(NewSystemMemoryResource(), &PoolOptions{Stitch: true})
 	require.ErrorIs(t, err, ErrInvalidArgument)
 	require.ErrorContains(t, err, "Stitch applies to expandable pools")
-	_, err = newExpandablePool(NewSystemMemoryResource(), newSimVMM(hostVMMGranularity, 0),
-		PoolOptions{Expandable: true, MaximumPoolSize: 1 << 30, Stitch: true, carvePage: 8 * mib})
-	require.ErrorContains(t, err, "exclusive")
 
 	vm := newCountingVMM(newSimVMM(hostVMMGranularity, 0))
 	p := newExpTestPool(t, vm, PoolOptions{MaximumPoolSize: 1 << 30, Stitch: true})
@@ -332,7 +320,7 @@ func TestStitchPublicOption(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, before.creates, vm.counts().creates, "stitched from the four free pieces")
 	require.Equal(t, 32*mib, p.PoolSize())
-	require.Equal(t, 1, p.exp.stitches)
+	require.Equal(t, 1, p.stitching().stitches)
 	require.NoError(t, p.CheckInvariants())
 	require.NoError(t, p.Deallocate(q, 8*mib, DefaultStream))
 	// A growth of nearly 1 GiB (952 MiB: what the request lacks beyond the free tail) maps
@@ -368,7 +356,7 @@ func TestStitchOverHostMemory(t *testing.T) {
 	q, err := p.Allocate(8*mib, DefaultStream)
 	require.NoError(t, err)
 	require.Equal(t, 32*mib, p.PoolSize(), "stitched, not grown")
-	require.Equal(t, 1, p.exp.stitches)
+	require.Equal(t, 1, p.stitching().stitches)
 	b := hostBytes(q, 8*mib)
 	for k, i := range []int{2, 6, 10, 14} {
 		require.Equal(t, byte(i+1), b[k*2*mib], "piece %d of the stitched range shows handle %d's bytes", k, i)
@@ -385,7 +373,7 @@ func TestStitchOverHostMemory(t *testing.T) {
 // Past stitchKeep ranges, a new stitch first unmaps the least recently used one not live (after
 // the host wait for the streams) and frees its reservation.
 func TestStitchEvictsLeastRecentlyUsed(t *testing.T) {
-	s := newStitchTestPool(t, PoolOptions{stitchKeep: 2}, false, 1, 3, 5, 7)
+	s := newStitchTestPool(t, poolTuning{stitchKeep: 2}, false, 1, 3, 5, 7)
 	p, vm := s.p, s.vm
 	var vas []DevicePtr
 	for _, n := range []int{4 * mib, 6 * mib} {
@@ -395,20 +383,20 @@ func TestStitchEvictsLeastRecentlyUsed(t *testing.T) {
 		require.NoError(t, p.Deallocate(q, n, DefaultStream))
 		vas = append(vas, q)
 	}
-	require.Len(t, p.exp.aliases, 2)
+	require.Len(t, p.stitching().aliases, 2)
 	c0 := vm.counts()
 	_, f0 := s.rv.counts()
 	q, err := p.Allocate(8*mib, DefaultStream)
 	require.NoError(t, err)
 	require.NoError(t, p.CheckInvariants())
-	require.Len(t, p.exp.aliases, 2)
-	require.Nil(t, p.exp.aliases[vas[0]], "the least recently used went")
-	require.NotNil(t, p.exp.aliases[vas[1]])
-	require.NotNil(t, p.exp.aliases[q])
+	require.Len(t, p.stitching().aliases, 2)
+	require.Nil(t, p.stitching().aliases[vas[0]], "the least recently used went")
+	require.NotNil(t, p.stitching().aliases[vas[1]])
+	require.NotNil(t, p.stitching().aliases[q])
 	require.Equal(t, 1, vm.counts().unmaps-c0.unmaps)
 	_, f1 := s.rv.counts()
 	require.Equal(t, f0+1, f1)
-	require.Equal(t, 1, p.exp.evicted)
+	require.Equal(t, 1, p.stitching().evicted)
 	require.NoError(t, p.Deallocate(q, 8*mib, DefaultStream))
 }
 
@@ -420,7 +408,7 @@ func TestStitchEvictsLeastRecentlyUsed(t *testing.T) {
 func TestStitchReleaseKeepsUnsyncedFree(t *testing.T) {
 	vm, p, e, blocks, k := unsyncedFreeSetup(t)
 	e.mustFree(k, 8*mib, DefaultStream, e.def) // the alias is kept
-	require.Len(t, p.exp.aliases, 1)
+	require.Len(t, p.stitching().aliases, 1)
 
 	vm.unmap_.shut(t)
 	released := make(chan error, 1)
@@ -443,8 +431,8 @@ func TestStitchReleaseKeepsUnsyncedFree(t *testing.T) {
 func TestStitchTrimKeepsUnsyncedFree(t *testing.T) {
 	vm, p, e, blocks, k := unsyncedFreeSetup(t)
 	p.mu.Lock()
-	p.exp.threshold = 256 << 10 // as ReleaseThreshold: trim past 256 KiB free
-	p.exp.resetTrim(p.size - p.liveBytes)
+	p.expandable().threshold = 256 << 10 // as ReleaseThreshold: trim past 256 KiB free
+	p.expandable().resetTrim(p.size - p.liveBytes)
 	p.mu.Unlock()
 	vm.unmap_.shut(t)
 	freed := make(chan error, 1)
@@ -462,7 +450,7 @@ func TestStitchTrimKeepsUnsyncedFree(t *testing.T) {
 // 8 MiB block stitched from those four.
 func unsyncedFreeSetup(t *testing.T) (*gatedVMM, *PoolMemoryResource, *poolSyncEnv, []DevicePtr, DevicePtr) {
 	vm := newGatedVMM(0)
-	p := newExpTestPool(t, vm, PoolOptions{MaximumPoolSize: 1 << 30, stitchPiece: 2 * mib})
+	p := newTunedTestPool(t, vm, PoolOptions{MaximumPoolSize: 1 << 30}, poolTuning{stitchPiece: 2 * mib})
 	e := newPoolSyncEnv(t, p)
 	vm.check = e.checkReturned
 	var blocks []DevicePtr
@@ -474,6 +462,20 @@ func unsyncedFreeSetup(t *testing.T) (*gatedVMM, *PoolMemoryResource, *poolSyncE
 		e.mustFree(blocks[i], 2*mib, DefaultStream, e.def)
 	}
 	k := e.mustAlloc(8*mib, DefaultStream, e.def)
-	require.Equal(t, 1, p.exp.stitches)
+	require.Equal(t, 1, p.stitching().stitches)
 	return vm, p, e, blocks, k
+}
+
+// sixteenBlocksOfOneGrowth allocates sixteen 2 MiB blocks on the default stream of an empty
+// expandable pool: one growth of the minimum chunk (32 MiB).
+func sixteenBlocksOfOneGrowth(t *testing.T, p *PoolMemoryResource) []DevicePtr {
+	t.Helper()
+	var ptrs []DevicePtr
+	for range 16 {
+		q, err := p.Allocate(2*mib, DefaultStream)
+		require.NoError(t, err)
+		ptrs = append(ptrs, q)
+	}
+	require.Equal(t, 32*mib, p.PoolSize(), "one growth of the minimum chunk (two of a stitching pool's)")
+	return ptrs
 }

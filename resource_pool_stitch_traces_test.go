@@ -17,7 +17,7 @@ var stitchTraces = flag.String("rmm.stitchtraces", "", "comma-separated stitch p
 
 var stitchMatch = flag.String("rmm.stitchmatch", "", "with -rmm.stitchtraces: only the traces whose name contains this")
 
-var stitchMinFlag = flag.Int("rmm.stitchmin", 0, "with -rmm.stitchtraces: PoolOptions.stitchMin (0: the default; -1: the piece size)")
+var stitchMinFlag = flag.Int("rmm.stitchmin", 0, "with -rmm.stitchtraces: poolTuning.stitchMin (0: the default; -1: the piece size)")
 
 var stitchDevice = flag.Bool("rmm.stitchdevice", false, "with -rmm.stitchtraces: replay over the device's virtual memory (GPU 0) instead of an address-only one")
 
@@ -25,17 +25,17 @@ var stitchPassesFlag = flag.Int("rmm.stitchpasses", 10, "with -rmm.stitchtraces:
 
 var stitchRestOnly = flag.Bool("rmm.stitchrestonly", false, "with -rmm.stitchtraces: only the variants that grow the rest")
 
-var stitchFracFlag = flag.Int("rmm.stitchfrac", 0, "with -rmm.stitchtraces: PoolOptions.stitchFrac")
+var stitchFracFlag = flag.Int("rmm.stitchfrac", 0, "with -rmm.stitchtraces: poolTuning.stitchFrac")
 
-var stitchNoDepsFlag = flag.Bool("rmm.stitchnodeps", false, "with -rmm.stitchtraces: PoolOptions.stitchNoDeps")
+var stitchNoDepsFlag = flag.Bool("rmm.stitchnodeps", false, "with -rmm.stitchtraces: poolTuning.stitchNoDeps")
 
-var stitchKeepFlag = flag.Int("rmm.stitchkeep", 0, "with -rmm.stitchtraces: PoolOptions.stitchKeep (0: the default)")
+var stitchKeepFlag = flag.Int("rmm.stitchkeep", 0, "with -rmm.stitchtraces: poolTuning.stitchKeep (0: the default)")
 
-var stitchMinGrowthFlag = flag.Int("rmm.mingrowth", 0, "with -rmm.stitchtraces: PoolOptions.minGrowth, the least growth (0: the default)")
+var stitchMinGrowthFlag = flag.Int("rmm.mingrowth", 0, "with -rmm.stitchtraces: poolTuning.minGrowth, the least growth (0: the default)")
 
 var stitchNoBaseFlag = flag.Bool("rmm.stitchnobase", false, "with -rmm.stitchtraces: leave out the pool without stitching")
 
-var stitchGrowthDivFlag = flag.Int("rmm.growthdiv", 0, "with -rmm.stitchtraces: PoolOptions.growthDivisor (0: the default)")
+var stitchGrowthDivFlag = flag.Int("rmm.growthdiv", 0, "with -rmm.stitchtraces: poolTuning.growthDivisor (0: the default)")
 
 // TestStitchTraces is the measurement behind stitching's figures:
 //
@@ -79,13 +79,13 @@ func TestStitchTraces(t *testing.T) {
 		require.NoError(t, err)
 		for _, v := range vs {
 			vm := newCountingVMM(newVMM())
-			o := PoolOptions{MaximumPoolSize: maximum, stitchPiece: v.piece, stitchRest: v.rest, stitchKeep: *stitchKeepFlag, stitchFrac: *stitchFracFlag, stitchNoDeps: *stitchNoDepsFlag, minGrowth: *stitchMinGrowthFlag, growthDivisor: *stitchGrowthDivFlag}
+			tune := poolTuning{stitchPiece: v.piece, stitchRest: v.rest, stitchKeep: *stitchKeepFlag, stitchFrac: *stitchFracFlag, stitchNoDeps: *stitchNoDepsFlag, minGrowth: *stitchMinGrowthFlag, growthDivisor: *stitchGrowthDivFlag}
 			if *stitchMinFlag < 0 {
-				o.stitchMin = v.piece
+				tune.stitchMin = v.piece
 			} else {
-				o.stitchMin = *stitchMinFlag
+				tune.stitchMin = *stitchMinFlag
 			}
-			p := newExpTestPool(t, vm, o)
+			p := newTunedTestPool(t, vm, PoolOptions{MaximumPoolSize: maximum}, tune)
 			peakLive := 0
 			var prev vmmCounts
 			var walls, cpus []time.Duration
@@ -116,8 +116,8 @@ func TestStitchTraces(t *testing.T) {
 			slices.Sort(walls)
 			slices.Sort(cpus)
 			made, kept, evicted := 0, 0, 0
-			if p.exp.aliases != nil {
-				made, kept, evicted = p.exp.stitches, len(p.exp.aliases), p.exp.evicted
+			if p.stitching() != nil {
+				made, kept, evicted = p.stitching().stitches, len(p.stitching().aliases), p.stitching().evicted
 			}
 			t.Logf("%s | p1/p3/p%d %s | create/map/unmap %s | stitched %d kept %d evicted %d | pass 1 %d ns/event | later %d ns/event (CPU %d)", line, report[2],
 				strings.Join(ratios, " "), strings.Join(calls, " "), made, kept, evicted, first.Nanoseconds()/int64(len(events)), walls[0].Nanoseconds()/int64(len(events)), cpus[0].Nanoseconds()/int64(len(events)))
@@ -147,7 +147,7 @@ func TestStitchReplaysAtEnd(t *testing.T) {
 			_, err = Replay(events, p, nil)
 			require.NoError(t, err)
 			first := vm.counts()
-			require.Positive(t, p.exp.stitches, "the first pass stitches")
+			require.Positive(t, p.stitching().stitches, "the first pass stitches")
 			r, err := Replay(events, p, nil)
 			require.NoError(t, err)
 			require.Zero(t, r.Failures)
@@ -214,9 +214,9 @@ func TestStitchTraceStreamOrder(t *testing.T) {
 				r, err := Replay(events, mr, opts)
 				require.NoError(t, err)
 				require.Zero(t, r.Failures)
-				maps[pass], deps[pass] = vm.counts().maps, p.exp.stitchedDeps
+				maps[pass], deps[pass] = vm.counts().maps, p.stitching().stitchedDeps
 			}
-			require.Positive(t, p.exp.stitches, "the trace stitches")
+			require.Positive(t, p.stitching().stitches, "the trace stitches")
 			t.Logf("second pass: %d maps", maps[1]-maps[0])
 			if tc.steady {
 				require.Equal(t, maps[0], maps[1], "the second pass maps no handle")
@@ -242,4 +242,21 @@ func (m *modelResource) Allocate(n int, s StreamView) (DevicePtr, error) {
 
 func (m *modelResource) Deallocate(ptr DevicePtr, n int, s StreamView) error {
 	return m.e.free(ptr, n, s, m.num[s.id])
+}
+
+// traceReplayVMM returns the maximum pool size and a maker of VMMs for the trace measurements:
+// an address-only VMM under 1 TiB, or with device the device's virtual memory under 15/16 of its
+// free memory (GPU 0; skipped without one).
+func traceReplayVMM(t *testing.T, device bool) (int, func() vmm) {
+	if !device {
+		return 1 << 40, func() vmm { return newSimVMM(hostVMMGranularity, 0) }
+	}
+	requireGPU(t)
+	free, _, err := Device(0).MemoryInfo()
+	require.NoError(t, err)
+	return free / 16 * 15 / hostVMMGranularity * hostVMMGranularity, func() vmm {
+		vm, err := newDeviceVMM(0)
+		require.NoError(t, err)
+		return vm
+	}
 }

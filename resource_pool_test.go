@@ -529,3 +529,36 @@ func TestPoolResizesInPlace(t *testing.T) {
 	require.Equal(t, base, last.addr)
 	require.Equal(t, initial, last.size)
 }
+
+// A PoolMemoryResource that NewPoolMemoryResource did not make (its zero value) has no backing:
+// every method works on it as on an empty pool or returns ErrInvalidArgument, naming the
+// constructor, rather than dereferencing nil.
+func TestPoolZeroValue(t *testing.T) {
+	var p PoolMemoryResource
+	notMade := func(err error) {
+		t.Helper()
+		require.ErrorIs(t, err, ErrInvalidArgument)
+		require.ErrorContains(t, err, "not made by NewPoolMemoryResource")
+	}
+	q, err := p.Allocate(0, DefaultStream)
+	require.NoError(t, err)
+	require.Zero(t, q)
+	for _, n := range []int{256, 4 << 20} { // a size a cache could hold, and one it could not
+		_, err = p.Allocate(n, DefaultStream)
+		notMade(err)
+	}
+	notMade(p.Deallocate(0x10000, 256, DefaultStream))
+	require.NoError(t, p.Deallocate(0, 256, DefaultStream))
+	notMade(p.Release())
+	notMade(p.CheckInvariants())
+	_, err = p.ExportIPC(0x10000, 256)
+	notMade(err)
+	require.Equal(t, PoolStats{}, p.Stats())
+	require.Zero(t, p.PoolSize())
+	require.Zero(t, p.MaximumPoolSize())
+	require.False(t, p.Expandable())
+	require.Nil(t, p.Upstream())
+	notMade(p.Close())
+	_, err = p.Allocate(256, DefaultStream)
+	notMade(err) // still: Close made nothing
+}

@@ -148,11 +148,11 @@ func poolUnlockChaos(t *testing.T, expandable, faults, closes bool, threshold in
 	var vm *gatedVMM
 	if expandable {
 		vm = newGatedVMM(0)
-		o := PoolOptions{MaximumPoolSize: maximum, ReleaseThreshold: threshold}
+		var tune poolTuning
 		if stitch {
-			o.stitchPiece, o.stitchRest = 2*mib, seed%2 == 0
+			tune.stitchPiece, tune.stitchRest = 2*mib, seed%2 == 0
 		}
-		p = newExpTestPool(t, vm, o)
+		p = newTunedTestPool(t, vm, PoolOptions{MaximumPoolSize: maximum, ReleaseThreshold: threshold}, tune)
 	} else {
 		u = newGatedUpstream(t, 1<<30)
 		var err error

@@ -12,7 +12,7 @@ import (
 	"github.com/stretchr/testify/require"
 )
 
-// Tests of the pool's driver calls made unlocked (resource_pool_unlock.go): growth, cross-stream takes,
+// Tests of the pool's driver calls made unlocked (pool_placement.go): growth, cross-stream takes,
 // merges and Release racing other goroutines, through the fake device of
 // resource_arena_pending_test.go (arenaSyncFake) and its model of stream order, with upstreams
 // and virtual memory whose calls can be held on a gate.
@@ -265,11 +265,11 @@ func (e *poolSyncEnv) alloc(n int, s StreamView, i int) (DevicePtr, error) {
 func (e *poolSyncEnv) modelRanges(ptr DevicePtr, n int, va bool) []arenaSyncFreed {
 	n = AlignDown(n+Alignment-1, Alignment)
 	one := []arenaSyncFreed{{p: ptr, end: ptr + DevicePtr(n)}}
-	if e.p.exp == nil {
+	if e.p.stitching() == nil {
 		return one
 	}
 	e.p.mu.Lock()
-	a := e.p.exp.aliases[ptr]
+	a := e.p.stitching().aliases[ptr]
 	stitched := a != nil && a.b != nil
 	e.p.mu.Unlock()
 	if !stitched {

@@ -84,7 +84,7 @@ func prefetchModeOf(mr MemoryResource, pageable bool) prefetchMode {
 			// cuMemAlloc and pinned pool memory, cuMemHostAlloc memory, addresses without memory.
 			return prefetchNever
 		case *PoolMemoryResource:
-			if r.exp != nil {
+			if r.Expandable() {
 				// cuMemCreate/cuMemMap memory (or host or simulated mappings), never managed.
 				return prefetchNever
 			}

@@ -348,16 +348,6 @@ func (b *vmmBook) stats() vmmStats {
 	return s
 }
 
-// covered returns the mappings that make up [addr, addr+size) exactly, back to back, or false
-// (mu held).
-func (b *vmmBook) covered(addr DevicePtr, size int) ([]vmmMapping, bool) {
-	r, i, j, err := b.wholeMappings("covered", addr, size, true)
-	if err != nil {
-		return nil, false
-	}
-	return r.maps[i:j], true
-}
-
 // mappingAt returns the mapping holding addr.
 func (b *vmmBook) mappingAt(addr DevicePtr) (vmmMapping, bool) {
 	b.mu.Lock()

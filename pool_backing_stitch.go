@@ -7,7 +7,18 @@ import (
 	"sort"
 )
 
-// Stitching (expandable pools with PoolOptions.stitchPiece > 0, off by default).
+// Stitching (expandable pools with PoolOptions.Stitch, or poolTuning.stitchPiece > 0).
+//
+// With PoolOptions.Stitch (stitchTuning), growths map physical memory in pieces of the
+// granularity or a stitchFracDefault-th of the growth where that is more; a growth maps what the
+// request needs but at least stitchMinGrowth and a stitchGrowthDivisor-th of the pool (instead
+// of the plain expandable pool's step); and a request of stitchMinDefault or more that no free
+// block holds is stitched from the pieces lying in free memory (cuMemAddressReserve, cuMemMap,
+// cuMemSetAccess), after growing only what they lack. The range is kept, and serves a later
+// request with no driver call once its pieces are free again; kept ranges are unmapped after a
+// host wait for the streams' work (at Release, Close, or past stitchKeepDefault of them). Over
+// host memory each piece is a memfd (Linux: memfd_create), which can be mapped at a second
+// address.
 //
 // An expandable pool's free memory ends up scattered between live blocks: a request that no free
 // block holds makes the pool grow although its free bytes may hold the request several times. A
@@ -25,7 +36,7 @@ import (
 // Stream order: the chunks come from free blocks of any list (the lists are not merged before a
 // stitching pool grows: findEndLast): a chunk lent out of another stream's list names that list
 // among the stitched block's deps, which Allocate makes the allocating stream wait for. Where a free block names other streams' lists among
-// its deps (memory coalesced across streams, resource_pool_deps.go), the stitched block names them too,
+// its deps (memory coalesced across streams, pool_placement.go), the stitched block names them too,
 // and Allocate makes the allocating stream wait for them before it returns the block, as for a
 // block taken whole; its free returns the chunks to the freeing stream's list as any free does.
 // The chunks' bytes beyond the request were never used, so a free on another stream does not
@@ -35,16 +46,142 @@ import (
 // after a host wait for the work behind every free, as Release waits before it unmaps chunks:
 // unmap does not wait for the device.
 //
-// Why it is not on by default: on the twenty-five traces of testdata/traces, replayed on an H200
-// (BENCHMARKS.md, twenty-first run), a stitching pool takes 1.001-1.045 x peak live at passes 1
-// and 3, against 1.001-1.545 without stitching, with no driver call after the first pass. But
-// the first pass makes 17 to 260 times as many mappings (T5: 9.5 µs per event, the driver's
-// 22-86 µs per mapping, serialised; the pieces alone, with nothing stitched, would cost over 300
-// ns per event on 21 of the traces), while the median of three passes costs about the same with
-// or without stitching (121-263 ns per event against 82-233, replayed from one goroutine). Over the
-// address-only VMM (TestStitchTraces), 8 MiB pieces left the two multi-stream traces at 1.126 /
-// 1.147 and 1.093 / 1.104; without stitchRest, LoRA and GPT-2 training got worse than without
-// stitching (1.071 / 1.083 at 2 MiB against 1.006 / 1.019).
+// Why it is not on by default: a stitching pool keeps the memory it maps close to the live bytes
+// on every bundled trace, and makes no driver call after the first pass, but its first pass makes
+// many times as many mappings as the plain expandable pool's (each a driver call that serialises),
+// and later passes cost about the same with or without it. Growing only the rest of a request the
+// free pieces do not hold (stitchRest) matters: without it some training traces end up larger
+// than without stitching. BENCHMARKS.md, "Stitching in the package", gives the figures.
+
+// poolTuning holds an expandable pool's parameters that are not options: the package's own
+// knobs, for tests and measurements (newExpandablePool; a zero field takes its default).
+type poolTuning struct {
+	// stitchPiece: when > 0, growths map handles of at most stitchPiece bytes (rounded up to the
+	// granularity), and a request that no free block holds is served, when the chunks lying
+	// wholly in free memory hold it, by mapping them a second time back to back.
+	stitchPiece int
+	// stitchMin (with stitchPiece): the least request stitched; 0: stitchMinDefault.
+	stitchMin int
+	// stitchRest (with stitchPiece): also stitch when the free chunks hold only part of the
+	// request, growing the rest first, when that maps less than growing for the request would.
+	stitchRest bool
+	// stitchKeep (with stitchPiece): the most stitched ranges kept; 0: stitchKeepDefault.
+	stitchKeep int
+	// stitchFrac (with stitchPiece): a growth of k bytes maps handles of at least k/stitchFrac
+	// bytes (and of at least stitchPiece); 0: of stitchPiece.
+	stitchFrac int
+	// stitchNoDeps (with stitchPiece): lend no chunk of a free block that names other lists
+	// among its deps.
+	stitchNoDeps bool
+	// minGrowth: the least growth, rounded up to the granularity; 0: expandableMinChunk, or
+	// stitchMinGrowth with stitchPiece.
+	minGrowth int
+	// growthDivisor: a growth maps at least the pool's size divided by this; 0:
+	// expandableGrowthDivisor, or stitchGrowthDivisor with stitchPiece.
+	growthDivisor int
+}
+
+// stitchTuning is what PoolOptions.Stitch sets: pieces of one granule, whatever the device's
+// (stitchPiece is rounded up to it), or a stitchFracDefault-th of the growth where that is more;
+// the rest of a request grown when the free chunks hold only part of it.
+var stitchTuning = poolTuning{stitchPiece: 1, stitchRest: true, stitchFrac: stitchFracDefault}
+
+// stitching is the backing of a stitching pool (PoolOptions.Stitch): an expandable backing whose
+// growths map handles of at most a piece, and which serves a request no free block holds by
+// mapping the chunks lying in free memory a second time, back to back, in an alias of their own.
+type stitching struct {
+	*expandable
+	stitchMin  int  // the least request stitched
+	stitchRest bool // the free chunks may hold only most of a request: the rest is grown first
+	keepMax    int  // the most aliases kept
+	noDepLend  bool
+	// stitchedDeps counts the stitched blocks that named other lists (Allocate waited for them).
+	stitchedDeps int
+	aliases      map[DevicePtr]*stitchAlias
+	bySize       []*stitchAlias // the aliases sorted by size, then age (aliasOrder; keptFor)
+	blockScratch []*block       // scratch for freeByAddr
+	// endIndex: the aliases that hold each stitchEnd among their ends (keptAtEnd).
+	endIndex   map[stitchEnd][]*stitchAlias
+	stitchTick uint64
+	stitches   int // aliases made
+	evicted    int // aliases unmapped
+}
+
+// newStitching wraps the expandable backing e, tuned by tune (stitchPiece > 0).
+func newStitching(e *expandable, tune poolTuning) *stitching {
+	st := &stitching{
+		expandable: e,
+		stitchMin:  cmp.Or(tune.stitchMin, stitchMinDefault),
+		stitchRest: tune.stitchRest,
+		keepMax:    cmp.Or(tune.stitchKeep, stitchKeepDefault),
+		noDepLend:  tune.stitchNoDeps,
+		aliases:    map[DevicePtr]*stitchAlias{},
+	}
+	e.st = st
+	return st
+}
+
+// grow serves an n-byte request that no free block holds (findEndLast searched every list, the
+// caches flushed) with a stitched block when the chunks lying in free memory hold it, else grows
+// as an expandable pool does.
+func (e *stitching) grow(n int, s StreamView, l *freeList) (*block, error) {
+	if n >= e.stitchMin {
+		if b, again := e.stitch(n, l); b != nil || again {
+			return b, nil
+		}
+	}
+	return e.expandable.grow(n, s, l)
+}
+
+// serveAtEnd serves a request whose best fit is the end of the chain with a kept alias
+// (keptAtEnd).
+func (e *stitching) serveAtEnd(n int, l *freeList, t *block) *block { return e.keptAtEnd(n, l, t) }
+
+// freeServed frees a stitched block (freeStitched); after Close, with its stream synchronised,
+// its alias goes at once, before its chunks can.
+func (e *stitching) freeServed(l *freeList, b *block) *block {
+	if !e.p.closed {
+		return e.freeStitched(l, b)
+	}
+	a := e.aliases[b.addr]
+	b = e.freeStitched(l, b)
+	e.dropAliases([]*stitchAlias{a}, true)
+	return b
+}
+
+// servedFrom is the list the chunks of the live stitched block b were lent out of.
+func (e *stitching) servedFrom(b *block) *freeList { return e.aliases[b.addr].from }
+
+func (e *stitching) restoreServedDeps(b *block, deps []*freeList) { e.restoreLentDeps(b, deps) }
+
+// checkServed verifies the stitched blocks (checkStitches) and counts the lists live stitched
+// ranges name among the deps.
+func (e *stitching) checkServed(served int, deps map[*freeList]int) (int, error) {
+	for _, a := range e.aliases {
+		if a.b != nil && a.from != nil {
+			deps[a.from]++ // a live stitched range names the list its chunks were lent out of
+		}
+	}
+	lentSeen := map[*block]bool{}
+	for b := e.p.head; b != nil; b = b.next {
+		if b.lent {
+			lentSeen[b] = true
+		}
+	}
+	return e.checkStitches(lentSeen)
+}
+
+// close unmaps every alias not live (every free was waited for), then frees the reservation
+// once nothing is mapped.
+func (e *stitching) close() error {
+	e.dropIdleAliases(true)
+	return e.expandable.close()
+}
+
+// exportIPC exports the pieces under a stitched block, else those of the chain.
+func (e *stitching) exportIPC(ptr DevicePtr, n int) (*IPCHandle, error) {
+	return e.exportVMM(ptr, n, e.stitchedPieces)
+}
 
 // stitchAlias is a range of address space into which chunks of the pool are mapped back to back.
 // While its block is live the chunks are lent; once freed it is kept, for a later request that
@@ -81,50 +218,39 @@ type stitchEnd struct {
 }
 
 const (
-	// stitchEnds is the count of stitchEnd an alias keeps, the oldest replaced first. Over the
-	// address-only VMM (TestStitchTraces, three passes) 4 gave the same footprints and driver
-	// calls as 64; with 2 the second pass mapped 6,868 handles over the twenty traces, with 1
-	// 6,971 (4: 6,802; see keptAtEnd).
+	// stitchEnds is the count of stitchEnd an alias keeps, the oldest replaced first: enough for
+	// the few ends a training loop's steps leave (see keptAtEnd); fewer made later passes map
+	// again, more changed nothing over the bundled traces.
 	stitchEnds = 4
-	// stitchMinDefault is the least request stitching serves (PoolOptions.stitchMin 0): one
-	// granule, the least a chunk can be; below it a growth maps little. See TestStitchTraces
-	// -rmm.stitchmin -1: the piece size instead gave the same footprints and driver calls on every
-	// trace with 8 MiB pieces.
+	// stitchMinDefault is the least request stitching serves (poolTuning.stitchMin 0): one
+	// granule, the least a chunk can be; below it a growth maps little. (TestStitchTraces
+	// -rmm.stitchmin -1 replays with the piece size instead.)
 	stitchMinDefault = 2 << 20
-	// stitchKeepDefault bounds the aliases kept (live or not; PoolOptions.stitchKeep 0). Past
+	// stitchKeepDefault bounds the aliases kept (live or not; poolTuning.stitchKeep 0). Past
 	// it, a new stitch first evicts the least recently used quarter of the aliases not live,
 	// after waiting (on the host) for the work behind every free: an unmap does not wait for the
-	// device. An alias holds address space only. The sixteen traces keep at most 93 (T5, 2 MiB
-	// pieces; with 32 MiB pieces the UNet made 470 in ten passes, a new one at every pass).
+	// device. An alias holds address space only, so the bound is far above what a training loop
+	// keeps; it is there for a workload whose placement changes at every step, which would
+	// otherwise make a new alias each time.
 	stitchKeepDefault = 1024
 	// stitchReuseSlack: a kept alias serves requests down to its size less a sixteenth, less one
 	// granule (the model in bench/experiments/aliasmodel, whose footprints the option was
 	// measured against, used the same).
 	stitchReuseSlack = 16
 	// stitchFracDefault: with PoolOptions.Stitch, a growth of k bytes maps pieces of at least
-	// k/stitchFracDefault (and at least a granule). Replayed over the address-only VMM (sixteen
-	// traces, TestStitchTraces -rmm.stitchfrac; passes 1 / 3), 64 keeps every trace at or below
-	// 1.05 but the two-thread CuPy trace (1.048 / 1.055, its page floor 1.055), as 2 MiB pieces
-	// do, with 2-8 × fewer handles and mappings in the first pass (T5 8,617 / 11,788 instead of
-	// 19,394 / 25,102); 32 and 16 take 1.5-3 × fewer again, but leave the CuPy trace at 1.072 and
-	// 1.079 and the LSTM at 1.046 (16).
+	// k/stitchFracDefault (and at least a granule): a large growth then maps far fewer handles
+	// than in granules, while its pieces stay small enough for the free memory between live
+	// blocks to hold whole ones. Larger fractions cost footprint on the multi-stream traces
+	// (TestStitchTraces -rmm.stitchfrac replays with another).
 	stitchFracDefault = 64
 	// stitchMinGrowth and stitchGrowthDivisor replace expandableMinChunk and
 	// expandableGrowthDivisor in a stitching pool: a growth maps what the request lacks but at
 	// least 16 MiB and a 64th of the pool. The step of the plain expandable pool keeps the count of
 	// mappings low; here a growth maps pieces of at least a granule, so the mappings follow the
-	// bytes mapped whatever the step, and a large step only leaves memory unused at the top.
-	// Replayed over the address-only VMM (eighteen traces, TestStitchTraces -rmm.mingrowth
-	// -rmm.growthdiv, passes 1 / 3), the step of a 16th cost the most at the peak of a late growth:
-	// MoE 1.040, Faster R-CNN 1.049, graph network 1.041, T5 1.020; a 64th takes them to 1.017,
-	// 1.002, 1.008 and 1.004 (a 32nd: 1.018, 1.002, 1.024, 1.020), with the first pass's mappings
-	// within +6% over the eighteen. The 32 MiB least growth left the speech encoder-decoder (peak
-	// 234 MiB) at 1.120: its last growth, for a 9 MiB request, mapped 32 MiB; 16 MiB takes it to
-	// 1.026 (12 MiB 1.026, 20 MiB 1.043, 24 MiB 1.086, 8 MiB 1.052: a small pool's figure follows
-	// where its last growth falls), and changes no other trace by more than 0.004. Every trace is
-	// then at most 1.026 but the two-stream CuPy trace (1.045 / 1.055, its page floor 1.055). The
-	// plain expandable pool keeps its step: there these values put the speech trace at 1.163 and
-	// ViT at 1.082, and mapped up to twice as many chunks.
+	// bytes mapped whatever the step, and a large step only leaves memory unused at the top: at
+	// the peak, a small pool's footprint follows where its last growth falls. The plain
+	// expandable pool keeps its step, which there maps fewer chunks. (TestStitchTraces
+	// -rmm.mingrowth -rmm.growthdiv replays with others.)
 	stitchMinGrowth     = 16 << 20
 	stitchGrowthDivisor = 64
 )
@@ -134,8 +260,8 @@ const (
 // lent too: the stitched block then names those lists (newAlias), and Allocate makes the
 // allocating stream wait for them before it hands the block out, as it does for a block taken
 // whole.
-func (p *PoolMemoryResource) stitchCands(l *freeList) []chunkCand {
-	e := p.exp
+func (e *stitching) stitchCands(l *freeList) []chunkCand {
+	p := e.p
 	var cs []chunkCand
 	add := func(b *block) {
 		if len(b.deps()) == 0 || !e.noDepLend {
@@ -161,14 +287,13 @@ func (p *PoolMemoryResource) stitchCands(l *freeList) []chunkCand {
 // of the request at the end of the chain: the caller searches again, and stitches the next time.
 //
 // Pool locked, busy token held, l pinned; it may unlock and relock.
-func (p *PoolMemoryResource) stitch(n int, l *freeList) (b *block, again bool) {
-	e := p.exp
-	if a, pick := p.keptFor(n, l); a != nil {
-		return p.lendAlias(a, n, l, pick), false
+func (e *stitching) stitch(n int, l *freeList) (b *block, again bool) {
+	if a, pick := e.keptFor(n, l); a != nil {
+		return e.lendAlias(a, n, l, pick), false
 	}
-	cands := p.stitchCands(l)
-	if len(e.aliases) >= e.keepMax && p.evictAliases() {
-		cands = p.stitchCands(l) // the pool was unlocked
+	cands := e.stitchCands(l)
+	if len(e.aliases) >= e.keepMax && e.evictAliases() {
+		cands = e.stitchCands(l) // the pool was unlocked
 	}
 	pick, sum := pickChunks(cands, n)
 	if sum < n {
@@ -177,22 +302,20 @@ func (p *PoolMemoryResource) stitch(n int, l *freeList) (b *block, again bool) {
 		}
 		// Grow only the rest, when that maps less than a growth for the whole request would
 		// (what it lacks beyond the free block at the end), however little the free chunks
-		// hold: requiring them to hold half of the request left the image decoder at 1.089 (its
-		// peak is a 3.4 GiB request with 0.9 GiB of free chunks, 0.3 GiB of them at the end)
-		// and the two-stream CuPy trace at 1.201 (2 MiB pieces); without that bound they reach
-		// 1.001 and 1.048 / 1.055, and the UNet 1.030 → 1.006 (TestStitchTraces).
+		// hold: a bound on that share (say, half of the request) left a request much larger
+		// than the free chunks to grow in full, and the pool larger (TestStitchTraces).
 		k, _ := alignUpChecked(n-sum, e.gran)
 		need := n
-		if t := e.tail; t != nil && t.free && t.list == l {
+		if t := e.p.tail; t != nil && t.free && t.list == l {
 			need -= t.size
 		}
 		kNeed, _ := alignUpChecked(need, e.gran)
 		if k >= kNeed {
 			return nil, false
 		}
-		return nil, p.growTail(k, l)
+		return nil, e.growTail(k, l)
 	}
-	return p.newAlias(pick, n, l), false
+	return e.newAlias(pick, n, l), false
 }
 
 // pickChunks chooses chunks among cands holding at least n bytes: the largest first while they
@@ -226,8 +349,7 @@ func pickChunks(cands []chunkCand, n int) ([]chunkCand, int) {
 // keptFor returns the smallest kept alias (the oldest of that size: aliasOrder), not live, that
 // serves n bytes and whose chunks all lie wholly in free blocks that may lend them (as
 // stitchCands lists them), with those chunks in its order and their blocks; nil when none does.
-func (p *PoolMemoryResource) keptFor(n int, l *freeList) (*stitchAlias, []chunkCand) {
-	e := p.exp
+func (e *stitching) keptFor(n int, l *freeList) (*stitchAlias, []chunkCand) {
 	if len(e.aliases) == 0 {
 		return nil, nil
 	}
@@ -245,7 +367,7 @@ func (p *PoolMemoryResource) keptFor(n int, l *freeList) (*stitchAlias, []chunkC
 			if !e.noDepLend {
 				src = nil
 			}
-			bs = p.freeByAddr(src)
+			bs = e.freeByAddr(src)
 			defer e.dropScratch()
 		}
 		if pick := pickIn(a, bs); pick != nil {
@@ -258,15 +380,15 @@ func (p *PoolMemoryResource) keptFor(n int, l *freeList) (*stitchAlias, []chunkC
 // aliasOrder orders aliases by size, then by when they were made (expandable.bySize).
 //
 // Not by address: where the driver places a new reservation is its own choice (the address-only
-// VMM places each above the last, the device's did not), and with the alias of equal size chosen
-// by address, T5's second pass on the H200 lent another alias than over the address-only VMM,
-// and stitched a new one of 216 chunks where the address-only replay mapped none.
+// VMM places each above the last, the device's need not), and with the alias of equal size
+// chosen by address a pass on the device could lend another alias than the same pass over the
+// address-only VMM, and stitch a new one where the replay maps none.
 func aliasOrder(x, y *stitchAlias) int {
 	return cmp.Or(cmp.Compare(x.size, y.size), cmp.Compare(x.seq, y.seq))
 }
 
 // addAlias enters a among the aliases: in aliases, bySize and, by its ends, endIndex.
-func (e *expandable) addAlias(a *stitchAlias) {
+func (e *stitching) addAlias(a *stitchAlias) {
 	e.aliases[a.va] = a
 	i, _ := slices.BinarySearchFunc(e.bySize, a, aliasOrder)
 	e.bySize = slices.Insert(e.bySize, i, a)
@@ -274,7 +396,7 @@ func (e *expandable) addAlias(a *stitchAlias) {
 }
 
 // removeAlias takes a out of the aliases (addAlias).
-func (e *expandable) removeAlias(a *stitchAlias) {
+func (e *stitching) removeAlias(a *stitchAlias) {
 	delete(e.aliases, a.va)
 	if i, ok := slices.BinarySearchFunc(e.bySize, a, aliasOrder); ok {
 		e.bySize = slices.Delete(e.bySize, i, i+1)
@@ -284,15 +406,15 @@ func (e *expandable) removeAlias(a *stitchAlias) {
 
 // endAt returns where the chain's end stands for stitchEnd: the start of the free block at the
 // end of the chain, or the end of the chain when the block there is not free.
-func (e *expandable) endAt() DevicePtr {
-	if t := e.tail; t != nil && t.free {
+func (e *stitching) endAt() DevicePtr {
+	if t := e.p.tail; t != nil && t.free {
 		return t.addr
 	}
 	return e.top
 }
 
 // noteEnd records r in a.ends, replacing its oldest, and in the pool's endIndex.
-func (e *expandable) noteEnd(a *stitchAlias, r stitchEnd) {
+func (e *stitching) noteEnd(a *stitchAlias, r stitchEnd) {
 	if old := a.ends[a.endNext]; old.at != 0 {
 		e.unindexEnd(a, old)
 	}
@@ -307,7 +429,7 @@ func (e *expandable) noteEnd(a *stitchAlias, r stitchEnd) {
 }
 
 // unindexEnd takes a out of endIndex[r] unless another of its ends is r.
-func (e *expandable) unindexEnd(a *stitchAlias, r stitchEnd) {
+func (e *stitching) unindexEnd(a *stitchAlias, r stitchEnd) {
 	k := 0
 	for _, x := range a.ends {
 		if x == r {
@@ -321,7 +443,7 @@ func (e *expandable) unindexEnd(a *stitchAlias, r stitchEnd) {
 }
 
 // dropIndexed takes a out of endIndex[r].
-func (e *expandable) dropIndexed(a *stitchAlias, r stitchEnd) {
+func (e *stitching) dropIndexed(a *stitchAlias, r stitchEnd) {
 	as := slices.DeleteFunc(e.endIndex[r], func(x *stitchAlias) bool { return x == a })
 	if len(as) == 0 {
 		delete(e.endIndex, r)
@@ -332,7 +454,7 @@ func (e *expandable) dropIndexed(a *stitchAlias, r stitchEnd) {
 
 // indexEnds adds (with drop false) or takes out the ends of a in endIndex, as a enters or leaves
 // the aliases.
-func (e *expandable) indexEnds(a *stitchAlias, drop bool) {
+func (e *stitching) indexEnds(a *stitchAlias, drop bool) {
 	for i, r := range a.ends {
 		if r.at == 0 || slices.Contains(a.ends[:i], r) {
 			continue
@@ -343,128 +465,6 @@ func (e *expandable) indexEnds(a *stitchAlias, drop bool) {
 			e.endIndex[r] = append(e.endIndex[r], a)
 		}
 	}
-}
-
-// findEndLast takes a free block of at least n bytes for the stream of l (findBlock's work in a
-// stitching pool): the best fit in l, else in another stream's list, the free block at the end of
-// the chain (e.tail) only when no other block fits, in whichever list it lies. It returns the
-// block cut to n bytes, or a kept alias lent (keptAtEnd), with the wait the caller must make
-// when it came from another list; nil when nothing fits. The lists are not merged: the pool then
-// grows or stitches, and both take chunks from any list (stitchCands, keptFor), a list other than
-// l named among the stitched block's deps. A free block at the end of the chain too small for the
-// request moves into l naming its list among its deps (the growth extends it, as a free block of
-// l's, and whoever takes it waits for that list). Pool locked; it does not unlock.
-//
-// Why: the first pass of a training loop grows the pool, and a growth leaves what it mapped
-// beyond the request free at the end of the chain, where the next small requests fit best. Later
-// passes find every growth's memory free at the end, the largest block; the same requests then
-// go to the free blocks between live ones, placement differs from the first pass's, and so do the
-// chunks its stitches find free: the second pass stitches new aliases. Served last, the end of the
-// chain is placed the same way however much it holds. The list a free block lies in depends on
-// the stream that freed it and on the merges: a pass that grew merged every list into the
-// growing stream's before each growth, a later pass that does not grow merges none, so that a
-// request found a block of its own list in one pass and of another in the next.
-//
-// Replayed over the address-only VMM (TestStitchTraces, twenty-four traces, four passes), this
-// replaces endLast, which served the end last in the stream's own list only, only for requests
-// under an eighth of the pool, and only while no other list held free blocks, and the merges
-// before a growth. The second pass's mappings: the two-thread CuPy trace 151 → 0, the
-// three-stream CuPy pipeline 563 → 0 (and its third pass 598 → 0), the SegFormer 7,683 → 7,739;
-// the third passes map none. Peak mapped / peak live at passes 1 / 3: the two-thread CuPy trace
-// 1.045 / 1.055 → 1.045 / 1.045 (its page floor at the old placement was 1.055), the
-// three-stream pipeline 1.027 → 1.022, the three-stream CuPy pipeline 1.005 / 1.010 → 1.012 /
-// 1.012, the VAE decoder 1.004 → 1.006 (without the eighth's bound), the SegFormer 1.003 /
-// 1.004 → 1.002 / 1.003; the nineteen others the same, with the same driver calls. The first
-// pass mapped 118,508 → 116,938 handles. Takes from another stream's list, each a wait for its
-// event, about doubled on the multi-stream traces (the three-stream pipeline: 866 → 2,244 a
-// pass over 55,124 allocations, with the model of stream order).
-//
-// The end of the chain, taken for a request of another stream than the one whose list holds it,
-// moves into that stream's list first, so that the rest stays there: a first pass grows the end
-// for the stream that asks, and its rest lies in that stream's list, where the later passes,
-// which find the end free and large, then leave it too. Before, the rest stayed in the list that
-// held the end: the SegFormer's side stream took its first blocks from the default stream's list
-// in the second pass and from its own in the first, the blocks its default stream took next
-// differed (its 216th allocation on), and so did every stitch after that: its second pass mapped
-// 7,739 handles for 18 new aliases. Now 0 (TestStitchTraces, four passes; 1.002 / 1.003 → 1.002 /
-// 1.002), and the other twenty-four traces make the same driver calls with the same footprints.
-func (p *PoolMemoryResource) findEndLast(l *freeList, n int) (*block, takeWait) {
-	t := p.exp.listedTail()
-	if b := bestFitBut(l, n, t); b != nil {
-		return p.takeOwn(l, b, n), takeWait{}
-	}
-	// Blocks in the other streams' caches are free memory: put them where this search sees them.
-	// The end of the chain may be one of them: read it again, listed now, so that the other
-	// lists' best fits skip it as well.
-	p.flushCaches()
-	t = p.exp.listedTail()
-	for _, o := range p.lists {
-		if o == l {
-			continue
-		}
-		if b := bestFitBut(o, n, t); b != nil {
-			return p.takeOther(l, o, b, n)
-		}
-	}
-	if t == nil {
-		return nil, takeWait{}
-	}
-	fits := t.size >= n
-	o := t.list
-	if o == l {
-		if !fits {
-			return nil, takeWait{}
-		}
-		return p.takeOwn(l, t, n), takeWait{}
-	}
-	if fits {
-		if sb := p.keptAtEnd(n, l, t); sb != nil {
-			return sb, takeWait{}
-		}
-	}
-	// The end moves into l naming o, as a free into l would (freeInto coalesces it with l's
-	// neighbours, and drops l from its deps: l's takers are ordered after l's frees). What a
-	// request leaves of it then stays in l, where a growth for l would have left it (see the
-	// note on the SegFormer above); whoever takes it waits for o (its deps), this request
-	// included. Too small, it is what the growth extends.
-	o.remove(t)
-	p.addDep(t, o)
-	t = p.freeInto(l, t)
-	if !fits {
-		return nil, takeWait{}
-	}
-	return p.takeFront(l, t, n), takeWait{}
-}
-
-// listedTail returns the free block at the end of the chain while it lies in a list; nil when
-// the end is live, or out of the lists (in a cache, or while the pool is unlocked).
-func (e *expandable) listedTail() *block {
-	if t := e.tail; t != nil && t.free && t.list != nil {
-		return t
-	}
-	return nil
-}
-
-// takeOther takes n bytes of b, a free block of another stream's list o, for l's stream: a kept
-// alias instead when b is the end of the chain (keptAtEnd; the lists it lends out of are among
-// its deps), else b cut to n bytes with the wait for o the caller makes once unlocked.
-func (p *PoolMemoryResource) takeOther(l, o *freeList, b *block, n int) (*block, takeWait) {
-	if sb := p.keptAtEnd(n, l, b); sb != nil {
-		return sb, takeWait{}
-	}
-	return p.takeFront(o, b, n), p.beginWait(o)
-}
-
-// bestFitBut returns o's best fit for n bytes other than the block x (nil: none).
-func bestFitBut(o *freeList, n int, x *block) *block {
-	b := o.bestFit(n)
-	if b == nil || b != x {
-		return b
-	}
-	o.remove(x)
-	b = o.bestFit(n)
-	o.insert(x)
-	return b
 }
 
 // keptAtEnd serves an n-byte request on l's stream, whose best fit (in l, or in another stream's
@@ -479,32 +479,20 @@ func bestFitBut(o *freeList, n int, x *block) *block {
 // take it from the end instead; every placement after that differs from the first step's, the
 // aliases the first step made no longer find their chunks free, and the second step stitches
 // new ones (mapping every chunk again) that later steps reuse. Taking the alias again where
-// the end stands where it stood keeps the second step's placement that of the first. Replayed
-// over the address-only VMM (TestStitchTraces, three passes), the second pass's mappings
-// fell from 8,845 to 6,802 over the twenty traces: the graph network 1,161 → 0, MoE 851 → 0,
-// ResNet-50 294 → 0, GPT-2 generation 66 → 0, DLRM 8 → 0, the UNet 2,940 → 2,791; but GPT-2
-// LoRA rose 930 → 1,101, ViT 510 → 798 and T5 196 → 219, where placement differs for other
-// reasons (small requests that the first step placed in what a growth left free at the end,
-// which later steps place elsewhere: see findEndLast). Footprints at passes 1 and 3 stayed within 0.002 (GPT-2
-// generation 1.009 → 1.011, the VAE decoder 1.002 → 1.004; ResNet-50 1.008 → 1.007 and ViT
-// 1.012 → 1.011 at pass 3). The first pass mapped 94,370 → 93,483 handles.
+// the end stands where it stood keeps the second step's placement that of the first. Some
+// traces still map again in their second pass, where placement differs for other reasons (small
+// requests that the first step placed in what a growth left free at the end, which later steps
+// place elsewhere: see findEndLast).
 //
-// Where several streams allocate, the first pass stitched (when this was measured) after merging
-// every list into the allocating stream's (findBlock, before growing; since findEndLast, no
-// list is merged), and a later pass, which does not grow, finds
-// the end of the chain in another stream's list and the alias's chunks spread over several
-// lists: so the request taken from another list, and the chunks lent out of any. Over the
-// address-only VMM (TestStitchTraces, three passes; keptAtEnd then looked at l alone), the
-// three-stream pipeline's second pass mapped 1,117 → 0 handles, the two-stream SegFormer's 8,311
-// → 7,683 (1.003 → 1.004 at pass 3; its second pass still places small requests where the first
-// pass's merges had emptied the default stream's list), every other trace the same.
+// Where several streams allocate, a later pass, which does not grow, may find the end of the
+// chain in another stream's list and the alias's chunks spread over several lists: so the
+// request is taken from another list, and the chunks lent out of any.
 //
 // Pool locked; it does not unlock (so l need not be pinned). The busy token need not be held:
 // lending makes no driver call, and a growth, release or eviction that unlocks keeps what it
 // works on out of the lists and out of the aliases meanwhile.
-func (p *PoolMemoryResource) keptAtEnd(n int, l *freeList, t *block) *block {
-	e := p.exp
-	if len(e.aliases) == 0 || n < e.stitchMin || t != e.tail {
+func (e *stitching) keptAtEnd(n int, l *freeList, t *block) *block {
+	if len(e.aliases) == 0 || n < e.stitchMin || t != e.p.tail {
 		return nil
 	}
 	var best *stitchAlias
@@ -523,19 +511,19 @@ func (p *PoolMemoryResource) keptAtEnd(n int, l *freeList, t *block) *block {
 	if e.noDepLend {
 		src = l // lending out of another list names it among the deps
 	}
-	pick := pickIn(best, p.freeByAddr(src))
+	pick := pickIn(best, e.freeByAddr(src))
 	e.dropScratch()
 	if pick == nil {
 		return nil
 	}
-	return p.lendAlias(best, n, l, pick)
+	return e.lendAlias(best, n, l, pick)
 }
 
 // freeByAddr returns the free blocks of a granule or more that may lend chunks (those
 // stitchCands lists chunks of) of l, or of every list when l is nil, sorted by address: the
 // pool's scratch slice, valid until the next call; dropScratch clears it after use.
-func (p *PoolMemoryResource) freeByAddr(l *freeList) []*block {
-	e := p.exp
+func (e *stitching) freeByAddr(l *freeList) []*block {
+	p := e.p
 	bs := e.blockScratch[:0]
 	add := func(b *block) {
 		if len(b.deps()) == 0 || !e.noDepLend {
@@ -555,16 +543,15 @@ func (p *PoolMemoryResource) freeByAddr(l *freeList) []*block {
 }
 
 // dropScratch clears freeByAddr's slice, so that it holds no block.
-func (e *expandable) dropScratch() { clear(e.blockScratch) }
+func (e *stitching) dropScratch() { clear(e.blockScratch) }
 
 // pickIn returns the runs of the alias a (stitchAlias.runs), in its order, each with the block
 // of bs (sorted by address) it lies wholly in; nil when one lies in none. A run's chunks lie back
 // to back, and two free blocks of a granule or more never do (they coalesce, across lists too:
 // joins): so the run lies in one block when each of its chunks lies in one. Looking each run up
 // among the free blocks costs less than listing every chunk of every free block (stitchCands) in
-// a pool of many chunks, and lending a run as one block less than lending its chunks one by one:
-// over the twenty-two traces of testdata/traces the aliases' chunks form 10 to 48 times fewer
-// runs (the VAE decoder's seven aliases: 1,859 chunks, 39 runs).
+// a pool of many chunks, and lending a run as one block less than lending its chunks one by one;
+// an alias's chunks, mapped by a few growths, form far fewer runs than chunks.
 func pickIn(a *stitchAlias, bs []*block) []chunkCand {
 	// First whether every run lies in one (most aliases looked at do not), then the blocks.
 	at := -1
@@ -648,19 +635,19 @@ func blockOf(bs []*block, c vmChunk, hint int) int {
 // listed in pick in its order as runs with the free blocks they lie in (pickIn), are lent out of
 // those blocks' lists. A run lent out of another stream's list names that list among the deps
 // that pass to the stitched block (Allocate makes l's stream wait for them). No driver call.
-func (p *PoolMemoryResource) lendAlias(a *stitchAlias, n int, l *freeList, pick []chunkCand) *block {
-	end := p.exp.endAt()
-	a.lent = p.lendNaming(pick, l)
-	return p.stitchedBlock(a, n, l, end)
+func (e *stitching) lendAlias(a *stitchAlias, n int, l *freeList, pick []chunkCand) *block {
+	end := e.endAt()
+	a.lent = e.lendNaming(pick, l)
+	return e.stitchedBlock(a, n, l, end)
 }
 
 // stitchedBlock makes the block of the alias a, whose chunks were just lent out of l, for n
 // bytes; end is where the chain's end stood before they were (endAt). The lent blocks' deps
 // pass to it (Allocate waits for them; restoreLentDeps gives them back if a wait fails).
-func (p *PoolMemoryResource) stitchedBlock(a *stitchAlias, n int, l *freeList, end DevicePtr) *block {
-	e := p.exp
+func (e *stitching) stitchedBlock(a *stitchAlias, n int, l *freeList, end DevicePtr) *block {
+	p := e.p
 	b := p.newBlock(a.va, n)
-	b.free, b.stitched = false, true
+	b.free, b.served = false, true
 	for _, h := range a.lent {
 		p.forgetDropped(h)
 		p.mergeDeps(b, h)
@@ -682,7 +669,8 @@ func (p *PoolMemoryResource) stitchedBlock(a *stitchAlias, n int, l *freeList, e
 // lendNaming lends the runs of chunks pick for l's stream (lendChunks); a block lent out of
 // another stream's list names that list among its deps, which pass to the stitched block
 // (stitchedBlock): Allocate waits for them.
-func (p *PoolMemoryResource) lendNaming(pick []chunkCand, l *freeList) []*block {
+func (e *stitching) lendNaming(pick []chunkCand, l *freeList) []*block {
+	p := e.p
 	var from []*freeList // by index in pick: the other stream's list it is lent out of
 	for i, c := range pick {
 		if o := c.b.list; o != l {
@@ -692,7 +680,7 @@ func (p *PoolMemoryResource) lendNaming(pick []chunkCand, l *freeList) []*block 
 			from[i] = o
 		}
 	}
-	lent := p.lendChunks(pick)
+	lent := e.lendChunks(pick)
 	for i, o := range from {
 		if o != nil {
 			p.addDep(lent[i], o)
@@ -705,7 +693,8 @@ func (p *PoolMemoryResource) lendNaming(pick []chunkCand, l *freeList) []*block 
 // listed when chosen, with no unlock since) out of their blocks' lists and returns the lent block
 // over each, in the order of pick. The parts of their free blocks around them stay free in the
 // same lists.
-func (p *PoolMemoryResource) lendChunks(pick []chunkCand) []*block {
+func (e *stitching) lendChunks(pick []chunkCand) []*block {
+	p := e.p
 	order := make([]int, len(pick))
 	for i := range order {
 		order[i] = i
@@ -741,14 +730,16 @@ func (p *PoolMemoryResource) lendChunks(pick []chunkCand) []*block {
 
 // restoreLentDeps gives the blocks lent under the stitched block b the deps in deps that are still
 // lists of the pool (Allocate's wait for them failed: the chunks go back unused).
-func (p *PoolMemoryResource) restoreLentDeps(b *block, deps []*freeList) {
-	for _, h := range p.exp.aliases[b.addr].lent {
+func (e *stitching) restoreLentDeps(b *block, deps []*freeList) {
+	p := e.p
+	for _, h := range e.aliases[b.addr].lent {
 		p.restoreDeps(h, deps)
 	}
 }
 
 // unlend frees the lent blocks into l, as a free of their memory on l's stream.
-func (p *PoolMemoryResource) unlend(lent []*block, l *freeList) *block {
+func (e *stitching) unlend(lent []*block, l *freeList) *block {
+	p := e.p
 	var last *block
 	for _, h := range lent {
 		h.lent = false
@@ -762,8 +753,8 @@ func (p *PoolMemoryResource) unlend(lent []*block, l *freeList) *block {
 // new reservation and returns the stitched block over it; nil when a driver call failed (the
 // chunks are then free in l again, with those deps, and the caller grows). The driver calls are made unlocked,
 // the lent blocks out of every list meanwhile.
-func (p *PoolMemoryResource) newAlias(pick []chunkCand, n int, l *freeList) *block {
-	e := p.exp
+func (e *stitching) newAlias(pick []chunkCand, n int, l *freeList) *block {
+	p := e.p
 	chunks := make([]vmChunk, len(pick))
 	size := 0
 	for i, c := range pick {
@@ -772,7 +763,7 @@ func (p *PoolMemoryResource) newAlias(pick []chunkCand, n int, l *freeList) *blo
 	}
 	end := e.endAt()
 	runs := runsOf(pick)
-	lent := p.lendNaming(runs, l)
+	lent := e.lendNaming(runs, l)
 	p.mu.Unlock()
 	va, err := e.vm.reserve(size)
 	if err == nil {
@@ -803,13 +794,13 @@ func (p *PoolMemoryResource) newAlias(pick []chunkCand, n int, l *freeList) *blo
 	p.mu.Lock()
 	if err != nil {
 		DebugLogger().Debug("rmm: PoolMemoryResource (expandable): stitching failed; growing instead", "request", n, "bytes", size, "err", err)
-		p.unlend(lent, l)
+		e.unlend(lent, l)
 		return nil
 	}
 	a := &stitchAlias{va: va, seq: e.stitches, size: size, chunks: chunks, runs: runChunks(runs), lent: lent}
 	e.addAlias(a)
 	e.stitches++
-	return p.stitchedBlock(a, n, l, end)
+	return e.stitchedBlock(a, n, l, end)
 }
 
 // freeStitched frees the stitched block b on l's stream (out of the live table; Deallocate has
@@ -823,8 +814,8 @@ func (p *PoolMemoryResource) newAlias(pick []chunkCand, n int, l *freeList) *blo
 // stream than the allocating one, a chunk holding such bytes names the allocating stream's
 // list among its deps (whose event, recorded after those waits, covers them), as a block
 // coalesced across streams does; after Close every stream was synchronised.
-func (p *PoolMemoryResource) freeStitched(l *freeList, b *block) *block {
-	e := p.exp
+func (e *stitching) freeStitched(l *freeList, b *block) *block {
+	p := e.p
 	a := e.aliases[b.addr]
 	p.liveBytes -= a.size // b.size, and the chunks' bytes beyond it (stitchedBlock)
 	lent, from := a.lent, a.from
@@ -842,26 +833,26 @@ func (p *PoolMemoryResource) freeStitched(l *freeList, b *block) *block {
 		from.depRefs--
 	}
 	p.recycle(b)
-	return p.unlend(lent, l)
+	return e.unlend(lent, l)
 }
 
 // growTail maps k more bytes at the end of the chain (within the reservation and the maximum)
 // and frees them into l, where they coalesce with a free block at the end. It reports whether
 // it did. Pool locked, busy token held, l pinned; the driver calls are made unlocked.
-func (p *PoolMemoryResource) growTail(k int, l *freeList) bool {
-	e := p.exp
+func (e *stitching) growTail(k int, l *freeList) bool {
+	p := e.p
 	if room := min(int(e.base+DevicePtr(e.reserved)-e.top), p.maximum-p.size); k > room {
 		return false
 	}
 	at, size := e.top, p.size
 	p.mu.Unlock()
-	cs, err := p.mapChunkUnlocked(at, k, size)
+	cs, err := e.mapChunkUnlocked(at, k, size)
 	p.mu.Lock()
 	if err != nil {
 		DebugLogger().Debug("rmm: PoolMemoryResource (expandable): growing the rest of a stitch failed", "bytes", k, "err", err)
 		return false
 	}
-	p.freeInto(l, p.appendChunk(at, k, cs))
+	p.freeInto(l, e.appendChunk(at, k, cs))
 	return true
 }
 
@@ -869,8 +860,8 @@ func (p *PoolMemoryResource) growTail(k int, l *freeList) bool {
 // after waiting (on the host) for the work behind every free, since an unmap does not wait for
 // the device and the work of the stream that freed a stitched block may still use its range. It
 // reports whether it unlocked the pool. Pool locked, busy token held.
-func (p *PoolMemoryResource) evictAliases() bool {
-	e := p.exp
+func (e *stitching) evictAliases() bool {
+	p := e.p
 	var idle []*stitchAlias
 	for _, a := range e.aliases {
 		if a.b == nil {
@@ -893,15 +884,15 @@ func (p *PoolMemoryResource) evictAliases() bool {
 			victims = append(victims, a)
 		}
 	}
-	p.dropAliases(victims, false)
+	e.dropAliases(victims, false)
 	return true
 }
 
 // dropAliases unmaps the aliases as (none live; the work behind their last frees known done) and
 // frees their reservations; without hold the calls are made unlocked (busy token held). An alias
 // that cannot be unmapped stays, kept.
-func (p *PoolMemoryResource) dropAliases(as []*stitchAlias, hold bool) {
-	e := p.exp
+func (e *stitching) dropAliases(as []*stitchAlias, hold bool) {
+	p := e.p
 	if len(as) == 0 {
 		return
 	}
@@ -933,10 +924,37 @@ func (p *PoolMemoryResource) dropAliases(as []*stitchAlias, hold bool) {
 	}
 }
 
+// unmapAliasesOver unmaps the kept aliases that map one of the chunks cands, which
+// releaseChunks is to give back (a handle goes back only once every alias of it is unmapped),
+// and returns the chunks that can go: cands less those of an alias that could not be unmapped,
+// each with the free block of def it lies in now. Pool locked, busy token held; without hold it
+// unlocks.
+func (e *stitching) unmapAliasesOver(def *freeList, cands []chunkCand, hold bool) []chunkCand {
+	p := e.p
+	if as := e.aliasesOver(cands); len(as) > 0 {
+		// The kept aliases over them go first, unlocked without hold. Meanwhile the blocks
+		// holding the chunks stay out of def, as unmapChunks keeps them: memory freed into def
+		// then (on the default stream, or merged from a closing stream's list), whose work no
+		// wait covered, must neither be given back with them nor coalesce into them, and no
+		// one may take them, or lend them through an alias.
+		blocks := pullBlocks(def, cands)
+		p.pin(def)
+		e.dropAliases(as, hold)
+		p.unpin(def)
+		for _, b := range blocks {
+			p.freeInto(def, b)
+		}
+		// The same chunks, in the free blocks they lie in now; those of an alias that could
+		// not be unmapped stay.
+		cands = e.unaliased(e.chunksFreeIn(def, cands))
+	}
+	return cands
+}
+
 // aliasesOver returns the aliases (not live) that map one of the chunks cands: before those are
 // given back, these must be unmapped (dropAliases), as a handle goes back only once every alias
 // of it is unmapped.
-func (e *expandable) aliasesOver(cands []chunkCand) []*stitchAlias {
+func (e *stitching) aliasesOver(cands []chunkCand) []*stitchAlias {
 	if len(e.aliases) == 0 || len(cands) == 0 {
 		return nil
 	}
@@ -960,7 +978,7 @@ func (e *expandable) aliasesOver(cands []chunkCand) []*stitchAlias {
 }
 
 // unaliased returns cands less the chunks an alias still maps.
-func (e *expandable) unaliased(cands []chunkCand) []chunkCand {
+func (e *stitching) unaliased(cands []chunkCand) []chunkCand {
 	if len(e.aliases) == 0 {
 		return cands
 	}
@@ -974,22 +992,22 @@ func (e *expandable) unaliased(cands []chunkCand) []chunkCand {
 }
 
 // dropIdleAliases drops every alias not live (Close; the work behind every free waited for).
-func (p *PoolMemoryResource) dropIdleAliases(hold bool) {
+func (e *stitching) dropIdleAliases(hold bool) {
 	var as []*stitchAlias
-	for _, a := range p.exp.aliases {
+	for _, a := range e.aliases {
 		if a.b == nil {
 			as = append(as, a)
 		}
 	}
-	p.dropAliases(as, hold)
+	e.dropAliases(as, hold)
 }
 
 // stitchedPieces returns, for [ptr, ptr+n) inside a live stitched block, where its alias starts
 // and the handles mapped there (for ExportIPC); nil pieces when ptr is in no stitched range.
-func (p *PoolMemoryResource) stitchedPieces(ptr DevicePtr, n int) (DevicePtr, []vmmPiece, error) {
+func (e *stitching) stitchedPieces(ptr DevicePtr, n int) (DevicePtr, []vmmPiece, error) {
+	p := e.p
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	e := p.exp
 	for _, a := range e.aliases {
 		if ptr < a.va || ptr >= a.va+DevicePtr(a.size) {
 			continue
@@ -1012,8 +1030,8 @@ func (p *PoolMemoryResource) stitchedPieces(ptr DevicePtr, n int) (DevicePtr, []
 // alias's block is live and stitched, its lent blocks are in the chain exactly over its chunks,
 // no chunk is lent twice, every lent block of the chain belongs to a live alias, every chunk of
 // an alias is a chunk of the pool; it returns the bytes live aliases hold beyond their blocks.
-func (p *PoolMemoryResource) checkStitches(lentSeen map[*block]bool) (int, error) {
-	e := p.exp
+func (e *stitching) checkStitches(lentSeen map[*block]bool) (int, error) {
+	p := e.p
 	owner := map[*block]*stitchAlias{}
 	slack := 0
 	chunkAt := make(map[DevicePtr]vmChunk, len(e.chunks))
@@ -1048,7 +1066,7 @@ func (p *PoolMemoryResource) checkStitches(lentSeen map[*block]bool) (int, error
 			return 0, errorf("live stitched range %#x names no list", uintptr(va))
 		}
 		stitchedLive++
-		if p.live.get(va) != a.b || !a.b.stitched || a.b.size > a.size {
+		if p.live.get(va) != a.b || !a.b.served || a.b.size > a.size {
 			return 0, errorf("stitched range %#x: its block is not live, not stitched or larger than it", uintptr(va))
 		}
 		slack += a.size - a.b.size
@@ -1094,7 +1112,7 @@ func (p *PoolMemoryResource) checkStitches(lentSeen map[*block]bool) (int, error
 	}
 	stitchedBlocks := 0
 	p.live.each(func(b *block) {
-		if b.stitched {
+		if b.served {
 			stitchedBlocks++
 		}
 	})

@@ -25,51 +25,156 @@ type vmChunk struct {
 
 func (c vmChunk) end() DevicePtr { return c.addr + DevicePtr(c.size) }
 
-// expandable is the state of an expandable pool; nil on a plain pool.
+// expandable is the backing of an expandable pool (PoolOptions.Expandable without Stitch).
 type expandable struct {
+	noServing
+	p        *PoolMemoryResource
+	st       *stitching // the stitching backing that wraps this one; nil when not stitching
 	vm       vmm
 	source   string // where the memory comes from, for messages: "the device", "the host", ...
 	gran     int
 	base     DevicePtr // the reservation
 	reserved int       // bytes reserved: the maximum size
-	top      DevicePtr // end of the chain
-	head     *block    // the block at base; nil while the chain is empty
-	tail     *block    // the last block of the chain
+	top      DevicePtr // end of the chain (p.head, p.tail: its blocks)
 	chunks   []vmChunk // mapped, by address
 	holes    map[*block]struct{}
 
-	// Carving (page > 0): growths map handles of at least page bytes (see pieceSize), and a
-	// growth first unmaps the handles lying wholly in free fragments into spare (see carve), to
-	// map them before it creates any. spare is empty but during a growth (busy token held).
-	page  int
-	churn float64   // PoolOptions.carveChurn (+Inf: no limit)
-	moved int       // bytes carved since the pool last passed its peak size
-	spare []vmChunk // unmapped handles; addr: where carving took each from
-
-	// Stitching (piece > 0; resource_pool_stitch.go): growths map handles of at most piece bytes, and a
-	// request no free block holds may be served by mapping the chunks lying in free memory a
-	// second time, back to back, in an alias of their own.
-	piece      int
-	stitchMin  int  // the least request stitched
-	stitchRest bool // the free chunks may hold only most of a request: the rest is grown first
-	keepMax    int  // the most aliases kept
-	pieceFrac  int
-	noDepLend  bool
-	// stitchedDeps counts the stitched blocks that named other lists (Allocate waited for them).
-	stitchedDeps int
-	aliases      map[DevicePtr]*stitchAlias
-	bySize       []*stitchAlias // the aliases sorted by size, then age (aliasOrder; keptFor)
-	blockScratch []*block       // scratch for freeByAddr
-	// endIndex: the aliases that hold each stitchEnd among their ends (keptAtEnd).
-	endIndex   map[stitchEnd][]*stitchAlias
-	stitchTick uint64
-	stitches   int // aliases made
-	evicted    int // aliases unmapped
-
-	minChunk  int // the least growth (expandableMinChunk unless PoolOptions.minGrowth)
-	growthDiv int // a growth maps at least size/growthDiv (expandableGrowthDivisor unless PoolOptions.growthDivisor)
+	// Growths map handles of at most piece bytes, or of k/pieceFrac where that is more, for a
+	// growth of k (pieceSize); 0: one handle per growth.
+	piece     int
+	pieceFrac int
+	minChunk  int // the least growth (expandableMinChunk unless poolTuning.minGrowth)
+	growthDiv int // a growth maps at least size/growthDiv (expandableGrowthDivisor unless poolTuning.growthDivisor)
 	threshold int // ReleaseThreshold; 0: never trim by itself
-	trimAt    int // free mapped bytes above which Deallocate trims
+}
+
+// newExpandablePool makes an expandable pool over vm (nil: the one upstream names, see vmmFor),
+// tuned by tune (PoolOptions.Stitch sets what tune leaves zero to stitchTuning's values): its
+// backing is an expandable, or a stitching wrapping one. upstream is the opts' upstream as the
+// caller gave it (nil allowed).
+func newExpandablePool(upstream MemoryResource, vm vmm, o PoolOptions, tune poolTuning) (*PoolMemoryResource, error) {
+	var dev Device
+	if vm == nil {
+		var err error
+		if vm, dev, err = vmmFor(upstream, o.Stitch || tune.stitchPiece > 0); err != nil {
+			return nil, err
+		}
+	} else {
+		dev = DeviceOf(upstream)
+	}
+	if o.Exportable {
+		if err := setVMMExportable(vm); err != nil {
+			return nil, err
+		}
+	}
+	if upstream == nil {
+		upstream = CurrentDeviceResource()
+	}
+	if o.Stitch && tune.stitchPiece == 0 {
+		tune.stitchPiece, tune.stitchRest = stitchTuning.stitchPiece, stitchTuning.stitchRest
+		tune.stitchFrac = cmp.Or(tune.stitchFrac, stitchTuning.stitchFrac)
+	}
+	if tune.stitchPiece < 0 || tune.stitchMin < 0 || tune.stitchKeep < 0 || tune.stitchFrac < 0 || tune.minGrowth < 0 || tune.growthDivisor < 0 {
+		return nil, errorf("NewPoolMemoryResource: negative stitching option: %w", ErrInvalidArgument)
+	}
+	e, maximum, err := newExpandable(vm, dev, o.MaximumPoolSize, o.ReleaseThreshold)
+	if err != nil {
+		return nil, err
+	}
+	minChunk, growthDiv := expandableMinChunk, expandableGrowthDivisor
+	if tune.stitchPiece > 0 {
+		minChunk, growthDiv = stitchMinGrowth, stitchGrowthDivisor
+	}
+	e.minChunk, e.growthDiv = cmp.Or(tune.minGrowth, minChunk), cmp.Or(tune.growthDivisor, growthDiv)
+	p, err := newPool(upstream, maximum, o, dev)
+	if err != nil {
+		vm.free(e.base, e.reserved)
+		return nil, err
+	}
+	e.p = p
+	p.backing, p.chained, p.name = e, true, "PoolMemoryResource (expandable)"
+	if tune.stitchPiece > 0 {
+		e.piece, _ = alignUpChecked(tune.stitchPiece, e.gran)
+		e.pieceFrac = tune.stitchFrac
+		p.backing = newStitching(e, tune)
+		p.tailLast = true
+	}
+	e.resetTrim(0)
+	if o.InitialPoolSize > 0 {
+		p.mu.Lock()
+		defer p.mu.Unlock()
+		l, err := p.listFor(DefaultStream)
+		if err == nil {
+			var b *block
+			p.busy = true
+			if b, err = e.growExpandable(o.InitialPoolSize, l, 1); err == nil {
+				if b == nil {
+					err = errors.New("internal error: the initial chunk is smaller than the initial size")
+				} else {
+					p.freeInto(l, b)
+				}
+			}
+			p.busy = false
+		}
+		if err != nil {
+			e.releaseChunks(p.lists[0], -1, true)
+			e.freeReservation()
+			return nil, errorf("NewPoolMemoryResource: mapping the initial %s: %w", bytesText(o.InitialPoolSize), err)
+		}
+	}
+	return p, nil
+}
+
+// grow maps memory for an n-byte request on l's stream (every other list merged into l and the
+// caches flushed before). When the free bytes already hold the request, the pool is fragmented,
+// not exhausted: it maps only what the request lacks beyond the free block at the end, but at
+// least expandableFragmentedMin, as a growth step there would stay free beside the scattered free
+// memory; the minimum keeps a run of such requests from mapping a sliver each. The price is more,
+// smaller growths in a first pass (BENCHMARKS.md, the section on growth by what a fragmented
+// pool lacks).
+func (e *expandable) grow(n int, _ StreamView, l *freeList) (*block, error) {
+	p := e.p
+	exact := 0
+	if p.size-p.liveBytes >= n {
+		exact = expandableFragmentedMin
+	}
+	return e.growExpandable(n, l, exact)
+}
+
+// releaseMayHelp: an expandable pool stopped by its maximum gains from giving back only when it
+// has holes. Growth fills a hole only together with the free blocks right next to it, and the
+// free chunks given back between two holes (or between a hole and the end) merge them into one;
+// without holes a chunk given back leaves a hole exactly where its free memory already was.
+func (e *expandable) releaseMayHelp() bool { return len(e.holes) > 0 }
+
+// release gives back (unmaps and releases) every chunk that lies wholly in free memory of def.
+func (e *expandable) release(def *freeList, hold bool) error {
+	return e.releaseChunks(def, -1, hold)
+}
+
+// releaseAfterClose gives back every chunk wholly free after a free that outlived Close, then
+// the reservation once no chunk is left (pool locked throughout).
+func (e *expandable) releaseAfterClose(*block) error {
+	if err := e.releaseChunks(e.p.closedList, -1, true); err != nil {
+		return err
+	}
+	return e.freeReservation()
+}
+
+// close frees the reservation once nothing is mapped (Close).
+func (e *expandable) close() error { return e.freeReservation() }
+
+func (e *expandable) stats(st *PoolStats) {
+	st.UpstreamBlocks = len(e.chunks)
+	st.Reserved = e.reserved
+	st.Holes = len(e.holes)
+	for h := range e.holes {
+		st.HoleBytes += h.size
+	}
+}
+
+func (e *expandable) exportIPC(ptr DevicePtr, n int) (*IPCHandle, error) {
+	return e.exportVMM(ptr, n, nil)
 }
 
 // The chunk size: a growth maps what the request needs beyond the free block it extends, but at
@@ -77,15 +182,12 @@ type expandable struct {
 // rounded up to the granularity; one chunk (one physical allocation) per growth. (A fragmented
 // pool, whose free bytes hold the request, maps only what it needs: see growAny.)
 //
-// Why: on an H200, creating, mapping and granting access to a chunk costs 71 µs at 2 MiB, 92 µs
-// at 64 MiB and 152 µs at 1 GiB — per mapping, not per byte, and about what cuMemAlloc costs for
-// the same size — so one chunk per growth keeps growth as cheap per byte as cuMemAlloc, and the
-// step keeps the count of growths low (bert, gpt2 and resnet50 traces: 27, 53 and 20 growths)
-// while the unused tail stays under a sixteenth of the pool. Replayed over an address-only VMM,
-// peak mapped / peak live was 1.001 (bert), 1.018 (gpt2), 1.012 (resnet50) and 1.67 (the
-// two-stream CuPy trace) with these values; a 2 MiB minimum gave the same except CuPy 1.79; a
-// page size of 2–64 MiB per chunk (many mappings per growth, so that Release can give back any
-// free page) multiplied the growth calls by 3–100 and did not help CuPy either.
+// Why: creating, mapping and granting access to a chunk costs about what cuMemAlloc costs for the
+// same size, per mapping rather than per byte; so one chunk per growth keeps growth as cheap per
+// byte as cuMemAlloc, and the step keeps the count of growths low while the unused tail stays
+// under a sixteenth of the pool. Smaller chunks (many mappings per growth, so that Release could
+// give back any free page) multiplied the growth calls and did not make the pools smaller
+// (BENCHMARKS.md, "Growth of an expandable pool by one chunk, beside cuMemAlloc").
 const (
 	expandableGrowthDivisor = 16
 	expandableMinChunk      = 32 << 20
@@ -97,9 +199,7 @@ const (
 
 // newExpandable reserves the range for an expandable pool of at most maximum bytes (0: the
 // device's total memory) over vm, and returns it with the maximum rounded up to the granularity.
-// With page > 0 (carving) it reserves twice the maximum: the holes carving leaves take address
-// space that the pool maps again elsewhere.
-func newExpandable(vm vmm, dev Device, maximum, threshold, page int) (*expandable, int, error) {
+func newExpandable(vm vmm, dev Device, maximum, threshold int) (*expandable, int, error) {
 	gran := vm.granularity()
 	source := "the device"
 	switch v := vm.(type) {
@@ -123,49 +223,25 @@ func newExpandable(vm vmm, dev Device, maximum, threshold, page int) (*expandabl
 		return nil, 0, errorf("NewPoolMemoryResource: MaximumPoolSize %d overflows when rounded up to the granularity %d: %w", maximum, gran, ErrInvalidArgument)
 	}
 	reserved := limit
-	if page > 0 && limit <= math.MaxInt/2 {
-		reserved = 2 * limit
-	}
 	base, err := vm.reserve(reserved)
 	if err != nil {
 		return nil, 0, errorf("NewPoolMemoryResource: reserving %s of address space for the expandable pool: %w", bytesText(reserved), err)
 	}
-	if page > 0 {
-		page, _ = alignUpChecked(page, gran)
-	}
-	e := &expandable{vm: vm, source: source, gran: gran, base: base, reserved: reserved, top: base, holes: map[*block]struct{}{}, threshold: threshold, page: page}
-	e.resetTrim(0)
+	e := &expandable{vm: vm, source: source, gran: gran, base: base, reserved: reserved, top: base, holes: map[*block]struct{}{}, threshold: threshold}
 	return e, limit, nil
 }
 
-// pieceSize is the size of the handles a growth of k bytes maps when carving: at least the page,
-// a sixteenth of the growth up to 128 MiB (so that a large growth is not hundreds of driver
-// calls); when stitching, the stitch piece, or k/pieceFrac where that is more; else k itself.
+// pieceSize is the size of the handles a growth of k bytes maps: when stitching, the stitch piece,
+// or k/pieceFrac where that is more; else k itself (one handle per growth).
 func (e *expandable) pieceSize(k int) int {
-	if e.page == 0 {
-		if e.piece > 0 {
-			if e.pieceFrac > 0 {
-				return min(k, max(e.piece, k/e.pieceFrac/e.gran*e.gran))
-			}
-			return min(k, e.piece)
-		}
+	if e.piece == 0 {
 		return k
 	}
-	return max(e.page, min(carveMaxPiece, k/carvePiecesPerGrowth/e.gran*e.gran))
+	if e.pieceFrac > 0 {
+		return min(k, max(e.piece, k/e.pieceFrac/e.gran*e.gran))
+	}
+	return min(k, e.piece)
 }
-
-const (
-	carveMaxPiece        = 128 << 20
-	carvePiecesPerGrowth = 16
-	// carveChurnDefault bounds carving's moves between two new peaks of the pool's size, as a
-	// fraction of the pool (see growAny). Replayed over an address-only device at one, three and
-	// ten passes (TestCarveTraces -rmm.carvechurns), 0.5 stopped the UNet trace's moves after
-	// its first pass (1.163 × peak live, where carving without a bound keeps it at 1.044-1.048
-	// moving ~5,000 pages a pass and the pool without carving holds 1.166-1.168) and changed no
-	// other bundled trace but bert (1.007 → 1.003); 0.1 and 0.25 gave the UNet 1.19-1.25, and
-	// 1-4 more moves in the first passes with the same end.
-	carveChurnDefault = 0.5
-)
 
 func alignUpChecked(n, a int) (int, bool) {
 	r := (n + a - 1) / a * a
@@ -176,10 +252,10 @@ func alignUpChecked(n, a int) (int, bool) {
 // minimum chunk, so that a pool hovering at its threshold does not synchronise at every free.
 func (e *expandable) resetTrim(free int) {
 	if e.threshold <= 0 {
-		e.trimAt = 0
+		e.p.trimAt = 0
 		return
 	}
-	e.trimAt = max(e.threshold, free) + max(e.gran, expandableMinChunk)
+	e.p.trimAt = max(e.threshold, free) + max(e.gran, expandableMinChunk)
 }
 
 // chunkSize is the size to map for a growth that needs need more bytes, with size mapped now.
@@ -201,8 +277,8 @@ func (e *expandable) chunkSize(need, size int) int {
 // so the new memory is freed into l, coalescing with whatever is free there now, and when the
 // result is still smaller than n it stays there and growExpandable returns nil, nil: the caller
 // searches again.
-func (p *PoolMemoryResource) growExpandable(n int, l *freeList, exact int) (*block, error) {
-	e := p.exp
+func (e *expandable) growExpandable(n int, l *freeList, exact int) (*block, error) {
+	p := e.p
 	if n > p.maximum {
 		// Also keeps the sizes below from overflowing when rounded up to the granularity.
 		return nil, p.oomErr(n, "the request exceeds the maximum pool size", nil, false)
@@ -215,7 +291,7 @@ func (p *PoolMemoryResource) growExpandable(n int, l *freeList, exact int) (*blo
 	}
 	// What growing at the end of the chain would map: what the request needs beyond the free
 	// block there, or a growth step (exact: only the need), within the room left.
-	need := n - free(e.tail)
+	need := n - free(e.p.tail)
 	kNeed, _ := alignUpChecked(need, e.gran)
 	tailK := e.chunkSize(need, p.size)
 	room := min(int(e.base+DevicePtr(e.reserved)-e.top), p.maximum-p.size)
@@ -259,13 +335,13 @@ func (p *PoolMemoryResource) growExpandable(n int, l *freeList, exact int) (*blo
 		}
 	}
 	if best != nil {
-		nb, err := p.mapChunk(bestAt, bestK)
+		nb, err := e.mapChunk(bestAt, bestK)
 		if err != nil {
-			return nil, p.growErr(n, bestK, err)
+			return nil, e.growErr(n, bestK, err)
 		}
-		p.logGrowth(nb)
-		p.fillHole(best, nb)
-		return p.takeGrown(nb, n, l)
+		e.logGrowth(nb)
+		e.fillHole(best, nb)
+		return e.takeGrown(nb, n, l)
 	}
 	// Else at the end of the chain, extending a free tail.
 	if tailK == math.MaxInt {
@@ -274,45 +350,41 @@ func (p *PoolMemoryResource) growExpandable(n int, l *freeList, exact int) (*blo
 	k := tailK
 	at, size := e.top, p.size
 	p.mu.Unlock()
-	h, err := p.mapChunkUnlocked(at, k, size)
+	h, err := e.mapChunkUnlocked(at, k, size)
 	for err != nil && errors.Is(err, ErrOutOfMemory) && k > kNeed {
 		// Not enough memory for the whole step: halve it, down to what the request needs.
 		k = max(kNeed, (k/2+e.gran-1)/e.gran*e.gran)
-		h, err = p.mapChunkUnlocked(at, k, size)
+		h, err = e.mapChunkUnlocked(at, k, size)
 	}
 	p.mu.Lock()
 	if err != nil {
-		return nil, p.growErr(n, k, err)
+		return nil, e.growErr(n, k, err)
 	}
-	return p.takeGrown(p.appendChunk(at, k, h), n, l)
+	return e.takeGrown(e.appendChunk(at, k, h), n, l)
 }
 
-// mapChunk maps k bytes of physical memory at addr (spare handles first, then new ones) and
-// grants access, unlocking the pool around those calls (busy token held); it returns a new
+// mapChunk maps k bytes of physical memory at addr and grants access, unlocking the pool around those calls (busy token held); it returns a new
 // unlinked block over them (not free yet). On failure nothing new is left mapped or created.
-func (p *PoolMemoryResource) mapChunk(addr DevicePtr, k int) (*block, error) {
+func (e *expandable) mapChunk(addr DevicePtr, k int) (*block, error) {
+	p := e.p
 	size := p.size
 	p.mu.Unlock()
-	cs, err := p.mapChunkUnlocked(addr, k, size)
+	cs, err := e.mapChunkUnlocked(addr, k, size)
 	p.mu.Lock()
 	if err != nil {
 		return nil, err
 	}
-	return p.addChunk(addr, k, cs), nil
+	return e.addChunk(addr, k, cs), nil
 }
 
 // mapChunkUnlocked makes the driver calls of mapChunk (pool unlocked, busy token held; size is
-// the pool's size, for messages) and returns the chunks mapped, by address: one handle of k bytes
-// without carving; with carving, the spare handles that fit, then new handles of pieceSize(k).
-// On failure the spare handles it took are unmapped back into spare and the new ones released.
-func (p *PoolMemoryResource) mapChunkUnlocked(addr DevicePtr, k, size int) ([]vmChunk, error) {
-	e := p.exp
+// the pool's size, for messages) and returns the chunks mapped, by address: handles of
+// pieceSize(k) bytes. On failure every handle it created is unmapped and released.
+func (e *expandable) mapChunkUnlocked(addr DevicePtr, k, size int) ([]vmChunk, error) {
 	piece := e.pieceSize(k)
 	var cs []vmChunk
-	var fresh []bool
-	var homes []DevicePtr // where each spare handle in cs was carved from
 	undo := func() {
-		for i, c := range cs {
+		for _, c := range cs {
 			if err := e.vm.unmap(c.addr, c.size); err != nil {
 				// Cannot be taken down: the handle stays mapped and is lost to the pool (the
 				// same as a chunk whose access could not be granted; see below).
@@ -320,49 +392,25 @@ func (p *PoolMemoryResource) mapChunkUnlocked(addr DevicePtr, k, size int) ([]vm
 					"address", fmt.Sprintf("%#x", uintptr(c.addr)), "bytes", c.size, "err", err)
 				continue
 			}
-			if fresh[i] {
-				e.vm.release(c.h)
-			} else {
-				e.spare = append(e.spare, vmChunk{addr: homes[i], size: c.size, h: c.h})
-			}
+			e.vm.release(c.h)
 		}
 	}
 	at := addr
 	for left := k; left > 0; {
-		c, isNew := vmChunk{}, false
-		if i := bestSpare(e.spare, left); i >= 0 {
-			c = e.spare[i]
-			e.spare = slices.Delete(e.spare, i, i+1)
-		} else {
-			m := min(left, piece)
-			h, err := e.vm.create(m)
-			if err != nil && errors.Is(err, ErrOutOfMemory) && len(e.spare) > 0 {
-				// The spare handles left are all larger than what is left to map here (a hole
-				// smaller than the pages carved for it) and hold memory the device lacks now:
-				// release them and try once more.
-				p.releaseSpares()
-				h, err = e.vm.create(m)
-			}
-			if err != nil {
-				DebugLogger().Debug("rmm: PoolMemoryResource (expandable) failed to create a chunk", "bytes", m, "pool_size", size, "err", err)
-				undo()
-				return nil, err
-			}
-			c, isNew = vmChunk{size: m, h: h}, true
+		m := min(left, piece)
+		h, err := e.vm.create(m)
+		if err != nil {
+			DebugLogger().Debug("rmm: PoolMemoryResource (expandable) failed to create a chunk", "bytes", m, "pool_size", size, "err", err)
+			undo()
+			return nil, err
 		}
-		home := c.addr
-		c.addr = at
+		c := vmChunk{addr: at, size: m, h: h}
 		if err := e.vm.mapAt(at, c.size, c.h); err != nil {
-			if isNew {
-				e.vm.release(c.h)
-			} else {
-				c.addr = home
-				e.spare = append(e.spare, c)
-			}
+			e.vm.release(c.h)
 			undo()
 			return nil, errorf("PoolMemoryResource (expandable): mapping %s at %#x: %w", bytesText(c.size), uintptr(at), err)
 		}
-		cs, fresh, homes = append(cs, c), append(fresh, isNew), append(homes, home)
+		cs = append(cs, c)
 		at += DevicePtr(c.size)
 		left -= c.size
 	}
@@ -373,29 +421,15 @@ func (p *PoolMemoryResource) mapChunkUnlocked(addr DevicePtr, k, size int) ([]vm
 	return cs, nil
 }
 
-// bestSpare returns the index of the largest spare handle of at most n bytes, -1 if none.
-func bestSpare(spare []vmChunk, n int) int {
-	best := -1
-	for i, c := range spare {
-		if c.size <= n && (best < 0 || c.size > spare[best].size) {
-			best = i
-		}
-	}
-	return best
-}
-
 // addChunk records the chunks cs just mapped over [addr, addr+k) (pool locked) and returns a new
 // unlinked block over them (not free yet).
-func (p *PoolMemoryResource) addChunk(addr DevicePtr, k int, cs []vmChunk) *block {
-	e := p.exp
+func (e *expandable) addChunk(addr DevicePtr, k int, cs []vmChunk) *block {
+	p := e.p
 	i := sort.Search(len(e.chunks), func(i int) bool { return e.chunks[i].addr > addr })
 	e.chunks = slices.Insert(e.chunks, i, cs...)
 	p.size += k
 	p.sizeAtomic.Store(int64(p.size))
-	if p.size > p.peakSize {
-		p.peakSize = p.size
-		e.moved = 0
-	}
+	p.peakSize = max(p.peakSize, p.size)
 	b := p.newBlock(addr, k)
 	b.free = false
 	return b
@@ -404,40 +438,41 @@ func (p *PoolMemoryResource) addChunk(addr DevicePtr, k int, cs []vmChunk) *bloc
 // appendChunk records the chunks cs just mapped over [addr, addr+k) at the top of the range
 // (pool locked), logs the growth, and returns a new block over them linked at the chain's tail
 // (not free yet).
-func (p *PoolMemoryResource) appendChunk(addr DevicePtr, k int, cs []vmChunk) *block {
-	e := p.exp
-	nb := p.addChunk(addr, k, cs)
-	p.logGrowth(nb)
-	nb.prev = e.tail
-	if e.tail != nil {
-		e.tail.next = nb
+func (e *expandable) appendChunk(addr DevicePtr, k int, cs []vmChunk) *block {
+	nb := e.addChunk(addr, k, cs)
+	e.logGrowth(nb)
+	nb.prev = e.p.tail
+	if e.p.tail != nil {
+		e.p.tail.next = nb
 	} else {
-		e.head = nb
+		e.p.head = nb
 	}
-	e.tail = nb
+	e.p.tail = nb
 	e.top = nb.end()
 	return nb
 }
 
 // logGrowth writes a growth by the block nb to the debug log.
-func (p *PoolMemoryResource) logGrowth(nb *block) {
+func (e *expandable) logGrowth(nb *block) {
+	p := e.p
 	DebugLogger().Debug("rmm: PoolMemoryResource (expandable) grew", "bytes", nb.size, "address", fmt.Sprintf("%#x", uintptr(nb.addr)), "pool_size", p.size, "maximum", p.maximum)
 }
 
 // growErr is the error of a failed growth by k bytes for an n-byte request.
-func (p *PoolMemoryResource) growErr(n, k int, err error) error {
+func (e *expandable) growErr(n, k int, err error) error {
+	p := e.p
 	if errors.Is(err, ErrOutOfMemory) {
-		return p.oomErr(n, fmt.Sprintf("%s refused a chunk of %d bytes", p.exp.source, k), err, true)
+		return p.oomErr(n, fmt.Sprintf("%s refused a chunk of %d bytes", e.source, k), err, true)
 	}
 	return err
 }
 
 // fillHole puts the new block nb, which lies at one end of hole h, into the chain in h's place.
-func (p *PoolMemoryResource) fillHole(h, nb *block) {
-	e := p.exp
+func (e *expandable) fillHole(h, nb *block) {
+	p := e.p
 	if nb.size == h.size {
 		nb.prev, nb.next = h.prev, h.next
-		p.relink(h, nb)
+		e.relink(h, nb)
 		delete(e.holes, h)
 		p.recycle(h)
 		return
@@ -447,7 +482,7 @@ func (p *PoolMemoryResource) fillHole(h, nb *block) {
 		if h.prev != nil {
 			h.prev.next = nb
 		} else {
-			e.head = nb
+			e.p.head = nb
 		}
 		h.prev = nb
 		h.addr += DevicePtr(nb.size)
@@ -458,24 +493,24 @@ func (p *PoolMemoryResource) fillHole(h, nb *block) {
 }
 
 // relink makes old's neighbours (and head/tail) point at nb, which took old's place.
-func (p *PoolMemoryResource) relink(old, nb *block) {
-	e := p.exp
+func (e *expandable) relink(old, nb *block) {
 	if old.prev != nil {
 		old.prev.next = nb
 	} else {
-		e.head = nb
+		e.p.head = nb
 	}
 	if old.next != nil {
 		old.next.prev = nb
 	} else {
-		e.tail = nb
+		e.p.tail = nb
 	}
 }
 
 // takeGrown frees the fresh block nb into l (coalescing with free neighbours) and takes the
 // resulting block out of l when it holds at least n bytes; else (the neighbours it was sized to
 // extend were taken while the pool was unlocked) it leaves it there and returns nil.
-func (p *PoolMemoryResource) takeGrown(nb *block, n int, l *freeList) (*block, error) {
+func (e *expandable) takeGrown(nb *block, n int, l *freeList) (*block, error) {
+	p := e.p
 	b := p.freeInto(l, nb)
 	if b.size < n {
 		return nil, nil
@@ -491,27 +526,12 @@ func (p *PoolMemoryResource) takeGrown(nb *block, n int, l *freeList) (*block, e
 // shortens it). Pool locked, busy token held (or the pool closed); without hold the unmaps are
 // made unlocked, the free blocks holding the chunks out of every list meanwhile (still counted in
 // the pool's size).
-func (p *PoolMemoryResource) releaseChunks(def *freeList, limit int, hold bool) error {
-	e := p.exp
-	cands := p.releaseCands(def, limit)
-	if as := e.aliasesOver(cands); len(as) > 0 {
-		// The kept aliases over them go first, unlocked without hold. Meanwhile the blocks
-		// holding the chunks stay out of def, as unmapChunks keeps them: memory freed into def
-		// then (on the default stream, or merged from a closing stream's list), whose work no
-		// wait covered, must neither be given back with them nor coalesce into them, and no
-		// one may take them, or lend them through an alias.
-		blocks := pullBlocks(def, cands)
-		p.pin(def)
-		p.dropAliases(as, hold)
-		p.unpin(def)
-		for _, b := range blocks {
-			p.freeInto(def, b)
-		}
-		// The same chunks, in the free blocks they lie in now; those of an alias that could
-		// not be unmapped stay.
-		cands = e.unaliased(p.chunksFreeIn(def, cands))
+func (e *expandable) releaseChunks(def *freeList, limit int, hold bool) error {
+	cands := e.releaseCands(def, limit)
+	if e.st != nil {
+		cands = e.st.unmapAliasesOver(def, cands, hold)
 	}
-	return p.unmapChunks(def, cands, hold, false)
+	return e.unmapChunks(def, cands, hold)
 }
 
 // pullBlocks takes the free blocks holding the chunks cands (highest address first, so a block's
@@ -529,7 +549,7 @@ func pullBlocks(def *freeList, cands []chunkCand) []*block {
 
 // chunksFreeIn returns the chunks of cands (highest address first) each with the free block of
 // def that holds it now, in the same order; a chunk that no free block of def holds is left out.
-func (p *PoolMemoryResource) chunksFreeIn(def *freeList, cands []chunkCand) []chunkCand {
+func (e *expandable) chunksFreeIn(def *freeList, cands []chunkCand) []chunkCand {
 	var bs []*block
 	def.each(func(b *block) { bs = append(bs, b) })
 	slices.SortFunc(bs, func(x, y *block) int { return cmp.Compare(x.addr, y.addr) })
@@ -543,8 +563,8 @@ func (p *PoolMemoryResource) chunksFreeIn(def *freeList, cands []chunkCand) []ch
 }
 
 // releaseCands returns the chunks releaseChunks gives back, highest address first.
-func (p *PoolMemoryResource) releaseCands(def *freeList, limit int) []chunkCand {
-	e := p.exp
+func (e *expandable) releaseCands(def *freeList, limit int) []chunkCand {
+	p := e.p
 	var cands []chunkCand
 	def.each(func(b *block) { cands = e.chunksIn(b, cands) })
 	// Highest address first (see unmapChunks).
@@ -558,172 +578,6 @@ func (p *PoolMemoryResource) releaseCands(def *freeList, limit int) []chunkCand 
 		free -= c.c.size
 	}
 	return cands
-}
-
-// carve, before a growth for an n-byte request in list l (into which every other list was
-// merged), unmaps the chunks that lie wholly in free blocks of l other than the free block at the
-// end of the chain (which the growth extends) — up to what the request needs beyond that block,
-// from the smallest free blocks up — turns their ranges into holes and keeps their handles spare,
-// for the growth to map before it creates any. Free memory scattered in fragments too small for
-// the request thus moves to where the request is placed, instead of new memory being taken.
-//
-// An unmap does not wait for the device, so carve first waits (on the host) for the work behind
-// every free, as Release does; that wait is why it carves only when a growth is due, which the
-// pool avoids by placement, and not at every free. A failed wait or unmap leaves the memory where
-// it was (written to the debug log): the growth then creates what it lacks.
-//
-// Why, and why not yet the default: replaying the thirteen bundled traces over an address-only
-// device with 8 MiB pages (TestCarveTraces, -rmm.carvetraces 8388608), peak mapped / peak live
-// at one pass / three fell on the LSTM trace from 1.115 to 1.021, on the one-stream CuPy trace
-// from 1.545 to 1.041 / 1.063, on the UNet from 1.166 / 1.168 to 1.041 / 1.052, on ViT from
-// 1.069 / 1.085 to 1.060, on the two-stream CuPy trace from 1.249 to 1.130 / 1.150; but the
-// MoE transformer rose from 1.037 to 1.058 and the three-stream pipeline from 1.291 to 1.335 at
-// three passes, every growth maps 8-128 MiB pieces (GPT-2 LoRA: 990 handles created in a first
-// pass instead of 84), and the UNet, whose placement changes every step, moves ~5 800 pages a
-// pass (and creates ~1 600, for carved pages its growths did not map). bench/experiments/carve
-// has the policies tried. Since then growAny bounds the moves (carveChurnDefault): the UNet stays
-// at 1.163 with no moves after its first pass, but eight traces climb with the passes
-// (BENCHMARKS.md, ninth run).
-//
-// Pool locked, busy token held, l pinned; unlocks and relocks.
-func (p *PoolMemoryResource) carve(n int, l *freeList) {
-	choose := func() []chunkCand {
-		e := p.exp
-		need := n
-		if t := e.tail; t != nil && t.free && t.list == l {
-			need -= t.size
-		}
-		if need <= 0 {
-			return nil
-		}
-		var cands []chunkCand
-		l.each(func(b *block) {
-			if b != e.tail {
-				cands = e.chunksIn(b, cands)
-			}
-		})
-		// The smallest free blocks first: they are the fragments least likely to serve a request.
-		sort.Slice(cands, func(x, y int) bool {
-			if cands[x].b.size != cands[y].b.size {
-				return cands[x].b.size < cands[y].b.size
-			}
-			return cands[x].c.addr > cands[y].c.addr
-		})
-		// Only chunks the growth will map in full: a larger one would leave a hole and be given
-		// back unused.
-		budget, _ := alignUpChecked(need, e.gran)
-		got, take := 0, cands[:0]
-		for _, c := range cands {
-			if got+c.c.size <= budget {
-				take = append(take, c)
-				got += c.c.size
-			}
-		}
-		sort.Slice(take, func(x, y int) bool { return take[x].c.addr > take[y].c.addr })
-		return take
-	}
-	if len(choose()) == 0 {
-		return
-	}
-	if err := p.syncAll(false); err != nil {
-		DebugLogger().Debug("rmm: PoolMemoryResource (expandable): waiting for the streams before carving failed; growing without", "request", n, "err", err)
-		return
-	}
-	p.clearAllDeps() // every stream's work behind the frees is done
-	// The lists may have changed while the pool was unlocked: choose again.
-	if err := p.unmapChunks(l, choose(), false, true); err != nil {
-		DebugLogger().Debug("rmm: PoolMemoryResource (expandable): carving free memory failed in part", "request", n, "err", err)
-	}
-}
-
-// dropSpares releases the spare handles a growth did not map (pool locked, busy token held;
-// unlocks and relocks around the driver calls).
-func (p *PoolMemoryResource) dropSpares() {
-	e := p.exp
-	if e == nil || len(e.spare) == 0 {
-		return
-	}
-	p.mu.Unlock()
-	p.releaseSpares()
-	p.mu.Lock()
-}
-
-// restoreSpares maps the spare handles a failed growth left back where carving took them from,
-// each into the hole its range became, and frees them into l (pool locked, busy token held;
-// unlocks and relocks around the driver calls): a failed Allocate then leaves the pool's memory
-// where it was. A handle that cannot be mapped back stays spare (and is released with the rest).
-func (p *PoolMemoryResource) restoreSpares(l *freeList) {
-	e := p.exp
-	if e == nil || len(e.spare) == 0 {
-		return
-	}
-	spares := e.spare
-	e.spare = nil
-	slices.SortFunc(spares, func(x, y vmChunk) int { return cmp.Compare(x.addr, y.addr) })
-	for _, c := range spares {
-		h := e.holeCovering(c.addr, c.size)
-		if h == nil {
-			e.spare = append(e.spare, c)
-			continue
-		}
-		p.mu.Unlock()
-		err := e.vm.mapAt(c.addr, c.size, c.h)
-		if err == nil {
-			if err = e.vm.setAccess(c.addr, c.size); err != nil {
-				if uerr := e.vm.unmap(c.addr, c.size); uerr != nil {
-					err = errors.Join(err, uerr)
-				}
-			}
-		}
-		p.mu.Lock()
-		if err != nil {
-			DebugLogger().Debug("rmm: PoolMemoryResource (expandable): a carved chunk could not be mapped back after a failed growth", "address", fmt.Sprintf("%#x", uintptr(c.addr)), "bytes", c.size, "err", err)
-			e.spare = append(e.spare, c)
-			continue
-		}
-		h = p.splitHoleAt(h, c.addr)
-		nb := p.addChunk(c.addr, c.size, []vmChunk{c})
-		p.fillHole(h, nb)
-		p.freeInto(l, nb)
-	}
-}
-
-// holeCovering returns the hole holding all of [addr, addr+size), or nil.
-func (e *expandable) holeCovering(addr DevicePtr, size int) *block {
-	if addr == 0 {
-		return nil
-	}
-	for h := range e.holes {
-		if h.addr <= addr && addr+DevicePtr(size) <= h.end() {
-			return h
-		}
-	}
-	return nil
-}
-
-// splitHoleAt returns a hole starting at addr, which lies in the hole h: h itself, or its part
-// from addr on, split off as a hole of its own.
-func (p *PoolMemoryResource) splitHoleAt(h *block, addr DevicePtr) *block {
-	if h.addr == addr {
-		return h
-	}
-	r := p.newBlock(addr, int(h.end()-addr))
-	r.free, r.hole = false, true
-	h.size = int(addr - h.addr)
-	p.linkAfter(h, r)
-	p.exp.holes[r] = struct{}{}
-	return r
-}
-
-// releaseSpares releases the spare handles (pool unlocked, busy token held).
-func (p *PoolMemoryResource) releaseSpares() {
-	e := p.exp
-	for _, c := range e.spare {
-		if err := e.vm.release(c.h); err != nil {
-			DebugLogger().Warn("rmm: PoolMemoryResource (expandable): releasing an unmapped chunk failed", "bytes", c.size, "err", err)
-		}
-	}
-	e.spare = nil
 }
 
 // chunkCand is a chunk lying wholly in the free block b.
@@ -740,15 +594,14 @@ func (e *expandable) chunksIn(b *block, cs []chunkCand) []chunkCand {
 	return cs
 }
 
-// unmapChunks unmaps the chunks cands (each wholly in a free block of def; sorted by address,
-// highest first: carving a chunk out of a free block leaves the block's lower part, with its
-// lower chunks, in the same block) and turns their ranges into holes; keep puts their handles
-// into the spare handles, else they are released. The work behind the frees must be known done.
+// unmapChunks unmaps and releases the chunks cands (each wholly in a free block of def; sorted by
+// address, highest first: taking a chunk out of a free block leaves the block's lower part, with
+// its lower chunks, in the same block) and turns their ranges into holes. The work behind the frees must be known done.
 // Pool locked, busy token held (or the pool closed); without hold the unmaps are made unlocked,
 // the free blocks holding the chunks out of every list meanwhile (still counted in the pool's
 // size). A chunk that cannot be unmapped stays, free, where it was.
-func (p *PoolMemoryResource) unmapChunks(def *freeList, cands []chunkCand, hold, keep bool) error {
-	e := p.exp
+func (e *expandable) unmapChunks(def *freeList, cands []chunkCand, hold bool) error {
+	p := e.p
 	if len(cands) == 0 {
 		return nil
 	}
@@ -767,17 +620,14 @@ func (p *PoolMemoryResource) unmapChunks(def *freeList, cands []chunkCand, hold,
 			continue
 		}
 		unmapped[i] = true
-		if keep {
-			continue
-		}
 		if err := e.vm.release(ch.h); err != nil && firstErr == nil {
 			firstErr = errorf("PoolMemoryResource (expandable): releasing the chunk at %#x: %w", uintptr(ch.addr), err)
 		}
 	}
 	p.relockUnless(hold)
 	p.unpin(def)
-	// Back into def, coalescing with what was freed meanwhile, and the chunks unmapped carved
-	// out as holes: block by block from the highest, each block's chunks from the highest.
+	// Back into def, coalescing with what was freed meanwhile, and the chunks unmapped cut out
+	// as holes: block by block from the highest, each block's chunks from the highest.
 	released := map[DevicePtr]bool{}
 	i := 0
 	for _, b := range blocks {
@@ -787,13 +637,7 @@ func (p *PoolMemoryResource) unmapChunks(def *freeList, cands []chunkCand, hold,
 				ch := cands[i].c
 				released[ch.addr] = true
 				p.size -= ch.size
-				if keep {
-					e.moved += ch.size
-				}
-				p.carveHole(def, nb, ch.addr, ch.size)
-				if keep {
-					e.spare = append(e.spare, vmChunk{addr: ch.addr, size: ch.size, h: ch.h})
-				}
+				e.makeHole(def, nb, ch.addr, ch.size)
 			}
 		}
 	}
@@ -806,15 +650,15 @@ func (p *PoolMemoryResource) unmapChunks(def *freeList, cands []chunkCand, hold,
 		}
 		e.chunks = kept
 		p.sizeAtomic.Store(int64(p.size))
-		p.trimTailHole()
+		e.trimTailHole()
 	}
 	return firstErr
 }
 
-// carveHole turns [addr, addr+size), which lies inside the free block b of def, into a hole,
+// makeHole turns [addr, addr+size), which lies inside the free block b of def, into a hole,
 // merged with adjacent holes.
-func (p *PoolMemoryResource) carveHole(def *freeList, b *block, addr DevicePtr, size int) {
-	e := p.exp
+func (e *expandable) makeHole(def *freeList, b *block, addr DevicePtr, size int) {
+	p := e.p
 	def.remove(b)
 	end := addr + DevicePtr(size)
 	if end < b.end() { // free remainder after the hole
@@ -854,34 +698,34 @@ func isHole(b *block) bool { return b.hole }
 
 // trimTailHole drops a hole at the end of the chain, so the chain ends at mapped memory and the
 // next growth maps there.
-func (p *PoolMemoryResource) trimTailHole() {
-	e := p.exp
-	t := e.tail
+func (e *expandable) trimTailHole() {
+	p := e.p
+	t := e.p.tail
 	if t == nil || !isHole(t) {
 		return
 	}
 	delete(e.holes, t)
 	e.top = t.addr
-	e.tail = t.prev
+	e.p.tail = t.prev
 	if t.prev != nil {
 		t.prev.next = nil
 	} else {
-		e.head = nil
+		e.p.head = nil
 	}
 	p.recycle(t)
 }
 
-// trimIfOver is called after a free that left the free block b: past the trim level, or past the
+// trim is called after a free that left the free block b: past the trim level, or past the
 // threshold when b holds a whole chunk, it waits for the streams' work behind the frees and gives
 // back whole free chunks until at most ReleaseThreshold bytes are free. (The trim level rises
 // after a trim that left memory mapped, so that a pool whose free memory lies in chunks that
 // also hold live blocks does not synchronise at every free; a free that makes a chunk wholly
 // free trims all the same.) A trim that fails is written to the debug log and leaves the memory
 // mapped: the free that called it is done, and must not report an error.
-func (p *PoolMemoryResource) trimIfOver(b *block) {
-	e := p.exp
+func (e *expandable) trim(b *block) {
+	p := e.p
 	free := p.size - p.liveBytes
-	if e.trimAt == 0 || free <= e.threshold || (free <= e.trimAt && !p.holdsChunk(b)) {
+	if p.trimAt == 0 || free <= e.threshold || (free <= p.trimAt && !e.holdsChunk(b)) {
 		return
 	}
 	if p.busy {
@@ -894,7 +738,7 @@ func (p *PoolMemoryResource) trimIfOver(b *block) {
 	def, err := p.mergeAllSynced(false)
 	if err == nil {
 		p.pin(def)
-		err = p.releaseChunks(def, e.threshold, false)
+		err = e.releaseChunks(def, e.threshold, false)
 		p.unpin(def)
 	}
 	e.resetTrim(p.size - p.liveBytes)
@@ -906,8 +750,7 @@ func (p *PoolMemoryResource) trimIfOver(b *block) {
 }
 
 // holdsChunk reports whether the block b covers a whole mapped chunk.
-func (p *PoolMemoryResource) holdsChunk(b *block) bool {
-	e := p.exp
+func (e *expandable) holdsChunk(b *block) bool {
 	i := e.firstChunkIn(b)
 	return i < len(e.chunks) && e.chunks[i].end() <= b.end()
 }
@@ -922,9 +765,8 @@ func (e *expandable) firstChunkIn(b *block) int {
 	return sort.Search(len(e.chunks), func(i int) bool { return e.chunks[i].addr >= b.addr })
 }
 
-// closeExpandable gives back the reservation once nothing is mapped.
-func (p *PoolMemoryResource) freeReservation() error {
-	e := p.exp
+// freeReservation gives back the reservation once nothing is mapped.
+func (e *expandable) freeReservation() error {
 	if len(e.chunks) > 0 || e.reserved == 0 {
 		return nil
 	}
@@ -943,8 +785,7 @@ var errNotExpandableUpstream = errors.New("an expandable pool maps its own memor
 // SystemMemoryResource (or nil without CUDA), and addresses only, within its capacity, for a
 // SimulatedMemoryResource. A stitching pool over host memory maps memfds, which (as the device's
 // handles) can be mapped at a second address; otherwise every stitch would fail and the pool
-// grow instead (the two-thread CuPy trace: 1.255 × peak live at three passes over host memory,
-// 1.055 over addresses only and on the H200).
+// grow instead, larger than over the device.
 func vmmFor(upstream MemoryResource, stitch bool) (vmm, Device, error) {
 	host := newHostVMM
 	if stitch {
@@ -974,3 +815,96 @@ func vmmFor(upstream MemoryResource, stitch bool) (vmm, Device, error) {
 // hostVMMGranularity is the granularity of the host-memory expandable pool: the device's, so that
 // a pool behaves the same on the host as on the GPU.
 const hostVMMGranularity = 2 << 20
+
+// checkChain verifies an expandable pool's chain: one run of blocks from the reservation's
+// base to top, each free, live or a hole, holes never adjacent, the chunks exactly the mapped
+// (non-hole) ranges, their sizes summing to PoolSize.
+func (e *expandable) checkChain(all map[DevicePtr]*block, stitched int) error {
+	p := e.p
+	if (p.head == nil) != (p.tail == nil) || (p.head == nil && e.top != e.base) {
+		return errorf("empty chain with head %p, tail %p, top %#x (base %#x)", p.head, p.tail, uintptr(e.top), uintptr(e.base))
+	}
+	if e.top > e.base+DevicePtr(e.reserved) {
+		return errorf("top %#x is past the reservation [%#x, +%d)", uintptr(e.top), uintptr(e.base), e.reserved)
+	}
+	visited, holes, mapped := 0, 0, 0
+	var mappedRanges [][2]DevicePtr
+	at := e.base
+	var last *block
+	for b := p.head; b != nil; b = b.next {
+		if b.addr != at || b.size <= 0 || b.addr%Alignment != 0 {
+			return errorf("block %#x of %s found where %#x was expected", uintptr(b.addr), bytesText(b.size), uintptr(at))
+		}
+		if b.prev != last {
+			return errorf("block %#x has a wrong previous neighbour", uintptr(b.addr))
+		}
+		hole := isHole(b)
+		if hole {
+			holes++
+			if _, ok := e.holes[b]; !ok {
+				return errorf("hole %#x is not indexed", uintptr(b.addr))
+			}
+			if last != nil && isHole(last) {
+				return errorf("holes %#x and %#x are adjacent", uintptr(last.addr), uintptr(b.addr))
+			}
+			if b.addr%DevicePtr(e.gran) != 0 || b.size%e.gran != 0 {
+				return errorf("hole %#x of %s is off the granularity %d", uintptr(b.addr), bytesText(b.size), e.gran)
+			}
+		} else {
+			if b.lent {
+				if b.free || b.list != nil || all[b.addr] != nil {
+					return errorf("lent block %#x is free, listed or live", uintptr(b.addr))
+				}
+			} else {
+				visited++
+				if all[b.addr] != b {
+					return errorf("block %#x is linked but neither free in a list nor live", uintptr(b.addr))
+				}
+			}
+			mapped += b.size
+			if n := len(mappedRanges); n > 0 && mappedRanges[n-1][1] == b.addr {
+				mappedRanges[n-1][1] = b.end()
+			} else {
+				mappedRanges = append(mappedRanges, [2]DevicePtr{b.addr, b.end()})
+			}
+		}
+		if last != nil && adjacentUncoalesced(last, b) {
+			return errorf("free blocks %#x and %#x are adjacent but not coalesced", uintptr(last.addr), uintptr(b.addr))
+		}
+		at = b.end()
+		last = b
+	}
+	if last != p.tail || at != e.top {
+		return errorf("the chain ends at %#x, top is %#x", uintptr(at), uintptr(e.top))
+	}
+	if last != nil && isHole(last) {
+		return errorf("the chain ends with a hole at %#x", uintptr(last.addr))
+	}
+	if holes != len(e.holes) {
+		return errorf("%d holes in the chain, %d indexed", holes, len(e.holes))
+	}
+	if visited+stitched != len(all) {
+		return errorf("%d blocks, %d of them in the chain and %d stitched", len(all), visited, stitched)
+	}
+	if mapped != p.size {
+		return errorf("mapped blocks total %s, pool size %d", bytesText(mapped), p.size)
+	}
+	// The chunks, in address order, tile exactly the mapped ranges.
+	ci := 0
+	for _, r := range mappedRanges {
+		for a := r[0]; a < r[1]; {
+			if ci >= len(e.chunks) || e.chunks[ci].addr != a {
+				return errorf("no chunk starts at mapped address %#x", uintptr(a))
+			}
+			a = e.chunks[ci].end()
+			ci++
+			if a > r[1] {
+				return errorf("chunk ending %#x runs past the mapped range ending %#x", uintptr(a), uintptr(r[1]))
+			}
+		}
+	}
+	if ci != len(e.chunks) {
+		return errorf("%d chunks, %d of them cover mapped blocks", len(e.chunks), ci)
+	}
+	return nil
+}
