@@ -293,8 +293,10 @@ func TestDepCoalesceSeqWalk(t *testing.T) {
 					vm.check = e.checkReturned
 					depSeqWalk(t, e, seed, 400, seed%2 == 0)
 					require.Empty(t, vm.errs)
-					stitched += p.stitching().stitches
-					stitchedDeps += p.stitching().stitchedDeps
+					if st := p.stitching(); st != nil {
+						stitched += st.stitches
+						stitchedDeps += st.stitchedDeps
+					}
 				} else {
 					u := newGatedUpstream(t, 1<<30)
 					var err error
