@@ -550,11 +550,7 @@ func TestExpandablePoolRandomized(t *testing.T) {
 		base, err = strconv.ParseInt(v, 10, 64)
 		require.NoError(t, err)
 	}
-	runs := 24
-	if testing.Short() || logRaceEnabled {
-		runs = 6
-	}
-	for i := range runs {
+	for i := range shortOrLong(2, 24) { // odd runs over host memory, even ones address-only
 		seed := base + int64(i)
 		host := i%2 == 1
 		t.Run(fmt.Sprintf("seed=%d/host=%v", seed, host), func(t *testing.T) { expRandRun(t, seed, host) })

@@ -139,6 +139,9 @@ func TestStitchTraces(t *testing.T) {
 func TestStitchReplaysAtEnd(t *testing.T) {
 	for _, name := range []string{"gnn_mpnn_varsize_fp32", "resnet50_train_b64_fp32", "unet_diffusion_multiscale_bf16", "torch_3streams_resnet18_encoder_fp16", "cupy_fft_linalg_2threads", "cupy_signal_3streams_1thread", "segformer_mit_train_varcrop_2streams_bf16"} {
 		t.Run(name, func(t *testing.T) {
+			// One trace for each change above: keptAtEnd, endLast, other streams' lists (three
+			// streams), findEndLast (two threads).
+			shortTraces(t, name, "resnet50_train_b64_fp32", "unet_diffusion_multiscale_bf16", "torch_3streams_resnet18_encoder_fp16", "cupy_fft_linalg_2threads")
 			events, err := ReadLogFile(filepath.Join("testdata", "traces", name+".csv.gz"))
 			require.NoError(t, err)
 			vm := newCountingVMM(newSimVMM(hostVMMGranularity, 0))
@@ -188,6 +191,7 @@ func TestStitchTraceStreamOrder(t *testing.T) {
 		{"segformer_mit_train_varcrop_2streams_bf16", true, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
+			shortTraces(t, tc.name, "torch_3streams_resnet18_encoder_fp16", "llm_serve_4streams_kvcache_fp16") // other lists named; steady after findEndLast
 			events, err := ReadLogFile(filepath.Join("testdata", "traces", tc.name+".csv.gz"))
 			require.NoError(t, err)
 			vm := newCountingVMM(newSimVMM(hostVMMGranularity, 0))
