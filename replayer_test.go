@@ -49,6 +49,7 @@ func TestReplayBundledTraces(t *testing.T) {
 
 // The smallest trace over real host memory.
 func TestReplayOverSystemMemory(t *testing.T) {
+	t.Parallel() // seconds of work on its own resources: see TestMain
 	events, err := ReadLogFile(filepath.Join("testdata", "traces", "cupy_fft_linalg_2threads.csv.gz"))
 	require.NoError(t, err)
 	pool, err := NewPoolMemoryResource(NewSystemMemoryResource(), nil)

@@ -561,6 +561,7 @@ func TestExpandablePoolRandomized(t *testing.T) {
 // (and sometimes free on another goroutine's stream), over host memory with a release threshold;
 // run with -race.
 func TestExpandablePoolConcurrentRelease(t *testing.T) {
+	t.Parallel() // seconds of work on its own resources: see TestMain
 	const g = 4 * kiB
 	vm, err := newHostVMM(g, 0)
 	require.NoError(t, err)
