@@ -590,7 +590,7 @@ func TestExpandablePoolConcurrentRelease(t *testing.T) {
 			var live []al
 			steps := 1500
 			if logRaceEnabled {
-				steps = 400
+				steps = shortOrLong(150, 400)
 			}
 			for i := 0; i < steps; i++ {
 				s := streams[w].View()
