@@ -17,8 +17,9 @@
 //
 //	RMM_PROPERTY_SEED=1234 go test -race -run '^TestPoolPropertySimulated$' .
 //
-// draws the same configurations and sequences again. RMM_PROPERTY_SCALE=k runs k times as many
-// sequences (a longer search; the default run is sized for a few seconds per test under -race).
+// draws the same configurations and sequences again. The default run is the short form, sized
+// for a few seconds per test under -race; -rmm.long runs each test's full count of sequences
+// (testrand_test.go), and RMM_PROPERTY_SCALE=k k times as many as either (a longer search).
 
 package rmm_test
 
@@ -200,7 +201,7 @@ func TestPoolPropertySystem(t *testing.T) {
 		})
 		opts.FullPatterns = true
 		return rmmtest.Configuration{Name: c.String() + ", over SystemMemoryResource", NewResource: c.newPool(nil), Options: opts}
-	}, &rmmtest.Options{Sequences: 300, MaxCommands: 120})
+	}, &rmmtest.Options{Sequences: rmm.ShortOrLong(80, 300), MaxCommands: 120})
 	require.Positive(t, cov.Allocations)
 	require.Positive(t, cov.CrossStreamFrees)
 	require.Positive(t, cov.InvalidFrees)
@@ -235,7 +236,7 @@ func TestPoolPropertySimulated(t *testing.T) {
 			return propSmallSize(r)
 		})
 		return rmmtest.Configuration{Name: c.String() + ", over a 100 GiB address-only upstream", NewResource: c.newPool(nil), Options: opts}
-	}, &rmmtest.Options{Sequences: 800, MaxCommands: 120})
+	}, &rmmtest.Options{Sequences: rmm.ShortOrLong(200, 800), MaxCommands: 120})
 	require.Positive(t, cov.OutOfMemory)
 	require.Positive(t, cov.ReleasesToNothing)
 	require.Positive(t, cov.UpstreamRefusals, "growth never ran into the upstream's capacity")
@@ -267,7 +268,7 @@ func TestPoolPropertyCappedUpstream(t *testing.T) {
 		c, size := propCappedPool(r, true)
 		opts := propPoolOptions(c, propCapped(c.upstreamLimit), 1<<60, false, size)
 		return rmmtest.Configuration{Name: c.String(), NewResource: c.newPool(nil), Options: opts}
-	}, &rmmtest.Options{Sequences: 800, MaxCommands: 120})
+	}, &rmmtest.Options{Sequences: rmm.ShortOrLong(200, 800), MaxCommands: 120})
 	require.Positive(t, cov.OutOfMemory)
 	require.Positive(t, cov.UpstreamRefusals, "growth never failed")
 	require.Positive(t, cov.UpstreamRetries, "the halving back-off never succeeded")
@@ -283,7 +284,7 @@ func TestPoolPropertyFakeDevice(t *testing.T) {
 		c, size := propCappedPool(r, false)
 		opts := propPoolOptions(c, propCapped(c.upstreamLimit), 1<<60, false, size)
 		return rmmtest.Configuration{Name: c.String() + ", with a fake device", NewResource: c.newPool(rmm.NewPoolOverFakeDevice), Options: opts}
-	}, &rmmtest.Options{Sequences: 300, MaxCommands: 120})
+	}, &rmmtest.Options{Sequences: rmm.ShortOrLong(80, 300), MaxCommands: 120})
 	require.Positive(t, cov.OutOfMemory)
 	require.Positive(t, cov.CrossStreamFrees)
 }
@@ -458,7 +459,7 @@ func TestExpandablePoolProperty(t *testing.T) {
 			return propSmallSize(r)
 		}
 		return c.configuration()
-	}, &rmmtest.Options{Sequences: 300, MaxCommands: 120})
+	}, &rmmtest.Options{Sequences: 300, MaxCommands: 120}) // full length by default: carving is rare here
 	require.Positive(t, cov.Allocations)
 	require.Positive(t, cov.CrossStreamFrees)
 	require.Positive(t, cov.OutOfMemory)
@@ -488,7 +489,7 @@ func TestExpandablePoolPropertyHostMemory(t *testing.T) {
 			return propSmallSize(r)
 		}
 		return c.configuration()
-	}, &rmmtest.Options{Sequences: 200, MaxCommands: 100})
+	}, &rmmtest.Options{Sequences: 200, MaxCommands: 100}) // full length by default: carving is rare here
 	require.Positive(t, cov.Allocations)
 	require.Positive(t, cov.CrossStreamFrees)
 }
@@ -508,7 +509,7 @@ func TestExpandablePoolPropertyPhysicalLimit(t *testing.T) {
 			return propSmallSize(r) % (limit/2 + 1)
 		}
 		return c.configuration()
-	}, &rmmtest.Options{Sequences: 300, MaxCommands: 120})
+	}, &rmmtest.Options{Sequences: rmm.ShortOrLong(80, 300), MaxCommands: 120})
 	require.Positive(t, cov.OutOfMemory)
 }
 
@@ -557,7 +558,7 @@ func TestArenaPropertySystem(t *testing.T) {
 		ReleaseKeepsMemory: true,
 		FullPatterns:       true,
 		FreeAfterClose:     true,
-	}), &rmmtest.Options{Sequences: 120, MaxCommands: 120})
+	}), &rmmtest.Options{Sequences: rmm.ShortOrLong(40, 120), MaxCommands: 120})
 	require.Positive(t, cov.Allocations)
 	require.Positive(t, cov.CrossStreamFrees)
 	require.Positive(t, cov.InvalidFrees)
@@ -582,7 +583,7 @@ func TestArenaPropertySimulated(t *testing.T) {
 		DetectsInvalidFree: true,
 		ReleaseKeepsMemory: true,
 		FreeAfterClose:     true,
-	}), &rmmtest.Options{Sequences: 300, MaxCommands: 120})
+	}), &rmmtest.Options{Sequences: rmm.ShortOrLong(80, 300), MaxCommands: 120})
 	require.Positive(t, cov.OutOfMemory)
 	require.Positive(t, cov.InvalidFrees)
 }

@@ -27,6 +27,7 @@ func TestReplayBundledTraces(t *testing.T) {
 	}
 	for name, w := range want {
 		t.Run(strings.Split(name, ".")[0], func(t *testing.T) {
+			shortTraces(t, strings.Split(name, ".")[0], "bert_base_infer_dynamic_fp16", "cupy_fft_linalg_2threads") // failed allocations; two threads
 			events, err := ReadLogFile(filepath.Join("testdata", "traces", name))
 			require.NoError(t, err)
 			sim, _ := NewSimulatedMemoryResource(1 << 40)
@@ -50,6 +51,7 @@ func TestReplayBundledTraces(t *testing.T) {
 
 // The smallest trace over real host memory.
 func TestReplayOverSystemMemory(t *testing.T) {
+	t.Parallel() // seconds of work on its own resources: see TestMain
 	events, err := ReadLogFile(filepath.Join("testdata", "traces", "cupy_fft_linalg_2threads.csv.gz"))
 	require.NoError(t, err)
 	pool, err := NewPoolMemoryResource(NewSystemMemoryResource(), nil)

@@ -281,7 +281,7 @@ func TestMemoryProfileSampledEstimates(t *testing.T) {
 		{48 << 10, 40_000}, // 0.53
 		{1 << 20, 200},     // 1 - 1e-7: all of them, in all likelihood
 	}
-	for _, seed := range []uint64{0, 1, 2, 3} {
+	for _, seed := range shortOrLong([]uint64{0, 1}, []uint64{0, 1, 2, 3}) {
 		t.Run(fmt.Sprintf("seed=%d", seed), func(t *testing.T) { // 0: the adaptor's own source
 			r := memProfNew(t, &adpNullUpstream{}, rate, seed)
 			for _, sz := range sizes {

@@ -276,7 +276,7 @@ func TestDepCoalesceSeqWalk(t *testing.T) {
 	// Stitched ranges made, and how many of their blocks named other streams' lists (so that
 	// Allocate waited for them), over every seed.
 	stitched, stitchedDeps := 0, 0
-	for seed := uint64(0); seed < 60; seed++ {
+	for seed := range uint64(shortOrLong(12, 60)) {
 		for _, mode := range []string{"plain", "exp", "stitch"} {
 			t.Run(fmt.Sprintf("seed%d-%s", seed, mode), func(t *testing.T) {
 				var p *PoolMemoryResource
@@ -317,7 +317,8 @@ func TestDepCoalesceSeqWalk(t *testing.T) {
 
 func TestDepCoalesceSeqWalkTrim(t *testing.T) {
 	t.Parallel() // seconds of work on its own resources: see TestMain
-	for seed := uint64(0); seed < 60; seed++ {
+	// The short form still draws every threshold (seed%3) with either parity (seed%2).
+	for seed := range uint64(shortOrLong(12, 60)) {
 		t.Run(fmt.Sprintf("seed%d", seed), func(t *testing.T) {
 			vm := newGatedVMM(0)
 			p := newExpTestPool(t, vm, PoolOptions{MaximumPoolSize: 64 * mib, ReleaseThreshold: int(seed%3) * 4 * mib})
@@ -331,7 +332,7 @@ func TestDepCoalesceSeqWalkTrim(t *testing.T) {
 
 func TestDepCoalesceSeqWalkFaulty(t *testing.T) {
 	t.Parallel() // seconds of work on its own resources: see TestMain
-	for seed := uint64(0); seed < 80; seed++ {
+	for seed := range uint64(shortOrLong(16, 80)) {
 		for _, exp := range []bool{false, true} {
 			t.Run(fmt.Sprintf("seed%d-exp%v", seed, exp), func(t *testing.T) {
 				var p *PoolMemoryResource
@@ -485,7 +486,7 @@ func depConcWalk(t *testing.T, e *poolSyncEnv, workers, rounds, ops int, seed ui
 
 func TestDepCoalesceConcWalk(t *testing.T) {
 	t.Parallel() // seconds of work on its own resources: see TestMain
-	for seed := uint64(0); seed < 12; seed++ {
+	for seed := range uint64(shortOrLong(4, 12)) {
 		modes := []string{"plain", "exp", "trim", "plain-faults", "exp-faults", "stitch", "stitch-faults"}
 		for _, mode := range modes {
 			t.Run(fmt.Sprintf("%s-seed%d", mode, seed), func(t *testing.T) {

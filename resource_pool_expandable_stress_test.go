@@ -550,11 +550,7 @@ func TestExpandablePoolRandomized(t *testing.T) {
 		base, err = strconv.ParseInt(v, 10, 64)
 		require.NoError(t, err)
 	}
-	runs := 24
-	if testing.Short() || logRaceEnabled {
-		runs = 6
-	}
-	for i := range runs {
+	for i := range shortOrLong(2, 24) { // odd runs over host memory, even ones address-only
 		seed := base + int64(i)
 		host := i%2 == 1
 		t.Run(fmt.Sprintf("seed=%d/host=%v", seed, host), func(t *testing.T) { expRandRun(t, seed, host) })
@@ -565,6 +561,7 @@ func TestExpandablePoolRandomized(t *testing.T) {
 // (and sometimes free on another goroutine's stream), over host memory with a release threshold;
 // run with -race.
 func TestExpandablePoolConcurrentRelease(t *testing.T) {
+	t.Parallel() // seconds of work on its own resources: see TestMain
 	const g = 4 * kiB
 	vm, err := newHostVMM(g, 0)
 	require.NoError(t, err)
@@ -593,7 +590,7 @@ func TestExpandablePoolConcurrentRelease(t *testing.T) {
 			var live []al
 			steps := 1500
 			if logRaceEnabled {
-				steps = 400
+				steps = shortOrLong(150, 400)
 			}
 			for i := 0; i < steps; i++ {
 				s := streams[w].View()

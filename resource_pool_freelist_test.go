@@ -66,7 +66,7 @@ func TestFreelistAgainstModel(t *testing.T) {
 		return 0
 	}
 	used := map[DevicePtr]bool{}
-	for step := 0; step < 5000; step++ {
+	for step := range shortOrLong(2000, 5000) {
 		if len(model) == 0 || r.IntN(5) < 3 {
 			a := DevicePtr(r.IntN(1<<16)+1) << 8
 			if used[a] {

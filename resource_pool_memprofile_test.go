@@ -132,7 +132,7 @@ func TestPoolMemoryProfileSampled(t *testing.T) {
 		{48 << 10, 20_000}, // 0.53
 	}
 	for _, k := range poolProfKinds[:2] {
-		for _, seed := range []uint64{0, 1, 2} {
+		for _, seed := range shortOrLong([]uint64{0, 1}, []uint64{0, 1, 2}) { // the runtime's generator and a seeded one
 			t.Run(fmt.Sprintf("%s/seed=%d", k.name, seed), func(t *testing.T) {
 				prof, err := NewMemoryProfile(&MemoryProfileOptions{Rate: rate})
 				require.NoError(t, err)

@@ -78,7 +78,7 @@ func (u *poolRetryUpstream) holds(p DevicePtr, n int) bool {
 func TestPoolReleaseRetryRandomized(t *testing.T) {
 	t.Parallel() // seconds of work on its own resources: see TestMain
 	base := time.Now().UnixNano()
-	for i := range 40 {
+	for i := range shortOrLong(10, 40) {
 		seed := base + int64(i)
 		t.Run(fmt.Sprint(seed), func(t *testing.T) {
 			r := rand.New(rand.NewSource(seed))

@@ -641,7 +641,10 @@ func TestStitchPropertySim(t *testing.T) {
 		piece int
 		rest  bool
 	}{{2 * mib, false}, {2 * mib, true}, {4 * mib, true}} {
-		t.Run(fmt.Sprintf("piece=%dMiB/rest=%v", c.piece>>20, c.rest), func(t *testing.T) { testStitchProperty(t, "sim", c.piece, c.rest) })
+		t.Run(fmt.Sprintf("piece=%dMiB/rest=%v", c.piece>>20, c.rest), func(t *testing.T) {
+			t.Parallel() // each on a pool of its own
+			testStitchProperty(t, "sim", c.piece, c.rest)
+		})
 	}
 }
 

@@ -137,8 +137,12 @@ func TestStitchTraces(t *testing.T) {
 // merged before a growth (findEndLast), the two-thread CuPy trace's made 151 and the
 // three-stream CuPy pipeline's 563.
 func TestStitchReplaysAtEnd(t *testing.T) {
+	t.Parallel() // seconds of work on its own resources: see TestMain
 	for _, name := range []string{"gnn_mpnn_varsize_fp32", "resnet50_train_b64_fp32", "unet_diffusion_multiscale_bf16", "torch_3streams_resnet18_encoder_fp16", "cupy_fft_linalg_2threads", "cupy_signal_3streams_1thread", "segformer_mit_train_varcrop_2streams_bf16"} {
 		t.Run(name, func(t *testing.T) {
+			// One trace for each change above: keptAtEnd, endLast, other streams' lists (three
+			// streams), findEndLast (two threads).
+			shortTraces(t, name, "resnet50_train_b64_fp32", "unet_diffusion_multiscale_bf16", "torch_3streams_resnet18_encoder_fp16", "cupy_fft_linalg_2threads")
 			events, err := ReadLogFile(filepath.Join("testdata", "traces", name+".csv.gz"))
 			require.NoError(t, err)
 			vm := newCountingVMM(newSimVMM(hostVMMGranularity, 0))
@@ -176,6 +180,7 @@ func TestStitchReplaysAtEnd(t *testing.T) {
 // moves into the list of the stream that takes it (findEndLast; 7,739 before, here and in
 // rmm-replay's passes).
 func TestStitchTraceStreamOrder(t *testing.T) {
+	t.Parallel() // seconds of work on its own resources: see TestMain
 	for _, tc := range []struct {
 		name      string
 		steady    bool // the second pass maps no handle
@@ -188,6 +193,7 @@ func TestStitchTraceStreamOrder(t *testing.T) {
 		{"segformer_mit_train_varcrop_2streams_bf16", true, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
+			shortTraces(t, tc.name, "torch_3streams_resnet18_encoder_fp16", "llm_serve_4streams_kvcache_fp16") // other lists named; steady after findEndLast
 			events, err := ReadLogFile(filepath.Join("testdata", "traces", tc.name+".csv.gz"))
 			require.NoError(t, err)
 			vm := newCountingVMM(newSimVMM(hostVMMGranularity, 0))

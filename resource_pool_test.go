@@ -393,7 +393,7 @@ func TestPoolForgetsClosedStreams(t *testing.T) {
 // A capped pool reaches its maximum exactly with 256-byte requests.
 func TestPoolReachesMaximum(t *testing.T) {
 	t.Parallel() // seconds of work on its own resources: see TestMain
-	for _, maximum := range []int{768, 1280, 1<<20 + 1280, 100 << 20} {
+	for _, maximum := range []int{768, 1280, 1<<20 + 1280, shortOrLong(16<<20, 100<<20)} {
 		p, _ := newSimPool(t, 1<<40, &PoolOptions{MaximumPoolSize: maximum})
 		served := 0
 		for {

@@ -3,15 +3,31 @@ package rmm
 // Helpers of the package's own random tests (the adaptor stack's and the containers' state
 // machines, the VMM's, the pool's and the arena's stress tests). The contract checks of every
 // resource live in package rmmtest; property_test.go drives them.
+//
+// The long tests (random walks, property tests, replays of the bundled traces) run a short form
+// by default, so that the package's race run (go test -race ./..., the README's command and
+// CI's) ends in a couple of minutes on two cores: fewer random cases, seeds, steps and passes
+// (every mode and pool variant kept), and of the bundled traces a subset chosen to cover every
+// shape the test replays (one stream and several, several threads, failed allocations) and every
+// change it guards. The flag -rmm.long runs them at full length (.ci/run does, for the tests
+// whose short form leaves out the same cases every run):
+//
+//	go test -race . -rmm.long
+//
+// RMM_PROPERTY_SCALE multiplies the random cases of either length; RMM_PROPERTY_SEED replays
+// one.
 
 import (
+	"flag"
 	"fmt"
 	"math"
 	"math/rand"
 	"os"
+	"path/filepath"
 	"slices"
 	"sort"
 	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -28,6 +44,36 @@ const (
 func roundUp(n int) int {
 	r, _ := AlignUp(n, Alignment)
 	return r
+}
+
+var longTests = flag.Bool("rmm.long", false, "run the long tests at full length: every random case, seed, pass and bundled trace (by default each runs a short form)")
+
+// shortOrLong returns short, or long under -rmm.long: the random cases, seeds, passes or sizes
+// of a long test.
+func shortOrLong[T any](short, long T) T {
+	if *longTests {
+		return long
+	}
+	return short
+}
+
+// ShortOrLong is shortOrLong for the tests of package rmm_test (property_test.go).
+func ShortOrLong[T any](short, long T) T { return shortOrLong(short, long) }
+
+// shortTraces skips t, a subtest that replays the bundled trace name (its file name without
+// .csv.gz), unless -rmm.long is set or name is one of short, the traces of the test's default
+// run. Each of short must be a bundled trace, so that a misspelt name cannot leave the default
+// run replaying none.
+func shortTraces(t *testing.T, name string, short ...string) {
+	t.Helper()
+	for _, s := range short {
+		if _, err := os.Stat(filepath.Join("testdata", "traces", s+".csv.gz")); err != nil {
+			t.Fatalf("shortTraces: %v", err)
+		}
+	}
+	if !*longTests && !slices.Contains(short, name) {
+		t.Skipf("the default run replays %s of this test's traces; -rmm.long replays every one", strings.Join(short, ", "))
+	}
 }
 
 // propertySeed returns RMM_PROPERTY_SEED, or a fresh seed.
