@@ -2,6 +2,14 @@ package rmm
 
 // The helpers the package's tests share: upstreams that script, fail, limit or count calls,
 // and the GPU guards.
+//
+// Rule: no test asserts while it holds a lock of the code under test (a pool's, a cache's, an
+// arena's mu, a recording sink's). A failing require stops the goroutine with the lock held, and
+// the test then hangs until its timeout instead of reporting the failure. Read under the lock
+// into a local, or through underLock, and assert after Unlock. TestNoAssertUnderLock checks the
+// rule over every test file: between a line `x.mu.Lock()` (or `x.lock.Lock()`) and its
+// `Unlock()`, or after `defer x.mu.Unlock()` to the end of the function, there is no
+// `require.`, `assert.`, `t.Fatal` or `t.Error`.
 
 import (
 	"context"
@@ -483,4 +491,11 @@ func adpAlloc(t *testing.T, mr MemoryResource, n int) DevicePtr {
 func adpFree(t *testing.T, mr MemoryResource, p DevicePtr, n int) {
 	t.Helper()
 	require.NoError(t, mr.Deallocate(p, n, DefaultStream))
+}
+
+// underLock returns f() computed with mu held, for a test to assert on after mu is unlocked.
+func underLock[T any](mu sync.Locker, f func() T) T {
+	mu.Lock()
+	defer mu.Unlock()
+	return f()
 }

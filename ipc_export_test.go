@@ -209,9 +209,7 @@ func TestIPCPoolExportWithinAllocation(t *testing.T) {
 	q, err := pool.Allocate(1000, s.View())
 	require.NoError(t, err)
 	defer pool.Deallocate(q, 1000, s.View())
-	pool.mu.Lock()
-	require.Nil(t, pool.live.get(q), "q came from the stream's cache")
-	pool.mu.Unlock()
+	require.Nil(t, underLock(&pool.mu, func() *block { return pool.live.get(q) }), "q came from the stream's cache")
 	for _, base := range []DevicePtr{p, q} {
 		for _, r := range []struct{ off, n int }{{0, 1000}, {999, 1}, {8, 992}} {
 			h, err := pool.ExportIPC(base+DevicePtr(r.off), r.n)

@@ -1159,12 +1159,13 @@ func arenaConcurrent(t *testing.T, a *ArenaMemoryResource, host bool) {
 func arenaBase(t *testing.T, sim *SimulatedMemoryResource) DevicePtr {
 	t.Helper()
 	sim.mu.Lock()
-	defer sim.mu.Unlock()
-	require.Len(t, sim.live, 1)
+	live := make([]DevicePtr, 0, len(sim.live))
 	for p := range sim.live {
-		return p
+		live = append(live, p)
 	}
-	return 0
+	sim.mu.Unlock()
+	require.Len(t, live, 1)
+	return live[0]
 }
 
 // The superblock index against a sorted-slice model: insertions and removals in any order (so

@@ -301,14 +301,10 @@ func TestPoolCacheFlushMarksListDirty(t *testing.T) {
 	x, err = p.Allocate(4096, s) // from the cache
 	require.NoError(t, err)
 	require.NoError(t, p.Deallocate(x, 4096, s)) // fast path: back into the cache
-	p.mu.Lock()
-	require.False(t, l.dirty)
-	p.mu.Unlock()
+	require.False(t, underLock(&p.mu, func() bool { return l.dirty }))
 	y, err := p.Allocate(8192, s) // a miss: the cached block goes to the list
 	require.NoError(t, err)
-	p.mu.Lock()
-	require.True(t, l.dirty, "the list holds a block freed after its event was recorded")
-	p.mu.Unlock()
+	require.True(t, underLock(&p.mu, func() bool { return l.dirty }), "the list holds a block freed after its event was recorded")
 	require.NoError(t, p.Deallocate(y, 8192, s))
 	require.NoError(t, p.CheckInvariants())
 }
@@ -340,14 +336,13 @@ func TestPoolCacheFreeDuringStreamClose(t *testing.T) {
 	}, 5*time.Second, time.Millisecond)
 	e.mustFree(x, 4096, s, si) // s's list still exists: the block goes to a new cache
 	p.mu.Lock()
-	require.NotNil(t, p.cacheOf(s), "the free went to a cache")
+	cached := p.cacheOf(s) != nil
 	p.unpin(l)
 	p.mu.Unlock()
+	require.True(t, cached, "the free went to a cache")
 	<-closed
 	e.f.kill(s.h)
-	p.mu.Lock()
-	require.Nil(t, p.cacheOf(s), "Close ended the cache made while it waited")
-	p.mu.Unlock()
+	require.Nil(t, underLock(&p.mu, func() *poolCache { return p.cacheOf(s) }), "Close ended the cache made while it waited")
 	// Another stream takes the memory: ordered after s's free, with no call naming s.
 	y := e.mustAlloc(4<<20, tv, ti)
 	e.mustFree(y, 4<<20, tv, ti)

@@ -477,11 +477,15 @@ func TestPoolResizesInPlace(t *testing.T) {
 	only := func() *block {
 		t.Helper()
 		p.mu.Lock()
-		defer p.mu.Unlock()
 		l, err := p.listFor(DefaultStream)
+		count, b := 0, (*block)(nil)
+		if err == nil {
+			count, b = l.count, l.bestFit(1)
+		}
+		p.mu.Unlock()
 		require.NoError(t, err)
-		require.Equal(t, 1, l.count)
-		return l.bestFit(1)
+		require.Equal(t, 1, count)
+		return b
 	}
 	b0 := only()
 	base := b0.addr
@@ -513,10 +517,7 @@ func TestPoolResizesInPlace(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, pb+n, pr)
 	require.NoError(t, p.CheckInvariants())
-	p.mu.Lock()
-	l, _ := p.listFor(DefaultStream)
-	require.Equal(t, 2, l.count, "A and R's rest, both of 64 MiB")
-	p.mu.Unlock()
+	require.Equal(t, 2, underLock(&p.mu, func() int { l, _ := p.listFor(DefaultStream); return l.count }), "A and R's rest, both of 64 MiB")
 	for _, f := range []struct {
 		ptr  DevicePtr
 		size int
