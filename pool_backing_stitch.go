@@ -548,7 +548,9 @@ func (e *stitching) dropScratch() { clear(e.blockScratch) }
 // pickIn returns the runs of the alias a (stitchAlias.runs), in its order, each with the block
 // of bs (sorted by address) it lies wholly in; nil when one lies in none. A run's chunks lie back
 // to back, and two free blocks of a granule or more never do (they coalesce, across lists too:
-// joins): so the run lies in one block when each of its chunks lies in one. Looking each run up
+// joins, where the granularity is at least half of poolCrossCoalesceMin): so the run lies in one
+// block when each of its chunks lies in one (below that, a run over two blocks is found in
+// none, and the alias is not reused). Looking each run up
 // among the free blocks costs less than listing every chunk of every free block (stitchCands) in
 // a pool of many chunks, and lending a run as one block less than lending its chunks one by one;
 // an alias's chunks, mapped by a few growths, form far fewer runs than chunks.
@@ -571,12 +573,15 @@ func pickIn(a *stitchAlias, bs []*block) []chunkCand {
 
 // runsOf merges the chunks pick (in an alias's order, each with its free block or none) into the
 // alias's runs (stitchAlias.runs), each with the block of its first chunk (a run's chunks lie in
-// one: see pickIn).
-func runsOf(pick []chunkCand) []chunkCand {
+// one where the granularity is at least half of poolCrossCoalesceMin: see pickIn and lendRuns).
+func runsOf(pick []chunkCand) []chunkCand { return mergeRuns(pick, false) }
+
+// mergeRuns is runsOf; with byBlock, only chunks of the same free block are merged.
+func mergeRuns(pick []chunkCand, byBlock bool) []chunkCand {
 	var runs []chunkCand
 	for i, c := range pick {
 		if i > 0 {
-			if last := &runs[len(runs)-1]; last.c.end() == c.c.addr {
+			if last := &runs[len(runs)-1]; last.c.end() == c.c.addr && (!byBlock || last.b == c.b) {
 				last.c.size += c.c.size
 				continue
 			}
@@ -748,6 +753,33 @@ func (e *stitching) unlend(lent []*block, l *freeList) *block {
 	return last
 }
 
+// lendRuns lends the runs (runsOf(pick)) of the chunks pick for l's stream (lendNaming) and
+// returns the lent block over each. Two free blocks of a granule or more that lie back to back
+// coalesce, across lists too, only when they make poolCrossCoalesceMin together (joins): with a
+// granularity below half of that, a run's chunks may lie in free blocks of two lists. Such a run
+// is lent block by block, and the lent pieces joined into one lent block with their deps; lent
+// as the block of its first chunk, the rest of the run would stay free in its list, mapped in
+// the stitched range and handed out again.
+func (e *stitching) lendRuns(pick, runs []chunkCand, l *freeList) []*block {
+	parts := mergeRuns(pick, true)
+	if len(parts) == len(runs) {
+		return e.lendNaming(runs, l)
+	}
+	p := e.p
+	pieces := e.lendNaming(parts, l)
+	lent := make([]*block, 0, len(runs))
+	j := 0
+	for _, r := range runs {
+		h := pieces[j]
+		for j++; h.end() < r.c.end(); j++ {
+			p.mergeDeps(h, pieces[j]) // pieces[j] is h.next: the next piece of the run
+			p.recycle(p.absorbNext(h))
+		}
+		lent = append(lent, h)
+	}
+	return lent
+}
+
 // newAlias lends the chunks pick (holding at least n bytes) out of their lists for l's stream
 // (another stream's list named among the stitched block's deps), maps them back to back into a
 // new reservation and returns the stitched block over it; nil when a driver call failed (the
@@ -763,7 +795,7 @@ func (e *stitching) newAlias(pick []chunkCand, n int, l *freeList) *block {
 	}
 	end := e.endAt()
 	runs := runsOf(pick)
-	lent := e.lendNaming(runs, l)
+	lent := e.lendRuns(pick, runs, l)
 	p.mu.Unlock()
 	va, err := e.vm.reserve(size)
 	if err == nil {

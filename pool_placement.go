@@ -265,11 +265,13 @@ func (p *PoolMemoryResource) findEndLast(l *freeList, n int) (*block, takeWait) 
 	// neighbours, and drops l from its deps: l's takers are ordered after l's frees). What a
 	// request leaves of it then stays in l, where a growth for l would have left it (see
 	// above); whoever takes it waits for o (its deps), this request
-	// included. Too small, it is what the growth extends.
+	// included. Too small, it is what the growth extends, unless it coalesced in l with a free
+	// neighbour into a block that holds the request (the growth would then find nothing to
+	// map for it).
 	o.remove(t)
 	p.addDep(t, o)
 	t = p.freeInto(l, t)
-	if !fits {
+	if t.size < n {
 		return nil, takeWait{}
 	}
 	return p.takeFront(l, t, n), takeWait{}
