@@ -116,9 +116,12 @@ func TestAttackStitchRunOverTwoLists(t *testing.T) {
 	d := alloc(5730908, ss[3])
 	p.mu.Lock()
 	al := p.stitching().aliases[d]
-	require.NotNil(t, al)
-	chunks := append([]vmChunk(nil), al.chunks...)
+	var chunks []vmChunk
+	if al != nil {
+		chunks = append(chunks, al.chunks...)
+	}
 	p.mu.Unlock()
+	require.NotNil(t, al)
 	// The free memory left is not the stitched block's.
 	for range 8 {
 		q := alloc(64*kiB, ss[1])
