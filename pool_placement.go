@@ -11,7 +11,7 @@ import (
 // (takeFront, split, freeInto) over the blocks' chains, the cross-stream waits and dependencies,
 // and the slow path of Allocate (allocateSlow), which asks the backing to grow when nothing fits,
 // and to give back what is wholly free before it fails. The free lists themselves are in
-// resource_pool_freelist.go, the per-stream caches in resource_pool_cache.go.
+// pool_freelist.go, the per-stream caches in pool_cache.go.
 
 // allocateSlow finds or grows a free block of n bytes for s, whose list is l, and returns it cut
 // to n bytes and out of every list, with the wait to make once unlocked when it was taken from

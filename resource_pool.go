@@ -253,7 +253,7 @@ type PoolMemoryResource struct {
 	// it are written under mu. The pads keep it on a line of its own, so that the slow path of
 	// one stream does not take that line from the cores running the fast paths of the others.
 	_      [64]byte
-	caches atomic.Pointer[streamSet[*poolCache]] // per-stream caches (resource_pool_cache.go)
+	caches atomic.Pointer[streamSet[*poolCache]] // per-stream caches (pool_cache.go)
 	// prof is PoolOptions.MemoryProfile, never changed after construction, read beside caches.
 	prof *MemoryProfile
 	_    [48]byte

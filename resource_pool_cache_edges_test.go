@@ -12,7 +12,7 @@ import (
 	"github.com/stretchr/testify/require"
 )
 
-// Attacks on the pool's per-stream caches (resource_pool_cache.go): sizes at the cache's limits, double
+// Attacks on the pool's per-stream caches (pool_cache.go): sizes at the cache's limits, double
 // frees and frees on other streams in every order relative to caching, frees after Close and
 // after a Stream's Close, capped and expandable pools, adaptors stacked on a pool, and
 // concurrent use with Stats, Release, CheckInvariants and Close.

@@ -5,7 +5,7 @@ import (
 	"slices"
 )
 
-// Stream-ordered free lists: the part the pool (freeList, resource_pool_freelist.go) and the
+// Stream-ordered free lists: the part the pool (freeList, pool_freelist.go) and the
 // fixed-size resource (fixedList, resource_fixed.go) share. Each list embeds a streamOrder, each
 // resource a streamLists, its registry of lists; what a list holds (a TLSF index of blocks, a
 // stack of equal blocks) and how the resource locks stay its own.

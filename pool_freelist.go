@@ -143,7 +143,7 @@ type freeList struct {
 	bytes   int // free bytes
 	rng     uint32
 	// The sizes (rounded) of the stream's last allocations that its cache could not serve; a
-	// free of one of these sizes goes to the stream's cache (resource_pool_cache.go).
+	// free of one of these sizes goes to the stream's cache (pool_cache.go).
 	recent     [poolCacheRecent]int
 	recentNext int
 
