@@ -18,12 +18,15 @@ const Alignment = 256
 //
 //   - Allocate returns a pointer to at least nbytes bytes, aligned to [Alignment] (256 bytes), that
 //     may be used by work ordered on stream s (other streams need an ordering edge first, e.g. an
-//     [Event]). Allocate(0, s) returns (0, nil) and touches nothing. A negative size returns
+//     [Event]). Allocate(0, s) returns (0, nil) and takes no memory; a resource may count it as
+//     an allocation of 0 bytes ([StatisticsResourceAdaptor] does). A negative size returns
 //     [ErrInvalidArgument]. When the memory cannot be had the error wraps [ErrOutOfMemory], names the
 //     resource and the size asked, and the resource stays fully usable.
 //   - Deallocate returns p, which Allocate(nbytes, ·) gave, so that it may be reused by work
 //     ordered after everything queued on s at the time of the call. nbytes must be the size given to
-//     Allocate. Deallocate(0, 0, s) is a no-op. The sub-allocators ([PoolMemoryResource],
+//     Allocate. Deallocate(0, 0, s) frees a zero-byte allocation: a resource must accept it
+//     (return nil) and may count it, so a caller makes it once for each Allocate(0, ·), as for
+//     any other allocation. The sub-allocators ([PoolMemoryResource],
 //     [ArenaMemoryResource], [FixedSizeMemoryResource], [BinningMemoryResource]), [SystemMemoryResource]
 //     and [SimulatedMemoryResource] detect a pointer they never gave out, a double free and a wrong size,
 //     and return [ErrInvalidFree] without changing their state; the driver resources pass the
