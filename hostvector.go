@@ -389,7 +389,7 @@ func (st *hostVecState) copyAsync(op string, dev memRef, toDevice bool, n int, s
 	if n == 0 {
 		return nil
 	}
-	r, err := routeOf(op, dev.access)
+	r, err := routeOf(op, dev)
 	if err != nil {
 		return err
 	}

@@ -54,6 +54,12 @@ const Alignment = 256
 // memory back), [Upstreamer] (adaptors and sub-allocators), [Accessible] (where the memory can be
 // touched), [DeviceResource] (the device the resource belongs to).
 //
+// A resource that wraps another should implement Upstream (or Access): [AccessOf] takes the
+// memory of a resource that reports neither as device memory, so the containers ([Uvector],
+// [Scalar], [DeviceBuffer]) copy to and from it with CUDA — which, over host memory on a machine
+// without a GPU, fails with [ErrNoDevice] — and the conformance suite (rmmtest) does not check
+// what is written into it.
+//
 // A resource written in another package is held to this contract by the conformance suite of
 // package github.com/gormm/rmm/rmmtest (rmmtest.Run in a test, rmmtest.Check elsewhere); the
 // Event example shows a caller ordering a free on another stream.
@@ -129,9 +135,16 @@ type DeviceResource interface {
 // [Accessible], else its upstream's, else [DeviceAccessible] (a resource we know nothing of is assumed
 // to hand out device memory).
 func AccessOf(mr MemoryResource) Access {
+	a, _ := accessOf(mr)
+	return a
+}
+
+// accessOf is AccessOf, and the resource where the walk stopped without an answer (nil when one
+// answered): the one whose memory is taken as device memory for want of an Access method.
+func accessOf(mr MemoryResource) (Access, MemoryResource) {
 	for mr != nil {
 		if a, ok := mr.(Accessible); ok {
-			return a.Access()
+			return a.Access(), nil
 		}
 		u, ok := mr.(Upstreamer)
 		if !ok {
@@ -139,7 +152,7 @@ func AccessOf(mr MemoryResource) Access {
 		}
 		mr = u.Upstream()
 	}
-	return DeviceAccessible
+	return DeviceAccessible, mr
 }
 
 // DeviceOf returns the device mr belongs to: its own answer when it implements [DeviceResource],

@@ -347,7 +347,8 @@ func NewUvectorFromSlice[T any](src []T, s StreamView, mr MemoryResource) (*Uvec
 	if err != nil {
 		return nil, err
 	}
-	if err := spanFromHost("New"+v.st.kind, v.Span(), src, s); err != nil {
+	// The vector's own reference, not a span's: it names the resource in routeOf's errors.
+	if err := copyFromGo("New"+v.st.kind, v.st.ref(), unsafe.Pointer(unsafe.SliceData(src)), len(src)*sizeOf[T](), s); err != nil {
 		v.Close()
 		return nil, err
 	}
@@ -586,7 +587,7 @@ func (v *Uvector[T]) ToSlice(s StreamView) ([]T, error) {
 	if v.state().closed {
 		return nil, v.state().errClosed("ToSlice")
 	}
-	if _, err := routeOf(v.state().kind+".ToSlice", v.state().access); err != nil {
+	if _, err := routeOf(v.state().kind+".ToSlice", v.state().ref()); err != nil {
 		return nil, err // before allocating the result
 	}
 	out := make([]T, v.Len())

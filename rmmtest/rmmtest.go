@@ -14,6 +14,14 @@
 //
 // and the resource is held to every invariant the resources of package rmm are held to.
 //
+// A resource that wraps another (an adaptor, a sub-allocator) should implement Upstream
+// (rmm.Upstreamer) or Access (rmm.Accessible). rmm.AccessOf takes the memory of a resource that
+// reports neither as device memory, so the suite writes no patterns into it (the checks of host
+// memory are not made, even over host memory), and the containers of package rmm copy to it with
+// CUDA; through Upstream the suite also releases and closes what lies between the resource and
+// its upstream. The Alignment sub-test logs it (go test -v) when it takes a resource's memory as
+// device memory for want of either method on a machine without CUDA.
+//
 // # What is checked
 //
 // Run builds a fresh resource for each of its sub-tests (and for each random sequence of the
@@ -477,7 +485,9 @@ func (c *config) mayRunOut(live, n int) bool {
 // newResource is called for every resource the suite needs, with the sub-test it belongs to and
 // the upstream to build it over, and may call t.Fatal. The suite frees what it allocated and
 // releases and closes what newResource built (see the package documentation). opts declares
-// what the resource promises; nil means the defaults (see Options).
+// what the resource promises; nil means the defaults (see Options). A resource that wraps another
+// should implement Upstream or Access: without them its memory is taken as device memory, and the
+// checks of host memory are not made (see the package documentation).
 //
 // The CurrentDeviceResource sub-test changes the process-wide current device resource while it
 // runs. The suites of a process take turns at it, and the default upstream is read between
