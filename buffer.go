@@ -440,12 +440,17 @@ func newDeviceBuffer(st *memState) *DeviceBuffer {
 // CurrentDeviceResource(). The contents are uninitialized. A negative size returns
 // ErrInvalidArgument; a failed allocation returns the resource's error (ErrOutOfMemory).
 func NewDeviceBuffer(size int, s StreamView, mr MemoryResource) (*DeviceBuffer, error) {
+	return newDeviceBufferAs("NewDeviceBuffer", size, s, mr)
+}
+
+// newDeviceBufferAs is NewDeviceBuffer for the constructor op, which its errors name.
+func newDeviceBufferAs(op string, size int, s StreamView, mr MemoryResource) (*DeviceBuffer, error) {
 	if size < 0 {
-		return nil, errorf("NewDeviceBuffer: negative size %d: %w", size, ErrInvalidArgument)
+		return nil, errorf("%s: negative size %d: %w", op, size, ErrInvalidArgument)
 	}
 	st, err := newMemState("DeviceBuffer", size, s, mr)
 	if err != nil {
-		return nil, errorf("NewDeviceBuffer(%d bytes): %w", size, err)
+		return nil, errorf("%s(%d bytes): %w", op, size, err)
 	}
 	return newDeviceBuffer(st), nil
 }
@@ -454,7 +459,7 @@ func NewDeviceBuffer(size int, s StreamView, mr MemoryResource) (*DeviceBuffer, 
 // s and copies src into them; the copy is complete when it returns (cuMemcpyHtoDAsync, then s
 // synchronised). On failure nothing stays allocated.
 func NewDeviceBufferFromHost(src []byte, s StreamView, mr MemoryResource) (*DeviceBuffer, error) {
-	b, err := NewDeviceBuffer(len(src), s, mr)
+	b, err := newDeviceBufferAs("NewDeviceBufferFromHost", len(src), s, mr)
 	if err != nil {
 		return nil, err
 	}
@@ -474,7 +479,7 @@ func NewDeviceBufferFromDevice(src DevicePtr, size int, s StreamView, mr MemoryR
 	if src == 0 && size > 0 {
 		return nil, errorf("NewDeviceBufferFromDevice: null source with size %d: %w", size, ErrInvalidArgument)
 	}
-	b, err := NewDeviceBuffer(size, s, mr)
+	b, err := newDeviceBufferAs("NewDeviceBufferFromDevice", size, s, mr)
 	if err != nil {
 		return nil, err
 	}
