@@ -478,7 +478,7 @@ func (in *instance) observe() observation {
 // zero-byte call).
 func unchanged(before, after observation) error {
 	if !reflect.DeepEqual(before.stats, after.stats) {
-		return fmt.Errorf("rmmtest: Stats changed: %+v -> %+v", before.stats, after.stats)
+		return fmt.Errorf("rmmtest: Stats changed across a refused call, which must change nothing (the value of a Stats method with no arguments and one result, whatever its type, is compared before and after; a method that counts refused calls must be named otherwise: see the package documentation): %+v -> %+v", before.stats, after.stats)
 	}
 	return unchangedUpstream(before, after)
 }
@@ -502,7 +502,7 @@ func unchangedByZero(before, after observation) error {
 		b, a = nil, nil
 	}
 	if !reflect.DeepEqual(b, a) {
-		return fmt.Errorf("rmmtest: Stats changed: %+v -> %+v", before.stats, after.stats)
+		return fmt.Errorf("rmmtest: Stats changed across a zero-byte allocation and its free, which may change only counts of calls (rmm.PoolStats is compared whole, rmm.Statistics but for PeakCount and TotalCount: see ZeroSize in the package documentation): %+v -> %+v", before.stats, after.stats)
 	}
 	return unchangedUpstream(before, after)
 }
@@ -527,7 +527,7 @@ func unchangedAccounting(before, after observation) error {
 		if b.LiveBytes != a.LiveBytes || b.LiveAllocations != a.LiveAllocations || b.MaximumPoolSize != a.MaximumPoolSize ||
 			a.PoolSize > b.PoolSize || a.PoolSize-a.FreeBytes != b.PoolSize-b.FreeBytes ||
 			(a.PoolSize == b.PoolSize && (a.FreeBytes != b.FreeBytes || a.UpstreamBlocks != b.UpstreamBlocks)) {
-			return fmt.Errorf("rmmtest: Stats changed: %+v -> %+v", b, a)
+			return fmt.Errorf("rmmtest: Stats changed across a failed allocation, which may only give wholly free blocks back (the live figures and the bytes in use stay, PoolSize may only shrink, and without shrinking FreeBytes and UpstreamBlocks stay): %+v -> %+v", b, a)
 		}
 		shrank = a.PoolSize < b.PoolSize
 	} else {
