@@ -98,15 +98,21 @@ type passThrough interface {
 	passesPointersThrough()
 }
 
-// Access says where memory from a resource can be read and written.
+// Access says where memory from a resource can be read and written: a set of the flags
+// [DeviceAccessible] (kernels and device copies can use it) and [HostAccessible] (the CPU can
+// read and write it through a plain pointer). Managed and pinned memory have both; 0 is memory
+// that can be touched nowhere (the addresses of a [SimulatedMemoryResource]). [AccessOf] reports
+// a resource's.
 type Access uint8
 
-const (
-	// DeviceAccessible memory can be used by kernels and device copies.
-	DeviceAccessible Access = 1 << iota
-	// HostAccessible memory can be read and written by the CPU through a plain pointer.
-	HostAccessible
-)
+// Each flag is a declaration of its own, not one of a block, so that go doc lists both with the
+// type.
+
+// DeviceAccessible memory can be used by kernels and device copies.
+const DeviceAccessible Access = 1
+
+// HostAccessible memory can be read and written by the CPU through a plain pointer.
+const HostAccessible Access = 2
 
 func (a Access) String() string {
 	switch a {
