@@ -56,7 +56,7 @@ func newMemState(kind string, nbytes int, s StreamView, mr MemoryResource) (*mem
 }
 
 // ref is the allocation as one end of a copy or fill.
-func (st *memState) ref() memRef { return memRef{p: st.ptr, access: st.access, dev: st.dev} }
+func (st *memState) ref() memRef { return memRef{p: st.ptr, access: st.access, dev: st.dev, mr: st.mr} }
 
 // reallocate moves the first keep bytes into a new allocation of exactly newCap bytes, ordered on
 // s, frees the old allocation on s and makes s the stream. When the allocation or the copy fails
@@ -71,7 +71,7 @@ func (st *memState) reallocate(op string, newCap, keep int, s StreamView) error 
 		}
 	}
 	if keep > 0 && st.access != 0 {
-		if err := copyMem(op, memRef{p, st.access, st.dev}, st.ref(), keep, s); err != nil {
+		if err := copyMem(op, memRef{p, st.access, st.dev, st.mr}, st.ref(), keep, s); err != nil {
 			_ = st.mr.Deallocate(p, newCap, s)
 			return err
 		}
@@ -162,11 +162,13 @@ func reclaimLeaked(st *memState) {
 
 // ---- where memory is, and how to copy and fill it ----
 
-// memRef is one end of a copy or a fill: an address, where it can be touched, its device.
+// memRef is one end of a copy or a fill: an address, where it can be touched, its device, and
+// the resource it came from when known (nil for a span), for routeOf's errors.
 type memRef struct {
 	p      DevicePtr
 	access Access
 	dev    Device
+	mr     MemoryResource
 }
 
 // route is how memory of some access is read and written.
@@ -179,14 +181,21 @@ const (
 
 // routeOf picks the device path for device-accessible memory when CUDA is available, else the
 // CPU for host-accessible memory. Memory with no access gives ErrNotSupported; device-only memory
-// without CUDA gives the reason CUDA is unavailable (ErrNoDevice).
-func routeOf(op string, a Access) (route, error) {
+// without CUDA gives the reason CUDA is unavailable (ErrNoDevice), and says so when the memory was
+// taken as device memory because its resource does not report its Access (AccessOf).
+func routeOf(op string, m memRef) (route, error) {
+	a := m.access
 	if a&DeviceAccessible != 0 {
 		err := CUDAAvailable()
 		if err == nil {
 			return routeDevice, nil
 		}
 		if a&HostAccessible == 0 {
+			if m.mr != nil {
+				if _, silent := accessOf(m.mr); silent != nil {
+					return 0, errorf("%s: %s does not implement Access or Upstream, so its memory is taken as device memory: %w", op, resourceName(silent), err)
+				}
+			}
 			return 0, errorf("%s: device memory: %w", op, err)
 		}
 	}
@@ -198,14 +207,14 @@ func routeOf(op string, a Access) (route, error) {
 
 // memRoute is the start every copy and fill makes: ErrClosed for a closed s, nothing to do
 // (skip) for n == 0, else the route to the memory of access a.
-func memRoute(op string, a Access, n int, s StreamView) (r route, skip bool, err error) {
+func memRoute(op string, m memRef, n int, s StreamView) (r route, skip bool, err error) {
 	if s.closed() {
 		return 0, false, errStreamClosed(op, s)
 	}
 	if n == 0 {
 		return 0, true, nil
 	}
-	r, err = routeOf(op, a)
+	r, err = routeOf(op, m)
 	return r, false, err
 }
 
@@ -216,11 +225,11 @@ func memRoute(op string, a Access, n int, s StreamView) (r route, skip bool, err
 //   - host-only and device memory: cuMemcpyHtoDAsync / cuMemcpyDtoHAsync on s, then s is
 //     synchronised, because the host end is then touched by the CPU without stream order.
 func copyMem(op string, dst, src memRef, n int, s StreamView) error {
-	dr, skip, err := memRoute(op, dst.access, n, s)
+	dr, skip, err := memRoute(op, dst, n, s)
 	if skip || err != nil {
 		return err
 	}
-	sr, err := routeOf(op, src.access)
+	sr, err := routeOf(op, src)
 	if err != nil {
 		return err
 	}
@@ -275,7 +284,7 @@ func copyMem(op string, dst, src memRef, n int, s StreamView) error {
 // driver infers the source's kind through unified addressing (cuMemcpyAsync on s; s is then
 // synchronised when dst is host-only memory). Without CUDA src must be host memory.
 func copyFromAddr(op string, dst memRef, src DevicePtr, n int, s StreamView) error {
-	dr, skip, err := memRoute(op, dst.access, n, s)
+	dr, skip, err := memRoute(op, dst, n, s)
 	if skip || err != nil {
 		return err
 	}
@@ -299,7 +308,7 @@ func copyFromAddr(op string, dst memRef, src DevicePtr, n int, s StreamView) err
 // copyFromGo copies Go memory (which must hold no Go pointers) to dst; finished at return
 // (cuMemcpyHtoDAsync on s, then s synchronised, in one driver call).
 func copyFromGo(op string, dst memRef, src unsafe.Pointer, n int, s StreamView) error {
-	r, skip, err := memRoute(op, dst.access, n, s)
+	r, skip, err := memRoute(op, dst, n, s)
 	if skip || err != nil {
 		return err
 	}
@@ -320,7 +329,7 @@ func copyFromGo(op string, dst memRef, src unsafe.Pointer, n int, s StreamView) 
 // copyToGo copies n bytes at src into Go memory; finished at return (cuMemcpyDtoHAsync on s,
 // then s synchronised).
 func copyToGo(op string, dst unsafe.Pointer, src memRef, n int, s StreamView) error {
-	r, skip, err := memRoute(op, src.access, n, s)
+	r, skip, err := memRoute(op, src, n, s)
 	if skip || err != nil {
 		return err
 	}
@@ -341,7 +350,7 @@ func copyToGo(op string, dst unsafe.Pointer, src memRef, n int, s StreamView) er
 // fillMem writes elem repeatedly over nbytes at dst (nbytes a multiple of len(elem)): deviceFill
 // (driver memset or fill kernels, asynchronous on s) on device memory, the CPU on host memory.
 func fillMem(op string, dst memRef, nbytes int, elem []byte, s StreamView) error {
-	r, skip, err := memRoute(op, dst.access, nbytes, s)
+	r, skip, err := memRoute(op, dst, nbytes, s)
 	if skip || err != nil {
 		return err
 	}
@@ -431,12 +440,17 @@ func newDeviceBuffer(st *memState) *DeviceBuffer {
 // CurrentDeviceResource(). The contents are uninitialized. A negative size returns
 // ErrInvalidArgument; a failed allocation returns the resource's error (ErrOutOfMemory).
 func NewDeviceBuffer(size int, s StreamView, mr MemoryResource) (*DeviceBuffer, error) {
+	return newDeviceBufferAs("NewDeviceBuffer", size, s, mr)
+}
+
+// newDeviceBufferAs is NewDeviceBuffer for the constructor op, which its errors name.
+func newDeviceBufferAs(op string, size int, s StreamView, mr MemoryResource) (*DeviceBuffer, error) {
 	if size < 0 {
-		return nil, errorf("NewDeviceBuffer: negative size %d: %w", size, ErrInvalidArgument)
+		return nil, errorf("%s: negative size %d: %w", op, size, ErrInvalidArgument)
 	}
 	st, err := newMemState("DeviceBuffer", size, s, mr)
 	if err != nil {
-		return nil, errorf("NewDeviceBuffer(%d bytes): %w", size, err)
+		return nil, errorf("%s(%d bytes): %w", op, size, err)
 	}
 	return newDeviceBuffer(st), nil
 }
@@ -445,7 +459,7 @@ func NewDeviceBuffer(size int, s StreamView, mr MemoryResource) (*DeviceBuffer, 
 // s and copies src into them; the copy is complete when it returns (cuMemcpyHtoDAsync, then s
 // synchronised). On failure nothing stays allocated.
 func NewDeviceBufferFromHost(src []byte, s StreamView, mr MemoryResource) (*DeviceBuffer, error) {
-	b, err := NewDeviceBuffer(len(src), s, mr)
+	b, err := newDeviceBufferAs("NewDeviceBufferFromHost", len(src), s, mr)
 	if err != nil {
 		return nil, err
 	}
@@ -465,7 +479,7 @@ func NewDeviceBufferFromDevice(src DevicePtr, size int, s StreamView, mr MemoryR
 	if src == 0 && size > 0 {
 		return nil, errorf("NewDeviceBufferFromDevice: null source with size %d: %w", size, ErrInvalidArgument)
 	}
-	b, err := NewDeviceBuffer(size, s, mr)
+	b, err := newDeviceBufferAs("NewDeviceBufferFromDevice", size, s, mr)
 	if err != nil {
 		return nil, err
 	}
@@ -624,7 +638,7 @@ func (b *DeviceBuffer) Bytes(s StreamView) ([]byte, error) {
 	if b.state().closed {
 		return nil, b.state().errClosed("Bytes")
 	}
-	if _, err := routeOf("DeviceBuffer.Bytes", b.state().access); err != nil {
+	if _, err := routeOf("DeviceBuffer.Bytes", b.state().ref()); err != nil {
 		return nil, err // before allocating the result
 	}
 	out := make([]byte, b.state().size)

@@ -77,8 +77,12 @@ func hostVectorKind[T any]() string { return "HostVector[" + typeName[T]() + "]"
 // an element type holding Go pointers returns ErrInvalidArgument; a failed allocation returns the
 // resource's error (ErrOutOfMemory).
 func NewHostVector[T any](n int, mr HostMemoryResource) (*HostVector[T], error) {
+	return newHostVectorAs[T]("New"+hostVectorKind[T](), n, mr)
+}
+
+// newHostVectorAs is NewHostVector for the constructor op, which its errors name.
+func newHostVectorAs[T any](op string, n int, mr HostMemoryResource) (*HostVector[T], error) {
 	kind := hostVectorKind[T]()
-	op := "New" + kind
 	if err := checkElemType[T](op); err != nil {
 		return nil, err
 	}
@@ -111,7 +115,7 @@ func NewHostVector[T any](n int, mr HostMemoryResource) (*HostVector[T], error) 
 // NewHostVectorFromSlice allocates len(src) elements from mr (nil: the default pinned resource)
 // and copies src into them.
 func NewHostVectorFromSlice[T any](src []T, mr HostMemoryResource) (*HostVector[T], error) {
-	h, err := NewHostVector[T](len(src), mr)
+	h, err := newHostVectorAs[T]("NewHostVectorFromSlice["+typeName[T]()+"]", len(src), mr)
 	if err != nil {
 		return nil, err
 	}
@@ -389,7 +393,7 @@ func (st *hostVecState) copyAsync(op string, dev memRef, toDevice bool, n int, s
 	if n == 0 {
 		return nil
 	}
-	r, err := routeOf(op, dev.access)
+	r, err := routeOf(op, dev)
 	if err != nil {
 		return err
 	}

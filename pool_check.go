@@ -6,9 +6,13 @@ import (
 
 // PoolStats is a snapshot of a pool's state.
 type PoolStats struct {
-	PoolSize         int // bytes taken from the upstream
-	PeakPoolSize     int // the most bytes held at once since the pool was made
-	MaximumPoolSize  int // 0 when unbounded
+	PoolSize     int // bytes taken from the upstream
+	PeakPoolSize int // the most bytes held at once since the pool was made
+	// MaximumPoolSize is PoolOptions.MaximumPoolSize, 0 when unbounded. An expandable pool is
+	// never unbounded: it reports the size of its reserved range, the maximum asked or by default
+	// the device's total memory (the host's without a GPU; over a SimulatedMemoryResource, its
+	// capacity), rounded up to the granularity.
+	MaximumPoolSize  int
 	LiveBytes        int // bytes of live allocations, each rounded up to 256
 	LiveAllocations  int
 	FreeBytes        int // PoolSize - LiveBytes
@@ -16,10 +20,11 @@ type PoolStats struct {
 	LargestFreeBlock int // bytes; the largest free block in any one list or cache (a request up to the free bytes may still be served without growing, once other streams' lists are merged)
 	UpstreamBlocks   int // allocations held from the upstream (expandable: chunks mapped)
 	Streams          int // streams with a free list
-	// CachedBlocks and CachedBytes are the free blocks held in the streams' caches, for reuse by
-	// an allocation of the same size on the same stream (see PoolMemoryResource); they are
-	// counted in FreeBlocks, FreeBytes, LargestFreeBlock and PerStream, and coalesce with their
-	// neighbours when the pool would otherwise grow, or on Release.
+	// CachedBlocks and CachedBytes are the free blocks held in the streams' caches: a small freed
+	// block (at most 1 MiB, of a size its stream recently asked for) stays in its stream's cache,
+	// counted as free (in FreeBlocks, FreeBytes, LargestFreeBlock and PerStream) but not
+	// coalesced, until an allocation on that stream that the cache cannot serve, the pool's
+	// growth, Release or Close returns it to the free lists.
 	CachedBlocks, CachedBytes int
 	// PerStream is each stream's free list, the default stream first, then in order of first use.
 	PerStream []StreamFreeStats

@@ -340,7 +340,7 @@ func TestAdaptorsOverPoolProperty(t *testing.T) {
 		{"logging", func(p rmm.MemoryResource) (rmm.MemoryResource, error) {
 			return rmm.NewLoggingResourceAdaptor(p, confDiscard{}, nil)
 		}},
-		{"statistics", confStatisticsUnseen},
+		{"statistics", confStatistics},
 		{"failure callback", confFailureCallback},
 		{"thread-safe", confThreadSafe},
 		{"memory profile", confMemoryProfile(1)},

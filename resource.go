@@ -18,12 +18,15 @@ const Alignment = 256
 //
 //   - Allocate returns a pointer to at least nbytes bytes, aligned to [Alignment] (256 bytes), that
 //     may be used by work ordered on stream s (other streams need an ordering edge first, e.g. an
-//     [Event]). Allocate(0, s) returns (0, nil) and touches nothing. A negative size returns
+//     [Event]). Allocate(0, s) returns (0, nil) and takes no memory; a resource may count it as
+//     an allocation of 0 bytes ([StatisticsResourceAdaptor] does). A negative size returns
 //     [ErrInvalidArgument]. When the memory cannot be had the error wraps [ErrOutOfMemory], names the
 //     resource and the size asked, and the resource stays fully usable.
 //   - Deallocate returns p, which Allocate(nbytes, ·) gave, so that it may be reused by work
 //     ordered after everything queued on s at the time of the call. nbytes must be the size given to
-//     Allocate. Deallocate(0, 0, s) is a no-op. The sub-allocators ([PoolMemoryResource],
+//     Allocate. Deallocate(0, 0, s) frees a zero-byte allocation: a resource must accept it
+//     (return nil) and may count it, so a caller makes it once for each Allocate(0, ·), as for
+//     any other allocation. The sub-allocators ([PoolMemoryResource],
 //     [ArenaMemoryResource], [FixedSizeMemoryResource], [BinningMemoryResource]), [SystemMemoryResource]
 //     and [SimulatedMemoryResource] detect a pointer they never gave out, a double free and a wrong size,
 //     and return [ErrInvalidFree] without changing their state; the driver resources pass the
@@ -50,6 +53,12 @@ const Alignment = 256
 // Optional behaviour is discovered by type assertion, as io.WriterTo is: [Releaser] (give unused
 // memory back), [Upstreamer] (adaptors and sub-allocators), [Accessible] (where the memory can be
 // touched), [DeviceResource] (the device the resource belongs to).
+//
+// A resource that wraps another should implement Upstream (or Access): [AccessOf] takes the
+// memory of a resource that reports neither as device memory, so the containers ([Uvector],
+// [Scalar], [DeviceBuffer]) copy to and from it with CUDA — which, over host memory on a machine
+// without a GPU, fails with [ErrNoDevice] — and the conformance suite (rmmtest) does not check
+// what is written into it.
 //
 // A resource written in another package is held to this contract by the conformance suite of
 // package github.com/gormm/rmm/rmmtest (rmmtest.Run in a test, rmmtest.Check elsewhere); the
@@ -89,15 +98,21 @@ type passThrough interface {
 	passesPointersThrough()
 }
 
-// Access says where memory from a resource can be read and written.
+// Access says where memory from a resource can be read and written: a set of the flags
+// [DeviceAccessible] (kernels and device copies can use it) and [HostAccessible] (the CPU can
+// read and write it through a plain pointer). Managed and pinned memory have both; 0 is memory
+// that can be touched nowhere (the addresses of a [SimulatedMemoryResource]). [AccessOf] reports
+// a resource's.
 type Access uint8
 
-const (
-	// DeviceAccessible memory can be used by kernels and device copies.
-	DeviceAccessible Access = 1 << iota
-	// HostAccessible memory can be read and written by the CPU through a plain pointer.
-	HostAccessible
-)
+// Each flag is a declaration of its own, not one of a block, so that go doc lists both with the
+// type.
+
+// DeviceAccessible memory can be used by kernels and device copies.
+const DeviceAccessible Access = 1
+
+// HostAccessible memory can be read and written by the CPU through a plain pointer.
+const HostAccessible Access = 2
 
 func (a Access) String() string {
 	switch a {
@@ -126,9 +141,16 @@ type DeviceResource interface {
 // [Accessible], else its upstream's, else [DeviceAccessible] (a resource we know nothing of is assumed
 // to hand out device memory).
 func AccessOf(mr MemoryResource) Access {
+	a, _ := accessOf(mr)
+	return a
+}
+
+// accessOf is AccessOf, and the resource where the walk stopped without an answer (nil when one
+// answered): the one whose memory is taken as device memory for want of an Access method.
+func accessOf(mr MemoryResource) (Access, MemoryResource) {
 	for mr != nil {
 		if a, ok := mr.(Accessible); ok {
-			return a.Access()
+			return a.Access(), nil
 		}
 		u, ok := mr.(Upstreamer)
 		if !ok {
@@ -136,7 +158,7 @@ func AccessOf(mr MemoryResource) Access {
 		}
 		mr = u.Upstream()
 	}
-	return DeviceAccessible
+	return DeviceAccessible, mr
 }
 
 // DeviceOf returns the device mr belongs to: its own answer when it implements [DeviceResource],

@@ -86,8 +86,10 @@ type PoolOptions struct {
 	// PercentOfFreeDeviceMemory(50) gives that.)
 	InitialPoolSize int
 	// MaximumPoolSize caps the bytes the pool takes from its upstream. It must be a multiple of 256
-	// and at least InitialPoolSize. Default 0: no maximum (expandable: the device's total memory;
-	// over a SimulatedMemoryResource, its capacity).
+	// and at least InitialPoolSize. Default 0: no maximum, and PoolStats.MaximumPoolSize is 0 —
+	// except for an expandable pool, which reserves its range for the device's total memory (the
+	// host's without a GPU; over a SimulatedMemoryResource, its capacity). An expandable pool
+	// reports the size it reserved (this, or that default), rounded up to the granularity.
 	MaximumPoolSize int
 	// Expandable makes the pool map its own memory into one virtual address range of
 	// MaximumPoolSize bytes, reserved at construction (cuMemAddressReserve), growing by chunks of

@@ -87,8 +87,10 @@ func (l *statLevel) stats() Statistics {
 //     allocation counts (one allocation of 0 bytes). A failed allocation changes nothing.
 //   - Deallocate takes nbytes and one allocation off the top level first and then calls the
 //     upstream, so that an address the upstream hands out again at once is never counted twice.
-//     Deallocate(0, 0, s) counts one allocation off, as Allocate(0, s) counted one on. When the
-//     upstream returns an error the memory is still allocated, and the counts are put back.
+//     Deallocate(0, 0, s) counts one allocation off, as Allocate(0, s) counted one on (the
+//     [MemoryResource] contract lets a resource count both; a caller frees each zero-byte
+//     allocation once). When the upstream returns an error the memory is still allocated, and
+//     the counts are put back.
 //
 // Levels may go negative: memory allocated before a push and freed after it is taken off the new
 // level. PopCounters folds a level into the one below it (see there).

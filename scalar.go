@@ -42,13 +42,17 @@ func scalarKind[T any]() string { return "Scalar[" + typeName[T]() + "]" }
 // CurrentDeviceResource(). An element type holding Go pointers returns ErrInvalidArgument; a
 // failed allocation returns the resource's error.
 func NewScalar[T any](s StreamView, mr MemoryResource) (*Scalar[T], error) {
-	kind := scalarKind[T]()
-	if err := checkElemType[T]("New" + kind); err != nil {
+	return newScalarAs[T]("New"+scalarKind[T](), s, mr)
+}
+
+// newScalarAs is NewScalar for the constructor op, which its errors name.
+func newScalarAs[T any](op string, s StreamView, mr MemoryResource) (*Scalar[T], error) {
+	if err := checkElemType[T](op); err != nil {
 		return nil, err
 	}
-	st, err := newMemState(kind, sizeOf[T](), s, mr)
+	st, err := newMemState(scalarKind[T](), sizeOf[T](), s, mr)
 	if err != nil {
-		return nil, errorf("New%s: %w", kind, err)
+		return nil, errorf("%s: %w", op, err)
 	}
 	return &Scalar[T]{v: newUvector[T](st)}, nil
 }
@@ -56,11 +60,12 @@ func NewScalar[T any](s StreamView, mr MemoryResource) (*Scalar[T], error) {
 // NewScalarWithValue allocates one element from mr on s and sets it to x; the copy is complete at
 // return (it reads Go memory). On failure nothing stays allocated.
 func NewScalarWithValue[T any](x T, s StreamView, mr MemoryResource) (*Scalar[T], error) {
-	c, err := NewScalar[T](s, mr)
+	op := "NewScalarWithValue[" + typeName[T]() + "]"
+	c, err := newScalarAs[T](op, s, mr)
 	if err != nil {
 		return nil, err
 	}
-	if err := c.SetValue(x, s); err != nil {
+	if err := copyFromGo(op, c.state().ref(), unsafe.Pointer(&x), sizeOf[T](), s); err != nil {
 		c.Close()
 		return nil, err
 	}

@@ -73,7 +73,7 @@ func TestScalarWithValueAndCopy(t *testing.T) {
 	mr1.setFailNext(1)
 	_, err = NewScalarWithValue(1.0, DefaultStream, mr1)
 	require.ErrorIs(t, err, ErrOutOfMemory)
-	assert.Contains(t, err.Error(), "NewScalar[float64]")
+	assert.Contains(t, err.Error(), "NewScalarWithValue[float64]")
 	assert.Equal(t, 8, mr1.liveBytes(), "only c is live")
 
 	sim, _ := NewSimulatedMemoryResource(1 << 20)

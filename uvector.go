@@ -324,8 +324,12 @@ func newUvector[T any](st *memState) *Uvector[T] {
 // byte size overflows int, or an element type holding Go pointers returns ErrInvalidArgument; a
 // failed allocation returns the resource's error (ErrOutOfMemory).
 func NewUvector[T any](n int, s StreamView, mr MemoryResource) (*Uvector[T], error) {
+	return newUvectorAs[T]("New"+uvectorKind[T](), n, s, mr)
+}
+
+// newUvectorAs is NewUvector for the constructor op, which its errors name.
+func newUvectorAs[T any](op string, n int, s StreamView, mr MemoryResource) (*Uvector[T], error) {
 	kind := uvectorKind[T]()
-	op := "New" + kind
 	if err := checkElemType[T](op); err != nil {
 		return nil, err
 	}
@@ -343,11 +347,13 @@ func NewUvector[T any](n int, s StreamView, mr MemoryResource) (*Uvector[T], err
 // NewUvectorFromSlice allocates len(src) elements from mr (nil: the current device resource) on
 // s and copies src into them; the copy is complete at return. On failure nothing stays allocated.
 func NewUvectorFromSlice[T any](src []T, s StreamView, mr MemoryResource) (*Uvector[T], error) {
-	v, err := NewUvector[T](len(src), s, mr)
+	op := "NewUvectorFromSlice[" + typeName[T]() + "]"
+	v, err := newUvectorAs[T](op, len(src), s, mr)
 	if err != nil {
 		return nil, err
 	}
-	if err := spanFromHost("New"+v.st.kind, v.Span(), src, s); err != nil {
+	// The vector's own reference, not a span's: it names the resource in routeOf's errors.
+	if err := copyFromGo(op, v.st.ref(), unsafe.Pointer(unsafe.SliceData(src)), len(src)*sizeOf[T](), s); err != nil {
 		v.Close()
 		return nil, err
 	}
@@ -586,7 +592,7 @@ func (v *Uvector[T]) ToSlice(s StreamView) ([]T, error) {
 	if v.state().closed {
 		return nil, v.state().errClosed("ToSlice")
 	}
-	if _, err := routeOf(v.state().kind+".ToSlice", v.state().access); err != nil {
+	if _, err := routeOf(v.state().kind+".ToSlice", v.state().ref()); err != nil {
 		return nil, err // before allocating the result
 	}
 	out := make([]T, v.Len())

@@ -507,7 +507,7 @@ func TestElementTypeRefusal(t *testing.T) {
 		{"zero size", func() error { _, err := NewUvector[struct{}](1, DefaultStream, nil); return err }, []string{"struct {}", "size 0"}},
 		{"scalar", func() error { _, err := NewScalar[string](DefaultStream, nil); return err }, []string{"NewScalar[string]", "string"}},
 		{"span", func() error { _, err := NewDeviceSpan[map[int]int](0, 0, 0, HostAccessible); return err }, []string{"map[int]int"}},
-		{"from slice", func() error { _, err := NewUvectorFromSlice([]string{"a"}, DefaultStream, nil); return err }, []string{"NewUvector[string]"}},
+		{"from slice", func() error { _, err := NewUvectorFromSlice([]string{"a"}, DefaultStream, nil); return err }, []string{"NewUvectorFromSlice[string]"}},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {

@@ -100,14 +100,17 @@ func (s *suite) testClosedStream(t tester) {
 		if err := in.closeStream(si); err != nil {
 			t.Fatalf("closing the Stream: %v", err)
 		}
-		// Allocate(0) returns (0, nil) and touches nothing on any stream (MemoryResource's
-		// contract), a closed one included.
+		// Allocate(0) returns (0, nil) and takes no memory on any stream (MemoryResource's
+		// contract), a closed one included, and Deallocate(0, 0) frees it there.
 		before := in.observe()
 		if p, err := in.mr.Allocate(0, in.views[si]); p != 0 || err != nil {
 			t.Fatalf("Allocate(0) on a closed Stream = (%#x, %v), want (0, nil)", uintptr(p), err)
 		}
-		if uerr := unchanged(before, in.observe()); uerr != nil {
-			t.Fatalf("Allocate(0) on a closed Stream: %v", uerr)
+		if err := in.mr.Deallocate(0, 0, in.views[si]); err != nil {
+			t.Fatalf("Deallocate(0, 0) on a closed Stream = %v, want nil", err)
+		}
+		if uerr := unchangedByZero(before, in.observe()); uerr != nil {
+			t.Fatalf("Allocate(0) and Deallocate(0, 0) on a closed Stream: %v", uerr)
 		}
 		for _, n := range []int{small, large} {
 			before := in.observe()

@@ -14,6 +14,14 @@
 //
 // and the resource is held to every invariant the resources of package rmm are held to.
 //
+// A resource that wraps another (an adaptor, a sub-allocator) should implement Upstream
+// (rmm.Upstreamer) or Access (rmm.Accessible). rmm.AccessOf takes the memory of a resource that
+// reports neither as device memory, so the suite writes no patterns into it (the checks of host
+// memory are not made, even over host memory), and the containers of package rmm copy to it with
+// CUDA; through Upstream the suite also releases and closes what lies between the resource and
+// its upstream. The Alignment sub-test logs it (go test -v) when it takes a resource's memory as
+// device memory for want of either method on a machine without CUDA.
+//
 // # What is checked
 //
 // Run builds a fresh resource for each of its sub-tests (and for each random sequence of the
@@ -30,7 +38,11 @@
 //     upstream is address-only (rmm.SimulatedMemoryResource).
 //   - DistinctPointers: two live 8-byte allocations have different pointers.
 //   - ZeroSize: Allocate(0) returns (0, nil) and Deallocate(0, 0) returns nil, on DefaultStream and
-//     on a Stream, and neither changes anything. NegativeSize: Allocate(-1) wraps
+//     on a Stream, and the pair changes nothing but counts of calls: rmm.MemoryResource's
+//     contract lets a resource count a zero-byte allocation and its free, so across the pair
+//     rmm.Statistics' PeakCount and TotalCount may grow, and a Stats of another type than
+//     rmm.PoolStats and rmm.Statistics is not compared. The suite frees each zero-byte
+//     allocation it makes once, as any other. NegativeSize: Allocate(-1) wraps
 //     rmm.ErrInvalidArgument.
 //   - Sizes: 4 B, 1 KiB, 1 MiB and 1 GiB (those not above Options.MaxAllocationSize) succeed or
 //     fail with rmm.ErrOutOfMemory only. OutOfMemory: 1 PiB fails with rmm.ErrOutOfMemory, a null
@@ -54,7 +66,8 @@
 //     memory allocated on a Stream (and on DefaultStream) is freed on the Stream's view after the
 //     Stream was closed, and memory allocated on it on another Stream; each free returns nil. FreeThenReuse: memory freed on a Stream that
 //     is then closed is allocated and freed again on DefaultStream and on another Stream.
-//     AllocateOnClosed: Allocate(0) on a closed Stream returns (0, nil) and changes nothing;
+//     AllocateOnClosed: Allocate(0) on a closed Stream returns (0, nil), Deallocate(0, 0) on it
+//     returns nil, and the pair changes nothing but counts of calls (as in ZeroSize);
 //     Allocate of more on it returns 0 and an error wrapping rmm.ErrClosed and changes nothing
 //     (or, when Options.IgnoresStreams is set, succeeds or fails so), and the resource keeps
 //     working. ForeignHandle: memory is allocated and freed on
@@ -94,8 +107,8 @@
 //     Options.FullPatterns);
 //   - a failed call changes nothing: after an invalid free nothing observable changes (the value
 //     of any Stats() method with no arguments and one result, found by reflection whatever its
-//     type, so a resource whose Stats counts zero-byte or refused calls fails here: name such a
-//     method otherwise; what the upstream holds, what the resource maps, the patterns);
+//     type, so a resource whose Stats counts refused calls fails here: name such a method
+//     otherwise; what the upstream holds, what the resource maps, the patterns);
 //     after an out-of-memory error PoolStats' live figures are the same and the upstream holds
 //     the same blocks, or (when PoolSize shrank, or without PoolStats the upstream holds fewer
 //     blocks: a pool, or a pool under an adaptor, may give wholly free blocks back before it gives
@@ -472,7 +485,9 @@ func (c *config) mayRunOut(live, n int) bool {
 // newResource is called for every resource the suite needs, with the sub-test it belongs to and
 // the upstream to build it over, and may call t.Fatal. The suite frees what it allocated and
 // releases and closes what newResource built (see the package documentation). opts declares
-// what the resource promises; nil means the defaults (see Options).
+// what the resource promises; nil means the defaults (see Options). A resource that wraps another
+// should implement Upstream or Access: without them its memory is taken as device memory, and the
+// checks of host memory are not made (see the package documentation).
 //
 // The CurrentDeviceResource sub-test changes the process-wide current device resource while it
 // runs. The suites of a process take turns at it, and the default upstream is read between
