@@ -202,16 +202,7 @@ func TestAttackPoolBadFrees(t *testing.T) {
 	require.NoError(t, err)
 	for _, kind := range []string{"plain", "expandable", "stitch"} {
 		t.Run(kind, func(t *testing.T) {
-			var p *PoolMemoryResource
-			switch kind {
-			case "plain":
-				p, err = NewPoolMemoryResource(sim, &PoolOptions{InitialPoolSize: 4 << 20})
-				require.NoError(t, err)
-			case "expandable":
-				p = newExpTestPool(t, newSimVMM(64*kiB, 64*miB), PoolOptions{})
-			case "stitch":
-				p = newExpTestPool(t, newSimVMM(64*kiB, 64*miB), PoolOptions{Stitch: true})
-			}
+			p := attackPoolOf(t, kind, sim)
 			defer func() { require.NoError(t, p.Close()) }()
 			s, err := NewStream(0, nil)
 			require.NoError(t, err)
@@ -282,16 +273,7 @@ func TestAttackPoolAfterClose(t *testing.T) {
 	require.NoError(t, err)
 	for _, kind := range []string{"plain", "expandable", "stitch"} {
 		t.Run(kind, func(t *testing.T) {
-			var p *PoolMemoryResource
-			switch kind {
-			case "plain":
-				p, err = NewPoolMemoryResource(sim, &PoolOptions{InitialPoolSize: 4 << 20})
-				require.NoError(t, err)
-			case "expandable":
-				p = newExpTestPool(t, newSimVMM(64*kiB, 64*miB), PoolOptions{})
-			case "stitch":
-				p = newExpTestPool(t, newSimVMM(64*kiB, 64*miB), PoolOptions{Stitch: true})
-			}
+			p := attackPoolOf(t, kind, sim)
 			s, err := NewStream(0, nil)
 			require.NoError(t, err)
 			sizes := []int{256, 4096, 1 << 20, 5 << 20}
@@ -329,4 +311,19 @@ func TestAttackPoolAfterClose(t *testing.T) {
 			require.Zero(t, p.PoolSize())
 		})
 	}
+}
+
+// attackPoolOf makes the pool of kind ("plain" over sim with 4 MiB taken at once, "expandable"
+// or "stitch" over a 64 MiB address-only VMM of 64 KiB granules).
+func attackPoolOf(t *testing.T, kind string, sim *SimulatedMemoryResource) *PoolMemoryResource {
+	t.Helper()
+	switch kind {
+	case "plain":
+		p, err := NewPoolMemoryResource(sim, &PoolOptions{InitialPoolSize: 4 << 20})
+		require.NoError(t, err)
+		return p
+	case "expandable":
+		return newExpTestPool(t, newSimVMM(64*kiB, 64*miB), PoolOptions{})
+	}
+	return newExpTestPool(t, newSimVMM(64*kiB, 64*miB), PoolOptions{Stitch: true})
 }

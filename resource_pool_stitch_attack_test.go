@@ -13,12 +13,8 @@ import (
 func TestAttackStitchEndCoalescedServes(t *testing.T) {
 	p := newExpTestPool(t, newSimVMM(64*kiB, 1*miB), PoolOptions{Stitch: true})
 	defer func() { require.NoError(t, p.Close()) }()
-	a, err := NewStream(0, nil)
-	require.NoError(t, err)
-	defer a.Close()
-	b, err := NewStream(0, nil)
-	require.NoError(t, err)
-	defer b.Close()
+	a, b := attackStream(t), attackStream(t)
+	var err error
 	var ptrs [4]DevicePtr
 	for i := range ptrs {
 		ptrs[i], err = p.Allocate(256*kiB, a.View())
@@ -45,12 +41,8 @@ func TestAttackStitchEndCoalescedServes(t *testing.T) {
 func TestAttackStitchEndCoalescedNoGrowth(t *testing.T) {
 	p := newExpTestPool(t, newSimVMM(64*kiB, 0), PoolOptions{Stitch: true, MaximumPoolSize: 64 * miB})
 	defer func() { require.NoError(t, p.Close()) }()
-	a, err := NewStream(0, nil)
-	require.NoError(t, err)
-	defer a.Close()
-	b, err := NewStream(0, nil)
-	require.NoError(t, err)
-	defer b.Close()
+	a, b := attackStream(t), attackStream(t)
+	var err error
 	first, err := p.Allocate(256*kiB, a.View())
 	require.NoError(t, err)
 	size := p.PoolSize()
@@ -129,4 +121,13 @@ func TestAttackStitchRunOverTwoLists(t *testing.T) {
 			require.False(t, q >= c.addr && q < c.end(), "%#x is mapped in the live stitched block", uintptr(q))
 		}
 	}
+}
+
+// attackStream returns a new Stream, closed at the test's end.
+func attackStream(t *testing.T) *Stream {
+	t.Helper()
+	s, err := NewStream(0, nil)
+	require.NoError(t, err)
+	t.Cleanup(func() { s.Close() })
+	return s
 }
