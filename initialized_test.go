@@ -39,7 +39,7 @@ func TestIsInitialized(t *testing.T) {
 	require.Equal(t, lim, SetCurrentDeviceResource(nil))
 	require.False(t, IsInitialized())
 
-	require.NoError(t, Reinitialize(&ReinitializeOptions{PoolAllocator: true, InitialPoolSize: 2 << 20, PlainPool: true}))
+	require.NoError(t, Reinitialize(&ReinitializeOptions{PoolAllocator: true, InitialPoolSize: 2 << 20, Pool: PlainPool}))
 	require.True(t, IsInitialized())
 	require.NoError(t, Reinitialize(&ReinitializeOptions{Devices: []Device{}})) // tears down only
 	require.False(t, IsInitialized())

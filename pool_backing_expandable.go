@@ -30,8 +30,9 @@ type expandable struct {
 	noServing
 	p        *PoolMemoryResource
 	st       *stitching // the stitching backing that wraps this one; nil when not stitching
-	vm       vmm
-	source   string // where the memory comes from, for messages: "the device", "the host", ...
+	vm       vmm        // tally, over the driver or its stand-in
+	tally    *vmmTally  // the calls made, for PoolStats.VMM
+	source   string     // where the memory comes from, for messages: "the device", "the host", ...
 	gran     int
 	base     DevicePtr // the reservation
 	reserved int       // bytes reserved: the maximum size
@@ -54,11 +55,14 @@ type expandable struct {
 // caller gave it (nil allowed).
 func newExpandablePool(upstream MemoryResource, vm vmm, o PoolOptions, tune poolTuning) (*PoolMemoryResource, error) {
 	var dev Device
+	fds := false // pieces are memfds of this process's (vmmFor's host memory, stitching)
 	if vm == nil {
 		var err error
 		if vm, dev, err = vmmFor(upstream, o.Stitch || tune.stitchPiece > 0); err != nil {
 			return nil, err
 		}
+		hv, ok := vm.(*hostVMM)
+		fds = ok && hv.aliasing
 	} else {
 		dev = DeviceOf(upstream)
 	}
@@ -95,6 +99,12 @@ func newExpandablePool(upstream MemoryResource, vm vmm, o PoolOptions, tune pool
 	p.backing, p.chained, p.name = e, true, "PoolMemoryResource (expandable)"
 	if tune.stitchPiece > 0 {
 		e.piece, _ = alignUpChecked(tune.stitchPiece, e.gran)
+		if budget := hostDescriptorBudget(); fds && budget > 0 {
+			// A memfd per piece: at its maximum size the pool holds at most budget of them.
+			if pc, ok := alignUpChecked((e.reserved+budget-1)/budget, e.gran); ok {
+				e.piece = max(e.piece, pc)
+			}
+		}
 		e.pieceFrac = tune.stitchFrac
 		p.backing = newStitching(e, tune)
 		p.tailLast = true
@@ -167,6 +177,12 @@ func (e *expandable) close() error { return e.freeReservation() }
 func (e *expandable) stats(st *PoolStats) {
 	st.UpstreamBlocks = len(e.chunks)
 	st.Reserved = e.reserved
+	e.tally.stats(&st.VMM)
+	if e.st != nil {
+		st.VMM.StitchedRanges = e.st.stitches
+		st.VMM.StitchedKept = len(e.st.aliases)
+		st.VMM.StitchedEvicted = e.st.evicted
+	}
 	st.Holes = len(e.holes)
 	for h := range e.holes {
 		st.HoleBytes += h.size
@@ -227,7 +243,11 @@ func newExpandable(vm vmm, dev Device, maximum, threshold int) (*expandable, int
 	if err != nil {
 		return nil, 0, errorf("NewPoolMemoryResource: reserving %s of address space for the expandable pool: %w", bytesText(reserved), err)
 	}
-	e := &expandable{vm: vm, source: source, gran: gran, base: base, reserved: reserved, top: base, holes: map[*block]struct{}{}, threshold: threshold}
+	// Counted from here on: the calls before (none) and the reservation itself.
+	tally := &vmmTally{vmm: vm}
+	tally.reserves.Store(1)
+	tally.reservedNow.Store(int64(reserved))
+	e := &expandable{vm: tally, tally: tally, source: source, gran: gran, base: base, reserved: reserved, top: base, holes: map[*block]struct{}{}, threshold: threshold}
 	return e, limit, nil
 }
 

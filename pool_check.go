@@ -31,6 +31,28 @@ type PoolStats struct {
 	// Expandable pools: the address space reserved (bytes), and the holes left in it by chunks
 	// given back (count and bytes); growth maps memory into holes before the end of the range.
 	Reserved, Holes, HoleBytes int
+	// VMM counts an expandable pool's driver calls and stitched ranges since it was made; zero
+	// for librmm's pool.
+	VMM VMMStats
+}
+
+// VMMStats counts what an expandable pool asked of the driver's virtual memory management since
+// the pool was made: each call that succeeded, once (a failed call is not counted). Over host
+// memory or a [SimulatedMemoryResource] the same calls are counted on the host's stand-ins.
+type VMMStats struct {
+	Creates   int // cuMemCreate: physical handles made
+	Maps      int // cuMemMap: handles mapped, in the pool's range or in a stitched range
+	SetAccess int // cuMemSetAccess calls; one covers the adjacent mappings made together
+	Unmaps    int // cuMemUnmap calls; one may unmap several adjacent mappings
+	Releases  int // cuMemRelease: handles given back
+	// Reserves and AddressFrees count cuMemAddressReserve and cuMemAddressFree: the pool's range
+	// and one per stitched range. AddressReserved is the address space held now, in bytes.
+	Reserves, AddressFrees, AddressReserved int
+	// StitchedRanges counts the ranges a stitching pool ([PoolOptions.Stitch]) has made,
+	// StitchedKept those mapped now (serving an allocation or kept for reuse), StitchedEvicted
+	// those unmapped since (past the number kept, by Release, or before a handle they map went
+	// back).
+	StitchedRanges, StitchedKept, StitchedEvicted int
 }
 
 // Stats returns the pool's figures. It costs O(s log n) for s streams and n free blocks (plus the

@@ -13,14 +13,16 @@ import (
 // ReinitializeOptions configures [Reinitialize], as the arguments of Python's rmm.reinitialize.
 // nil means the defaults: every listed device gets its plain initial resource.
 type ReinitializeOptions struct {
-	// PoolAllocator puts a [PoolMemoryResource] over each device's base resource: an expandable
-	// pool ([PoolOptions.Expandable]) over device memory where the device supports the driver's
-	// virtual memory management, else (managed memory, host memory without CUDA, a device
-	// without it, or PlainPool) librmm's pool. Default false.
+	// PoolAllocator puts a [PoolMemoryResource] of the kind Pool names over each device's base
+	// resource. Default false.
 	PoolAllocator bool
-	// PlainPool makes PoolAllocator's pool librmm's (growth by allocations from the base
-	// resource, pool sizes as librmm's) even where an expandable pool could be had. Default false.
-	PlainPool bool
+	// Pool is the kind of pool PoolAllocator builds. Default [StitchingPool]. The expandable
+	// kinds need the driver's virtual memory management over device memory, or Linux over host
+	// memory (no CUDA); with managed memory, or where the device or the system lacks it, the
+	// pool is a [PlainPool]. Over host memory a stitching pool holds an open file descriptor
+	// per piece of memory it maps: its pieces are made large enough that it never holds more
+	// than half of the process's limit on open files (RLIMIT_NOFILE) at its maximum size.
+	Pool PoolKind
 	// ManagedMemory makes the base resource a [ManagedMemoryResource] instead of a
 	// [CudaMemoryResource]. Default false. Without CUDA the base resource is host memory
 	// (a [SystemMemoryResource]) either way.
@@ -102,8 +104,8 @@ func RegisterReinitializeHook(f func()) (unregister func()) {
 //     valid and may be freed as usual, but should not be used with the new setup in mind.
 //  4. For each device a resource is built: the base is a [CudaMemoryResource] (the device's
 //     initial resource), a [ManagedMemoryResource] with ManagedMemory, or host memory without CUDA;
-//     with PoolAllocator a [PoolMemoryResource] over it (expandable over device memory where the
-//     device supports virtual memory management, unless PlainPool); with Logging a [LoggingResourceAdaptor]
+//     with PoolAllocator a [PoolMemoryResource] over it (of the kind Pool names, a stitching pool
+//     by default, where its memory can be had); with Logging a [LoggingResourceAdaptor]
 //     (file per device, see LogFileName) on top. It is installed with [SetPerDeviceResource].
 //
 // If building fails for some device (out of memory for the pool, a log file that cannot be
@@ -172,8 +174,10 @@ func reinitCheck(o *ReinitializeOptions) ([]Device, map[Device]string, error) {
 		return nil, nil, bad("negative pool size (InitialPoolSize %d, MaximumPoolSize %d)", o.InitialPoolSize, o.MaximumPoolSize)
 	case !o.PoolAllocator && (o.InitialPoolSize != 0 || o.MaximumPoolSize != 0):
 		return nil, nil, bad("InitialPoolSize %d and MaximumPoolSize %d are only used with PoolAllocator", o.InitialPoolSize, o.MaximumPoolSize)
-	case !o.PoolAllocator && o.PlainPool:
-		return nil, nil, bad("PlainPool is only used with PoolAllocator")
+	case !o.Pool.valid():
+		return nil, nil, bad("Pool %s is not a pool kind (StitchingPool, ExpandablePool or PlainPool)", o.Pool)
+	case !o.PoolAllocator && o.Pool != StitchingPool:
+		return nil, nil, bad("Pool %s is only used with PoolAllocator", o.Pool)
 	case o.InitialPoolSize%Alignment != 0:
 		return nil, nil, bad("InitialPoolSize %d is not a multiple of %d bytes", o.InitialPoolSize, Alignment)
 	case o.MaximumPoolSize%Alignment != 0:
@@ -272,15 +276,17 @@ func reinitBuild(d Device, o *ReinitializeOptions, logName string) (mr MemoryRes
 				return nil, made, errorf("the default initial pool size: %w", err)
 			}
 		}
-		po := &PoolOptions{InitialPoolSize: initial, MaximumPoolSize: o.MaximumPoolSize}
-		// The expandable pool where it can be had: it maps pages where librmm's pool carves
-		// whole upstream allocations, so the memory it takes stays close to the memory live
-		// where the plain pool keeps the high-water mark of every size class it grew for, and
-		// it allocates as fast (BENCHMARKS.md, "W4: trace replay" and "W1").
-		_, overDevice := mr.(*CudaMemoryResource)
-		expandable := cuda && overDevice && !o.PlainPool && vmmSupported(d)
-		po.Expandable = expandable
-		pool, err := NewPoolMemoryResource(mr, po)
+		po := o.Pool.Options()
+		po.InitialPoolSize, po.MaximumPoolSize = initial, o.MaximumPoolSize
+		// The kind asked for where its memory can be had: the expandable kinds map device
+		// memory themselves (or host memory through memfds), which managed memory and a device
+		// without virtual memory management cannot give.
+		switch _, overDevice := mr.(*CudaMemoryResource); {
+		case cuda && !(overDevice && vmmSupported(d)), !cuda && !hostVMMSupported:
+			po = PlainPool.Options()
+			po.InitialPoolSize, po.MaximumPoolSize = initial, o.MaximumPoolSize
+		}
+		pool, err := NewPoolMemoryResource(mr, &po)
 		if err != nil {
 			return nil, made, err
 		}

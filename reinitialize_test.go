@@ -69,7 +69,7 @@ func TestReinitializeOptionsValidation(t *testing.T) {
 	before := CurrentDeviceResource()
 	for name, o := range map[string]ReinitializeOptions{
 		"negative initial":       {PoolAllocator: true, InitialPoolSize: -256},
-		"plain without pool":     {PlainPool: true},
+		"plain without pool":     {Pool: PlainPool},
 		"negative maximum":       {PoolAllocator: true, MaximumPoolSize: -256},
 		"initial not aligned":    {PoolAllocator: true, InitialPoolSize: 1000},
 		"maximum not aligned":    {PoolAllocator: true, MaximumPoolSize: 1<<20 + 1, InitialPoolSize: 256},
@@ -131,10 +131,18 @@ func TestReinitializePool(t *testing.T) {
 	require.Equal(t, 8<<20, pool.MaximumPoolSize())
 	if CUDAAvailable() == nil {
 		_, ok = pool.Upstream().(*CudaMemoryResource)
-		require.Equal(t, vmmSupported(cur), pool.Expandable(), "expandable where the device has virtual memory management")
+		want := PlainPool
+		if vmmSupported(cur) {
+			want = StitchingPool
+		}
+		require.Equal(t, want, pool.Kind(), "stitching where the device has virtual memory management")
 	} else {
 		_, ok = pool.Upstream().(*SystemMemoryResource)
-		require.False(t, pool.Expandable(), "host memory: the plain pool")
+		want := PlainPool
+		if hostVMMSupported {
+			want = StitchingPool
+		}
+		require.Equal(t, want, pool.Kind(), "host memory: stitching where memfds can be had")
 	}
 	require.True(t, ok, "upstream %T", pool.Upstream())
 	require.Empty(t, LogFileNames())
@@ -367,10 +375,33 @@ func TestReinitializeUnderStatisticsFails(t *testing.T) {
 	require.NoError(t, CurrentDeviceResource().Deallocate(p, 1000, DefaultStream))
 }
 
-// PlainPool keeps librmm's pool where an expandable one could be had.
-func TestReinitializePlainPool(t *testing.T) {
+// Pool: PlainPool keeps librmm's pool where an expandable one could be had; ExpandablePool gives
+// the expandable pool without stitching where the memory allows it.
+func TestReinitializePoolKinds(t *testing.T) {
 	reinitIsolate(t)
-	require.NoError(t, Reinitialize(&ReinitializeOptions{PoolAllocator: true, PlainPool: true, InitialPoolSize: 2 << 20}))
+	expandableHere := hostVMMSupported
+	if CUDAAvailable() == nil {
+		expandableHere = vmmSupported(CurrentDevice())
+	}
+	for _, k := range []PoolKind{StitchingPool, ExpandablePool, PlainPool} {
+		require.NoError(t, Reinitialize(&ReinitializeOptions{PoolAllocator: true, Pool: k, InitialPoolSize: 2 << 20}))
+		pool, ok := CurrentDeviceResource().(*PoolMemoryResource)
+		require.True(t, ok, "got %T", CurrentDeviceResource())
+		want := k
+		if !expandableHere {
+			want = PlainPool
+		}
+		require.Equal(t, want, pool.Kind(), "Pool: %s", k)
+		v, err := NewUvector[int64](1000, DefaultStream, nil)
+		require.NoError(t, err)
+		require.NoError(t, v.Close())
+	}
+	err := Reinitialize(&ReinitializeOptions{PoolAllocator: true, Pool: PoolKind(7)})
+	require.ErrorIs(t, err, ErrInvalidArgument)
+	require.ErrorContains(t, err, "PoolKind(7)")
+	require.ErrorIs(t, Reinitialize(&ReinitializeOptions{Pool: ExpandablePool}), ErrInvalidArgument, "Pool without PoolAllocator")
+
+	require.NoError(t, Reinitialize(&ReinitializeOptions{PoolAllocator: true, Pool: PlainPool, InitialPoolSize: 2 << 20}))
 	pool, ok := CurrentDeviceResource().(*PoolMemoryResource)
 	require.True(t, ok, "got %T", CurrentDeviceResource())
 	require.False(t, pool.Expandable())

@@ -348,6 +348,18 @@ func (p *PoolMemoryResource) MaximumPoolSize() int { return p.maximum }
 // (PoolOptions.Expandable), as Reinitialize's pool does where the device allows it.
 func (p *PoolMemoryResource) Expandable() bool { return p.chained }
 
+// Kind returns the kind of the pool: [StitchingPool] (PoolOptions.Stitch), [ExpandablePool] or
+// [PlainPool].
+func (p *PoolMemoryResource) Kind() PoolKind {
+	switch {
+	case p.backing == nil || !p.chained:
+		return PlainPool
+	case p.stitching() != nil:
+		return StitchingPool
+	}
+	return ExpandablePool
+}
+
 // Allocate returns nbytes (rounded up to 256) ordered on s. See the type's documentation for
 // where the memory comes from. Errors:
 //   - Out of memory (the pool cannot grow, or the upstream refuses every size tried): an

@@ -1,5 +1,7 @@
 package rmm
 
+import "sync/atomic"
+
 // Virtual memory management (VMM) for the expandable pool: one range of address space reserved
 // up front, physical memory created in chunks and mapped back to back inside it, so that
 // neighbouring free blocks always sit at adjacent addresses. The operations sit behind vmm so
@@ -58,4 +60,82 @@ func vmmCheckRange(impl, op string, addr DevicePtr, size, gran int) error {
 		return errorf("%s.%s: range %#x + %s wraps around: %w", impl, op, uintptr(addr), bytesText(size), ErrInvalidArgument)
 	}
 	return nil
+}
+
+// vmmTally is the vmm an expandable pool calls: it counts the calls that succeed, for
+// PoolStats.VMM. Atomic, since the pool makes driver calls unlocked while Stats may read.
+type vmmTally struct {
+	vmm
+	creates, maps, setAccesses, unmaps, releases, reserves, frees atomic.Int64
+	reservedNow                                                   atomic.Int64 // bytes
+}
+
+func (v *vmmTally) reserve(size int) (DevicePtr, error) {
+	p, err := v.vmm.reserve(size)
+	if err == nil {
+		v.reserves.Add(1)
+		v.reservedNow.Add(int64(size))
+	}
+	return p, err
+}
+
+func (v *vmmTally) free(base DevicePtr, size int) error {
+	err := v.vmm.free(base, size)
+	if err == nil {
+		v.frees.Add(1)
+		v.reservedNow.Add(-int64(size))
+	}
+	return err
+}
+
+func (v *vmmTally) create(size int) (vmmHandle, error) {
+	h, err := v.vmm.create(size)
+	if err == nil {
+		v.creates.Add(1)
+	}
+	return h, err
+}
+
+func (v *vmmTally) mapAt(addr DevicePtr, size int, h vmmHandle) error {
+	err := v.vmm.mapAt(addr, size, h)
+	if err == nil {
+		v.maps.Add(1)
+	}
+	return err
+}
+
+func (v *vmmTally) setAccess(addr DevicePtr, size int) error {
+	err := v.vmm.setAccess(addr, size)
+	if err == nil {
+		v.setAccesses.Add(1)
+	}
+	return err
+}
+
+func (v *vmmTally) unmap(addr DevicePtr, size int) error {
+	err := v.vmm.unmap(addr, size)
+	if err == nil {
+		v.unmaps.Add(1)
+	}
+	return err
+}
+
+func (v *vmmTally) release(h vmmHandle) error {
+	err := v.vmm.release(h)
+	if err == nil {
+		v.releases.Add(1)
+	}
+	return err
+}
+
+// stats fills the call counts of st.
+func (v *vmmTally) stats(st *VMMStats) {
+	st.Creates = int(v.creates.Load())
+	st.Maps = int(v.maps.Load())
+	st.SetAccess = int(v.setAccesses.Load())
+	st.Unmaps = int(v.unmaps.Load())
+	st.Releases = int(v.releases.Load())
+	st.Reserves = int(v.reserves.Load())
+	st.AddressFrees = int(v.frees.Load())
+	st.AddressReserved = int(v.reservedNow.Load())
 }

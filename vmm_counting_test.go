@@ -12,7 +12,7 @@ type countingVMM struct {
 // vmmCounts are the calls counted so far, and the bytes of handles created.
 type vmmCounts struct {
 	creates, maps, unmaps, releases  int
-	access                           int
+	access, reserves, frees          int
 	created, createdPeak, createdNow int // bytes
 }
 
@@ -80,6 +80,26 @@ func (v *countingVMM) release(h vmmHandle) error {
 		v.mu.Lock()
 		v.releases++
 		v.createdNow -= n
+		v.mu.Unlock()
+	}
+	return err
+}
+
+func (v *countingVMM) reserve(n int) (DevicePtr, error) {
+	a, err := v.vmm.reserve(n)
+	if err == nil {
+		v.mu.Lock()
+		v.reserves++
+		v.mu.Unlock()
+	}
+	return a, err
+}
+
+func (v *countingVMM) free(a DevicePtr, n int) error {
+	err := v.vmm.free(a, n)
+	if err == nil {
+		v.mu.Lock()
+		v.frees++
 		v.mu.Unlock()
 	}
 	return err

@@ -111,3 +111,14 @@ func hostVMMOSPlaceholder(addr uintptr, size int) error {
 
 // hostVMMOSClose closes a handle's memfd.
 func hostVMMOSClose(fd int) error { return unix.Close(fd) }
+
+// hostDescriptorBudget is the most memfds a stitching pool over host memory may hold: half of
+// the process's limit on open files (Go raises the soft limit to the hard one at start), so that
+// the program keeps the other half. 0 when the limit cannot be read or is unlimited.
+func hostDescriptorBudget() int {
+	var r unix.Rlimit
+	if err := unix.Getrlimit(unix.RLIMIT_NOFILE, &r); err != nil || r.Cur == unix.RLIM_INFINITY || r.Cur > 1<<40 {
+		return 0
+	}
+	return int(r.Cur / 2)
+}

@@ -15,3 +15,5 @@ func hostVMMOSMemfd(int) (int, error)                           { return -1, Err
 func hostVMMOSMapShared(uintptr, int, int) error                { return ErrNotSupported }
 func hostVMMOSPlaceholder(uintptr, int) error                   { return ErrNotSupported }
 func hostVMMOSClose(int) error                                  { return ErrNotSupported }
+
+func hostDescriptorBudget() int { return 0 }
