@@ -12,7 +12,8 @@
 //     [CallbackMemoryResource] (your functions), [SimulatedMemoryResource] (addresses without
 //     memory, for replaying and testing).
 //   - Sub-allocators, whose allocations cost nanoseconds instead of the driver's microseconds:
-//     [PoolMemoryResource] (coalescing best fit; expandable with [PoolOptions].Expandable),
+//     [PoolMemoryResource] (coalescing best fit; expandable with [PoolOptions].Expandable, and
+//     stitching with [PoolOptions].Stitch: the default [PoolKind], which [Reinitialize] builds),
 //     [ArenaMemoryResource] (per-stream arenas of superblocks), [FixedSizeMemoryResource] and
 //     [BinningMemoryResource].
 //   - Adaptors: [LoggingResourceAdaptor] writes RMM's CSV event log, which [ReadLog] reads back

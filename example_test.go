@@ -53,10 +53,11 @@ func Example() {
 	// 67108864 0
 }
 
-// The README's first program: an expandable pool over the current device (host memory where
-// there is no GPU), a vector of 2^20 float32 filled on the GPU and read back.
+// The README's first program: the default pool (a stitching expandable pool) over the current
+// device (host memory where there is no GPU), a vector of 2^20 float32 filled on the GPU and read
+// back.
 func Example_firstProgram() {
-	pool, err := rmm.NewPoolMemoryResource(nil, &rmm.PoolOptions{Expandable: true})
+	pool, err := rmm.NewPoolMemoryResource(nil, &rmm.PoolOptions{Expandable: true, Stitch: true})
 	if err != nil {
 		log.Fatal(err)
 	}

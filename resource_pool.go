@@ -351,13 +351,13 @@ func (p *PoolMemoryResource) Expandable() bool { return p.chained }
 // Kind returns the kind of the pool: [StitchingPool] (PoolOptions.Stitch), [ExpandablePool] or
 // [PlainPool].
 func (p *PoolMemoryResource) Kind() PoolKind {
-	switch {
-	case p.backing == nil || !p.chained:
-		return PlainPool
-	case p.stitching() != nil:
+	switch p.backing.(type) {
+	case *stitching:
 		return StitchingPool
+	case *expandable:
+		return ExpandablePool
 	}
-	return ExpandablePool
+	return PlainPool
 }
 
 // Allocate returns nbytes (rounded up to 256) ordered on s. See the type's documentation for

@@ -2,7 +2,7 @@
 
 // Command rmm-torch-allocator is a shared library that makes a Go memory resource PyTorch's CUDA
 // allocator, through torch.cuda.memory.CUDAPluggableAllocator: every tensor PyTorch allocates on
-// a device then comes from that device's resource (rmm.PerDeviceResource; an expandable pool
+// a device then comes from that device's resource (rmm.PerDeviceResource; a stitching pool
 // after rmm_torch_reinitialize), the pool any Go code in the process shares. Build it with
 //
 //	go build -buildmode=c-shared -o librmm_torch.so ./cmd/rmm-torch-allocator
@@ -19,7 +19,9 @@
 //
 // alloc and free are PyTorch's signatures (package callocator says what they do on failure:
 // NULL, and a message for rmm_torch_last_error on the same thread). reinitialize sets up device
-// 0 as rmm.Reinitialize does (pool != 0: a pool of the given sizes, 0 meaning the defaults) and,
+// 0 as rmm.Reinitialize does (pool 0: no pool; 1: the default pool, a stitching pool where the
+// driver's virtual memory management is available, rmm.StitchingPool; 2: rmm.ExpandablePool; 3:
+// rmm.PlainPool, librmm's; another value is an error; the sizes 0 meaning the defaults) and,
 // with statistics != 0, counts its allocations; it returns 0, or -1 with the message. statistics
 // writes the current, peak and total bytes and counts (rmm.Statistics: CurrentBytes,
 // CurrentCount, PeakBytes, PeakCount, TotalBytes, TotalCount) of the device's statistics
@@ -61,6 +63,14 @@ func rmm_torch_last_error() *C.char { return (*C.char)(callocator.LastError()) }
 func rmm_torch_reinitialize(pool C.int, initial, maximum C.size_t, statistics C.int) C.int {
 	// The sizes go to Reinitialize as given, which refuses them without a pool.
 	o := &rmm.ReinitializeOptions{PoolAllocator: pool != 0, InitialPoolSize: int(initial), MaximumPoolSize: int(maximum)}
+	if pool != 0 {
+		k, err := torchPoolKind(int(pool))
+		if err != nil {
+			callocator.SetError(err)
+			return -1
+		}
+		o.Pool = k
+	}
 	if err := rmm.Reinitialize(o); err != nil {
 		callocator.SetError(err)
 		return -1
@@ -150,3 +160,17 @@ func fill(out *C.longlong, v ...int64) {
 }
 
 func main() {}
+
+// torchPoolKind is the pool kind rmm_torch_reinitialize's pool argument names: 1 the default
+// (stitching), 2 expandable, 3 plain.
+func torchPoolKind(pool int) (rmm.PoolKind, error) {
+	switch pool {
+	case 1:
+		return rmm.StitchingPool, nil
+	case 2:
+		return rmm.ExpandablePool, nil
+	case 3:
+		return rmm.PlainPool, nil
+	}
+	return 0, errshape.Errorf("rmm_torch_reinitialize: pool %d: want 0 (none), 1 (the default, stitching), 2 (expandable) or 3 (plain): %w", pool, rmm.ErrInvalidArgument)
+}
