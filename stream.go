@@ -15,13 +15,15 @@ import (
 // destroyed is a different stream.
 type StreamView struct {
 	h    uintptr // CUstream; 0 = the legacy default stream
-	id   uint64  // 0 = default stream; ownedStreamBit|n for Streams; foreignStreamBit|id otherwise
+	id   uint64  // 0 = default stream; ownedStreamBit|n for Streams; perThreadStreamBit|tid; foreignStreamBit|id otherwise
 	dev1 int32   // device ordinal + 1; 0 = whichever device the operation is on
 }
 
 const (
-	ownedStreamBit   = uint64(1) << 63
-	foreignStreamBit = uint64(1) << 62
+	ownedStreamBit     = uint64(1) << 63
+	foreignStreamBit   = uint64(1) << 62
+	perThreadStreamBit = uint64(1) << 61 // with the OS thread's id: PerThreadDefaultStream
+	cuStreamPerThread  = 2               // CU_STREAM_PER_THREAD
 
 	cuStreamLegacy       = 1 // CU_STREAM_LEGACY
 	cuStreamNonBlocking  = 1 // CU_STREAM_NON_BLOCKING
@@ -81,9 +83,34 @@ func (s StreamView) String() string {
 		return fmt.Sprintf("Stream#%d(host)", s.id&^ownedStreamBit) // made without CUDA
 	case s.id&ownedStreamBit != 0:
 		return fmt.Sprintf("Stream#%d(%#x)", s.id&^ownedStreamBit, s.h)
+	case s.id&perThreadStreamBit != 0:
+		return fmt.Sprintf("PerThreadDefaultStream(thread %d)", s.id&^perThreadStreamBit)
 	default:
 		return fmt.Sprintf("StreamView(%#x)", s.h)
 	}
+}
+
+// PerThreadDefaultStream returns a view of the calling OS thread's per-thread default stream on
+// the current device (CU_STREAM_PER_THREAD), RMM's PER_THREAD_DEFAULT_STREAM: the stream that C
+// and C++ code compiled with per-thread default streams uses on this thread. Work on it is
+// ordered with work on the other streams as on any blocking stream, but not with other threads'
+// per-thread streams.
+//
+// The stream belongs to an OS thread, and a goroutine moves between OS threads: call
+// [runtime.LockOSThread] before PerThreadDefaultStream and use the view only from that goroutine,
+// and only while it stays locked. Views from different threads compare unequal, so the pools keep
+// their memory apart. Without CUDA it is a host stream, like [DefaultStream]. It returns
+// [ErrNotSupported] where the OS does not give thread ids (Linux does).
+func PerThreadDefaultStream() (StreamView, error) {
+	tid := osThreadID()
+	if tid == 0 {
+		return StreamView{}, errorf("PerThreadDefaultStream: this OS gives no thread id to tell the threads' streams apart: %w", ErrNotSupported)
+	}
+	v := StreamView{id: perThreadStreamBit | tid}
+	if CUDAAvailable() == nil {
+		v.h, v.dev1 = cuStreamPerThread, int32(CurrentDevice())+1
+	}
+	return v, nil
 }
 
 // Closed reports whether s is a view of a [Stream] that has been closed ([Stream.Close]). It makes no

@@ -89,6 +89,7 @@ static CUresult (*p_cuMemAdvise_v2)(CUdeviceptr, size_t, int, CUmemLocation);
 static CUresult (*p_cuPointerGetAttributes)(unsigned int, int *, void **, CUdeviceptr);
 static CUresult (*p_cuMemRangeGetAttribute)(void *, size_t, int, CUdeviceptr, size_t);
 static CUresult (*p_cuDeviceGetDefaultMemPool)(CUmemoryPool *, CUdevice);
+static CUresult (*p_cuMemGetDefaultMemPool)(CUmemoryPool *, CUmemLocation *, int);
 static CUresult (*p_cuStreamCreate)(CUstream *, unsigned int);
 static CUresult (*p_cuStreamDestroy)(CUstream);
 static CUresult (*p_cuStreamSynchronize)(CUstream);
@@ -202,6 +203,8 @@ static const char *rmm_load(void) {
 	RMM_SYM(p_cuMemPoolGetAttribute, "cuMemPoolGetAttribute", 0);
 	RMM_SYM(p_cuMemPoolTrimTo, "cuMemPoolTrimTo", 0);
 	RMM_SYM(p_cuDeviceGetDefaultMemPool, "cuDeviceGetDefaultMemPool", 0);
+	// Optional: per-location default pools, managed memory pools among them (13.0).
+	RMM_SYM(p_cuMemGetDefaultMemPool, "cuMemGetDefaultMemPool", 0);
 	RMM_SYM(p_cuMemAdvise_v2, "cuMemAdvise_v2", 0);
 	RMM_SYM(p_cuMemRangeGetAttribute, "cuMemRangeGetAttribute", 0);
 	RMM_SYM(p_cuStreamGetId, "cuStreamGetId", 0);
@@ -323,6 +326,15 @@ static rmm_res rmm_device_default_mem_pool(uintptr_t ctx, int ord) {
 	o.r = use_ctx(ctx); if (o.r) return o;
 	o.r = p_cuDeviceGet(&d, ord); if (o.r) return o;
 	o.r = p_cuDeviceGetDefaultMemPool(&pool, d); o.v = (uintptr_t)pool; return o;
+}
+// rmm_mem_default_mem_pool returns the default pool of allocation type typ (CUmemAllocationType)
+// located on device ord.
+static rmm_res rmm_mem_default_mem_pool(uintptr_t ctx, int ord, int typ) {
+	rmm_res o = {RMM_MISSING, 0}; CUmemoryPool pool = 0; CUmemLocation loc;
+	if (!p_cuMemGetDefaultMemPool) return o;
+	o.r = use_ctx(ctx); if (o.r) return o;
+	loc.type = 1; loc.id = ord; // CU_MEM_LOCATION_TYPE_DEVICE
+	o.r = p_cuMemGetDefaultMemPool(&pool, &loc, typ); o.v = (uintptr_t)pool; return o;
 }
 static rmm_res rmm_mem_alloc_from_pool(uintptr_t ctx, size_t n, uintptr_t pool, uintptr_t s) {
 	rmm_res o = {0, 0}; CUdeviceptr p = 0; o.r = use_ctx(ctx); if (o.r) return o;
@@ -775,6 +787,13 @@ func MemPoolTrimTo(ctx, pool uintptr, keep int) Result {
 
 func DeviceGetDefaultMemPool(ctx uintptr, ord int) (uintptr, Result) {
 	r := C.rmm_device_default_mem_pool(C.uintptr_t(ctx), C.int(ord))
+	return uintptr(r.v), Result(r.r)
+}
+
+// MemGetDefaultMemPool is cuMemGetDefaultMemPool for device ord's location and allocation type
+// typ; Missing when the driver lacks the symbol.
+func MemGetDefaultMemPool(ctx uintptr, ord, typ int) (uintptr, Result) {
+	r := C.rmm_mem_default_mem_pool(C.uintptr_t(ctx), C.int(ord), C.int(typ))
 	return uintptr(r.v), Result(r.r)
 }
 

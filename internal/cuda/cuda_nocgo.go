@@ -48,6 +48,7 @@ func MemAllocFromPoolAsync(uintptr, int, uintptr, uintptr) (uintptr, Result) {
 	return 0, NoCgo
 }
 func DeviceGetDefaultMemPool(uintptr, int) (uintptr, Result)     { return 0, NoCgo }
+func MemGetDefaultMemPool(uintptr, int, int) (uintptr, Result)   { return 0, NoCgo }
 func MemAdvise(uintptr, uintptr, int, int, int, int) Result      { return NoCgo }
 func MemFreeAsync(uintptr, uintptr, uintptr) Result              { return NoCgo }
 func MemcpyAsync(uintptr, uintptr, uintptr, int, uintptr) Result { return NoCgo }
