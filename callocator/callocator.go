@@ -2,8 +2,8 @@
 
 // Package callocator hands Go memory resources to C and C++ code running in the same process:
 // a pair of C function pointers bound to a resource, for libraries that take an allocator
-// callback, and the calls behind cmd/rmm-torch-allocator, which makes a Go pool PyTorch's CUDA
-// allocator (torch.cuda.memory.CUDAPluggableAllocator).
+// callback, and the calls behind cmd/rmm-python, which makes a Go pool the allocator of PyTorch
+// (torch.cuda.memory.CUDAPluggableAllocator) and CuPy (cupy.cuda.set_allocator).
 //
 // The C signatures are (callocator.h in this package's directory declares them as the
 // typedefs rmm_alloc_fn, rmm_free_fn and rmm_last_error_fn; C code of another module declares
@@ -113,7 +113,7 @@ func rmmCallocatorFree(ptr unsafe.Pointer, size C.size_t, device C.int, stream u
 //export rmmCallocatorLastError
 func rmmCallocatorLastError() *C.char { return (*C.char)(LastError()) }
 
-// Allocate is alloc's body, for exported functions of other packages (cmd/rmm-torch-allocator):
+// Allocate is alloc's body, for exported functions of other packages (cmd/rmm-python):
 // size bytes from mr (nil: device's resource) on the stream whose CUstream handle is stream (0:
 // the legacy default stream). It returns nil on failure and records the error for the calling
 // OS thread (LastError). A pointer is returned as unsafe.Pointer for C; it is device memory, not

@@ -16,7 +16,7 @@
 // contiguous block that is mapped from the current frame to its top, and the outermost of them
 // saved a frame pointer of 0. The chain leaves that stack in one case: Go called back from C
 // through cgo (the functions a C program calls in a c-shared library, such as
-// cmd/rmm-torch-allocator's, or callbacks from C libraries). The runtime runs the callback on the
+// cmd/rmm-python's, or callbacks from C libraries). The runtime runs the callback on the
 // goroutine's stack, but its outermost frame there (runtime.cgocallbackg's) saved a frame pointer
 // into runtime.cgocallback's frame on the thread's system stack (a C thread's stack, or a Go
 // thread's g0 stack: another mapping), whose own saved frame pointer is the C caller's register,

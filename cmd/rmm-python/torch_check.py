@@ -1,7 +1,7 @@
-"""Check that librmm_torch.so serves PyTorch as its CUDA allocator, beside PyTorch's own.
+"""Check that librmm_go.so serves PyTorch as its CUDA allocator, beside PyTorch's own.
 
-    go build -buildmode=c-shared -o librmm_torch.so ./cmd/rmm-torch-allocator
-    python3 cmd/rmm-torch-allocator/torch_check.py ./librmm_torch.so [--steps 30]
+    go build -buildmode=c-shared -o librmm_go.so ./cmd/rmm-python
+    python3 cmd/rmm-python/torch_check.py ./librmm_go.so [--steps 30]
 
 It runs the same seeded work twice, each in a process of its own: once on PyTorch's caching
 allocator, once with the Go pool as PyTorch's allocator (CUDAPluggableAllocator, set before the
@@ -70,23 +70,24 @@ def child(mode, lib, steps):
     out = {"mode": mode}
     if mode == "go":
         so = ctypes.CDLL(lib)
-        so.rmm_torch_last_error.restype = ctypes.c_char_p
-        so.rmm_torch_reinitialize.argtypes = [ctypes.c_int, ctypes.c_size_t, ctypes.c_size_t, ctypes.c_int]
-        if so.rmm_torch_reinitialize(1, 0, 0, 1) != 0:
-            raise SystemExit("rmm_torch_reinitialize: %s" % so.rmm_torch_last_error())
-        alloc = torch.cuda.memory.CUDAPluggableAllocator(lib, "rmm_torch_alloc", "rmm_torch_free")
+        so.rmm_last_error.restype = ctypes.c_char_p
+        so.rmm_reinitialize.argtypes = [ctypes.c_int, ctypes.c_size_t, ctypes.c_size_t, ctypes.c_int]
+        if so.rmm_reinitialize(1, 0, 0, 1) != 0:
+            raise SystemExit("rmm_reinitialize: %s" % so.rmm_last_error())
+        alloc = torch.cuda.memory.CUDAPluggableAllocator(lib, "rmm_alloc", "rmm_free")
         torch.cuda.memory.change_current_allocator(alloc)
     losses, step = work(steps)
     out["losses"], out["step_s"] = losses, step
     if mode == "go":
-        st, ps = (ctypes.c_longlong * 6)(), (ctypes.c_longlong * 4)()
-        so.rmm_torch_statistics(0, st)
-        so.rmm_torch_pool_stats(0, ps)
+        st, ps = (ctypes.c_longlong * 6)(), (ctypes.c_longlong * so.rmm_pool_stats_len())()
+        so.rmm_statistics(0, st)
+        so.rmm_pool_stats(0, ps)
         out["go_statistics"] = dict(zip(["current_bytes", "current_count", "peak_bytes", "peak_count", "total_bytes", "total_count"], list(st)))
-        out["go_pool"] = dict(zip(["pool_size", "peak_pool_size", "live_bytes", "live_allocations"], list(ps)))
-        so.rmm_torch_last_error.restype = ctypes.c_char_p
-        ok = so.rmm_torch_check_pool(0) == 0
-        out["go_pool_invariants"] = "hold" if ok else (so.rmm_torch_last_error() or b"").decode()
+        out["go_pool"] = dict(zip(["pool_size", "peak_pool_size", "live_bytes", "live_allocations", "kind",
+                                   "vmm_creates", "vmm_maps", "vmm_unmaps", "vmm_releases", "stitched_ranges"], list(ps)))
+        so.rmm_last_error.restype = ctypes.c_char_p
+        ok = so.rmm_check_pool(0) == 0
+        out["go_pool_invariants"] = "hold" if ok else (so.rmm_last_error() or b"").decode()
     try:
         out["torch_native_reserved"] = torch.cuda.memory_reserved()
     except Exception as e:  # the pluggable allocator has no native statistics

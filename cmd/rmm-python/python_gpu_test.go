@@ -1,0 +1,76 @@
+//go:build cgo
+
+package main
+
+import (
+	"encoding/json"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+// The short form of one PyTorch and one CuPy workload of python/bench (run_all.sh --short runs
+// the same number of steps) on the library's own allocator and on the Go pool, each in a
+// process of its own: the results must be equal to the bit, the Go pool must have served the
+// memory (PyTorch's and CuPy's own pools reserving nothing) and its invariants must hold. Skipped
+// unless python3 imports torch and cupy and PyTorch sees a GPU.
+func TestPythonWorkloadsOnGPU(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs PyTorch and CuPy workloads on the GPU")
+	}
+	py := needPython(t)
+	probe := exec.Command(py, "-c", "import sys, torch, cupy; sys.exit(0 if torch.cuda.is_available() else 1)")
+	if out, err := probe.CombinedOutput(); err != nil {
+		t.Skipf("python3 cannot import torch and cupy, or sees no GPU: %v\n%s", err, lastLines(out, 3))
+	}
+	root := repoRoot(t)
+	lib := buildLibrary(t, root)
+	run := func(script, workload, allocator string) map[string]any {
+		t.Helper()
+		cmd := exec.Command(py, filepath.Join(root, "python", "bench", script), "--workload", workload,
+			"--allocator", allocator, "--steps", "6", "--warmup", "1")
+		cmd.Env = pythonEnv(lib)
+		out, err := cmd.Output()
+		if err != nil {
+			var stderr []byte
+			if ee, ok := err.(*exec.ExitError); ok {
+				stderr = ee.Stderr
+			}
+			t.Fatalf("%s %s %s: %v\n%s", script, workload, allocator, err, lastLines(stderr, 30))
+		}
+		lines := strings.Split(strings.TrimSpace(string(out)), "\n")
+		var rec map[string]any
+		if err := json.Unmarshal([]byte(lines[len(lines)-1]), &rec); err != nil {
+			t.Fatalf("%s %s %s: %v\n%s", script, workload, allocator, err, out)
+		}
+		t.Logf("%s %s %s: %s", script, workload, allocator, lines[len(lines)-1])
+		return rec
+	}
+	for _, c := range []struct{ script, workload, native, nativeReserved string }{
+		{"torch_workloads.py", "gpt", "torch-default", "torch_native_reserved"},
+		{"cupy_workloads.py", "fft", "cupy-default", "cupy_pool_reserved"},
+	} {
+		n, g := run(c.script, c.workload, c.native), run(c.script, c.workload, "go")
+		if n["hash"] != g["hash"] {
+			t.Errorf("%s %s: the results differ: %s on %s, %s on go", c.script, c.workload, n["hash"], c.native, g["hash"])
+		}
+		if v, _ := g[c.nativeReserved].(float64); v != 0 {
+			t.Errorf("%s %s on go: %s = %v, want 0", c.script, c.workload, c.nativeReserved, g[c.nativeReserved])
+		}
+		if g["go_pool_invariants"] != "hold" {
+			t.Errorf("%s %s on go: the pool's invariants: %v", c.script, c.workload, g["go_pool_invariants"])
+		}
+		if v, _ := g["peak_reserved"].(float64); v <= 0 {
+			t.Errorf("%s %s on go: the pool's peak size is %v", c.script, c.workload, g["peak_reserved"])
+		}
+	}
+}
+
+func lastLines(b []byte, n int) string {
+	l := strings.Split(strings.TrimRight(string(b), "\n"), "\n")
+	if len(l) > n {
+		l = l[len(l)-n:]
+	}
+	return strings.Join(l, "\n")
+}
