@@ -40,10 +40,13 @@ type expandable struct {
 	chunks   []vmChunk // mapped, by address
 	holes    map[*block]struct{}
 
-	// Growths map handles of at most piece bytes, or of k/pieceFrac where that is more, for a
-	// growth of k (pieceSize); 0: one handle per growth.
+	// Growths map handles of at most piece bytes, or of k/pieceFrac, or of reqPiece, where that
+	// is more, for a growth of k (pieceSize); 0: one handle per growth.
 	piece     int
 	pieceFrac int
+	pieceReq  int // with piece: handles of at least n/pieceReq for an n-byte request (noteRequest); 0: none
+	pieceCap  int // with pieceReq: those at most the pool's size/pieceCap; 0: no bound
+	reqPiece  int // the least piece of the growth being mapped (noteRequest; busy token held)
 	minChunk  int // the least growth (expandableMinChunk unless poolTuning.minGrowth)
 	growthDiv int // a growth maps at least size/growthDiv (expandableGrowthDivisor unless poolTuning.growthDivisor)
 	threshold int // ReleaseThreshold; 0: never trim by itself
@@ -77,8 +80,10 @@ func newExpandablePool(upstream MemoryResource, vm vmm, o PoolOptions, tune pool
 	if o.Stitch && tune.stitchPiece == 0 {
 		tune.stitchPiece, tune.stitchRest = stitchTuning.stitchPiece, stitchTuning.stitchRest
 		tune.stitchFrac = cmp.Or(tune.stitchFrac, stitchTuning.stitchFrac)
+		tune.stitchReqDiv = cmp.Or(tune.stitchReqDiv, stitchTuning.stitchReqDiv)
+		tune.stitchPieceCap = cmp.Or(tune.stitchPieceCap, stitchTuning.stitchPieceCap)
 	}
-	if tune.stitchPiece < 0 || tune.stitchMin < 0 || tune.stitchKeep < 0 || tune.stitchFrac < 0 || tune.minGrowth < 0 || tune.growthDivisor < 0 {
+	if tune.stitchPiece < 0 || tune.stitchMin < 0 || tune.stitchKeep < 0 || tune.stitchFrac < 0 || tune.stitchReqDiv < 0 || tune.stitchPieceCap < 0 || tune.minGrowth < 0 || tune.growthDivisor < 0 {
 		return nil, errorf("NewPoolMemoryResource: negative stitching option: %w", ErrInvalidArgument)
 	}
 	e, maximum, err := newExpandable(vm, dev, o.MaximumPoolSize, o.ReleaseThreshold)
@@ -106,6 +111,8 @@ func newExpandablePool(upstream MemoryResource, vm vmm, o PoolOptions, tune pool
 			}
 		}
 		e.pieceFrac = tune.stitchFrac
+		e.pieceReq = tune.stitchReqDiv
+		e.pieceCap = tune.stitchPieceCap
 		p.backing = newStitching(e, tune)
 		p.tailLast = true
 	}
@@ -252,15 +259,32 @@ func newExpandable(vm vmm, dev Device, maximum, threshold int) (*expandable, int
 }
 
 // pieceSize is the size of the handles a growth of k bytes maps: when stitching, the stitch piece,
-// or k/pieceFrac where that is more; else k itself (one handle per growth).
+// or k/pieceFrac or the request's piece (noteRequest) where that is more; else k itself (one
+// handle per growth).
 func (e *expandable) pieceSize(k int) int {
 	if e.piece == 0 {
 		return k
 	}
+	piece := e.piece
 	if e.pieceFrac > 0 {
-		return min(k, max(e.piece, k/e.pieceFrac/e.gran*e.gran))
+		piece = max(piece, k/e.pieceFrac/e.gran*e.gran)
 	}
-	return min(k, e.piece)
+	piece = max(piece, e.reqPiece)
+	return min(k, piece)
+}
+
+// noteRequest sets the least piece of the growth about to be mapped for an n-byte request: n/pieceReq,
+// but at most the pool's size/pieceCap, rounded down to the granularity (pool locked, busy token
+// held). See stitchReqDivDefault.
+func (e *expandable) noteRequest(n int) {
+	e.reqPiece = 0
+	if e.pieceReq > 0 {
+		r := n / e.pieceReq
+		if e.pieceCap > 0 {
+			r = min(r, e.p.size/e.pieceCap)
+		}
+		e.reqPiece = r / e.gran * e.gran
+	}
 }
 
 func alignUpChecked(n, a int) (int, bool) {
@@ -309,6 +333,7 @@ func (e *expandable) growExpandable(n int, l *freeList, exact int) (*block, erro
 		}
 		return 0
 	}
+	e.noteRequest(n)
 	// What growing at the end of the chain would map: what the request needs beyond the free
 	// block there, or a growth step (exact: only the need), within the room left.
 	need := n - free(e.p.tail)

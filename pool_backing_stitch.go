@@ -10,9 +10,10 @@ import (
 // Stitching (expandable pools with PoolOptions.Stitch, or poolTuning.stitchPiece > 0).
 //
 // With PoolOptions.Stitch (stitchTuning), growths map physical memory in pieces of the
-// granularity or a stitchFracDefault-th of the growth where that is more; a growth maps what the
-// request needs but at least stitchMinGrowth and a stitchGrowthDivisor-th of the pool (instead
-// of the plain expandable pool's step); and a request of stitchMinDefault or more that no free
+// granularity, or a stitchFracDefault-th of the growth, or a stitchReqDivDefault-th of the request
+// grown for (at most a stitchPieceCapDefault-th of the pool), where that is more; a growth maps
+// what the request needs but at least stitchMinGrowth and a stitchGrowthDivisor-th of the pool
+// (instead of the plain expandable pool's step); and a request of stitchMinDefault or more that no free
 // block holds is stitched from the pieces lying in free memory (cuMemAddressReserve, cuMemMap,
 // cuMemSetAccess), after growing only what they lack. The range is kept, and serves a later
 // request with no driver call once its pieces are free again; kept ranges are unmapped after a
@@ -47,8 +48,8 @@ import (
 // unmap does not wait for the device.
 //
 // Why it is not on by default: a stitching pool keeps the memory it maps close to the live bytes
-// on every bundled trace, and makes no driver call after the first pass, but its first pass makes
-// many times as many mappings as the plain expandable pool's (each a driver call that serialises),
+// on every bundled trace, and makes few driver calls after the first pass (none on most), but
+// its first pass makes many times as many mappings as the plain expandable pool's (each a driver call that serialises),
 // and later passes cost about the same with or without it. Growing only the rest of a request the
 // free pieces do not hold (stitchRest) matters: without it some training traces end up larger
 // than without stitching. BENCHMARKS.md, "Stitching in the package", gives the figures.
@@ -70,6 +71,12 @@ type poolTuning struct {
 	// stitchFrac (with stitchPiece): a growth of k bytes maps handles of at least k/stitchFrac
 	// bytes (and of at least stitchPiece); 0: of stitchPiece.
 	stitchFrac int
+	// stitchReqDiv (with stitchPiece): a growth for an n-byte request maps handles of at least
+	// n/stitchReqDiv bytes (within stitchPieceCap); 0: no such bound.
+	stitchReqDiv int
+	// stitchPieceCap (with stitchReqDiv): the handles stitchReqDiv asks for are at most the
+	// pool's size (before the growth) divided by this; 0: no bound.
+	stitchPieceCap int
 	// stitchNoDeps (with stitchPiece): lend no chunk of a free block that names other lists
 	// among its deps.
 	stitchNoDeps bool
@@ -82,9 +89,11 @@ type poolTuning struct {
 }
 
 // stitchTuning is what PoolOptions.Stitch sets: pieces of one granule, whatever the device's
-// (stitchPiece is rounded up to it), or a stitchFracDefault-th of the growth where that is more;
-// the rest of a request grown when the free chunks hold only part of it.
-var stitchTuning = poolTuning{stitchPiece: 1, stitchRest: true, stitchFrac: stitchFracDefault}
+// (stitchPiece is rounded up to it), or a stitchFracDefault-th of the growth, or a
+// stitchReqDivDefault-th of the request grown for (at most a stitchPieceCapDefault-th of the
+// pool), where that is more; the rest of a request grown when the free chunks hold only part of
+// it.
+var stitchTuning = poolTuning{stitchPiece: 1, stitchRest: true, stitchFrac: stitchFracDefault, stitchReqDiv: stitchReqDivDefault, stitchPieceCap: stitchPieceCapDefault}
 
 // stitching is the backing of a stitching pool (PoolOptions.Stitch): an expandable backing whose
 // growths map handles of at most a piece, and which serves a request no free block holds by
@@ -253,6 +262,21 @@ const (
 	// -rmm.mingrowth -rmm.growthdiv replays with others.)
 	stitchMinGrowth     = 16 << 20
 	stitchGrowthDivisor = 64
+	// stitchReqDivDefault and stitchPieceCapDefault: with PoolOptions.Stitch, a growth for an
+	// n-byte request maps pieces of at least n/stitchReqDivDefault, but of at most the pool's
+	// size/stitchPieceCapDefault. Every piece costs a mapping when it is grown and another each
+	// time it is stitched, and a mapping costs the driver about the same whatever its size: in
+	// pieces of a granule, the first pass of a trace whose large requests change size at every
+	// step (dynamic padding, variable crops) spent most of its time mapping. Memory grown for a
+	// large request is freed, later, in spans about as large, which hold such pieces whole; so
+	// a large request grows in a few pieces and a later one of that size is stitched from a few.
+	// The bound by the pool's size keeps pieces small where the pool is small, since there a
+	// piece too large to lie wholly in the free memory between live blocks makes the pool grow
+	// instead of stitching; smaller divisors left small pools larger, larger ones (or a larger
+	// share of the request) mapped more (TestFirstPass -rmm.firstpasstune reqdiv=,cap= replays
+	// with others).
+	stitchReqDivDefault   = 2
+	stitchPieceCapDefault = 128
 )
 
 // stitchCands returns the chunks lying wholly in free blocks of any list (of l alone with
@@ -313,6 +337,7 @@ func (e *stitching) stitch(n int, l *freeList) (b *block, again bool) {
 		if k >= kNeed {
 			return nil, false
 		}
+		e.noteRequest(n)
 		return nil, e.growTail(k, l)
 	}
 	return e.newAlias(pick, n, l), false
