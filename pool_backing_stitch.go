@@ -47,12 +47,14 @@ import (
 // after a host wait for the work behind every free, as Release waits before it unmaps chunks:
 // unmap does not wait for the device.
 //
-// Why it is not on by default: a stitching pool keeps the memory it maps close to the live bytes
-// on every bundled trace, and makes few driver calls after the first pass (none on most), but
-// its first pass makes many times as many mappings as the plain expandable pool's (each a driver call that serialises),
-// and later passes cost about the same with or without it. Growing only the rest of a request the
-// free pieces do not hold (stitchRest) matters: without it some training traces end up larger
-// than without stitching. BENCHMARKS.md, "Stitching in the package", gives the figures.
+// Why it is the default pool (PoolKind, Reinitialize): it keeps the memory it maps close to the
+// live bytes on every bundled trace, makes few driver calls after the first pass (none on most),
+// and later passes cost about the same with or without it. Its price is the first pass, which
+// makes more mappings than the plain expandable pool's (each a driver call that serialises): the
+// pieces sized from the request (stitchReqDivDefault) keep that within a small multiple. Growing
+// only the rest of a request the free pieces do not hold (stitchRest) matters: without it some
+// training traces end up larger than without stitching. BENCHMARKS.md, "Stitching", gives the
+// figures.
 
 // poolTuning holds an expandable pool's parameters that are not options: the package's own
 // knobs, for tests and measurements (newExpandablePool; a zero field takes its default).
