@@ -351,10 +351,10 @@ func (p *PoolMemoryResource) Expandable() bool { return p.chained }
 // Kind returns the kind of the pool: [StitchingPool] (PoolOptions.Stitch), [ExpandablePool] or
 // [PlainPool].
 func (p *PoolMemoryResource) Kind() PoolKind {
-	switch {
-	case p.backing == nil || !p.chained:
+	if p.backing == nil || !p.chained {
 		return PlainPool
-	case p.stitching() != nil:
+	}
+	if _, ok := p.backing.(*stitching); ok {
 		return StitchingPool
 	}
 	return ExpandablePool
