@@ -4,13 +4,14 @@
 //
 //	rmm-replay [flags] TRACE.csv[.gz]
 //
-// By default the resource is an expandable PoolMemoryResource over the GPU (device 0), or over
-// host memory (SystemMemoryResource) where there is no CUDA device — librmm's pool
-// (-expandable=false) where the GPU lacks virtual memory management; the first line of output
-// names it. -simulate SIZE replaces the upstream with an address-only resource of SIZE
-// bytes, so that a trace recorded on a large GPU replays anywhere.
+// By default the resource is the pool a program gets by default (rmm.PoolKind's zero value): a
+// stitching PoolMemoryResource over the GPU (device 0), or over host memory
+// (SystemMemoryResource) where there is no CUDA device — librmm's pool where the GPU lacks
+// virtual memory management; the first line of output names it. -simulate SIZE replaces the
+// upstream with an address-only resource of SIZE bytes, so that a trace recorded on a large GPU
+// replays anywhere.
 //
-// -mr takes several resources, separated by commas (-mr plain,expandable,async): each is made
+// -mr takes several resources, separated by commas (-mr plain,stitching,async): each is made
 // fresh and replayed in turn on the same trace, and the report is one table with a row per
 // resource (with -json, a list of objects); those that need a GPU are left out, with a note on
 // standard error, where there is none. -plot draws the bytes the trace holds live and each
@@ -19,25 +20,26 @@
 // Flags:
 //
 //	-mr LIST          the resources to replay on, separated by commas (default pool):
-//	                  pool        the pool -expandable picks (expandable unless -expandable=false)
-//	                  plain       librmm's pool (PoolMemoryResource)
-//	                  expandable  an expandable pool (PoolOptions.Expandable)
+//	                  pool        the default pool: stitching, or plain where the GPU lacks
+//	                              virtual memory management
+//	                  stitching   an expandable pool that stitches (rmm.StitchingPool): free
+//	                              pieces of physical memory are mapped again, back to back, to
+//	                              serve a request that no free block holds, instead of growing
+//	                  expandable  an expandable pool that does not stitch (rmm.ExpandablePool):
+//	                              one address range grown by mapped chunks
+//	                  plain       librmm's pool (rmm.PlainPool), which grows by allocations from
+//	                              the upstream
 //	                  cuda, async, managed   CudaMemoryResource, CudaAsyncMemoryResource,
 //	                              ManagedMemoryResource: these need a GPU
 //	                  system      SystemMemoryResource (host memory)
 //	                  The pools run over the GPU, over host memory where there is none, or over
-//	                  -simulate's memory.
+//	                  -simulate's memory. An expandable pool's peak upstream is its peak mapped
+//	                  size; librmm's pool's the most it held from the upstream.
 //	-initial SIZE     pool initial size, or the async pool's priming size (default 0); for
 //	                  the pools a multiple of 256 bytes
 //	-maximum SIZE     pool maximum size, a multiple of 256 bytes, at least -initial (default
 //	                  none)
 //	-simulate SIZE    replay the pools over an address-only upstream of SIZE bytes
-//	-expandable       with -mr pool: an expandable pool (PoolOptions.Expandable), whose peak
-//	                  mapped size is reported as its peak upstream (default true: false gives
-//	                  librmm's pool, whose peak upstream is the most it held from the upstream)
-//	-stitch           the expandable pools stitch (PoolOptions.Stitch): free pieces of physical
-//	                  memory are mapped again, back to back, to serve a request that no free
-//	                  block holds, instead of growing
 //	-device N         CUDA device (default 0)
 //	-passes N         replay N times on the same resource (a pool keeps what it grew in earlier
 //	                  passes); report each wall time and the median (default 1)
@@ -151,13 +153,11 @@ func usagef(format string, a ...any) error {
 func run(args []string, stdout, stderr io.Writer) error {
 	fs := flag.NewFlagSet("rmm-replay", flag.ContinueOnError)
 	fs.SetOutput(stderr)
-	mrList := fs.String("mr", "pool", "resources to replay on, in turn, separated by commas: pool (the pool -expandable picks), plain (librmm's pool), expandable, cuda, async, managed or system")
+	mrList := fs.String("mr", "pool", "resources to replay on, in turn, separated by commas: pool (the default pool: stitching, or plain where the GPU lacks virtual memory management), stitching, expandable, plain (librmm's pool), cuda, async, managed or system")
 	var initial, maximum, simulate sizeFlag
 	fs.Var(&initial, "initial", "pool initial size (a multiple of 256 bytes), or the async pool's priming size (default 0)")
 	fs.Var(&maximum, "maximum", "pool maximum size: a multiple of 256 bytes, at least -initial (default none)")
 	fs.Var(&simulate, "simulate", "replay the pools over an address-only upstream of this many bytes")
-	expandable := fs.Bool("expandable", true, "with -mr pool: an expandable pool (one virtual range grown by mapped chunks); false: librmm's pool")
-	stitch := fs.Bool("stitch", false, "the expandable pools stitch (PoolOptions.Stitch): free pieces of physical memory mapped again under a new range serve a request no free block holds")
 	device := fs.Int("device", 0, "CUDA device")
 	passes := fs.Int("passes", 1, "replay this many times on the same resource (a pool keeps what it grew); report the median")
 	serial := fs.Bool("serial", false, "replay every event from one goroutine (as librmm's replay benchmark does single-threaded), not one goroutine per logged thread")
@@ -186,27 +186,19 @@ func run(args []string, stdout, stderr io.Writer) error {
 	if *passes < 1 {
 		return usagef("-passes %d: must be at least 1", *passes)
 	}
-	names, err := parseMRList(*mrList, *expandable)
+	names, err := parseMRList(*mrList)
 	if err != nil {
 		return fmt.Errorf("%w: %w", errUsage, err)
 	}
-	expSet := false
-	fs.Visit(func(f *flag.Flag) { expSet = expSet || f.Name == "expandable" })
 	for _, n := range names {
 		switch {
 		case maximum.set && !isPool(n):
-			return usagef("-maximum works with the pools only: -mr pool, plain or expandable (got -mr %s)", n)
+			return usagef("-maximum works with the pools only: -mr %s (got -mr %s)", poolNames, n)
 		case initial.set && !isPool(n) && n != mrAsync:
 			return usagef("-initial works with the pools or async only (got -mr %s)", n)
 		case simulate.set && !isPool(n):
-			return usagef("-simulate works with the pools only: -mr pool, plain or expandable (got -mr %s)", n)
+			return usagef("-simulate works with the pools only: -mr %s (got -mr %s)", poolNames, n)
 		}
-	}
-	if *stitch && !slices.Contains(names, mrExpandable) && !(slices.Contains(names, mrPool) && *expandable) {
-		return usagef("-stitch works with the expandable pool only: -mr expandable, or pool without -expandable=false (got -mr %s)", *mrList)
-	}
-	if expSet && *expandable && !slices.Contains(names, mrPool) {
-		return usagef("-expandable works with -mr pool only (got -mr %s)", *mrList)
 	}
 	if slices.ContainsFunc(names, isPool) {
 		// The pools' own checks, made here so that a bad size is a bad command line (exit 2)
@@ -236,8 +228,7 @@ func run(args []string, stdout, stderr io.Writer) error {
 		}
 	}
 
-	s := &setup{dev: rmm.Device(*device), cudaErr: rmm.CUDAAvailable(),
-		initial: initial, maximum: maximum, simulate: simulate, expandable: *expandable, expSet: expSet, stitch: *stitch}
+	s := &setup{dev: rmm.Device(*device), cudaErr: rmm.CUDAAvailable(), initial: initial, maximum: maximum, simulate: simulate}
 	if s.cudaErr != nil {
 		s.where = "no CUDA device: " + noDeviceReason(s.cudaErr)
 	}

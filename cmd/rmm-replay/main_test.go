@@ -21,7 +21,7 @@ var cupy = filepath.Join("..", "..", "testdata", "traces", "cupy_fft_linalg_2thr
 
 func TestReplaySimulated(t *testing.T) {
 	var out, errOut bytes.Buffer
-	require.NoError(t, run([]string{"-simulate", "16GiB", "-expandable=false", "-passes", "2", cupy}, &out, &errOut), errOut.String())
+	require.NoError(t, run([]string{"-simulate", "16GiB", "-mr", "plain", "-passes", "2", cupy}, &out, &errOut), errOut.String())
 	s := out.String()
 	lines := strings.Split(s, "\n")
 	require.Equal(t, "rmm-replay: PoolMemoryResource over SimulatedMemoryResource (17179869184 bytes, address-only)", lines[0])
@@ -36,11 +36,11 @@ func TestReplaySimulated(t *testing.T) {
 }
 
 // -serial replays the two-thread trace from one goroutine: the same calls in the same order, so
-// the same footprint (1.249 on the expandable pool, as in TestReplayDefaultExpandable), said in
+// the same footprint (1.249 on the expandable pool, as in TestReplaySeveralResources), said in
 // the report and in -json.
 func TestReplaySerialFlag(t *testing.T) {
 	var out, errOut bytes.Buffer
-	require.NoError(t, run([]string{"-simulate", "16GiB", "-serial", "-passes", "2", cupy}, &out, &errOut), errOut.String())
+	require.NoError(t, run([]string{"-simulate", "16GiB", "-mr", "expandable", "-serial", "-passes", "2", cupy}, &out, &errOut), errOut.String())
 	s := out.String()
 	require.Contains(t, s, "events           110156 (allocations 55078, frees 55078, logged failures 0; 2 threads, replayed from one goroutine)\n")
 	require.Contains(t, s, "peak upstream    771751936 bytes (736 MiB), 1.249 x peak live\n")
@@ -55,25 +55,33 @@ func TestReplaySerialFlag(t *testing.T) {
 	require.True(t, j.Serial)
 }
 
-// The default pool is the expandable one (on a GPU with virtual memory management, or over host
-// memory); its figure on the CuPy trace is the same over the GPU, host memory and addresses only.
-func TestReplayDefaultExpandable(t *testing.T) {
+// The default pool is the package's default, a stitching pool (on a GPU with virtual memory
+// management, or over host memory); its figure on the CuPy trace is the same over the GPU, host
+// memory and addresses only.
+func TestReplayDefaultStitching(t *testing.T) {
 	var out, errOut bytes.Buffer
 	require.NoError(t, run([]string{"-simulate", "16GiB", "-passes", "3", cupy}, &out, &errOut), errOut.String())
 	s := out.String()
-	require.True(t, strings.HasPrefix(s, "rmm-replay: expandable PoolMemoryResource over SimulatedMemoryResource (17179869184 bytes, address-only)\n"), s)
-	require.Contains(t, s, "peak upstream    771751936 bytes (736 MiB), 1.249 x peak live\n")
+	require.True(t, strings.HasPrefix(s, "rmm-replay: stitching PoolMemoryResource over SimulatedMemoryResource (17179869184 bytes, address-only)\n"), s)
+	require.Contains(t, s, "peak upstream    645922816 bytes (616 MiB), 1.045 x peak live\n")
 }
 
-// -expandable applies to -mr pool only: given with another resource it is an error, left out it
-// is not.
-func TestReplayExpandableOnlyWithPool(t *testing.T) {
-	var out, errOut bytes.Buffer
-	err := run([]string{"-mr", "system", "-expandable", cupy}, &out, &errOut)
-	require.ErrorContains(t, err, "-expandable works with -mr pool only")
-	out.Reset()
-	require.NoError(t, run([]string{"-mr", "system", cupy}, &out, &errOut))
-	require.True(t, strings.HasPrefix(out.String(), "rmm-replay: SystemMemoryResource"), out.String())
+// The pool is picked by -mr alone: the flags that chose it before are unknown (a bad command
+// line), and pool is the same resource as the kind it stands for.
+func TestReplayNoPoolFlags(t *testing.T) {
+	for _, args := range [][]string{
+		{"-stitch", cupy},
+		{"-expandable", cupy},
+		{"-expandable=false", cupy},
+		{"-mr", "expandable", "-stitch", cupy},
+	} {
+		var out, errOut bytes.Buffer
+		err := run(args, &out, &errOut)
+		require.ErrorIs(t, err, errUsage, "%v", args)
+		require.Equal(t, 2, exitStatus(err), "%v", args)
+		require.Contains(t, errOut.String(), "flag provided but not defined: -"+strings.TrimPrefix(strings.SplitN(args[len(args)-2], "=", 2)[0], "-"), "%v", args)
+		require.Empty(t, out.String(), "%v", args)
+	}
 }
 
 func TestReplayDefaultResource(t *testing.T) {
@@ -81,9 +89,10 @@ func TestReplayDefaultResource(t *testing.T) {
 	require.NoError(t, run([]string{cupy}, &out, &errOut))
 	first := strings.SplitN(out.String(), "\n", 2)[0]
 	if rmm.CUDAAvailable() == nil {
-		require.Regexp(t, `^rmm-replay: (expandable )?PoolMemoryResource over CudaMemoryResource on device 0 \(`, first)
+		// librmm's pool where the GPU lacks virtual memory management.
+		require.Regexp(t, `^rmm-replay: (stitching )?PoolMemoryResource over CudaMemoryResource on device 0 \(`, first)
 	} else {
-		require.True(t, strings.HasPrefix(first, "rmm-replay: expandable PoolMemoryResource over SystemMemoryResource (host memory; no CUDA device: "), first)
+		require.True(t, strings.HasPrefix(first, "rmm-replay: stitching PoolMemoryResource over SystemMemoryResource (host memory; no CUDA device: "), first)
 	}
 	require.Contains(t, out.String(), "failures         0\n")
 }
@@ -117,16 +126,15 @@ func TestReplayFlagErrors(t *testing.T) {
 		{[]string{"-device", "7", cupy}, "-device 7"},
 		{[]string{"-mr", "system", "-maximum", "1GiB", cupy}, "-maximum works with the pools only"},
 		{[]string{"-mr", "system", "-initial", "1GiB", cupy}, "-initial works with the pools or async only"},
-		{[]string{"-mr", "nosuch", cupy}, `-mr "nosuch": want pool, plain, expandable, cuda, async, managed or system`},
+		{[]string{"-mr", "nosuch", cupy}, `-mr "nosuch": want pool, stitching, expandable, plain, cuda, async, managed or system`},
 		{[]string{"-mr", "plain,nosuch", cupy}, `-mr "nosuch"`},
 		{[]string{"-mr", "plain,", cupy}, `-mr "plain,": an empty name in the list`},
 		{[]string{"-mr", "plain,plain", cupy}, "-mr plain,plain: plain is named twice"},
-		{[]string{"-mr", "pool,expandable", cupy}, "-mr pool,expandable: pool and expandable are the same resource here"},
-		{[]string{"-mr", "expandable,pool", "-expandable", cupy}, "expandable and pool are the same resource here"},
-		{[]string{"-mr", "pool,plain", "-expandable=false", cupy}, "pool and plain are the same resource here"},
-		{[]string{"-mr", "plain,expandable", "-expandable", cupy}, "-expandable works with -mr pool only (got -mr plain,expandable)"},
-		{[]string{"-mr", "plain,system", "-simulate", "1GiB", cupy}, "-simulate works with the pools only: -mr pool, plain or expandable (got -mr system)"},
-		{[]string{"-mr", "plain,async", "-maximum", "1GiB", cupy}, "-maximum works with the pools only: -mr pool, plain or expandable (got -mr async)"},
+		{[]string{"-mr", "pool,stitching", cupy}, "-mr pool,stitching: pool and stitching are the same resource (pool is the default pool, a stitching pool)"},
+		{[]string{"-mr", "plain,stitching,pool", cupy}, "-mr plain,stitching,pool: stitching and pool are the same resource"},
+		{[]string{"-mr", "stitching,stitching", cupy}, "stitching is named twice"},
+		{[]string{"-mr", "plain,system", "-simulate", "1GiB", cupy}, "-simulate works with the pools only: -mr pool, stitching, expandable or plain (got -mr system)"},
+		{[]string{"-mr", "plain,async", "-maximum", "1GiB", cupy}, "-maximum works with the pools only: -mr pool, stitching, expandable or plain (got -mr async)"},
 		{[]string{"-plot", "x.gif", cupy}, "-plot x.gif: want a file name ending in .svg or .png"},
 	} {
 		var out, errOut bytes.Buffer
@@ -166,7 +174,7 @@ func TestReplayCapped(t *testing.T) {
 // The plain pool's errors name the real upstream (no wrapper type of the command's).
 func TestReplayInitialTooLarge(t *testing.T) {
 	var out, errOut bytes.Buffer
-	err := run([]string{"-expandable=false", "-initial", "1TiB", "-simulate", "1GiB", cupy}, &out, &errOut)
+	err := run([]string{"-mr", "plain", "-initial", "1TiB", "-simulate", "1GiB", cupy}, &out, &errOut)
 	require.ErrorIs(t, err, rmm.ErrOutOfMemory)
 	require.NotContains(t, err.Error(), "peakResource")
 	require.Contains(t, err.Error(), "SimulatedMemoryResource")
@@ -229,7 +237,7 @@ func TestFloorResourceCountsPagesHoldingLiveBytes(t *testing.T) {
 
 func TestReplayFloor(t *testing.T) {
 	var out, errOut bytes.Buffer
-	require.NoError(t, run([]string{"-simulate", "16GiB", "-expandable", "-floor", "2MiB", cupy}, &out, &errOut), errOut.String())
+	require.NoError(t, run([]string{"-simulate", "16GiB", "-mr", "expandable", "-floor", "2MiB", cupy}, &out, &errOut), errOut.String())
 	m := regexp.MustCompile(`page floor       (\d+) bytes \(.*\), ([0-9.]+) x peak live: the most 2 MiB pages holding live bytes at once\n`).FindStringSubmatch(out.String())
 	require.NotNil(t, m, out.String())
 	floor, _ := strconv.Atoi(m[1])
@@ -259,11 +267,12 @@ func TestReplayJSON(t *testing.T) {
 	require.Len(t, j.WallNs, 2)
 	require.Zero(t, j.Failures)
 	require.Equal(t, "pool", j.Name)
+	require.Equal(t, "stitching PoolMemoryResource over SimulatedMemoryResource (17179869184 bytes, address-only)", j.Resource)
 	require.Equal(t, int64(618135910), j.PeakLiveBytes)
-	require.Equal(t, int64(771751936), j.PeakReservedBytes)
-	require.InDelta(t, 1.249, j.ReservedOverLive, 0.0005)
+	require.Equal(t, int64(645922816), j.PeakReservedBytes)
+	require.InDelta(t, 1.045, j.ReservedOverLive, 0.0005)
 	require.NotNil(t, j.PoolAtEnd)
-	require.Equal(t, 771751936, j.PoolAtEnd.PeakPoolSize)
+	require.Equal(t, 645922816, j.PoolAtEnd.PeakPoolSize)
 	require.Positive(t, j.NsPerEvent)
 
 	out.Reset()
@@ -377,7 +386,7 @@ func TestReplayNeedsGPU(t *testing.T) {
 		t.Skip("a CUDA device is here")
 	}
 	msg := func(name string) string {
-		return `-mr ` + name + `: \w+MemoryResource needs a CUDA device, and there is none \(.+\); pool, plain, expandable and system run on host memory`
+		return `-mr ` + name + `: \w+MemoryResource needs a CUDA device, and there is none \(.+\); pool, stitching, expandable, plain and system run on host memory`
 	}
 	for _, name := range []string{"cuda", "async", "managed"} {
 		var out, errOut bytes.Buffer
@@ -443,7 +452,7 @@ func TestReplayErrorsNameTraceOnce(t *testing.T) {
 		}
 		require.Empty(t, out.String(), "nothing replayed")
 	}
-	for _, args := range [][]string{{"-mr", "nosuch", cupy}, {"-plot", "x.gif", cupy}, {"-mr", "pool,expandable", cupy}} {
+	for _, args := range [][]string{{"-mr", "nosuch", cupy}, {"-plot", "x.gif", cupy}, {"-mr", "pool,stitching", cupy}} {
 		var out, errOut bytes.Buffer
 		err := run(args, &out, &errOut)
 		require.ErrorIs(t, err, errUsage)
@@ -487,16 +496,29 @@ func TestShortBytes(t *testing.T) {
 	require.Equal(t, "3 MiB", binaryBytes(3<<20))
 }
 
-// -stitch: the expandable pool stitches (named in its description); refused without one.
-func TestReplayStitch(t *testing.T) {
+// -mr names each kind of pool: the first lines name them, in -mr's order, and -json's
+// "resource" too; over host memory (no -simulate) as over simulated memory.
+func TestReplayPoolKinds(t *testing.T) {
 	var out, errOut bytes.Buffer
-	err := run([]string{"-simulate", "4GiB", "-mr", "expandable", "-stitch", cupy}, &out, &errOut)
-	require.NoError(t, err)
-	require.Contains(t, out.String(), "stitching expandable PoolMemoryResource")
+	require.NoError(t, run([]string{"-simulate", "16GiB", "-mr", "stitching,expandable,plain", cupy}, &out, &errOut), errOut.String())
+	lines := strings.Split(out.String(), "\n")
+	require.Equal(t, "rmm-replay: stitching   stitching PoolMemoryResource over SimulatedMemoryResource (17179869184 bytes, address-only)", lines[0])
+	require.Equal(t, "rmm-replay: expandable  expandable PoolMemoryResource over SimulatedMemoryResource (17179869184 bytes, address-only)", lines[1])
+	require.Equal(t, "rmm-replay: plain       PoolMemoryResource over SimulatedMemoryResource (17179869184 bytes, address-only)", lines[2])
+	require.Regexp(t, `\nstitching +0 +\S+ +\d+ +589\.5 MiB +616\.0 MiB +1\.045\n`, out.String())
+
+	if rmm.CUDAAvailable() == nil {
+		t.Skip("the rest is over host memory")
+	}
 	out.Reset()
-	err = run([]string{"-mr", "plain", "-stitch", cupy}, &out, &errOut)
-	require.Equal(t, 2, exitStatus(err))
-	require.ErrorContains(t, err, "-stitch works with the expandable pool only")
+	require.NoError(t, run([]string{"-json", "-mr", "pool", cupy}, &out, &errOut), errOut.String())
+	var j replayJSON
+	require.NoError(t, json.Unmarshal(out.Bytes(), &j), out.String())
+	require.Equal(t, "pool", j.Name)
+	require.True(t, strings.HasPrefix(j.Resource, "stitching PoolMemoryResource over SystemMemoryResource (host memory; "), j.Resource)
+	// Not quite simulated memory's figure: over host memory each piece the pool maps holds an
+	// open file, so its pieces may be larger.
+	require.GreaterOrEqual(t, j.PeakReservedBytes, j.PeakLiveBytes)
 }
 
 // The library's errors reach the user in their one shape: the command's context ("-mr pool: "),
@@ -509,8 +531,8 @@ func TestLibraryErrorShape(t *testing.T) {
 		sentinel error
 		want     string
 	}{
-		{[]string{"-expandable=false", "-initial", "1TiB", "-simulate", "1GiB", cupy}, rmm.ErrOutOfMemory,
-			"-mr pool: rmm: NewPoolMemoryResource: taking the initial 1099511627776 bytes (1 TiB) from SimulatedMemoryResource: SimulatedMemoryResource.Allocate (capacity 1073741824, in use 0): failed to allocate 1099511627776 bytes (1 TiB): out of memory"},
+		{[]string{"-mr", "plain", "-initial", "1TiB", "-simulate", "1GiB", cupy}, rmm.ErrOutOfMemory,
+			"-mr plain: rmm: NewPoolMemoryResource: taking the initial 1099511627776 bytes (1 TiB) from SimulatedMemoryResource: SimulatedMemoryResource.Allocate (capacity 1073741824, in use 0): failed to allocate 1099511627776 bytes (1 TiB): out of memory"},
 		{[]string{"-simulate", "1GiB", bad}, rmm.ErrMalformedLog,
 			"rmm: " + bad + ":2: column Size: negative size -5: malformed event log"},
 		{[]string{"-device", "7", cupy}, rmm.ErrInvalidArgument,
