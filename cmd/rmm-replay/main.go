@@ -17,6 +17,11 @@
 // standard error, where there is none. -plot draws the bytes the trace holds live and each
 // resource's reserved bytes along the trace.
 //
+// For an expandable pool (stitching or not) the report also counts what it asked of the driver's
+// virtual memory management in each pass (rmm.VMMStats): the physical handles it made, mapped and
+// gave back, the ranges it stitched, and the address space it held at the pass's end: a later
+// pass makes none where the earlier ones mapped all it needs.
+//
 // Flags:
 //
 //	-mr LIST          the resources to replay on, separated by commas (default pool):
@@ -162,7 +167,7 @@ func run(args []string, stdout, stderr io.Writer) error {
 	passes := fs.Int("passes", 1, "replay this many times on the same resource (a pool keeps what it grew); report the median")
 	serial := fs.Bool("serial", false, "replay every event from one goroutine (as librmm's replay benchmark does single-threaded), not one goroutine per logged thread")
 	verbose := fs.Bool("v", false, "print every allocation that fails during the replay")
-	asJSON := fs.Bool("json", false, "write the result as JSON instead of text: an object per resource (name, resource, trace, events, failures, passes, wall_ns, ns_per_event, peak_live_bytes, peak_reserved_bytes, reserved_over_live, pool_at_end, ...), a list of them when -mr names several")
+	asJSON := fs.Bool("json", false, "write the result as JSON instead of text: an object per resource (name, resource, trace, events, failures, passes, wall_ns, ns_per_event, peak_live_bytes, peak_reserved_bytes, reserved_over_live, pool_at_end, vmm, vmm_per_pass, ...), a list of them when -mr names several")
 	allowFailures := fs.Bool("allow-failures", false, "exit 0 even when allocations the trace did not log as failures fail in the replay (default: exit 3)")
 	var floor sizeFlag
 	fs.Var(&floor, "floor", "also report the page floor for pages of this size (e.g. 2MiB; at least 4KiB): the most bytes of pages holding part of a live allocation at once, over all passes (slows the replay)")
@@ -409,6 +414,8 @@ type replayRun struct {
 	reserved   int64          // the most bytes the resource held (0: unknown)
 	floor      *floorResource // with -floor
 	pool       *rmm.PoolStats // a pool's figures after the last pass
+	kind       rmm.PoolKind   // a pool's kind
+	vmmPasses  []rmm.VMMStats // an expandable pool's driver calls in each pass
 	series     *series        // reserved bytes along the passes, with -plot
 }
 
@@ -439,12 +446,21 @@ func (rp *replayer) replay(t *target, progress string, live, reserved *series) (
 		run.floor = &floorResource{MemoryResource: t.mr, page: rp.floorPage, refs: map[uintptr]int32{}}
 		target = run.floor
 	}
+	var vmm rmm.VMMStats
+	if t.countsVMM() {
+		vmm = t.pool.Stats().VMM
+	}
 	stop := startProgress(rp.stderr, progress, rp.passes, func() int { return len(run.results) })
 	for pass = 0; pass < rp.passes; pass++ {
 		r, err := rmm.Replay(rp.events, target, opts)
 		if err != nil {
 			stop()
 			return nil, err
+		}
+		if t.countsVMM() {
+			now := t.pool.Stats().VMM
+			run.vmmPasses = append(run.vmmPasses, vmmSince(vmm, now))
+			vmm = now
 		}
 		progressMu.Lock()
 		run.results = append(run.results, r)
@@ -455,7 +471,7 @@ func (rp *replayer) replay(t *target, progress string, live, reserved *series) (
 	run.reserved = t.reservedPeak()
 	if t.pool != nil {
 		st := t.pool.Stats()
-		run.pool = &st
+		run.pool, run.kind = &st, t.pool.Kind()
 	}
 	if reserved != nil && run.reserved > 0 {
 		run.series = reserved
@@ -504,6 +520,13 @@ func (r *replayRun) json(path string) replayJSON {
 	if st := r.pool; st != nil {
 		j.PoolAtEnd = &poolJSON{st.PoolSize, st.PeakPoolSize, st.MaximumPoolSize, st.FreeBytes, st.FreeBlocks,
 			st.LargestFreeBlock, st.UpstreamBlocks, st.Streams, st.Holes, st.HoleBytes}
+		if len(r.vmmPasses) > 0 {
+			v := vmmJSON(st.VMM)
+			j.VMM = &v
+			for _, p := range r.vmmPasses {
+				j.VMMPerPass = append(j.VMMPerPass, vmmJSON(p))
+			}
+		}
 	}
 	return j
 }
@@ -547,6 +570,7 @@ func (r *replayRun) report(w io.Writer, path string) {
 	if st := r.pool; st != nil {
 		fmt.Fprintf(w, "pool at end      size %d bytes in %d upstream blocks, %d free blocks, largest %d bytes\n", st.PoolSize, st.UpstreamBlocks, st.FreeBlocks, st.LargestFreeBlock)
 	}
+	writeVMM(w, []*replayRun{r}, false)
 	fmt.Fprintf(w, "left allocated   %d allocations, %d bytes (freed after the replay)\n", x.LeftAllocations, x.LeftBytes)
 	oddEvents(w, x)
 }
@@ -626,6 +650,10 @@ func writeTable(w io.Writer, path string, runs []*replayRun) {
 			fmt.Fprintf(w, "%s: %d allocations failed, so less was live in its replay and its reserved/live understates\n", r.name, r.failures)
 		}
 	}
+	if slices.ContainsFunc(runs, func(r *replayRun) bool { return len(r.vmmPasses) > 0 }) {
+		fmt.Fprintln(w)
+		writeVMM(w, runs, true)
+	}
 }
 
 // binaryBytes writes a byte count in the largest binary unit it reaches, with as many decimals as
@@ -665,7 +693,10 @@ func shortBytes(v int64) string {
 // replayJSON is what -json writes for each resource: one object, or a list of them in the order
 // of -mr when it names several. Name is the resource as -mr names it, Resource what it is in
 // words. Bytes are bytes, times nanoseconds; PeakReservedBytes is the most the resource took from
-// its upstream (0 when unknown), and PoolAtEnd a pool's Stats after the last pass.
+// its upstream (0 when unknown), and PoolAtEnd a pool's Stats after the last pass. VMM is an
+// expandable pool's driver calls since it was made (its Stats' VMM after the last pass: the
+// passes' calls and those made in making it, such as the reservation of its address range), and
+// VMMPerPass those made in each pass; librmm's pool and the other resources have neither.
 type replayJSON struct {
 	Name              string    `json:"name"`
 	Resource          string    `json:"resource"`
@@ -687,6 +718,8 @@ type replayJSON struct {
 	PageBytes         int       `json:"page_bytes,omitempty"`
 	PageFloorBytes    int64     `json:"page_floor_bytes,omitempty"`
 	PoolAtEnd         *poolJSON `json:"pool_at_end,omitempty"`
+	VMM               *vmmJSON  `json:"vmm,omitempty"`
+	VMMPerPass        []vmmJSON `json:"vmm_per_pass,omitempty"`
 	LeftAllocations   int       `json:"left_allocations"`
 	LeftBytes         int64     `json:"left_bytes"`
 	UnmatchedFrees    int       `json:"unmatched_frees"`

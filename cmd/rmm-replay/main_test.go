@@ -592,3 +592,101 @@ func TestReplayOddTrace(t *testing.T) {
 	require.NotContains(t, out.String(), "mismatched frees")
 	require.NotContains(t, out.String(), "duplicate allocs")
 }
+
+// -json's "vmm" is the pool's PoolStats.VMM after the replay, the same as a pool of the same kind
+// over the same simulated memory shows after the same passes in process (-serial: the calls in
+// one order, so the same counts every run); "vmm_per_pass" adds up to it with what making the
+// pool took. On the CuPy trace the stitching pool maps in its first pass only: the second finds
+// every shape it needs mapped.
+func TestReplayVMMCounts(t *testing.T) {
+	events, err := rmm.ReadLogFile(cupy)
+	require.NoError(t, err)
+	for _, kind := range []rmm.PoolKind{rmm.StitchingPool, rmm.ExpandablePool} {
+		var out, errOut bytes.Buffer
+		require.NoError(t, run([]string{"-json", "-simulate", "16GiB", "-serial", "-passes", "3", "-mr", kind.String(), cupy}, &out, &errOut), errOut.String())
+		var j replayJSON
+		require.NoError(t, json.Unmarshal(out.Bytes(), &j), out.String())
+		require.NotNil(t, j.VMM, kind)
+		require.Len(t, j.VMMPerPass, 3, kind)
+
+		sim, err := rmm.NewSimulatedMemoryResource(16 << 30)
+		require.NoError(t, err)
+		opts := kind.Options()
+		pool, err := rmm.NewPoolMemoryResource(sim, &opts)
+		require.NoError(t, err)
+		made := pool.Stats().VMM
+		for range 3 {
+			_, err := rmm.Replay(events, pool, &rmm.ReplayOptions{Serial: true})
+			require.NoError(t, err)
+		}
+		want := pool.Stats().VMM
+		require.NoError(t, pool.Close())
+		require.Equal(t, vmmJSON(want), *j.VMM, kind)
+
+		sum := vmmJSON(made)
+		for _, p := range j.VMMPerPass {
+			sum.Creates += p.Creates
+			sum.Maps += p.Maps
+			sum.SetAccess += p.SetAccess
+			sum.Unmaps += p.Unmaps
+			sum.Releases += p.Releases
+			sum.Reserves += p.Reserves
+			sum.AddressFrees += p.AddressFrees
+			sum.StitchedRanges += p.StitchedRanges
+			sum.StitchedEvicted += p.StitchedEvicted
+			sum.AddressReserved, sum.StitchedKept = p.AddressReserved, p.StitchedKept // levels
+		}
+		require.Equal(t, *j.VMM, sum, kind)
+
+		first, later := j.VMMPerPass[0], j.VMMPerPass[1:]
+		require.Positive(t, first.Creates, kind)
+		require.Positive(t, first.Maps, kind)
+		for _, p := range later {
+			require.Zero(t, p.Maps, kind)
+			require.Zero(t, p.Creates, kind)
+			require.Equal(t, first.AddressReserved, p.AddressReserved, kind)
+		}
+		if kind == rmm.StitchingPool {
+			require.Positive(t, first.StitchedRanges)
+			require.Greater(t, first.Reserves, first.StitchedRanges-1, "a range reserved per stitched range")
+		} else {
+			require.Zero(t, j.VMM.StitchedRanges)
+			require.Equal(t, 1, j.VMM.Reserves, "the pool's one range, reserved when it was made")
+		}
+	}
+}
+
+// The text report gives a line of driver calls per pass for an expandable pool, and the table a
+// line per pass under each pool's name; librmm's pool and -json without a pool have none.
+func TestReplayVMMText(t *testing.T) {
+	var out, errOut bytes.Buffer
+	require.NoError(t, run([]string{"-simulate", "16GiB", "-serial", "-passes", "2", cupy}, &out, &errOut), errOut.String())
+	// The stitched ranges' address space comes on top of the pool's own range (16 GiB).
+	require.Contains(t, out.String(), "\n"+
+		"driver calls     pass 1: 308 creates, 1038 maps, 20 set-access, 0 unmaps, 0 releases; 6 stitched (kept 6, evicted 0); 17.43 GiB address space\n"+
+		"                 pass 2: 0 creates, 0 maps, 0 set-access, 0 unmaps, 0 releases; 0 stitched (kept 6, evicted 0); 17.43 GiB address space\n"+
+		"left allocated   ")
+
+	out.Reset()
+	require.NoError(t, run([]string{"-simulate", "16GiB", "-mr", "expandable", cupy}, &out, &errOut), errOut.String())
+	require.Contains(t, out.String(), "\ndriver calls     8 creates, 8 maps, 8 set-access, 0 unmaps, 0 releases; 16.00 GiB address space\n")
+
+	out.Reset()
+	require.NoError(t, run([]string{"-simulate", "16GiB", "-mr", "plain,stitching,expandable", "-passes", "2", cupy}, &out, &errOut), errOut.String())
+	s := out.String()
+	require.Regexp(t, `\n\ndriver calls     stitching   pass 1: [1-9]\d* creates, .*; [1-9]\d* stitched .*; 17\.43 GiB address space\n`+
+		`                             pass 2: 0 creates, .*\n`+
+		`                 expandable  pass 1: 8 creates, 8 maps, 8 set-access, 0 unmaps, 0 releases; 16\.00 GiB address space\n`+
+		`                             pass 2: 0 creates, 0 maps, 0 set-access, 0 unmaps, 0 releases; 16\.00 GiB address space\n$`, s)
+	require.NotContains(t, s, "plain   pass")
+
+	out.Reset()
+	require.NoError(t, run([]string{"-simulate", "16GiB", "-mr", "plain", cupy}, &out, &errOut), errOut.String())
+	require.NotContains(t, out.String(), "driver calls")
+	out.Reset()
+	require.NoError(t, run([]string{"-json", "-simulate", "16GiB", "-mr", "plain", cupy}, &out, &errOut), errOut.String())
+	require.NotContains(t, out.String(), `"vmm`)
+	out.Reset()
+	require.NoError(t, run([]string{"-json", "-mr", "system", cupy}, &out, &errOut), errOut.String())
+	require.NotContains(t, out.String(), `"vmm`)
+}
