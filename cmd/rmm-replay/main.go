@@ -65,6 +65,14 @@
 //	                  event, over the trace's time (its event index where the times are not
 //	                  usable), later passes after the first; each line keeps the largest value
 //	                  of each of at most 1200 runs of events. Sampling slows the replay a little
+//	-window N         also report figures per window of N events (at least 1), over all passes'
+//	                  events in sequence (window k holds events kN to (k+1)N-1 of the passes
+//	                  one after the other): the wall time per event, the bytes live and the
+//	                  resource's reserved bytes at the window's end and at most over it, and for
+//	                  an expandable pool the driver calls made in it and the stitched ranges and
+//	                  address space it holds at its end; a table after the report (with -json,
+//	                  "windows" in each resource's object). The wall time of a window leaves out
+//	                  the first event of a pass, which starts before the clock can be read
 //	-json             write the result as JSON: one object, or a list for several resources
 //	-allow-failures   exit 0 even when allocations fail that the trace did not log as failures
 //	-v                print every allocation that fails during the replay
@@ -172,6 +180,7 @@ func run(args []string, stdout, stderr io.Writer) error {
 	var floor sizeFlag
 	fs.Var(&floor, "floor", "also report the page floor for pages of this size (e.g. 2MiB; at least 4KiB): the most bytes of pages holding part of a live allocation at once, over all passes (slows the replay)")
 	plotPath := fs.String("plot", "", "draw the live bytes and each resource's reserved bytes along the trace into this file (.svg or .png)")
+	window := fs.Int("window", 0, "also report figures per window of this many events, over all passes' events in sequence: wall time per event, live and reserved bytes at the end and at most, a pool's driver calls")
 	fs.Usage = func() {
 		fmt.Fprintln(stderr, "usage: rmm-replay [flags] TRACE.csv[.gz]")
 		fmt.Fprintln(stderr, "Sizes are bytes, or a number and a unit: 1073741824, 4GiB, 512MiB, 1.5GB.")
@@ -222,6 +231,11 @@ func run(args []string, stdout, stderr io.Writer) error {
 	}
 	if simulate.set && simulate.n <= 0 {
 		return usagef("-simulate %d: the simulated memory needs a positive size", simulate.n)
+	}
+	windowSet := false
+	fs.Visit(func(f *flag.Flag) { windowSet = windowSet || f.Name == "window" })
+	if windowSet && *window < 1 {
+		return usagef("-window %d: a window holds at least 1 event", *window)
 	}
 	if floor.set && floor.n < minFloorPage {
 		return usagef("-floor %d: the page size must be at least %d bytes (4KiB)", floor.n, minFloorPage)
@@ -289,7 +303,7 @@ func run(args []string, stdout, stderr io.Writer) error {
 	for _, n := range names {
 		width = max(width, len(n))
 	}
-	rp := &replayer{events: events, passes: *passes, serial: *serial, stderr: stderr, several: several}
+	rp := &replayer{events: events, passes: *passes, serial: *serial, window: *window, stderr: stderr, several: several}
 	if floor.set {
 		rp.floorPage = floor.n
 	}
@@ -370,6 +384,12 @@ func run(args []string, stdout, stderr io.Writer) error {
 	default:
 		writeTable(stdout, path, runs)
 	}
+	if !*asJSON && rp.window > 0 {
+		for _, r := range runs {
+			fmt.Fprintln(stdout)
+			writeWindows(stdout, r, rp.window, several)
+		}
+	}
 	if werr != nil {
 		return werr
 	}
@@ -399,6 +419,7 @@ type replayer struct {
 	passes    int
 	serial    bool // -serial
 	floorPage int  // -floor, or 0
+	window    int  // -window, or 0
 	onFailure func(name string, e rmm.LogEvent, err error)
 	stderr    io.Writer
 	several   bool // more than one resource
@@ -416,11 +437,13 @@ type replayRun struct {
 	pool       *rmm.PoolStats // a pool's figures after the last pass
 	kind       rmm.PoolKind   // a pool's kind
 	vmmPasses  []rmm.VMMStats // an expandable pool's driver calls in each pass
+	windows    []window       // with -window
 	series     *series        // reserved bytes along the passes, with -plot
 }
 
 // replay replays the passes on t and closes it. With -plot it samples the reserved bytes after
-// every event into reserved and, when live is not nil, the live bytes into live.
+// every event into reserved and, when live is not nil, the live bytes into live; with -window it
+// measures the windows. An expandable pool's driver calls are read before and after each pass.
 func (rp *replayer) replay(t *target, progress string, live, reserved *series) (*replayRun, error) {
 	if t.close != nil {
 		defer t.close()
@@ -430,25 +453,34 @@ func (rp *replayer) replay(t *target, progress string, live, reserved *series) (
 	if rp.onFailure != nil {
 		opts.OnFailure = func(e rmm.LogEvent, err error) { rp.onFailure(t.name, e, err) }
 	}
+	var vmm rmm.VMMStats
+	if t.countsVMM() {
+		vmm = t.pool.Stats().VMM
+	}
 	var pass int
-	if reserved != nil {
+	var win *windowSampler
+	if rp.window > 0 {
+		win = newWindowSampler(rp.window, len(rp.events), rp.passes, t, vmm)
+	}
+	if reserved != nil || win != nil {
 		n := len(rp.events)
 		opts.AfterEvent = func(i int, liveBytes int64) {
-			k := pass*n + i
-			if live != nil {
-				live.add(k, liveBytes)
+			if reserved != nil {
+				k := pass*n + i
+				if live != nil {
+					live.add(k, liveBytes)
+				}
+				reserved.add(k, t.reservedNow())
 			}
-			reserved.add(k, t.reservedNow())
+			if win != nil {
+				win.after(pass, i, liveBytes)
+			}
 		}
 	}
 	target := t.mr
 	if rp.floorPage > 0 {
 		run.floor = &floorResource{MemoryResource: t.mr, page: rp.floorPage, refs: map[uintptr]int32{}}
 		target = run.floor
-	}
-	var vmm rmm.VMMStats
-	if t.countsVMM() {
-		vmm = t.pool.Stats().VMM
 	}
 	stop := startProgress(rp.stderr, progress, rp.passes, func() int { return len(run.results) })
 	for pass = 0; pass < rp.passes; pass++ {
@@ -475,6 +507,9 @@ func (rp *replayer) replay(t *target, progress string, live, reserved *series) (
 	}
 	if reserved != nil && run.reserved > 0 {
 		run.series = reserved
+	}
+	if win != nil {
+		run.windows = win.windows
 	}
 	return run, nil
 }
@@ -510,6 +545,9 @@ func (r *replayRun) json(path string) replayJSON {
 	}
 	for _, y := range r.results {
 		j.WallNs = append(j.WallNs, y.Wall.Nanoseconds())
+	}
+	for i := range r.windows {
+		j.Windows = append(j.Windows, r.windows[i].json())
 	}
 	if r.reserved > 0 {
 		j.ReservedOverLive = float64(r.reserved) / float64(max(x.PeakLiveBytes, 1))
@@ -727,6 +765,8 @@ type replayJSON struct {
 	// allocations of a pointer still live (the earlier allocation left allocated).
 	MismatchedFrees      int `json:"mismatched_frees"`
 	DuplicateAllocations int `json:"duplicate_allocations"`
+	// With -window: the windows' figures (see windowJSON).
+	Windows []windowJSON `json:"windows,omitempty"`
 }
 
 // progressMu guards what the progress line reads of the replay loop.

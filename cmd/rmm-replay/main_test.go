@@ -690,3 +690,143 @@ func TestReplayVMMText(t *testing.T) {
 	require.NoError(t, run([]string{"-json", "-mr", "system", cupy}, &out, &errOut), errOut.String())
 	require.NotContains(t, out.String(), `"vmm`)
 }
+
+// -window: the windows cover every event of every pass once, in order, each of -window events
+// but the last; their driver calls add up to the passes', their levels at the last window's end
+// are the run's, and their peaks are the run's peaks. Every event is timed but the first of each
+// pass. Several resources get windows each.
+func TestReplayWindows(t *testing.T) {
+	const size, events, passes = 30000, 110156, 2
+	var out, errOut bytes.Buffer
+	require.NoError(t, run([]string{"-json", "-simulate", "16GiB", "-serial", "-passes", "2", "-window", fmt.Sprint(size), "-mr", "stitching,plain,expandable", cupy}, &out, &errOut), errOut.String())
+	var list []replayJSON
+	require.NoError(t, json.Unmarshal(out.Bytes(), &list), out.String())
+	require.Len(t, list, 3)
+	for _, j := range list {
+		require.Len(t, j.Windows, (events*passes+size-1)/size, j.Name)
+		total, timed := 0, 0
+		var peakLive, peakReserved int64
+		for i, w := range j.Windows {
+			require.Equal(t, total, w.FirstEvent, "%s window %d", j.Name, i)
+			if i < len(j.Windows)-1 {
+				require.Equal(t, size, w.Events, "%s window %d", j.Name, i)
+			}
+			require.Equal(t, w.FirstEvent/events+1, w.FirstPass, "%s window %d", j.Name, i)
+			require.Equal(t, (w.FirstEvent+w.Events-1)/events+1, w.LastPass, "%s window %d", j.Name, i)
+			total += w.Events
+			timed += w.TimedEvents
+			require.LessOrEqual(t, w.LiveBytes, w.PeakLiveBytes)
+			require.LessOrEqual(t, w.ReservedBytes, w.PeakReservedBytes)
+			require.Positive(t, w.NsPerEvent)
+			peakLive = max(peakLive, w.PeakLiveBytes)
+			peakReserved = max(peakReserved, w.PeakReservedBytes)
+		}
+		require.Equal(t, events*passes, total, j.Name)
+		require.Equal(t, passes*(events-1), timed, "%s: all but the first event of each pass", j.Name)
+		require.Equal(t, j.PeakLiveBytes, peakLive, j.Name)
+		require.Equal(t, j.PeakReservedBytes, peakReserved, j.Name)
+		require.Zero(t, j.Windows[len(j.Windows)-1].LiveBytes, "%s: the trace frees all it allocates", j.Name)
+		if j.Name == "plain" {
+			for _, w := range j.Windows {
+				require.Nil(t, w.VMM, j.Name)
+			}
+			continue
+		}
+		// The windows' calls add up to the passes' (both leave out the pool's making), and the
+		// last window ends where the last pass does.
+		var sum, perPass vmmJSON
+		add := func(to *vmmJSON, v vmmJSON) {
+			to.Creates += v.Creates
+			to.Maps += v.Maps
+			to.SetAccess += v.SetAccess
+			to.Unmaps += v.Unmaps
+			to.Releases += v.Releases
+			to.Reserves += v.Reserves
+			to.AddressFrees += v.AddressFrees
+			to.StitchedRanges += v.StitchedRanges
+			to.StitchedEvicted += v.StitchedEvicted
+			to.AddressReserved, to.StitchedKept = v.AddressReserved, v.StitchedKept
+		}
+		for _, w := range j.Windows {
+			require.NotNil(t, w.VMM)
+			add(&sum, *w.VMM)
+		}
+		for _, p := range j.VMMPerPass {
+			add(&perPass, p)
+		}
+		require.Equal(t, perPass, sum)
+		require.Equal(t, j.VMM.AddressReserved, sum.AddressReserved)
+		require.Equal(t, j.VMM.StitchedKept, sum.StitchedKept)
+		require.Equal(t, j.VMM.Maps, sum.Maps, "making the pool maps nothing (-initial 0)")
+		require.Positive(t, j.Windows[0].VMM.Maps, "%s: the first window maps", j.Name)
+		require.Zero(t, j.Windows[len(j.Windows)-1].VMM.Maps, "%s: the second pass maps nothing", j.Name)
+	}
+
+	// The text report: a table after it, a row per window.
+	out.Reset()
+	require.NoError(t, run([]string{"-simulate", "16GiB", "-passes", "2", "-window", "50000", cupy}, &out, &errOut), errOut.String())
+	s := out.String()
+	require.Contains(t, s, "\n\nwindows of 50000 events: ")
+	require.Regexp(t, `\n +window +pass +events +ns/event +live +peak live +reserved +peak reserved +reserved/live +creates +maps +unmaps +releases +stitched +evicted +kept +address space\n`, s)
+	require.Regexp(t, `\n +1 +1 +50000 +\d+ +36\.03 MiB +589\.5 MiB +616\.0 MiB +616\.0 MiB +1\.045 +[1-9]\d* +[1-9]\d* +0 +0 +6 +0 +6 +17\.43 GiB\n`, s)
+	require.Regexp(t, `\n +3 +1-2 +50000 +\d+ +`, s)
+	require.Regexp(t, `\n +5 +2 +20312 +\d+ +0 +427\.9 MiB +616\.0 MiB +616\.0 MiB +1\.439 +0 +0 +0 +0 +0 +0 +6 +17\.43 GiB\n$`, s)
+
+	// Several resources over host memory, -serial: a table each, after the resources' table;
+	// what system holds is what is live. (Where the plain pool's growth lands depends on the
+	// addresses the host hands out: its figures are not checked here.)
+	out.Reset()
+	require.NoError(t, run([]string{"-serial", "-window", "60000", "-mr", "plain,system", cupy}, &out, &errOut), errOut.String())
+	s = out.String()
+	plain, system := strings.Index(s, "\n\nwindows of 60000 events on plain: "), strings.Index(s, "\n\nwindows of 60000 events on system: ")
+	require.Positive(t, plain, s)
+	require.Greater(t, system, plain, s)
+	require.Greater(t, plain, strings.Index(s, "\nresource "), s)
+	require.Regexp(t, `\n +window +pass +events +ns/event +live +peak live +reserved +peak reserved +reserved/live\n +1 +1 +60000 +\d+ +(\S+ \S+) +589\.5 MiB +\S+ \S+ +\S+ \S+ +\d\.\d{3}\n +2 +1 +50156 +\d+ +0 +`, s[plain:system])
+	require.Regexp(t, `\n +1 +1 +60000 +\d+ +(\S+ \S+) +589\.5 MiB +(\S+ \S+) +589\.5 MiB +1\.000\n +2 +1 +50156 +\d+ +0 +\S+ \S+ +0 +\S+ \S+ +1\.000\n$`, s[system:])
+}
+
+// Windows of one event: the first event of each pass is not timed (no ns/event), every other is.
+func TestReplayWindowOfOne(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "small.csv")
+	require.NoError(t, os.WriteFile(path, []byte(rmm.LogHeader+"\n"+
+		"1,00:00:00.000001,allocate,0x100,1000,0\n"+
+		"1,00:00:00.000002,allocate,0x200,3000,0\n"+
+		"1,00:00:00.000003,free,0x100,1000,0\n"+
+		"1,00:00:00.000004,free,0x200,3000,0\n"), 0o644))
+	var out, errOut bytes.Buffer
+	require.NoError(t, run([]string{"-json", "-simulate", "1GiB", "-mr", "plain", "-passes", "2", "-window", "1", path}, &out, &errOut), errOut.String())
+	var j replayJSON
+	require.NoError(t, json.Unmarshal(out.Bytes(), &j), out.String())
+	require.Len(t, j.Windows, 8)
+	live := []int64{1000, 4000, 3000, 0}
+	for i, w := range j.Windows {
+		require.Equal(t, 1, w.Events)
+		require.Equal(t, live[i%4], w.LiveBytes, "window %d", i)
+		require.Equal(t, live[i%4], w.PeakLiveBytes, "window %d", i)
+		if i%4 == 0 {
+			require.Zero(t, w.TimedEvents, "window %d", i)
+			require.Zero(t, w.NsPerEvent, "window %d", i)
+		} else {
+			require.Equal(t, 1, w.TimedEvents, "window %d", i)
+		}
+	}
+	out.Reset()
+	require.NoError(t, run([]string{"-simulate", "1GiB", "-mr", "plain", "-passes", "2", "-window", "1", path}, &out, &errOut), errOut.String())
+	require.Regexp(t, `\n +1 +1 +1 +- +1000 B +1000 B +`, out.String())
+	require.Regexp(t, `\n +6 +2 +1 +\d+ +3.906 KiB +3.906 KiB +`, out.String())
+}
+
+func TestReplayWindowBad(t *testing.T) {
+	for _, n := range []string{"0", "-3"} {
+		var out, errOut bytes.Buffer
+		err := run([]string{"-window", n, cupy}, &out, &errOut)
+		require.ErrorContains(t, err, "-window "+n+": a window holds at least 1 event")
+		require.Equal(t, 2, exitStatus(err))
+		require.Empty(t, out.String())
+	}
+	var out, errOut bytes.Buffer
+	err := run([]string{"-window", "many", cupy}, &out, &errOut)
+	require.Equal(t, 2, exitStatus(err))
+	require.Contains(t, errOut.String(), `invalid value "many" for flag -window`)
+}
