@@ -4,40 +4,47 @@
 //
 //	rmm-replay [flags] TRACE.csv[.gz]
 //
-// By default the resource is an expandable PoolMemoryResource over the GPU (device 0), or over
-// host memory (SystemMemoryResource) where there is no CUDA device — librmm's pool
-// (-expandable=false) where the GPU lacks virtual memory management; the first line of output
-// names it. -simulate SIZE replaces the upstream with an address-only resource of SIZE
-// bytes, so that a trace recorded on a large GPU replays anywhere.
+// By default the resource is the pool a program gets by default (rmm.PoolKind's zero value): a
+// stitching PoolMemoryResource over the GPU (device 0), or over host memory
+// (SystemMemoryResource) where there is no CUDA device — librmm's pool where the GPU lacks
+// virtual memory management; the first line of output names it. -simulate SIZE replaces the
+// upstream with an address-only resource of SIZE bytes, so that a trace recorded on a large GPU
+// replays anywhere.
 //
-// -mr takes several resources, separated by commas (-mr plain,expandable,async): each is made
+// -mr takes several resources, separated by commas (-mr plain,stitching,async): each is made
 // fresh and replayed in turn on the same trace, and the report is one table with a row per
 // resource (with -json, a list of objects); those that need a GPU are left out, with a note on
 // standard error, where there is none. -plot draws the bytes the trace holds live and each
 // resource's reserved bytes along the trace.
 //
+// For an expandable pool (stitching or not) the report also counts what it asked of the driver's
+// virtual memory management in each pass (rmm.VMMStats): the physical handles it made, mapped and
+// gave back, the ranges it stitched, and the address space it held at the pass's end: a later
+// pass makes none where the earlier ones mapped all it needs.
+//
 // Flags:
 //
 //	-mr LIST          the resources to replay on, separated by commas (default pool):
-//	                  pool        the pool -expandable picks (expandable unless -expandable=false)
-//	                  plain       librmm's pool (PoolMemoryResource)
-//	                  expandable  an expandable pool (PoolOptions.Expandable)
+//	                  pool        the default pool: stitching, or plain where the GPU lacks
+//	                              virtual memory management
+//	                  stitching   an expandable pool that stitches (rmm.StitchingPool): free
+//	                              pieces of physical memory are mapped again, back to back, to
+//	                              serve a request that no free block holds, instead of growing
+//	                  expandable  an expandable pool that does not stitch (rmm.ExpandablePool):
+//	                              one address range grown by mapped chunks
+//	                  plain       librmm's pool (rmm.PlainPool), which grows by allocations from
+//	                              the upstream
 //	                  cuda, async, managed   CudaMemoryResource, CudaAsyncMemoryResource,
 //	                              ManagedMemoryResource: these need a GPU
 //	                  system      SystemMemoryResource (host memory)
 //	                  The pools run over the GPU, over host memory where there is none, or over
-//	                  -simulate's memory.
+//	                  -simulate's memory. An expandable pool's peak upstream is its peak mapped
+//	                  size; librmm's pool's the most it held from the upstream.
 //	-initial SIZE     pool initial size, or the async pool's priming size (default 0); for
 //	                  the pools a multiple of 256 bytes
 //	-maximum SIZE     pool maximum size, a multiple of 256 bytes, at least -initial (default
 //	                  none)
 //	-simulate SIZE    replay the pools over an address-only upstream of SIZE bytes
-//	-expandable       with -mr pool: an expandable pool (PoolOptions.Expandable), whose peak
-//	                  mapped size is reported as its peak upstream (default true: false gives
-//	                  librmm's pool, whose peak upstream is the most it held from the upstream)
-//	-stitch           the expandable pools stitch (PoolOptions.Stitch): free pieces of physical
-//	                  memory are mapped again, back to back, to serve a request that no free
-//	                  block holds, instead of growing
 //	-device N         CUDA device (default 0)
 //	-passes N         replay N times on the same resource (a pool keeps what it grew in earlier
 //	                  passes); report each wall time and the median (default 1)
@@ -58,6 +65,14 @@
 //	                  event, over the trace's time (its event index where the times are not
 //	                  usable), later passes after the first; each line keeps the largest value
 //	                  of each of at most 1200 runs of events. Sampling slows the replay a little
+//	-window N         also report figures per window of N events (at least 1), over all passes'
+//	                  events in sequence (window k holds events kN to (k+1)N-1 of the passes
+//	                  one after the other): the wall time per event, the bytes live and the
+//	                  resource's reserved bytes at the window's end and at most over it, and for
+//	                  an expandable pool the driver calls made in it and the stitched ranges and
+//	                  address space it holds at its end; a table after the report (with -json,
+//	                  "windows" in each resource's object). The wall time of a window leaves out
+//	                  the first event of a pass, which starts before the clock can be read
 //	-json             write the result as JSON: one object, or a list for several resources
 //	-allow-failures   exit 0 even when allocations fail that the trace did not log as failures
 //	-v                print every allocation that fails during the replay
@@ -151,22 +166,21 @@ func usagef(format string, a ...any) error {
 func run(args []string, stdout, stderr io.Writer) error {
 	fs := flag.NewFlagSet("rmm-replay", flag.ContinueOnError)
 	fs.SetOutput(stderr)
-	mrList := fs.String("mr", "pool", "resources to replay on, in turn, separated by commas: pool (the pool -expandable picks), plain (librmm's pool), expandable, cuda, async, managed or system")
+	mrList := fs.String("mr", "pool", "resources to replay on, in turn, separated by commas: pool (the default pool: stitching, or plain where the GPU lacks virtual memory management), stitching, expandable, plain (librmm's pool), cuda, async, managed or system")
 	var initial, maximum, simulate sizeFlag
 	fs.Var(&initial, "initial", "pool initial size (a multiple of 256 bytes), or the async pool's priming size (default 0)")
 	fs.Var(&maximum, "maximum", "pool maximum size: a multiple of 256 bytes, at least -initial (default none)")
 	fs.Var(&simulate, "simulate", "replay the pools over an address-only upstream of this many bytes")
-	expandable := fs.Bool("expandable", true, "with -mr pool: an expandable pool (one virtual range grown by mapped chunks); false: librmm's pool")
-	stitch := fs.Bool("stitch", false, "the expandable pools stitch (PoolOptions.Stitch): free pieces of physical memory mapped again under a new range serve a request no free block holds")
 	device := fs.Int("device", 0, "CUDA device")
 	passes := fs.Int("passes", 1, "replay this many times on the same resource (a pool keeps what it grew); report the median")
 	serial := fs.Bool("serial", false, "replay every event from one goroutine (as librmm's replay benchmark does single-threaded), not one goroutine per logged thread")
 	verbose := fs.Bool("v", false, "print every allocation that fails during the replay")
-	asJSON := fs.Bool("json", false, "write the result as JSON instead of text: an object per resource (name, resource, trace, events, failures, passes, wall_ns, ns_per_event, peak_live_bytes, peak_reserved_bytes, reserved_over_live, pool_at_end, ...), a list of them when -mr names several")
+	asJSON := fs.Bool("json", false, "write the result as JSON instead of text: an object per resource (name, resource, trace, events, failures, passes, wall_ns, ns_per_event, peak_live_bytes, peak_reserved_bytes, reserved_over_live, pool_at_end, vmm, vmm_per_pass, ...), a list of them when -mr names several")
 	allowFailures := fs.Bool("allow-failures", false, "exit 0 even when allocations the trace did not log as failures fail in the replay (default: exit 3)")
 	var floor sizeFlag
 	fs.Var(&floor, "floor", "also report the page floor for pages of this size (e.g. 2MiB; at least 4KiB): the most bytes of pages holding part of a live allocation at once, over all passes (slows the replay)")
 	plotPath := fs.String("plot", "", "draw the live bytes and each resource's reserved bytes along the trace into this file (.svg or .png)")
+	window := fs.Int("window", 0, "also report figures per window of this many events, over all passes' events in sequence: wall time per event, live and reserved bytes at the end and at most, a pool's driver calls")
 	fs.Usage = func() {
 		fmt.Fprintln(stderr, "usage: rmm-replay [flags] TRACE.csv[.gz]")
 		fmt.Fprintln(stderr, "Sizes are bytes, or a number and a unit: 1073741824, 4GiB, 512MiB, 1.5GB.")
@@ -186,27 +200,19 @@ func run(args []string, stdout, stderr io.Writer) error {
 	if *passes < 1 {
 		return usagef("-passes %d: must be at least 1", *passes)
 	}
-	names, err := parseMRList(*mrList, *expandable)
+	names, err := parseMRList(*mrList)
 	if err != nil {
 		return fmt.Errorf("%w: %w", errUsage, err)
 	}
-	expSet := false
-	fs.Visit(func(f *flag.Flag) { expSet = expSet || f.Name == "expandable" })
 	for _, n := range names {
 		switch {
 		case maximum.set && !isPool(n):
-			return usagef("-maximum works with the pools only: -mr pool, plain or expandable (got -mr %s)", n)
+			return usagef("-maximum works with the pools only: -mr %s (got -mr %s)", poolNames, n)
 		case initial.set && !isPool(n) && n != mrAsync:
 			return usagef("-initial works with the pools or async only (got -mr %s)", n)
 		case simulate.set && !isPool(n):
-			return usagef("-simulate works with the pools only: -mr pool, plain or expandable (got -mr %s)", n)
+			return usagef("-simulate works with the pools only: -mr %s (got -mr %s)", poolNames, n)
 		}
-	}
-	if *stitch && !slices.Contains(names, mrExpandable) && !(slices.Contains(names, mrPool) && *expandable) {
-		return usagef("-stitch works with the expandable pool only: -mr expandable, or pool without -expandable=false (got -mr %s)", *mrList)
-	}
-	if expSet && *expandable && !slices.Contains(names, mrPool) {
-		return usagef("-expandable works with -mr pool only (got -mr %s)", *mrList)
 	}
 	if slices.ContainsFunc(names, isPool) {
 		// The pools' own checks, made here so that a bad size is a bad command line (exit 2)
@@ -226,6 +232,11 @@ func run(args []string, stdout, stderr io.Writer) error {
 	if simulate.set && simulate.n <= 0 {
 		return usagef("-simulate %d: the simulated memory needs a positive size", simulate.n)
 	}
+	windowSet := false
+	fs.Visit(func(f *flag.Flag) { windowSet = windowSet || f.Name == "window" })
+	if windowSet && *window < 1 {
+		return usagef("-window %d: a window holds at least 1 event", *window)
+	}
 	if floor.set && floor.n < minFloorPage {
 		return usagef("-floor %d: the page size must be at least %d bytes (4KiB)", floor.n, minFloorPage)
 	}
@@ -236,8 +247,7 @@ func run(args []string, stdout, stderr io.Writer) error {
 		}
 	}
 
-	s := &setup{dev: rmm.Device(*device), cudaErr: rmm.CUDAAvailable(),
-		initial: initial, maximum: maximum, simulate: simulate, expandable: *expandable, expSet: expSet, stitch: *stitch}
+	s := &setup{dev: rmm.Device(*device), cudaErr: rmm.CUDAAvailable(), initial: initial, maximum: maximum, simulate: simulate}
 	if s.cudaErr != nil {
 		s.where = "no CUDA device: " + noDeviceReason(s.cudaErr)
 	}
@@ -293,7 +303,7 @@ func run(args []string, stdout, stderr io.Writer) error {
 	for _, n := range names {
 		width = max(width, len(n))
 	}
-	rp := &replayer{events: events, passes: *passes, serial: *serial, stderr: stderr, several: several}
+	rp := &replayer{events: events, passes: *passes, serial: *serial, window: *window, stderr: stderr, several: several}
 	if floor.set {
 		rp.floorPage = floor.n
 	}
@@ -374,6 +384,12 @@ func run(args []string, stdout, stderr io.Writer) error {
 	default:
 		writeTable(stdout, path, runs)
 	}
+	if !*asJSON && rp.window > 0 {
+		for _, r := range runs {
+			fmt.Fprintln(stdout)
+			writeWindows(stdout, r, rp.window, several)
+		}
+	}
 	if werr != nil {
 		return werr
 	}
@@ -403,6 +419,7 @@ type replayer struct {
 	passes    int
 	serial    bool // -serial
 	floorPage int  // -floor, or 0
+	window    int  // -window, or 0
 	onFailure func(name string, e rmm.LogEvent, err error)
 	stderr    io.Writer
 	several   bool // more than one resource
@@ -418,11 +435,15 @@ type replayRun struct {
 	reserved   int64          // the most bytes the resource held (0: unknown)
 	floor      *floorResource // with -floor
 	pool       *rmm.PoolStats // a pool's figures after the last pass
+	kind       rmm.PoolKind   // a pool's kind
+	vmmPasses  []rmm.VMMStats // an expandable pool's driver calls in each pass
+	windows    []window       // with -window
 	series     *series        // reserved bytes along the passes, with -plot
 }
 
 // replay replays the passes on t and closes it. With -plot it samples the reserved bytes after
-// every event into reserved and, when live is not nil, the live bytes into live.
+// every event into reserved and, when live is not nil, the live bytes into live; with -window it
+// measures the windows. An expandable pool's driver calls are read before and after each pass.
 func (rp *replayer) replay(t *target, progress string, live, reserved *series) (*replayRun, error) {
 	if t.close != nil {
 		defer t.close()
@@ -432,15 +453,28 @@ func (rp *replayer) replay(t *target, progress string, live, reserved *series) (
 	if rp.onFailure != nil {
 		opts.OnFailure = func(e rmm.LogEvent, err error) { rp.onFailure(t.name, e, err) }
 	}
+	var vmm rmm.VMMStats
+	if t.countsVMM() {
+		vmm = t.pool.Stats().VMM
+	}
 	var pass int
-	if reserved != nil {
+	var win *windowSampler
+	if rp.window > 0 {
+		win = newWindowSampler(rp.window, len(rp.events), rp.passes, t, vmm)
+	}
+	if reserved != nil || win != nil {
 		n := len(rp.events)
 		opts.AfterEvent = func(i int, liveBytes int64) {
-			k := pass*n + i
-			if live != nil {
-				live.add(k, liveBytes)
+			if reserved != nil {
+				k := pass*n + i
+				if live != nil {
+					live.add(k, liveBytes)
+				}
+				reserved.add(k, t.reservedNow())
 			}
-			reserved.add(k, t.reservedNow())
+			if win != nil {
+				win.after(pass, i, liveBytes)
+			}
 		}
 	}
 	target := t.mr
@@ -455,6 +489,11 @@ func (rp *replayer) replay(t *target, progress string, live, reserved *series) (
 			stop()
 			return nil, err
 		}
+		if t.countsVMM() {
+			now := t.pool.Stats().VMM
+			run.vmmPasses = append(run.vmmPasses, vmmSince(vmm, now))
+			vmm = now
+		}
 		progressMu.Lock()
 		run.results = append(run.results, r)
 		progressMu.Unlock()
@@ -464,10 +503,13 @@ func (rp *replayer) replay(t *target, progress string, live, reserved *series) (
 	run.reserved = t.reservedPeak()
 	if t.pool != nil {
 		st := t.pool.Stats()
-		run.pool = &st
+		run.pool, run.kind = &st, t.pool.Kind()
 	}
 	if reserved != nil && run.reserved > 0 {
 		run.series = reserved
+	}
+	if win != nil {
+		run.windows = win.windows
 	}
 	return run, nil
 }
@@ -504,6 +546,9 @@ func (r *replayRun) json(path string) replayJSON {
 	for _, y := range r.results {
 		j.WallNs = append(j.WallNs, y.Wall.Nanoseconds())
 	}
+	for i := range r.windows {
+		j.Windows = append(j.Windows, r.windows[i].json())
+	}
 	if r.reserved > 0 {
 		j.ReservedOverLive = float64(r.reserved) / float64(max(x.PeakLiveBytes, 1))
 	}
@@ -513,6 +558,13 @@ func (r *replayRun) json(path string) replayJSON {
 	if st := r.pool; st != nil {
 		j.PoolAtEnd = &poolJSON{st.PoolSize, st.PeakPoolSize, st.MaximumPoolSize, st.FreeBytes, st.FreeBlocks,
 			st.LargestFreeBlock, st.UpstreamBlocks, st.Streams, st.Holes, st.HoleBytes}
+		if len(r.vmmPasses) > 0 {
+			v := vmmJSON(st.VMM)
+			j.VMM = &v
+			for _, p := range r.vmmPasses {
+				j.VMMPerPass = append(j.VMMPerPass, vmmJSON(p))
+			}
+		}
 	}
 	return j
 }
@@ -556,6 +608,7 @@ func (r *replayRun) report(w io.Writer, path string) {
 	if st := r.pool; st != nil {
 		fmt.Fprintf(w, "pool at end      size %d bytes in %d upstream blocks, %d free blocks, largest %d bytes\n", st.PoolSize, st.UpstreamBlocks, st.FreeBlocks, st.LargestFreeBlock)
 	}
+	writeVMM(w, []*replayRun{r}, false)
 	fmt.Fprintf(w, "left allocated   %d allocations, %d bytes (freed after the replay)\n", x.LeftAllocations, x.LeftBytes)
 	oddEvents(w, x)
 }
@@ -635,6 +688,10 @@ func writeTable(w io.Writer, path string, runs []*replayRun) {
 			fmt.Fprintf(w, "%s: %d allocations failed, so less was live in its replay and its reserved/live understates\n", r.name, r.failures)
 		}
 	}
+	if slices.ContainsFunc(runs, func(r *replayRun) bool { return len(r.vmmPasses) > 0 }) {
+		fmt.Fprintln(w)
+		writeVMM(w, runs, true)
+	}
 }
 
 // binaryBytes writes a byte count in the largest binary unit it reaches, with as many decimals as
@@ -674,7 +731,10 @@ func shortBytes(v int64) string {
 // replayJSON is what -json writes for each resource: one object, or a list of them in the order
 // of -mr when it names several. Name is the resource as -mr names it, Resource what it is in
 // words. Bytes are bytes, times nanoseconds; PeakReservedBytes is the most the resource took from
-// its upstream (0 when unknown), and PoolAtEnd a pool's Stats after the last pass.
+// its upstream (0 when unknown), and PoolAtEnd a pool's Stats after the last pass. VMM is an
+// expandable pool's driver calls since it was made (its Stats' VMM after the last pass: the
+// passes' calls and those made in making it, such as the reservation of its address range), and
+// VMMPerPass those made in each pass; librmm's pool and the other resources have neither.
 type replayJSON struct {
 	Name              string    `json:"name"`
 	Resource          string    `json:"resource"`
@@ -696,6 +756,8 @@ type replayJSON struct {
 	PageBytes         int       `json:"page_bytes,omitempty"`
 	PageFloorBytes    int64     `json:"page_floor_bytes,omitempty"`
 	PoolAtEnd         *poolJSON `json:"pool_at_end,omitempty"`
+	VMM               *vmmJSON  `json:"vmm,omitempty"`
+	VMMPerPass        []vmmJSON `json:"vmm_per_pass,omitempty"`
 	LeftAllocations   int       `json:"left_allocations"`
 	LeftBytes         int64     `json:"left_bytes"`
 	UnmatchedFrees    int       `json:"unmatched_frees"`
@@ -703,6 +765,8 @@ type replayJSON struct {
 	// allocations of a pointer still live (the earlier allocation left allocated).
 	MismatchedFrees      int `json:"mismatched_frees"`
 	DuplicateAllocations int `json:"duplicate_allocations"`
+	// With -window: the windows' figures (see windowJSON).
+	Windows []windowJSON `json:"windows,omitempty"`
 }
 
 // progressMu guards what the progress line reads of the replay loop.

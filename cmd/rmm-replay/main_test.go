@@ -21,7 +21,7 @@ var cupy = filepath.Join("..", "..", "testdata", "traces", "cupy_fft_linalg_2thr
 
 func TestReplaySimulated(t *testing.T) {
 	var out, errOut bytes.Buffer
-	require.NoError(t, run([]string{"-simulate", "16GiB", "-expandable=false", "-passes", "2", cupy}, &out, &errOut), errOut.String())
+	require.NoError(t, run([]string{"-simulate", "16GiB", "-mr", "plain", "-passes", "2", cupy}, &out, &errOut), errOut.String())
 	s := out.String()
 	lines := strings.Split(s, "\n")
 	require.Equal(t, "rmm-replay: PoolMemoryResource over SimulatedMemoryResource (17179869184 bytes, address-only)", lines[0])
@@ -36,11 +36,11 @@ func TestReplaySimulated(t *testing.T) {
 }
 
 // -serial replays the two-thread trace from one goroutine: the same calls in the same order, so
-// the same footprint (1.249 on the expandable pool, as in TestReplayDefaultExpandable), said in
+// the same footprint (1.249 on the expandable pool, as in TestReplaySeveralResources), said in
 // the report and in -json.
 func TestReplaySerialFlag(t *testing.T) {
 	var out, errOut bytes.Buffer
-	require.NoError(t, run([]string{"-simulate", "16GiB", "-serial", "-passes", "2", cupy}, &out, &errOut), errOut.String())
+	require.NoError(t, run([]string{"-simulate", "16GiB", "-mr", "expandable", "-serial", "-passes", "2", cupy}, &out, &errOut), errOut.String())
 	s := out.String()
 	require.Contains(t, s, "events           110156 (allocations 55078, frees 55078, logged failures 0; 2 threads, replayed from one goroutine)\n")
 	require.Contains(t, s, "peak upstream    771751936 bytes (736 MiB), 1.249 x peak live\n")
@@ -55,25 +55,33 @@ func TestReplaySerialFlag(t *testing.T) {
 	require.True(t, j.Serial)
 }
 
-// The default pool is the expandable one (on a GPU with virtual memory management, or over host
-// memory); its figure on the CuPy trace is the same over the GPU, host memory and addresses only.
-func TestReplayDefaultExpandable(t *testing.T) {
+// The default pool is the package's default, a stitching pool (on a GPU with virtual memory
+// management, or over host memory); its figure on the CuPy trace is the same over the GPU, host
+// memory and addresses only.
+func TestReplayDefaultStitching(t *testing.T) {
 	var out, errOut bytes.Buffer
 	require.NoError(t, run([]string{"-simulate", "16GiB", "-passes", "3", cupy}, &out, &errOut), errOut.String())
 	s := out.String()
-	require.True(t, strings.HasPrefix(s, "rmm-replay: expandable PoolMemoryResource over SimulatedMemoryResource (17179869184 bytes, address-only)\n"), s)
-	require.Contains(t, s, "peak upstream    771751936 bytes (736 MiB), 1.249 x peak live\n")
+	require.True(t, strings.HasPrefix(s, "rmm-replay: stitching PoolMemoryResource over SimulatedMemoryResource (17179869184 bytes, address-only)\n"), s)
+	require.Contains(t, s, "peak upstream    645922816 bytes (616 MiB), 1.045 x peak live\n")
 }
 
-// -expandable applies to -mr pool only: given with another resource it is an error, left out it
-// is not.
-func TestReplayExpandableOnlyWithPool(t *testing.T) {
-	var out, errOut bytes.Buffer
-	err := run([]string{"-mr", "system", "-expandable", cupy}, &out, &errOut)
-	require.ErrorContains(t, err, "-expandable works with -mr pool only")
-	out.Reset()
-	require.NoError(t, run([]string{"-mr", "system", cupy}, &out, &errOut))
-	require.True(t, strings.HasPrefix(out.String(), "rmm-replay: SystemMemoryResource"), out.String())
+// The pool is picked by -mr alone: the flags that chose it before are unknown (a bad command
+// line), and pool is the same resource as the kind it stands for.
+func TestReplayNoPoolFlags(t *testing.T) {
+	for _, args := range [][]string{
+		{"-stitch", cupy},
+		{"-expandable", cupy},
+		{"-expandable=false", cupy},
+		{"-mr", "expandable", "-stitch", cupy},
+	} {
+		var out, errOut bytes.Buffer
+		err := run(args, &out, &errOut)
+		require.ErrorIs(t, err, errUsage, "%v", args)
+		require.Equal(t, 2, exitStatus(err), "%v", args)
+		require.Contains(t, errOut.String(), "flag provided but not defined: -"+strings.TrimPrefix(strings.SplitN(args[len(args)-2], "=", 2)[0], "-"), "%v", args)
+		require.Empty(t, out.String(), "%v", args)
+	}
 }
 
 func TestReplayDefaultResource(t *testing.T) {
@@ -81,9 +89,10 @@ func TestReplayDefaultResource(t *testing.T) {
 	require.NoError(t, run([]string{cupy}, &out, &errOut))
 	first := strings.SplitN(out.String(), "\n", 2)[0]
 	if rmm.CUDAAvailable() == nil {
-		require.Regexp(t, `^rmm-replay: (expandable )?PoolMemoryResource over CudaMemoryResource on device 0 \(`, first)
+		// librmm's pool where the GPU lacks virtual memory management.
+		require.Regexp(t, `^rmm-replay: (stitching )?PoolMemoryResource over CudaMemoryResource on device 0 \(`, first)
 	} else {
-		require.True(t, strings.HasPrefix(first, "rmm-replay: expandable PoolMemoryResource over SystemMemoryResource (host memory; no CUDA device: "), first)
+		require.True(t, strings.HasPrefix(first, "rmm-replay: stitching PoolMemoryResource over SystemMemoryResource (host memory; no CUDA device: "), first)
 	}
 	require.Contains(t, out.String(), "failures         0\n")
 }
@@ -117,16 +126,15 @@ func TestReplayFlagErrors(t *testing.T) {
 		{[]string{"-device", "7", cupy}, "-device 7"},
 		{[]string{"-mr", "system", "-maximum", "1GiB", cupy}, "-maximum works with the pools only"},
 		{[]string{"-mr", "system", "-initial", "1GiB", cupy}, "-initial works with the pools or async only"},
-		{[]string{"-mr", "nosuch", cupy}, `-mr "nosuch": want pool, plain, expandable, cuda, async, managed or system`},
+		{[]string{"-mr", "nosuch", cupy}, `-mr "nosuch": want pool, stitching, expandable, plain, cuda, async, managed or system`},
 		{[]string{"-mr", "plain,nosuch", cupy}, `-mr "nosuch"`},
 		{[]string{"-mr", "plain,", cupy}, `-mr "plain,": an empty name in the list`},
 		{[]string{"-mr", "plain,plain", cupy}, "-mr plain,plain: plain is named twice"},
-		{[]string{"-mr", "pool,expandable", cupy}, "-mr pool,expandable: pool and expandable are the same resource here"},
-		{[]string{"-mr", "expandable,pool", "-expandable", cupy}, "expandable and pool are the same resource here"},
-		{[]string{"-mr", "pool,plain", "-expandable=false", cupy}, "pool and plain are the same resource here"},
-		{[]string{"-mr", "plain,expandable", "-expandable", cupy}, "-expandable works with -mr pool only (got -mr plain,expandable)"},
-		{[]string{"-mr", "plain,system", "-simulate", "1GiB", cupy}, "-simulate works with the pools only: -mr pool, plain or expandable (got -mr system)"},
-		{[]string{"-mr", "plain,async", "-maximum", "1GiB", cupy}, "-maximum works with the pools only: -mr pool, plain or expandable (got -mr async)"},
+		{[]string{"-mr", "pool,stitching", cupy}, "-mr pool,stitching: pool and stitching are the same resource (pool is the default pool, a stitching pool)"},
+		{[]string{"-mr", "plain,stitching,pool", cupy}, "-mr plain,stitching,pool: stitching and pool are the same resource"},
+		{[]string{"-mr", "stitching,stitching", cupy}, "stitching is named twice"},
+		{[]string{"-mr", "plain,system", "-simulate", "1GiB", cupy}, "-simulate works with the pools only: -mr pool, stitching, expandable or plain (got -mr system)"},
+		{[]string{"-mr", "plain,async", "-maximum", "1GiB", cupy}, "-maximum works with the pools only: -mr pool, stitching, expandable or plain (got -mr async)"},
 		{[]string{"-plot", "x.gif", cupy}, "-plot x.gif: want a file name ending in .svg or .png"},
 	} {
 		var out, errOut bytes.Buffer
@@ -166,7 +174,7 @@ func TestReplayCapped(t *testing.T) {
 // The plain pool's errors name the real upstream (no wrapper type of the command's).
 func TestReplayInitialTooLarge(t *testing.T) {
 	var out, errOut bytes.Buffer
-	err := run([]string{"-expandable=false", "-initial", "1TiB", "-simulate", "1GiB", cupy}, &out, &errOut)
+	err := run([]string{"-mr", "plain", "-initial", "1TiB", "-simulate", "1GiB", cupy}, &out, &errOut)
 	require.ErrorIs(t, err, rmm.ErrOutOfMemory)
 	require.NotContains(t, err.Error(), "peakResource")
 	require.Contains(t, err.Error(), "SimulatedMemoryResource")
@@ -229,7 +237,7 @@ func TestFloorResourceCountsPagesHoldingLiveBytes(t *testing.T) {
 
 func TestReplayFloor(t *testing.T) {
 	var out, errOut bytes.Buffer
-	require.NoError(t, run([]string{"-simulate", "16GiB", "-expandable", "-floor", "2MiB", cupy}, &out, &errOut), errOut.String())
+	require.NoError(t, run([]string{"-simulate", "16GiB", "-mr", "expandable", "-floor", "2MiB", cupy}, &out, &errOut), errOut.String())
 	m := regexp.MustCompile(`page floor       (\d+) bytes \(.*\), ([0-9.]+) x peak live: the most 2 MiB pages holding live bytes at once\n`).FindStringSubmatch(out.String())
 	require.NotNil(t, m, out.String())
 	floor, _ := strconv.Atoi(m[1])
@@ -259,11 +267,12 @@ func TestReplayJSON(t *testing.T) {
 	require.Len(t, j.WallNs, 2)
 	require.Zero(t, j.Failures)
 	require.Equal(t, "pool", j.Name)
+	require.Equal(t, "stitching PoolMemoryResource over SimulatedMemoryResource (17179869184 bytes, address-only)", j.Resource)
 	require.Equal(t, int64(618135910), j.PeakLiveBytes)
-	require.Equal(t, int64(771751936), j.PeakReservedBytes)
-	require.InDelta(t, 1.249, j.ReservedOverLive, 0.0005)
+	require.Equal(t, int64(645922816), j.PeakReservedBytes)
+	require.InDelta(t, 1.045, j.ReservedOverLive, 0.0005)
 	require.NotNil(t, j.PoolAtEnd)
-	require.Equal(t, 771751936, j.PoolAtEnd.PeakPoolSize)
+	require.Equal(t, 645922816, j.PoolAtEnd.PeakPoolSize)
 	require.Positive(t, j.NsPerEvent)
 
 	out.Reset()
@@ -377,7 +386,7 @@ func TestReplayNeedsGPU(t *testing.T) {
 		t.Skip("a CUDA device is here")
 	}
 	msg := func(name string) string {
-		return `-mr ` + name + `: \w+MemoryResource needs a CUDA device, and there is none \(.+\); pool, plain, expandable and system run on host memory`
+		return `-mr ` + name + `: \w+MemoryResource needs a CUDA device, and there is none \(.+\); pool, stitching, expandable, plain and system run on host memory`
 	}
 	for _, name := range []string{"cuda", "async", "managed"} {
 		var out, errOut bytes.Buffer
@@ -443,7 +452,7 @@ func TestReplayErrorsNameTraceOnce(t *testing.T) {
 		}
 		require.Empty(t, out.String(), "nothing replayed")
 	}
-	for _, args := range [][]string{{"-mr", "nosuch", cupy}, {"-plot", "x.gif", cupy}, {"-mr", "pool,expandable", cupy}} {
+	for _, args := range [][]string{{"-mr", "nosuch", cupy}, {"-plot", "x.gif", cupy}, {"-mr", "pool,stitching", cupy}} {
 		var out, errOut bytes.Buffer
 		err := run(args, &out, &errOut)
 		require.ErrorIs(t, err, errUsage)
@@ -487,16 +496,29 @@ func TestShortBytes(t *testing.T) {
 	require.Equal(t, "3 MiB", binaryBytes(3<<20))
 }
 
-// -stitch: the expandable pool stitches (named in its description); refused without one.
-func TestReplayStitch(t *testing.T) {
+// -mr names each kind of pool: the first lines name them, in -mr's order, and -json's
+// "resource" too; over host memory (no -simulate) as over simulated memory.
+func TestReplayPoolKinds(t *testing.T) {
 	var out, errOut bytes.Buffer
-	err := run([]string{"-simulate", "4GiB", "-mr", "expandable", "-stitch", cupy}, &out, &errOut)
-	require.NoError(t, err)
-	require.Contains(t, out.String(), "stitching expandable PoolMemoryResource")
+	require.NoError(t, run([]string{"-simulate", "16GiB", "-mr", "stitching,expandable,plain", cupy}, &out, &errOut), errOut.String())
+	lines := strings.Split(out.String(), "\n")
+	require.Equal(t, "rmm-replay: stitching   stitching PoolMemoryResource over SimulatedMemoryResource (17179869184 bytes, address-only)", lines[0])
+	require.Equal(t, "rmm-replay: expandable  expandable PoolMemoryResource over SimulatedMemoryResource (17179869184 bytes, address-only)", lines[1])
+	require.Equal(t, "rmm-replay: plain       PoolMemoryResource over SimulatedMemoryResource (17179869184 bytes, address-only)", lines[2])
+	require.Regexp(t, `\nstitching +0 +\S+ +\d+ +589\.5 MiB +616\.0 MiB +1\.045\n`, out.String())
+
+	if rmm.CUDAAvailable() == nil {
+		t.Skip("the rest is over host memory")
+	}
 	out.Reset()
-	err = run([]string{"-mr", "plain", "-stitch", cupy}, &out, &errOut)
-	require.Equal(t, 2, exitStatus(err))
-	require.ErrorContains(t, err, "-stitch works with the expandable pool only")
+	require.NoError(t, run([]string{"-json", "-mr", "pool", cupy}, &out, &errOut), errOut.String())
+	var j replayJSON
+	require.NoError(t, json.Unmarshal(out.Bytes(), &j), out.String())
+	require.Equal(t, "pool", j.Name)
+	require.True(t, strings.HasPrefix(j.Resource, "stitching PoolMemoryResource over SystemMemoryResource (host memory; "), j.Resource)
+	// Not quite simulated memory's figure: over host memory each piece the pool maps holds an
+	// open file, so its pieces may be larger.
+	require.GreaterOrEqual(t, j.PeakReservedBytes, j.PeakLiveBytes)
 }
 
 // The library's errors reach the user in their one shape: the command's context ("-mr pool: "),
@@ -509,8 +531,8 @@ func TestLibraryErrorShape(t *testing.T) {
 		sentinel error
 		want     string
 	}{
-		{[]string{"-expandable=false", "-initial", "1TiB", "-simulate", "1GiB", cupy}, rmm.ErrOutOfMemory,
-			"-mr pool: rmm: NewPoolMemoryResource: taking the initial 1099511627776 bytes (1 TiB) from SimulatedMemoryResource: SimulatedMemoryResource.Allocate (capacity 1073741824, in use 0): failed to allocate 1099511627776 bytes (1 TiB): out of memory"},
+		{[]string{"-mr", "plain", "-initial", "1TiB", "-simulate", "1GiB", cupy}, rmm.ErrOutOfMemory,
+			"-mr plain: rmm: NewPoolMemoryResource: taking the initial 1099511627776 bytes (1 TiB) from SimulatedMemoryResource: SimulatedMemoryResource.Allocate (capacity 1073741824, in use 0): failed to allocate 1099511627776 bytes (1 TiB): out of memory"},
 		{[]string{"-simulate", "1GiB", bad}, rmm.ErrMalformedLog,
 			"rmm: " + bad + ":2: column Size: negative size -5: malformed event log"},
 		{[]string{"-device", "7", cupy}, rmm.ErrInvalidArgument,
@@ -569,4 +591,242 @@ func TestReplayOddTrace(t *testing.T) {
 	require.NoError(t, run([]string{"-simulate", "16GiB", cupy}, &out, &errOut))
 	require.NotContains(t, out.String(), "mismatched frees")
 	require.NotContains(t, out.String(), "duplicate allocs")
+}
+
+// -json's "vmm" is the pool's PoolStats.VMM after the replay, the same as a pool of the same kind
+// over the same simulated memory shows after the same passes in process (-serial: the calls in
+// one order, so the same counts every run); "vmm_per_pass" adds up to it with what making the
+// pool took. On the CuPy trace the stitching pool maps in its first pass only: the second finds
+// every shape it needs mapped.
+func TestReplayVMMCounts(t *testing.T) {
+	events, err := rmm.ReadLogFile(cupy)
+	require.NoError(t, err)
+	for _, kind := range []rmm.PoolKind{rmm.StitchingPool, rmm.ExpandablePool} {
+		var out, errOut bytes.Buffer
+		require.NoError(t, run([]string{"-json", "-simulate", "16GiB", "-serial", "-passes", "3", "-mr", kind.String(), cupy}, &out, &errOut), errOut.String())
+		var j replayJSON
+		require.NoError(t, json.Unmarshal(out.Bytes(), &j), out.String())
+		require.NotNil(t, j.VMM, kind)
+		require.Len(t, j.VMMPerPass, 3, kind)
+
+		sim, err := rmm.NewSimulatedMemoryResource(16 << 30)
+		require.NoError(t, err)
+		opts := kind.Options()
+		pool, err := rmm.NewPoolMemoryResource(sim, &opts)
+		require.NoError(t, err)
+		made := pool.Stats().VMM
+		for range 3 {
+			_, err := rmm.Replay(events, pool, &rmm.ReplayOptions{Serial: true})
+			require.NoError(t, err)
+		}
+		want := pool.Stats().VMM
+		require.NoError(t, pool.Close())
+		require.Equal(t, vmmJSON(want), *j.VMM, kind)
+
+		sum := vmmJSON(made)
+		for _, p := range j.VMMPerPass {
+			sum.Creates += p.Creates
+			sum.Maps += p.Maps
+			sum.SetAccess += p.SetAccess
+			sum.Unmaps += p.Unmaps
+			sum.Releases += p.Releases
+			sum.Reserves += p.Reserves
+			sum.AddressFrees += p.AddressFrees
+			sum.StitchedRanges += p.StitchedRanges
+			sum.StitchedEvicted += p.StitchedEvicted
+			sum.AddressReserved, sum.StitchedKept = p.AddressReserved, p.StitchedKept // levels
+		}
+		require.Equal(t, *j.VMM, sum, kind)
+
+		first, later := j.VMMPerPass[0], j.VMMPerPass[1:]
+		require.Positive(t, first.Creates, kind)
+		require.Positive(t, first.Maps, kind)
+		for _, p := range later {
+			require.Zero(t, p.Maps, kind)
+			require.Zero(t, p.Creates, kind)
+			require.Equal(t, first.AddressReserved, p.AddressReserved, kind)
+		}
+		if kind == rmm.StitchingPool {
+			require.Positive(t, first.StitchedRanges)
+			require.Greater(t, first.Reserves, first.StitchedRanges-1, "a range reserved per stitched range")
+		} else {
+			require.Zero(t, j.VMM.StitchedRanges)
+			require.Equal(t, 1, j.VMM.Reserves, "the pool's one range, reserved when it was made")
+		}
+	}
+}
+
+// The text report gives a line of driver calls per pass for an expandable pool, and the table a
+// line per pass under each pool's name; librmm's pool and -json without a pool have none.
+func TestReplayVMMText(t *testing.T) {
+	var out, errOut bytes.Buffer
+	require.NoError(t, run([]string{"-simulate", "16GiB", "-serial", "-passes", "2", cupy}, &out, &errOut), errOut.String())
+	// The stitched ranges' address space comes on top of the pool's own range (16 GiB).
+	require.Contains(t, out.String(), "\n"+
+		"driver calls     pass 1: 308 creates, 1038 maps, 20 set-access, 0 unmaps, 0 releases; 6 stitched (kept 6, evicted 0); 17.43 GiB address space\n"+
+		"                 pass 2: 0 creates, 0 maps, 0 set-access, 0 unmaps, 0 releases; 0 stitched (kept 6, evicted 0); 17.43 GiB address space\n"+
+		"left allocated   ")
+
+	out.Reset()
+	require.NoError(t, run([]string{"-simulate", "16GiB", "-mr", "expandable", cupy}, &out, &errOut), errOut.String())
+	require.Contains(t, out.String(), "\ndriver calls     8 creates, 8 maps, 8 set-access, 0 unmaps, 0 releases; 16.00 GiB address space\n")
+
+	out.Reset()
+	require.NoError(t, run([]string{"-simulate", "16GiB", "-mr", "plain,stitching,expandable", "-passes", "2", cupy}, &out, &errOut), errOut.String())
+	s := out.String()
+	require.Regexp(t, `\n\ndriver calls     stitching   pass 1: [1-9]\d* creates, .*; [1-9]\d* stitched .*; 17\.43 GiB address space\n`+
+		`                             pass 2: 0 creates, .*\n`+
+		`                 expandable  pass 1: 8 creates, 8 maps, 8 set-access, 0 unmaps, 0 releases; 16\.00 GiB address space\n`+
+		`                             pass 2: 0 creates, 0 maps, 0 set-access, 0 unmaps, 0 releases; 16\.00 GiB address space\n$`, s)
+	require.NotContains(t, s, "plain   pass")
+
+	out.Reset()
+	require.NoError(t, run([]string{"-simulate", "16GiB", "-mr", "plain", cupy}, &out, &errOut), errOut.String())
+	require.NotContains(t, out.String(), "driver calls")
+	out.Reset()
+	require.NoError(t, run([]string{"-json", "-simulate", "16GiB", "-mr", "plain", cupy}, &out, &errOut), errOut.String())
+	require.NotContains(t, out.String(), `"vmm`)
+	out.Reset()
+	require.NoError(t, run([]string{"-json", "-mr", "system", cupy}, &out, &errOut), errOut.String())
+	require.NotContains(t, out.String(), `"vmm`)
+}
+
+// -window: the windows cover every event of every pass once, in order, each of -window events
+// but the last; their driver calls add up to the passes', their levels at the last window's end
+// are the run's, and their peaks are the run's peaks. Every event is timed but the first of each
+// pass. Several resources get windows each.
+func TestReplayWindows(t *testing.T) {
+	const size, events, passes = 30000, 110156, 2
+	var out, errOut bytes.Buffer
+	require.NoError(t, run([]string{"-json", "-simulate", "16GiB", "-serial", "-passes", "2", "-window", fmt.Sprint(size), "-mr", "stitching,plain,expandable", cupy}, &out, &errOut), errOut.String())
+	var list []replayJSON
+	require.NoError(t, json.Unmarshal(out.Bytes(), &list), out.String())
+	require.Len(t, list, 3)
+	for _, j := range list {
+		require.Len(t, j.Windows, (events*passes+size-1)/size, j.Name)
+		total, timed := 0, 0
+		var peakLive, peakReserved int64
+		for i, w := range j.Windows {
+			require.Equal(t, total, w.FirstEvent, "%s window %d", j.Name, i)
+			if i < len(j.Windows)-1 {
+				require.Equal(t, size, w.Events, "%s window %d", j.Name, i)
+			}
+			require.Equal(t, w.FirstEvent/events+1, w.FirstPass, "%s window %d", j.Name, i)
+			require.Equal(t, (w.FirstEvent+w.Events-1)/events+1, w.LastPass, "%s window %d", j.Name, i)
+			total += w.Events
+			timed += w.TimedEvents
+			require.LessOrEqual(t, w.LiveBytes, w.PeakLiveBytes)
+			require.LessOrEqual(t, w.ReservedBytes, w.PeakReservedBytes)
+			require.Positive(t, w.NsPerEvent)
+			peakLive = max(peakLive, w.PeakLiveBytes)
+			peakReserved = max(peakReserved, w.PeakReservedBytes)
+		}
+		require.Equal(t, events*passes, total, j.Name)
+		require.Equal(t, passes*(events-1), timed, "%s: all but the first event of each pass", j.Name)
+		require.Equal(t, j.PeakLiveBytes, peakLive, j.Name)
+		require.Equal(t, j.PeakReservedBytes, peakReserved, j.Name)
+		require.Zero(t, j.Windows[len(j.Windows)-1].LiveBytes, "%s: the trace frees all it allocates", j.Name)
+		if j.Name == "plain" {
+			for _, w := range j.Windows {
+				require.Nil(t, w.VMM, j.Name)
+			}
+			continue
+		}
+		// The windows' calls add up to the passes' (both leave out the pool's making), and the
+		// last window ends where the last pass does.
+		var sum, perPass vmmJSON
+		add := func(to *vmmJSON, v vmmJSON) {
+			to.Creates += v.Creates
+			to.Maps += v.Maps
+			to.SetAccess += v.SetAccess
+			to.Unmaps += v.Unmaps
+			to.Releases += v.Releases
+			to.Reserves += v.Reserves
+			to.AddressFrees += v.AddressFrees
+			to.StitchedRanges += v.StitchedRanges
+			to.StitchedEvicted += v.StitchedEvicted
+			to.AddressReserved, to.StitchedKept = v.AddressReserved, v.StitchedKept
+		}
+		for _, w := range j.Windows {
+			require.NotNil(t, w.VMM)
+			add(&sum, *w.VMM)
+		}
+		for _, p := range j.VMMPerPass {
+			add(&perPass, p)
+		}
+		require.Equal(t, perPass, sum)
+		require.Equal(t, j.VMM.AddressReserved, sum.AddressReserved)
+		require.Equal(t, j.VMM.StitchedKept, sum.StitchedKept)
+		require.Equal(t, j.VMM.Maps, sum.Maps, "making the pool maps nothing (-initial 0)")
+		require.Positive(t, j.Windows[0].VMM.Maps, "%s: the first window maps", j.Name)
+		require.Zero(t, j.Windows[len(j.Windows)-1].VMM.Maps, "%s: the second pass maps nothing", j.Name)
+	}
+
+	// The text report: a table after it, a row per window.
+	out.Reset()
+	require.NoError(t, run([]string{"-simulate", "16GiB", "-passes", "2", "-window", "50000", cupy}, &out, &errOut), errOut.String())
+	s := out.String()
+	require.Contains(t, s, "\n\nwindows of 50000 events: ")
+	require.Regexp(t, `\n +window +pass +events +ns/event +live +peak live +reserved +peak reserved +reserved/live +creates +maps +unmaps +releases +stitched +evicted +kept +address space\n`, s)
+	require.Regexp(t, `\n +1 +1 +50000 +\d+ +36\.03 MiB +589\.5 MiB +616\.0 MiB +616\.0 MiB +1\.045 +[1-9]\d* +[1-9]\d* +0 +0 +6 +0 +6 +17\.43 GiB\n`, s)
+	require.Regexp(t, `\n +3 +1-2 +50000 +\d+ +`, s)
+	require.Regexp(t, `\n +5 +2 +20312 +\d+ +0 +427\.9 MiB +616\.0 MiB +616\.0 MiB +1\.439 +0 +0 +0 +0 +0 +0 +6 +17\.43 GiB\n$`, s)
+
+	// Several resources over host memory, -serial: a table each, after the resources' table;
+	// what system holds is what is live. (Where the plain pool's growth lands depends on the
+	// addresses the host hands out: its figures are not checked here.)
+	out.Reset()
+	require.NoError(t, run([]string{"-serial", "-window", "60000", "-mr", "plain,system", cupy}, &out, &errOut), errOut.String())
+	s = out.String()
+	plain, system := strings.Index(s, "\n\nwindows of 60000 events on plain: "), strings.Index(s, "\n\nwindows of 60000 events on system: ")
+	require.Positive(t, plain, s)
+	require.Greater(t, system, plain, s)
+	require.Greater(t, plain, strings.Index(s, "\nresource "), s)
+	require.Regexp(t, `\n +window +pass +events +ns/event +live +peak live +reserved +peak reserved +reserved/live\n +1 +1 +60000 +\d+ +(\S+ \S+) +589\.5 MiB +\S+ \S+ +\S+ \S+ +\d\.\d{3}\n +2 +1 +50156 +\d+ +0 +`, s[plain:system])
+	require.Regexp(t, `\n +1 +1 +60000 +\d+ +(\S+ \S+) +589\.5 MiB +(\S+ \S+) +589\.5 MiB +1\.000\n +2 +1 +50156 +\d+ +0 +\S+ \S+ +0 +\S+ \S+ +1\.000\n$`, s[system:])
+}
+
+// Windows of one event: the first event of each pass is not timed (no ns/event), every other is.
+func TestReplayWindowOfOne(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "small.csv")
+	require.NoError(t, os.WriteFile(path, []byte(rmm.LogHeader+"\n"+
+		"1,00:00:00.000001,allocate,0x100,1000,0\n"+
+		"1,00:00:00.000002,allocate,0x200,3000,0\n"+
+		"1,00:00:00.000003,free,0x100,1000,0\n"+
+		"1,00:00:00.000004,free,0x200,3000,0\n"), 0o644))
+	var out, errOut bytes.Buffer
+	require.NoError(t, run([]string{"-json", "-simulate", "1GiB", "-mr", "plain", "-passes", "2", "-window", "1", path}, &out, &errOut), errOut.String())
+	var j replayJSON
+	require.NoError(t, json.Unmarshal(out.Bytes(), &j), out.String())
+	require.Len(t, j.Windows, 8)
+	live := []int64{1000, 4000, 3000, 0}
+	for i, w := range j.Windows {
+		require.Equal(t, 1, w.Events)
+		require.Equal(t, live[i%4], w.LiveBytes, "window %d", i)
+		require.Equal(t, live[i%4], w.PeakLiveBytes, "window %d", i)
+		if i%4 == 0 {
+			require.Zero(t, w.TimedEvents, "window %d", i)
+			require.Zero(t, w.NsPerEvent, "window %d", i)
+		} else {
+			require.Equal(t, 1, w.TimedEvents, "window %d", i)
+		}
+	}
+	out.Reset()
+	require.NoError(t, run([]string{"-simulate", "1GiB", "-mr", "plain", "-passes", "2", "-window", "1", path}, &out, &errOut), errOut.String())
+	require.Regexp(t, `\n +1 +1 +1 +- +1000 B +1000 B +`, out.String())
+	require.Regexp(t, `\n +6 +2 +1 +\d+ +3.906 KiB +3.906 KiB +`, out.String())
+}
+
+func TestReplayWindowBad(t *testing.T) {
+	for _, n := range []string{"0", "-3"} {
+		var out, errOut bytes.Buffer
+		err := run([]string{"-window", n, cupy}, &out, &errOut)
+		require.ErrorContains(t, err, "-window "+n+": a window holds at least 1 event")
+		require.Equal(t, 2, exitStatus(err))
+		require.Empty(t, out.String())
+	}
+	var out, errOut bytes.Buffer
+	err := run([]string{"-window", "many", cupy}, &out, &errOut)
+	require.Equal(t, 2, exitStatus(err))
+	require.Contains(t, errOut.String(), `invalid value "many" for flag -window`)
 }

@@ -140,7 +140,7 @@ func TestTraceSeconds(t *testing.T) {
 func TestReplaySamplesMatchReport(t *testing.T) {
 	events, err := rmm.ReadLogFile(cupy)
 	require.NoError(t, err)
-	s := &setup{cudaErr: rmm.ErrNoDevice, simulate: sizeFlag{n: 16 << 30, set: true}, expandable: true}
+	s := &setup{cudaErr: rmm.ErrNoDevice, simulate: sizeFlag{n: 16 << 30, set: true}}
 	rp := &replayer{events: events, passes: 2, stderr: io.Discard}
 	for _, name := range []string{mrPlain, mrSystem} { // the expandable pool's: TestReplayPlotSVG
 		if name == mrSystem {

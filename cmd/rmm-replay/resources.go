@@ -3,29 +3,48 @@ package main
 import (
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"sync/atomic"
 
 	"github.com/gormm/rmm"
 )
 
-// The names -mr takes. pool is the pool that -expandable picks (the expandable one unless
-// -expandable=false, or librmm's where the GPU lacks virtual memory management); plain and
-// expandable name one of the two whatever -expandable says, to compare them in one run.
+// The names -mr takes. pool is the pool a user gets by default (rmm.PoolKind's zero value, a
+// stitching pool; librmm's where the GPU lacks virtual memory management); stitching, expandable
+// and plain name one kind of pool each (rmm.ParsePoolKind's names), to compare them in one run.
 const (
 	mrPool       = "pool"
-	mrPlain      = "plain"
+	mrStitching  = "stitching"
 	mrExpandable = "expandable"
+	mrPlain      = "plain"
 	mrCuda       = "cuda"
 	mrAsync      = "async"
 	mrManaged    = "managed"
 	mrSystem     = "system"
 )
 
-var mrNames = []string{mrPool, mrPlain, mrExpandable, mrCuda, mrAsync, mrManaged, mrSystem}
+var mrNames = []string{mrPool, mrStitching, mrExpandable, mrPlain, mrCuda, mrAsync, mrManaged, mrSystem}
+
+// poolNames lists the pools' names for messages: "pool, stitching, expandable or plain".
+const poolNames = "pool, stitching, expandable or plain"
+
+// poolKind returns the kind of pool name stands for, and false for a resource that is no pool.
+// pool is the kind a user gets by default (before the fallback of buildPool).
+func poolKind(name string) (rmm.PoolKind, bool) {
+	if name == mrPool {
+		var def rmm.PoolKind
+		return def, true
+	}
+	k, err := rmm.ParsePoolKind(name)
+	return k, err == nil
+}
 
 // isPool reports whether name is one of the pools (the resources -maximum and -simulate apply to).
-func isPool(name string) bool { return name == mrPool || name == mrPlain || name == mrExpandable }
+func isPool(name string) bool {
+	_, ok := poolKind(name)
+	return ok
+}
 
 // needsGPU gives, for a resource that only exists on a CUDA device, the type it is built from;
 // "" for the others (the pools and system run on host memory where there is no device).
@@ -42,34 +61,27 @@ func needsGPU(name string) string {
 }
 
 // parseMRList splits -mr's comma-separated list and checks the names: known, none twice, and no
-// two that name the same resource (pool is expandable or plain, as -expandable says).
-func parseMRList(list string, expandable bool) ([]string, error) {
+// two that name the same resource (pool is the kind of pool it resolves to).
+func parseMRList(list string) ([]string, error) {
 	var names []string
 	seen := map[string]string{} // resource -> the name that gave it
 	for _, n := range strings.Split(list, ",") {
 		n = strings.TrimSpace(n)
 		if n == "" {
-			return nil, fmt.Errorf("-mr %q: an empty name in the list (want names separated by commas, e.g. plain,expandable)", list)
+			return nil, fmt.Errorf("-mr %q: an empty name in the list (want names separated by commas, e.g. plain,stitching)", list)
 		}
-		known := false
-		for _, k := range mrNames {
-			known = known || n == k
-		}
-		if !known {
-			return nil, fmt.Errorf("-mr %q: want pool, plain, expandable, cuda, async, managed or system (or several, separated by commas)", n)
+		if !slices.Contains(mrNames, n) {
+			return nil, fmt.Errorf("-mr %q: want %s or %s (or several, separated by commas)", n, strings.Join(mrNames[:len(mrNames)-1], ", "), mrNames[len(mrNames)-1])
 		}
 		same := n
-		if n == mrPool {
-			same = mrPlain
-			if expandable {
-				same = mrExpandable
-			}
+		if k, ok := poolKind(n); ok {
+			same = k.String()
 		}
 		switch prev, dup := seen[same]; {
 		case dup && prev == n:
 			return nil, fmt.Errorf("-mr %s: %s is named twice", list, n)
 		case dup:
-			return nil, fmt.Errorf("-mr %s: %s and %s are the same resource here (pool is the pool -expandable picks, default expandable); name librmm's pool plain", list, prev, n)
+			return nil, fmt.Errorf("-mr %s: %s and %s are the same resource (pool is the default pool, a %s pool)", list, prev, n, same)
 		}
 		seen[same] = n
 		names = append(names, n)
@@ -79,15 +91,12 @@ func parseMRList(list string, expandable bool) ([]string, error) {
 
 // setup is what every resource of the run is built from.
 type setup struct {
-	dev        rmm.Device
-	cudaErr    error  // why there is no CUDA device, or nil
-	where      string // the device, or "no CUDA device: why"
-	initial    sizeFlag
-	maximum    sizeFlag
-	simulate   sizeFlag
-	expandable bool // what pool means: -expandable
-	expSet     bool // -expandable was given
-	stitch     bool // -stitch
+	dev      rmm.Device
+	cudaErr  error  // why there is no CUDA device, or nil
+	where    string // the device, or "no CUDA device: why"
+	initial  sizeFlag
+	maximum  sizeFlag
+	simulate sizeFlag
 }
 
 // target is one resource of the run, built fresh for its turn.
@@ -137,12 +146,14 @@ func (t *target) reservedPeak() int64 {
 func (t *target) legend() string {
 	switch t.name {
 	case mrPool:
-		if t.pool != nil && t.pool.Expandable() {
-			return "pool (expandable)"
+		if t.pool != nil && t.pool.Kind() != rmm.PlainPool {
+			return "pool (" + t.pool.Kind().String() + ")"
 		}
 		return "pool (librmm's)"
 	case mrPlain:
 		return "plain (librmm's pool)"
+	case mrStitching:
+		return "stitching pool"
 	case mrExpandable:
 		return "expandable pool"
 	case mrCuda:
@@ -170,7 +181,7 @@ func noDeviceReason(err error) string {
 func (s *setup) unavailable(name string) error {
 	if typ := needsGPU(name); typ != "" && s.cudaErr != nil {
 		why := noDeviceReason(s.cudaErr)
-		return fmt.Errorf("-mr %s: %s needs a CUDA device, and there is none (%s); pool, plain, expandable and system run on host memory", name, typ, why)
+		return fmt.Errorf("-mr %s: %s needs a CUDA device, and there is none (%s); pool, stitching, expandable, plain and system run on host memory", name, typ, why)
 	}
 	return nil
 }
@@ -183,7 +194,7 @@ func (s *setup) build(name string) (*target, error) {
 	t := &target{name: name}
 	var err error
 	switch name {
-	case mrPool, mrPlain, mrExpandable:
+	case mrPool, mrStitching, mrExpandable, mrPlain:
 		err = s.buildPool(t)
 	case mrCuda:
 		var c *rmm.CudaMemoryResource
@@ -216,7 +227,7 @@ func (s *setup) build(name string) (*target, error) {
 }
 
 // buildPool makes a pool over the GPU, host memory where there is no GPU, or simulated memory
-// (-simulate): expandable or plain as the name (or, for pool, -expandable) says.
+// (-simulate), of the kind its name says.
 func (s *setup) buildPool(t *target) error {
 	var up rmm.MemoryResource
 	var over string
@@ -236,26 +247,26 @@ func (s *setup) buildPool(t *target) error {
 	default:
 		up, over = rmm.NewSystemMemoryResource(), "SystemMemoryResource (host memory; "+s.where+")"
 	}
-	expandable := t.name == mrExpandable || t.name == mrPool && s.expandable
-	opts := &rmm.PoolOptions{InitialPoolSize: s.initial.n, MaximumPoolSize: s.maximum.n, Expandable: expandable, Stitch: expandable && s.stitch}
+	kind, _ := poolKind(t.name)
+	opts := kind.Options()
+	opts.InitialPoolSize, opts.MaximumPoolSize = s.initial.n, s.maximum.n
 	// An expandable pool maps its own memory: its peak size is what it reserved. A plain pool's
 	// peak size (Stats) is the most it took from the upstream: no counting wrapper, whose type
 	// name would show in the pool's errors.
-	pool, err := rmm.NewPoolMemoryResource(up, opts)
-	if expandable && err != nil && t.name == mrPool && !s.expSet && errors.Is(err, rmm.ErrNotSupported) {
-		// The default, on a GPU without virtual memory management: librmm's pool.
-		expandable, opts.Expandable, opts.Stitch = false, false, false
-		pool, err = rmm.NewPoolMemoryResource(up, opts)
+	pool, err := rmm.NewPoolMemoryResource(up, &opts)
+	if err != nil && t.name == mrPool && kind != rmm.PlainPool && errors.Is(err, rmm.ErrNotSupported) {
+		// The default, on a GPU without virtual memory management: librmm's pool, as
+		// rmm.Reinitialize falls back to it.
+		opts = rmm.PlainPool.Options()
+		opts.InitialPoolSize, opts.MaximumPoolSize = s.initial.n, s.maximum.n
+		pool, err = rmm.NewPoolMemoryResource(up, &opts)
 	}
 	if err != nil {
 		return err
 	}
 	t.desc = "PoolMemoryResource over " + over
-	if expandable {
-		t.desc = "expandable " + t.desc
-		if opts.Stitch {
-			t.desc = "stitching " + t.desc
-		}
+	if k := pool.Kind(); k != rmm.PlainPool {
+		t.desc = k.String() + " " + t.desc
 	}
 	t.pool, t.mr, t.close = pool, pool, pool.Close
 	return nil
