@@ -11,7 +11,9 @@
 #   bash bench/default-pool.sh RMM_REPLAY RMM_WORKLOAD OUTDIR [OLD_RMM_REPLAY]
 #   python3 bench/default_pool_summary.py OUTDIR
 #
-# Build the binaries with go build -o (cgo on, for the GPU). Writes OUTDIR/<trace>.json (a list,
+# MRS and SERVING_MRS change the resources (e.g. without async where there is no GPU), and
+# SERVING_FLAGS adds flags to the serving replay (e.g. -simulate 256GiB). Build the binaries
+# with go build -o (cgo on, for the GPU). Writes OUTDIR/<trace>.json (a list,
 # one object per resource), OUTDIR/<trace>-old.json and OUTDIR/serving.json.
 set -u
 replay=$1 workload=$2 out=$3 old=${4:-}
@@ -21,12 +23,12 @@ cd "$(dirname "$0")/.."
 for t in testdata/traces/*.csv.gz; do
 	name=$(basename "$t" .csv.gz)
 	n=$(zcat "$t" | tail -n +2 | wc -l)
-	"$replay" -json -passes 3 -window "$n" -mr stitching,expandable,plain,async "$t" > "$out/$name.json" 2> "$out/$name.err"
+	"$replay" -json -passes 3 -window "$n" -mr "${MRS:-stitching,expandable,plain,async}" "$t" > "$out/$name.json" 2> "$out/$name.err"
 	if [ -n "$old" ]; then
 		# shellcheck disable=SC2086
 		"$old" -json -passes 3 $old_flags "$t" > "$out/$name-old.json" 2>> "$out/$name.err"
 	fi
 done
 "$workload" -seed 1 -events 2000000 -o "$out/serving.csv.gz"
-"$replay" -json -window 100000 -mr pool,async "$out/serving.csv.gz" > "$out/serving.json" 2> "$out/serving.err"
+"$replay" -json -window 100000 -mr "${SERVING_MRS:-pool,async}" ${SERVING_FLAGS:-} "$out/serving.csv.gz" > "$out/serving.json" 2> "$out/serving.err"
 rm -f "$out/serving.csv.gz"
