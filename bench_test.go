@@ -10,6 +10,8 @@ package rmm
 import (
 	"fmt"
 	"path/filepath"
+	"runtime"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -20,6 +22,12 @@ import (
 type benchResource struct {
 	name string
 	make func(b *testing.B) (mr MemoryResource, close func())
+}
+
+// serves reports whether r's resource serves requests of size bytes: the fixed-size resource's
+// refuse what exceeds their block (W1 leaves those sizes out).
+func (r benchResource) serves(size int) bool {
+	return !strings.HasPrefix(r.name, "fixed") || size <= fixedBenchBlock
 }
 
 func onGPU() bool { return CUDAAvailable() == nil }
@@ -56,6 +64,7 @@ func benchResources(b *testing.B) []benchResource {
 			{"expandable", expandableOver(cuda, 8<<30)},
 			{"arena", arenaOver(cuda, 8<<30)},
 			{"binning", binningOverPool(cuda, 8<<30)},
+			{"fixed", fixedOver(cuda)},
 		}
 	}
 	sim, _ := NewSimulatedMemoryResource(1 << 40)
@@ -66,6 +75,21 @@ func benchResources(b *testing.B) []benchResource {
 		{"expandable-simulated", expandableOver(sim, 8<<30)},
 		{"arena-simulated", arenaOver(sim, 8<<30)},
 		{"binning-simulated", binningOverPool(sim, 8<<30)},
+		{"fixed-simulated", fixedOver(sim)},
+	}
+}
+
+// fixedBenchBlock is the block size of W1's and W3's fixed-size resource.
+const fixedBenchBlock = 1 << 20
+
+// fixedOver builds a fixed-size resource of fixedBenchBlock blocks (128 to a chunk) over up.
+func fixedOver(up MemoryResource) func(b *testing.B) (MemoryResource, func()) {
+	return func(b *testing.B) (MemoryResource, func()) {
+		f, err := NewFixedSizeMemoryResource(up, &FixedSizeOptions{BlockSize: fixedBenchBlock})
+		if err != nil {
+			b.Fatal(err)
+		}
+		return f, func() { f.Close() }
 	}
 }
 
@@ -152,6 +176,9 @@ func benchStream(b *testing.B) StreamView {
 func BenchmarkW1(b *testing.B) {
 	for _, r := range benchResources(b) {
 		for _, size := range []int{256, 64 << 10, 1 << 20, 64 << 20} {
+			if !r.serves(size) {
+				continue
+			}
 			b.Run(fmt.Sprintf("%s/%s", r.name, sizeName(size)), func(b *testing.B) {
 				mr, closeMR := r.make(b)
 				defer closeMR()
@@ -307,6 +334,18 @@ const w3Batch = 1024
 // oversubscribes. cpu-ns/pair is the CPU time the process used per pair (where it can be read):
 // it stays flat as g grows when the goroutines share nothing, and rises with contention (lines
 // moving between cores, spinning) even on a host whose other load hides it from the wall time.
+//
+// Resolving a 10% difference between two builds on a many-core host takes samples long enough
+// that scheduling and the untimed set-up (streams, the resource's first chunk, a GC cycle) weigh
+// little, a fixed count of pairs so that every sample of a cell does the same work, and enough
+// samples for benchstat's confidence interval; alternate the builds rather than running one
+// after the other (bench/paired.sh), since the host's load drifts:
+//
+//	go test -c -o new.test . && go test -run '^$' -bench 'W3/' -benchtime 6000000x -count 10 . > new.txt
+//	benchstat old.txt new.txt
+//
+// Each resource is made anew for every sample and the heap is collected before the timer starts,
+// so that no sample pays for garbage an earlier one left.
 func BenchmarkW3(b *testing.B) {
 	const size = 64 << 10
 	for _, r := range benchResources(b) {
@@ -356,6 +395,7 @@ func BenchmarkW3(b *testing.B) {
 					}()
 				}
 				ready.Wait()
+				runtime.GC()
 				b.ResetTimer()
 				cpu0, cpuOK := processCPUTime()
 				close(start)

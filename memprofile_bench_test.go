@@ -67,6 +67,9 @@ var memProfBenchRates = []struct {
 func BenchmarkW1Profiled(b *testing.B) {
 	for _, r := range benchResources(b) {
 		for _, size := range []int{256, 64 << 10, 1 << 20, 64 << 20} {
+			if !r.serves(size) {
+				continue
+			}
 			// One resource for every rate of a size: the same instance (its memory, its tables'
 			// placement) under each adaptor, so that what differs between the rates' figures is
 			// the adaptor. Resources made apart differed by up to 40% in one run on the H200's
@@ -185,6 +188,9 @@ const w1PairBlock = 1024
 func BenchmarkW1ProfiledPaired(b *testing.B) {
 	for _, r := range benchResources(b) {
 		for _, size := range []int{256, 64 << 10, 1 << 20, 64 << 20} {
+			if !r.serves(size) {
+				continue
+			}
 			b.Run(fmt.Sprintf("mr=%s/size=%s", r.name, sizeName(size)), func(b *testing.B) {
 				up, closeMR := r.make(b)
 				defer closeMR()

@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"errors"
 	"fmt"
+	"math/bits"
 	"slices"
 	"sort"
 	"sync"
@@ -39,7 +40,7 @@ type BinningOptions struct {
 // they report them.
 type BinningMemoryResource struct {
 	upstream MemoryResource
-	bins     atomic.Pointer[[]binningBin] // sorted by size
+	bins     atomic.Pointer[binTable]
 
 	mu       sync.Mutex // AddBin, Close
 	owned    []*FixedSizeMemoryResource
@@ -50,6 +51,48 @@ type BinningMemoryResource struct {
 type binningBin struct {
 	size int
 	mr   MemoryResource
+	// fixed is mr when it is a FixedSizeMemoryResource, called directly: a static call instead
+	// of an interface's, on the path of every allocation and free.
+	fixed *FixedSizeMemoryResource
+}
+
+// binTable is the bins, replaced as a whole when a bin is added, and an index that finds a
+// request's bin in O(1) for bins of distinct powers of two (the bins the options make): a
+// bisection's branches, which a predictor cannot learn when sizes vary, cost a noticeable part of
+// a pair.
+type binTable struct {
+	bins []binningBin // sorted by size
+	// first[k] is the index of the first bin larger than 2^(k-1) bytes (of at least 0 bytes for
+	// k = 0), len(bins) when none: a request of n bytes, 2^(k-1) < n ≤ 2^k, goes to the first bin
+	// from there of at least n bytes.
+	first [64]int32
+}
+
+// newBinTable returns the table of bins, which are sorted by size.
+func newBinTable(bins []binningBin) *binTable {
+	t := &binTable{bins: bins}
+	for k := range t.first {
+		lo := 0
+		if k > 0 {
+			lo = 1 << (k - 1)
+		}
+		t.first[k] = int32(sort.Search(len(bins), func(i int) bool { return bins[i].size > lo }))
+	}
+	return t
+}
+
+// find returns the bin for a request of nbytes ≥ 0 bytes, nil when it is larger than every bin.
+func (t *binTable) find(nbytes int) *binningBin {
+	k := 0
+	if nbytes > 1 {
+		k = bits.Len(uint(nbytes - 1)) // nbytes ≤ 2^k
+	}
+	for i := int(t.first[k]); i < len(t.bins); i++ {
+		if b := &t.bins[i]; b.size >= nbytes {
+			return b
+		}
+	}
+	return nil
 }
 
 // NewBinningMemoryResource returns a binning resource over upstream with the bins the options ask
@@ -63,7 +106,7 @@ func NewBinningMemoryResource(upstream MemoryResource, opts *BinningOptions) (*B
 		return nil, err
 	}
 	r := &BinningMemoryResource{upstream: upstream}
-	r.bins.Store(&[]binningBin{})
+	r.bins.Store(newBinTable(nil))
 	if opts == nil {
 		return r, nil
 	}
@@ -120,7 +163,7 @@ func (r *BinningMemoryResource) AddBin(size int, mr MemoryResource) error {
 	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	old := *r.bins.Load()
+	old := r.bins.Load().bins
 	i := sort.Search(len(old), func(i int) bool { return old[i].size >= n })
 	exists := i < len(old) && old[i].size == n
 	if mr == nil {
@@ -136,12 +179,13 @@ func (r *BinningMemoryResource) AddBin(size int, mr MemoryResource) error {
 	}
 	bins := make([]binningBin, 0, len(old)+1)
 	bins = append(bins, old[:i]...)
-	bins = append(bins, binningBin{size: n, mr: mr})
+	fixed, _ := mr.(*FixedSizeMemoryResource)
+	bins = append(bins, binningBin{size: n, mr: mr, fixed: fixed})
 	if exists {
 		i++
 	}
 	bins = append(bins, old[i:]...)
-	r.bins.Store(&bins)
+	r.bins.Store(newBinTable(bins))
 	return nil
 }
 
@@ -156,7 +200,7 @@ type Bin struct {
 // AddBin made itself is a [*FixedSizeMemoryResource], owned and closed by r). Larger requests go to
 // Upstream.
 func (r *BinningMemoryResource) Bins() []Bin {
-	bins := *r.bins.Load()
+	bins := r.bins.Load().bins
 	out := make([]Bin, len(bins))
 	for i, b := range bins {
 		out[i] = Bin{Size: b.size, Resource: b.mr}
@@ -164,22 +208,13 @@ func (r *BinningMemoryResource) Bins() []Bin {
 	return out
 }
 
-// binFor returns the resource nbytes goes to and the size of its bin (0 for the upstream).
-func (r *BinningMemoryResource) binFor(nbytes int) (MemoryResource, int) {
-	bins := *r.bins.Load()
-	lo, hi := 0, len(bins)
-	for lo < hi {
-		m := int(uint(lo+hi) >> 1)
-		if bins[m].size < nbytes {
-			lo = m + 1
-		} else {
-			hi = m
-		}
+// binFor returns the bin nbytes goes to: its resource (called directly when it is a
+// FixedSizeMemoryResource) and its size; the upstream and 0 when nbytes is larger than every bin.
+func (r *BinningMemoryResource) binFor(nbytes int) (MemoryResource, *FixedSizeMemoryResource, int) {
+	if b := r.bins.Load().find(nbytes); b != nil {
+		return b.mr, b.fixed, b.size
 	}
-	if lo < len(bins) {
-		return bins[lo].mr, bins[lo].size
-	}
-	return r.upstream, 0
+	return r.upstream, nil, 0
 }
 
 // binError says which bin an error came from: a free with the wrong size goes to another bin than
@@ -208,8 +243,14 @@ func (r *BinningMemoryResource) Allocate(nbytes int, s StreamView) (DevicePtr, e
 	if r.closed.Load() {
 		return 0, errorf("BinningMemoryResource.Allocate: called after Close: %w", ErrClosed)
 	}
-	mr, bin := r.binFor(nbytes)
-	p, err := mr.Allocate(nbytes, s)
+	mr, fixed, bin := r.binFor(nbytes)
+	var p DevicePtr
+	var err error
+	if fixed != nil {
+		p, err = fixed.Allocate(nbytes, s)
+	} else {
+		p, err = mr.Allocate(nbytes, s)
+	}
 	if err != nil {
 		var oom *OutOfMemoryError
 		switch {
@@ -241,8 +282,14 @@ func binOutOfMemory(nbytes, bin int, mr MemoryResource, err error) *OutOfMemoryE
 // Deallocate passes p to the resource that nbytes selects (the same rule as Allocate) and
 // returns its answer, an error wrapped with the bin it came from.
 func (r *BinningMemoryResource) Deallocate(p DevicePtr, nbytes int, s StreamView) error {
-	mr, bin := r.binFor(nbytes)
-	if err := mr.Deallocate(p, nbytes, s); err != nil {
+	mr, fixed, bin := r.binFor(nbytes)
+	var err error
+	if fixed != nil {
+		err = fixed.Deallocate(p, nbytes, s)
+	} else {
+		err = mr.Deallocate(p, nbytes, s)
+	}
+	if err != nil {
 		return binError("Deallocate", nbytes, bin, err)
 	}
 	return nil
@@ -320,7 +367,7 @@ func (r *BinningMemoryResource) Stats() BinningStats {
 		owned[f] = true
 	}
 	r.mu.Unlock()
-	bins := *r.bins.Load()
+	bins := r.bins.Load().bins
 	st := BinningStats{Bins: make([]BinStats, len(bins)), Upstream: resourceName(r.upstream)}
 	perStream := map[uint64]int{} // stream id -> index in st.PerStream
 	for i, b := range bins {
@@ -362,7 +409,7 @@ func (r *BinningMemoryResource) CheckInvariants() (err error) {
 			err = errorf("BinningMemoryResource.CheckInvariants: %w", err)
 		}
 	}()
-	bins := *r.bins.Load()
+	bins := r.bins.Load().bins
 	for i, b := range bins {
 		if b.size <= 0 || b.size%Alignment != 0 {
 			return errorf("bin %d has size %d", i, b.size)

@@ -1,7 +1,11 @@
 package rmm
 
 import (
+	"cmp"
+	"math"
+	"math/rand/v2"
 	"runtime"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -333,10 +337,66 @@ func TestBinningAfterClose(t *testing.T) {
 
 // binSizes returns the bins' sizes in bytes, smallest first.
 func (r *BinningMemoryResource) binSizes() []int {
-	bins := *r.bins.Load()
+	bins := r.bins.Load().bins
 	out := make([]int, len(bins))
 	for i, b := range bins {
 		out[i] = b.size
 	}
 	return out
+}
+
+// The bin index (binTable.find) picks what a scan of the bins picks: the smallest bin of at least
+// the requested bytes, for bins of powers of two and of other sizes, several in one octave, and
+// requests at and around every bin's size and every power of two.
+func TestBinningIndexAgainstScan(t *testing.T) {
+	r := rand.New(rand.NewPCG(3, 9))
+	scan := func(bins []binningBin, n int) int {
+		for i, b := range bins {
+			if b.size >= n {
+				return i
+			}
+		}
+		return -1
+	}
+	for trial := range 300 {
+		seen := map[int]bool{}
+		var bins []binningBin
+		for range r.IntN(12) {
+			var size int
+			switch r.IntN(3) {
+			case 0:
+				size = 1 << (8 + r.IntN(50))
+			case 1:
+				size = (1 + r.IntN(1<<20)) * Alignment
+			default:
+				size = (1 + r.IntN(1<<40)) * Alignment
+			}
+			if !seen[size] {
+				seen[size] = true
+				bins = append(bins, binningBin{size: size})
+			}
+		}
+		slices.SortFunc(bins, func(x, y binningBin) int { return cmp.Compare(x.size, y.size) })
+		tab := newBinTable(bins)
+		var ns []int
+		for k := range 63 {
+			ns = append(ns, 1<<k-1, 1<<k, 1<<k+1)
+		}
+		for _, b := range bins {
+			ns = append(ns, b.size-1, b.size, b.size+1)
+		}
+		ns = append(ns, 0, math.MaxInt, r.IntN(1<<50))
+		for _, n := range ns {
+			if n < 0 {
+				continue
+			}
+			want := scan(bins, n)
+			got := tab.find(n)
+			if want < 0 {
+				require.Nil(t, got, "trial %d, %d bytes", trial, n)
+				continue
+			}
+			require.Same(t, &bins[want], got, "trial %d, %d bytes", trial, n)
+		}
+	}
 }

@@ -2,11 +2,13 @@ package rmm
 
 import (
 	"cmp"
+	"errors"
 	"fmt"
 	"math"
 	"slices"
 	"sort"
 	"sync"
+	"sync/atomic"
 )
 
 // FixedSizeOptions configures [NewFixedSizeMemoryResource]. nil means the defaults.
@@ -36,23 +38,36 @@ type fixedStreams = streamLists[*fixedList]
 // for an event recorded on A. The event is recorded lazily, when B takes the block, on streams
 // whose lifetime the package knows ([DefaultStream] and our own Streams, whose Close records or
 // synchronises first and moves their blocks to the default stream), and at every free on streams
-// made from foreign handles. Allocate and Deallocate are O(1) (plus a scan of the streams when
-// the allocating stream has no free block).
+// made from foreign handles. Allocate and Deallocate are O(1) when the stream has a free block
+// and the block is freed on the stream that allocated it; taking a block from another stream and
+// a free on another stream cost a scan of the streams.
 //
 // Deallocate detects a pointer the resource never handed out, a double free and a size other
 // than the one allocated, and returns [ErrInvalidFree] without changing anything. Safe for
-// concurrent use (one mutex).
+// concurrent use: each stream's list has a lock of its own, so goroutines that allocate and free
+// on their own streams share no lock (see fixedList); growth, taking blocks from another stream,
+// frees on another stream, invalid frees, Stats, Release and Close take the resource's mutex.
 type FixedSizeMemoryResource struct {
 	upstream    MemoryResource
 	blockSize   int
 	chunkBlocks int
 	chunkSize   int
+	// fast finds a stream's list without mu, for the fast paths: published under mu when a list
+	// is made, and without it when it is dropped (a reader holding a dropped list finds it empty
+	// and takes the slow path).
+	fast atomic.Pointer[streamSet[*fixedList]]
+	// The fields above are read by every call on every core; those below are written by the
+	// slow paths.
+	_ [64]byte
 
 	mu sync.Mutex
 	// The per-stream lists, with the device, its context and the driver (stream_order.go).
 	fixedStreams
-	chunks []fixedChunk      // sorted by address
-	live   map[DevicePtr]int // allocated block -> size asked
+	chunks []fixedChunk // sorted by address
+	// live holds the blocks handed out whose list no longer holds them: the list was dropped
+	// (its stream closed), or the resource was closed (then every live block is here). Block ->
+	// size asked.
+	live   liveTable[int]
 	closed bool
 }
 
@@ -61,10 +76,33 @@ type fixedChunk struct {
 	live int // live blocks; kept only after Close
 }
 
-// fixedList is the free blocks ordered on one stream.
+// fixedList is one stream's free blocks and the blocks allocated on that stream and not freed
+// yet, under a lock of its own: an allocation on the stream that finds a free block here, and the
+// free on the same stream of a block allocated here, take mu alone (the fast paths). Everything
+// else holds the resource's mutex first and then the lists' locks it needs (a list's lock is
+// never held while waiting for the resource's mutex, and two lists are locked together only
+// under the resource's mutex). The streamOrder's flags and event are under mu too, so that a
+// free's dirty mark (or its event record) and a taker's record and wait stay in order.
+//
+// Laid out for the cache lines of a many-core host: the pads keep the fields written at every
+// call off the lines of objects allocated next to the list (lists are made one after another),
+// and the slices behind blocks and issued are kept at whole cache lines (newFixedList, liveTable
+// grows by doubling from 128 bytes) so that two streams' tables never share one.
 type fixedList struct {
+	_ [64]byte
 	streamOrder
-	blocks []DevicePtr
+	mu     sync.Mutex
+	blocks []DevicePtr    // free blocks, the last one taken first
+	issued liveTable[int] // allocated on this stream and not freed: block -> size asked
+	_      [64]byte
+}
+
+// fixedListMinCap is the capacity a list's slice of free blocks starts with: one cache line, so
+// that appends keep it at whole lines.
+const fixedListMinCap = 64 / 8
+
+func newFixedList(int) *fixedList {
+	return &fixedList{blocks: make([]DevicePtr, 0, fixedListMinCap)}
 }
 
 func (l *fixedList) idle() bool { return len(l.blocks) == 0 }
@@ -101,21 +139,24 @@ func NewFixedSizeMemoryResource(upstream MemoryResource, opts *FixedSizeOptions)
 		blockSize:   bs,
 		chunkBlocks: o.BlocksToPreallocate,
 		chunkSize:   bs * o.BlocksToPreallocate,
-		live:        map[DevicePtr]int{},
 	}
-	if err := f.initStreams("FixedSizeMemoryResource", DeviceOf(upstream), f, func(int) *fixedList { return new(fixedList) }); err != nil {
+	if err := f.initStreams("FixedSizeMemoryResource", DeviceOf(upstream), f, newFixedList); err != nil {
 		return nil, err
 	}
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	l, err := f.listFor(DefaultStream)
+	l, err := f.list(DefaultStream)
 	if err != nil {
 		return nil, err
 	}
-	if err := f.grow(l, DefaultStream, f.chunkSize); err != nil {
+	p, err := f.grow(l, DefaultStream, f.chunkSize)
+	if err != nil {
 		f.destroyEvents()
 		return nil, errorf("NewFixedSizeMemoryResource: taking the first chunk: %w", err)
 	}
+	l.mu.Lock()
+	l.blocks = append(l.blocks, p)
+	l.mu.Unlock()
 	return f, nil
 }
 
@@ -133,6 +174,71 @@ func (f *FixedSizeMemoryResource) Access() Access { return AccessOf(f.upstream) 
 // BlockSize returns the size of every block in bytes (a multiple of 256).
 func (f *FixedSizeMemoryResource) BlockSize() int { return f.blockSize }
 
+// fastList returns s's list as last published, or nil.
+func (f *FixedSizeMemoryResource) fastList(s StreamView) *fixedList {
+	m := f.fast.Load()
+	if m == nil {
+		return nil
+	}
+	if len(m.ids) > streamSetScan {
+		l, _ := m.lookup(s.id)
+		return l
+	}
+	// streamSet.find's scan, spelt out as in the pool's cacheOf: on every allocation and free.
+	for i, x := range m.ids {
+		if x >= s.id {
+			if x == s.id {
+				return m.vals[i]
+			}
+			break
+		}
+	}
+	return nil
+}
+
+// list is listFor (mu held), with the list published for the fast paths.
+func (f *FixedSizeMemoryResource) list(s StreamView) (*fixedList, error) {
+	l, err := f.listFor(s)
+	if err != nil {
+		return nil, err
+	}
+	f.publish(l)
+	return l, nil
+}
+
+// publish makes l, a list of the registry, the one the fast paths find for its stream (mu held).
+func (f *FixedSizeMemoryResource) publish(l *fixedList) {
+	if old := f.fast.Load(); f.fastList(l.stream) != l {
+		f.fast.Store(old.with(l.stream.id, l))
+	}
+}
+
+// drop forgets list l (mu and l.mu held): its event is destroyed, it is unpublished, and the
+// blocks allocated on it go to the live table. Its free blocks must have been moved.
+func (f *FixedSizeMemoryResource) drop(l *fixedList) {
+	if !l.dropped {
+		f.dropList(l)
+	}
+	f.orphan(l)
+}
+
+// orphan unpublishes l, which was dropped (mu and l.mu held), and moves the blocks allocated on it
+// to the live table.
+func (f *FixedSizeMemoryResource) orphan(l *fixedList) {
+	if old := f.fast.Load(); f.fastList(l.stream) == l {
+		f.fast.Store(old.without(l.stream.id))
+	}
+	f.adopt(l)
+}
+
+// adopt moves the blocks allocated on l to the live table (mu and l.mu held).
+func (f *FixedSizeMemoryResource) adopt(l *fixedList) {
+	if l.issued.len() > 0 {
+		l.issued.each(func(p DevicePtr, n int) { f.live.put(p, n) })
+		l.issued = liveTable[int]{}
+	}
+}
+
 // Allocate returns one block for a request of at most BlockSize bytes, ordered on s: a block
 // freed on s, else one freed on another stream (after s waits on that stream's event), else a
 // block of a new chunk taken from the upstream on s. A larger request, or a chunk the upstream
@@ -149,66 +255,102 @@ func (f *FixedSizeMemoryResource) Allocate(nbytes int, s StreamView) (DevicePtr,
 		}
 		return 0, nil
 	}
-	if nbytes > f.blockSize {
-		f.mu.Lock()
-		defer f.mu.Unlock()
-		return 0, f.oomError(nbytes, fmt.Sprintf("maximum allocation size exceeded: every block is %d bytes, and larger requests always fail", f.blockSize), nil)
+	if nbytes <= f.blockSize {
+		// The fast path: a block s freed, under s's lock alone. A closed stream's list keeps its
+		// blocks for other streams; Close and a dropped list leave the list empty.
+		if l := f.fastList(s); l != nil {
+			l.mu.Lock()
+			if k := len(l.blocks) - 1; k >= 0 && !l.closed {
+				p := l.blocks[k]
+				l.blocks = l.blocks[:k]
+				l.issued.put(p, nbytes)
+				l.mu.Unlock()
+				return p, nil
+			}
+			l.mu.Unlock()
+		}
 	}
+	return f.allocateSlow(nbytes, s)
+}
+
+// allocateSlow is Allocate under the resource's mutex.
+func (f *FixedSizeMemoryResource) allocateSlow(nbytes int, s StreamView) (DevicePtr, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
+	if nbytes > f.blockSize {
+		return 0, f.oomError(nbytes, fmt.Sprintf("maximum allocation size exceeded: every block is %d bytes, and larger requests always fail", f.blockSize), nil)
+	}
 	if f.closed {
 		return 0, errorf("FixedSizeMemoryResource.Allocate: called after Close: %w", ErrClosed)
 	}
-	l, err := f.listFor(s)
+	l, err := f.list(s)
 	if err != nil {
 		return 0, err
 	}
-	if len(l.blocks) == 0 {
-		if err := f.refill(l, s, nbytes); err != nil {
-			return 0, err
-		}
+	l.mu.Lock()
+	if k := len(l.blocks) - 1; k >= 0 {
+		p := l.blocks[k]
+		l.blocks = l.blocks[:k]
+		l.issued.put(p, nbytes)
+		l.mu.Unlock()
+		return p, nil
 	}
-	k := len(l.blocks) - 1
-	p := l.blocks[k]
-	l.blocks = l.blocks[:k]
-	f.live[p] = nbytes
+	l.mu.Unlock()
+	p, err := f.take(l, s, nbytes)
+	if err != nil {
+		return 0, err
+	}
+	l.mu.Lock()
+	l.issued.put(p, nbytes)
+	l.mu.Unlock()
 	return p, nil
 }
 
-// refill puts at least one free block into s's empty list l: one taken from another stream's
-// list after s waits for that stream, else a new chunk (for a request of nbytes).
-func (f *FixedSizeMemoryResource) refill(l *fixedList, s StreamView, nbytes int) error {
+// take returns a block for s, whose list l is empty (mu held, l.mu not): one taken from another
+// stream's list after s waits for that stream, else the first block of a new chunk, whose other
+// blocks go to l (for a request of nbytes).
+func (f *FixedSizeMemoryResource) take(l *fixedList, s StreamView, nbytes int) (DevicePtr, error) {
 	for _, o := range f.lists {
-		if o == l || len(o.blocks) == 0 {
+		if o == l {
+			continue
+		}
+		o.mu.Lock()
+		k := len(o.blocks) - 1
+		if k < 0 {
+			o.mu.Unlock()
 			continue
 		}
 		if err := f.orderAfter(o, s); err != nil {
-			return errorf("FixedSizeMemoryResource.Allocate: ordering %v after %v: %w", s, o.stream, err)
+			o.mu.Unlock()
+			return 0, errorf("FixedSizeMemoryResource.Allocate: ordering %v after %v: %w", s, o.stream, err)
 		}
-		k := len(o.blocks) - 1
-		l.blocks = append(l.blocks, o.blocks[k])
+		p := o.blocks[k]
 		o.blocks = o.blocks[:k]
-		return nil
+		o.mu.Unlock()
+		return p, nil
 	}
 	return f.grow(l, s, nbytes)
 }
 
-// grow takes a new chunk from the upstream on s and puts its blocks in l, lowest address on top.
-// The upstream's refusal becomes an *OutOfMemoryError for a request of nbytes.
-func (f *FixedSizeMemoryResource) grow(l *fixedList, s StreamView, nbytes int) error {
+// grow takes a new chunk from the upstream on s (mu held, l.mu not), puts its blocks but the
+// first in l, lowest address on top, and returns the first. The upstream's refusal becomes an
+// *OutOfMemoryError for a request of nbytes.
+func (f *FixedSizeMemoryResource) grow(l *fixedList, s StreamView, nbytes int) (DevicePtr, error) {
 	p, err := f.upstream.Allocate(f.chunkSize, s)
 	if err != nil {
 		DebugLogger().Debug("rmm: FixedSizeMemoryResource failed to grow", "chunk", f.chunkSize, "pool_size", len(f.chunks)*f.chunkSize, "err", err)
-		return f.oomError(nbytes, fmt.Sprintf("growing by a chunk of %d blocks of %d bytes (%d bytes): %s refused it", f.chunkBlocks, f.blockSize, f.chunkSize, resourceName(f.upstream)), err)
+		return 0, f.oomError(nbytes, fmt.Sprintf("growing by a chunk of %d blocks of %d bytes (%d bytes): %s refused it", f.chunkBlocks, f.blockSize, f.chunkSize, resourceName(f.upstream)), err)
 	}
 	i := sort.Search(len(f.chunks), func(i int) bool { return f.chunks[i].addr > p })
 	f.chunks = append(f.chunks, fixedChunk{})
 	copy(f.chunks[i+1:], f.chunks[i:])
 	f.chunks[i] = fixedChunk{addr: p}
-	for k := f.chunkBlocks - 1; k >= 0; k-- {
+	l.mu.Lock()
+	for k := f.chunkBlocks - 1; k >= 1; k-- {
 		l.blocks = append(l.blocks, p+DevicePtr(k*f.blockSize))
 	}
-	return nil
+	l.mu.Unlock()
+	return p, nil
 }
 
 // Deallocate returns p's block to the free list of stream s, for reuse at once by work ordered
@@ -219,52 +361,151 @@ func (f *FixedSizeMemoryResource) Deallocate(p DevicePtr, nbytes int, s StreamVi
 	if p == 0 {
 		return nil
 	}
+	// The fast path: a block allocated on s, freed on s, under s's lock alone.
+	if l := f.fastList(s); l != nil {
+		l.mu.Lock()
+		if i := l.issued.find(p); i >= 0 && !l.closed {
+			if n := l.issued.slots[i].v; n != nbytes {
+				l.mu.Unlock()
+				return f.wrongSize(p, nbytes, n)
+			}
+			if err := f.noteFree(l, s); err != nil {
+				l.mu.Unlock()
+				return err
+			}
+			l.issued.delAt(i)
+			l.blocks = append(l.blocks, p)
+			l.mu.Unlock()
+			return nil
+		}
+		l.mu.Unlock()
+	}
+	return f.deallocateSlow(p, nbytes, s)
+}
+
+func (f *FixedSizeMemoryResource) wrongSize(p DevicePtr, nbytes, size int) error {
+	return errorf("FixedSizeMemoryResource.Deallocate(%#x, %d): the block was allocated with %s: %w", uintptr(p), nbytes, bytesText(size), ErrInvalidFree)
+}
+
+// deallocateSlow is Deallocate under the resource's mutex: a block allocated on another stream,
+// or on a list that was dropped, or after Close; else an invalid free.
+func (f *FixedSizeMemoryResource) deallocateSlow(p DevicePtr, nbytes int, s StreamView) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	size, ok := f.live[p]
-	if !ok {
-		return errorf("FixedSizeMemoryResource.Deallocate(%#x, %d): the pointer was not allocated by this resource or was already freed: %w", uintptr(p), nbytes, ErrInvalidFree)
+	// Find the block and take it out of its table, so that a racing free of it (a double free)
+	// finds it nowhere; it goes back when this free fails.
+	var owner *fixedList // nil: the live table
+	size, found := f.live.lookup(p)
+	if found {
+		if size != nbytes {
+			return f.wrongSize(p, nbytes, size)
+		}
+		if f.closed {
+			return f.deallocateAfterClose(p, s)
+		}
+		f.live.delAt(f.live.find(p))
+	} else {
+		for _, o := range f.lists {
+			o.mu.Lock()
+			if i := o.issued.find(p); i >= 0 {
+				size, found = o.issued.slots[i].v, true
+				if size == nbytes {
+					o.issued.delAt(i)
+					owner = o
+				}
+			}
+			o.mu.Unlock()
+			if found {
+				break
+			}
+		}
+		if !found {
+			return errorf("FixedSizeMemoryResource.Deallocate(%#x, %d): the pointer was not allocated by this resource or was already freed: %w", uintptr(p), nbytes, ErrInvalidFree)
+		}
+		if size != nbytes {
+			return f.wrongSize(p, nbytes, size)
+		}
 	}
-	if size != nbytes {
-		return errorf("FixedSizeMemoryResource.Deallocate(%#x, %d): the block was allocated with %s: %w", uintptr(p), nbytes, bytesText(size), ErrInvalidFree)
+	if err := f.freeInto(p, s); err != nil {
+		if owner == nil {
+			f.live.put(p, size)
+		} else {
+			owner.mu.Lock()
+			owner.issued.put(p, size)
+			owner.mu.Unlock()
+		}
+		return err
 	}
-	if f.closed {
-		return f.deallocateAfterClose(p, s)
+	return nil
+}
+
+// freeInto puts p, freed on s, into s's list (mu held), or for a Stream that was closed into the
+// default stream's list once the device was waited for (freeTo's rule).
+func (f *FixedSizeMemoryResource) freeInto(p DevicePtr, s StreamView) error {
+	l, err := f.list(s)
+	if errors.Is(err, ErrClosed) {
+		if err = f.syncClosed(s); err != nil {
+			return err
+		}
+		s = DefaultStream
+		l, err = f.list(s)
 	}
-	l, _, err := f.freeTo(s, nil)
 	if err != nil {
 		return err
 	}
-	delete(f.live, p)
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if err := f.noteFree(l, s); err != nil {
+		return err
+	}
 	l.blocks = append(l.blocks, p)
 	return nil
 }
 
 // streamClosing is called by Stream.Close before the stream is destroyed: the stream's free
 // blocks move to the default stream's list, after the default stream waits (on the device) for
-// the closing stream's work; its list and event are dropped (closeStream).
+// the closing stream's work; its list and event are dropped (closeStream), and the blocks
+// allocated on it go to the live table.
 func (f *FixedSizeMemoryResource) streamClosing(s StreamView) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	if def, l, move := f.closeStream(s, f.closed); move {
-		def.blocks = append(def.blocks, l.blocks...)
+	l, ok := f.byStream[s.id]
+	def, hasDef := f.byStream[DefaultStream.id]
+	if ok {
+		l.mu.Lock()
+		defer l.mu.Unlock()
+	}
+	if hasDef && def != l {
+		def.mu.Lock()
+		defer def.mu.Unlock()
+	}
+	// closeStream may make the default stream's list: no other goroutine sees it before mu is
+	// unlocked.
+	d, _, move := f.closeStream(s, f.closed)
+	if move {
+		d.blocks = append(d.blocks, l.blocks...)
+		l.blocks = l.blocks[:0]
 		f.dropList(l)
+	}
+	if ok && l.dropped {
+		f.orphan(l)
+	}
+	if d != nil && !hasDef {
+		f.publish(d)
 	}
 }
 
-// syncAll waits (on the host) for the work behind every list's frees.
-func (f *FixedSizeMemoryResource) syncAll() error {
-	for _, l := range f.lists {
-		if !f.ordered(l) {
-			continue
+// hostSync waits on the host for the work behind l's frees (mu and l.mu held).
+func (f *FixedSizeMemoryResource) hostSync(l *fixedList) error {
+	if !f.ordered(l) {
+		return nil
+	}
+	record := l.claimRecord(false)
+	if err := f.hostWait(l, record); err != nil {
+		if record {
+			l.unclaim()
 		}
-		record := l.claimRecord(false)
-		if err := f.hostWait(l, record); err != nil {
-			if record {
-				l.unclaim()
-			}
-			return err
-		}
+		return err
 	}
 	return nil
 }
@@ -274,21 +515,45 @@ func (f *FixedSizeMemoryResource) chunkOf(p DevicePtr) int {
 	return sort.Search(len(f.chunks), func(i int) bool { return f.chunks[i].addr > p }) - 1
 }
 
-// releaseWhole waits for every stream's frees, gathers every free block in the default stream's
-// list and returns the chunks whose blocks are all free to the upstream.
+// releaseWhole (mu held) waits for every stream's frees, gathers every free block in the default
+// stream's list and returns the chunks whose blocks are all free to the upstream. Each list is
+// waited for and emptied under its lock, so no block freed after the wait moves; the default
+// stream's list stays locked until its chunks are gone. A list that has blocks allocated on it
+// stays (empty), the others are dropped.
 func (f *FixedSizeMemoryResource) releaseWhole() error {
-	if err := f.syncAll(); err != nil {
-		return errorf("FixedSizeMemoryResource: waiting for the streams: %w", err)
-	}
-	def, err := f.listFor(DefaultStream)
+	def, err := f.list(DefaultStream)
 	if err != nil {
 		return err
 	}
-	for _, o := range append([]*fixedList(nil), f.lists...) {
-		if o != def && !o.closed {
-			def.blocks = append(def.blocks, o.blocks...)
-			o.blocks = nil
-			f.dropList(o)
+	def.mu.Lock()
+	defer def.mu.Unlock()
+	if err := f.hostSync(def); err != nil {
+		return errorf("FixedSizeMemoryResource: waiting for the streams: %w", err)
+	}
+	for _, o := range slices.Clone(f.lists) {
+		if o == def || o.closed {
+			continue
+		}
+		o.mu.Lock()
+		if err := f.hostSync(o); err != nil {
+			o.mu.Unlock()
+			return errorf("FixedSizeMemoryResource: waiting for the streams: %w", err)
+		}
+		def.blocks = append(def.blocks, o.blocks...)
+		o.blocks = o.blocks[:0]
+		if o.issued.len() == 0 {
+			f.drop(o)
+		}
+		o.mu.Unlock()
+	}
+	for _, o := range f.lists {
+		if o.closed { // its blocks stay for takers that wait on its event; still waited for
+			o.mu.Lock()
+			err := f.hostSync(o)
+			o.mu.Unlock()
+			if err != nil {
+				return errorf("FixedSizeMemoryResource: waiting for the streams: %w", err)
+			}
 		}
 	}
 	freeIn := make([]int, len(f.chunks))
@@ -347,17 +612,24 @@ func (f *FixedSizeMemoryResource) Close() error {
 	if f.closed {
 		return nil
 	}
-	if err := f.syncAll(); err != nil {
-		return errorf("FixedSizeMemoryResource.Close: waiting for the streams: %w", err)
+	// Every list stays locked from its wait to the end, so that no free slips in after the wait.
+	for i, l := range f.lists {
+		l.mu.Lock()
+		if err := f.hostSync(l); err != nil {
+			for _, o := range f.lists[:i+1] {
+				o.mu.Unlock()
+			}
+			return errorf("FixedSizeMemoryResource.Close: waiting for the streams: %w", err)
+		}
 	}
 	f.destroyEvents()
 	f.closed = true
 	for _, l := range f.lists {
-		l.blocks = nil
+		l.blocks = l.blocks[:0]
+		f.adopt(l)
+		l.mu.Unlock()
 	}
-	for p := range f.live {
-		f.chunks[f.chunkOf(p)].live++
-	}
+	f.live.each(func(p DevicePtr, _ int) { f.chunks[f.chunkOf(p)].live++ })
 	var firstErr error
 	chunks := f.chunks[:0]
 	for _, c := range f.chunks {
@@ -370,19 +642,20 @@ func (f *FixedSizeMemoryResource) Close() error {
 		}
 	}
 	f.chunks = chunks
-	if n := len(f.live); n > 0 {
+	if n := f.live.len(); n > 0 {
 		DebugLogger().Warn("rmm: FixedSizeMemoryResource closed with live allocations; their chunks go back as they are freed", "live_allocations", n, "block_size", f.blockSize)
 	}
 	return firstErr
 }
 
-// deallocateAfterClose frees a block that outlived Close: the stream is synchronised, and the
-// block's chunk goes back to the upstream when it was its last live block.
+// deallocateAfterClose frees p, a block that outlived Close (mu held, p in the live table): the
+// stream is synchronised, and the block's chunk goes back to the upstream when it was its last
+// live block.
 func (f *FixedSizeMemoryResource) deallocateAfterClose(p DevicePtr, s StreamView) error {
 	if err := f.syncAfterClose(s); err != nil {
 		return err
 	}
-	delete(f.live, p)
+	f.live.delAt(f.live.find(p))
 	i := f.chunkOf(p)
 	f.chunks[i].live--
 	if f.chunks[i].live > 0 {
@@ -415,28 +688,36 @@ type FixedSizeStats struct {
 	PerStream []StreamFreeStats
 }
 
-// Stats returns the resource's figures in O(s log s) for s streams.
+// Stats returns the resource's figures in O(s log s) for s streams (plus the blocks allocated on
+// streams, counted in tables of their own).
 func (f *FixedSizeMemoryResource) Stats() FixedSizeStats {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	st := FixedSizeStats{
-		BlockSize:       f.blockSize,
-		PoolSize:        len(f.chunks) * f.chunkSize,
-		UpstreamBlocks:  len(f.chunks),
-		LiveAllocations: len(f.live),
-		LiveBytes:       len(f.live) * f.blockSize,
-		Streams:         len(f.lists),
-		PerStream:       make([]StreamFreeStats, 0, len(f.lists)),
+		BlockSize:      f.blockSize,
+		PoolSize:       len(f.chunks) * f.chunkSize,
+		UpstreamBlocks: len(f.chunks),
+		Streams:        len(f.lists),
+		PerStream:      make([]StreamFreeStats, 0, len(f.lists)),
 	}
+	live := f.live.len()
+	// A list's blocks move between its free list and its table under its lock alone, and
+	// between lists only under mu: reading one list after another under mu is a snapshot.
 	for _, l := range f.lists {
-		st.FreeBlocks += len(l.blocks)
+		l.mu.Lock()
+		free := len(l.blocks)
+		live += l.issued.len()
+		l.mu.Unlock()
+		st.FreeBlocks += free
 		s := l.stream
 		if s.id == 0 {
 			s = DefaultStream
 		}
-		st.PerStream = append(st.PerStream, StreamFreeStats{Stream: s, FreeBlocks: len(l.blocks), FreeBytes: len(l.blocks) * f.blockSize})
+		st.PerStream = append(st.PerStream, StreamFreeStats{Stream: s, FreeBlocks: free, FreeBytes: free * f.blockSize})
 	}
 	slices.SortFunc(st.PerStream, func(x, y StreamFreeStats) int { return cmp.Compare(x.Stream.ID(), y.Stream.ID()) })
+	st.LiveAllocations = live
+	st.LiveBytes = live * f.blockSize
 	st.FreeBytes = st.PoolSize - st.LiveBytes
 	if st.FreeBlocks > 0 {
 		st.LargestFreeBlock = f.blockSize
@@ -444,22 +725,31 @@ func (f *FixedSizeMemoryResource) Stats() FixedSizeStats {
 	return st
 }
 
-// oomError (f.mu held) returns the error for a request of nbytes that failed: the resource's
-// figures (PoolSize: the chunks held; FreeBytes; LargestFreeBlock: BlockSize when a block is
-// free; no MaximumSize and no Headroom, since only the upstream bounds the resource), the detail
-// and the upstream's error as Cause. Fragmented is set when the free blocks together would hold
-// the request (only a request above the block size can fail so).
-func (f *FixedSizeMemoryResource) oomError(nbytes int, detail string, cause error) *OutOfMemoryError {
-	free := 0
+// counts returns the free blocks and the live blocks (mu held, no list's lock).
+func (f *FixedSizeMemoryResource) counts() (free, live int) {
+	live = f.live.len()
 	for _, l := range f.lists {
+		l.mu.Lock()
 		free += len(l.blocks)
+		live += l.issued.len()
+		l.mu.Unlock()
 	}
+	return free, live
+}
+
+// oomError (f.mu held, no list's lock) returns the error for a request of nbytes that failed:
+// the resource's figures (PoolSize: the chunks held; FreeBytes; LargestFreeBlock: BlockSize when
+// a block is free; no MaximumSize and no Headroom, since only the upstream bounds the resource),
+// the detail and the upstream's error as Cause. Fragmented is set when the free blocks together
+// would hold the request (only a request above the block size can fail so).
+func (f *FixedSizeMemoryResource) oomError(nbytes int, detail string, cause error) *OutOfMemoryError {
+	free, live := f.counts()
 	pool := len(f.chunks) * f.chunkSize
 	e := OutOfMemoryError{
 		Resource:  "FixedSizeMemoryResource",
 		Requested: nbytes,
 		PoolSize:  pool,
-		FreeBytes: pool - len(f.live)*f.blockSize,
+		FreeBytes: pool - live*f.blockSize,
 		Detail:    detail,
 		Cause:     cause,
 	}
@@ -478,9 +768,11 @@ func (f *FixedSizeMemoryResource) oomError(nbytes int, detail string, cause erro
 }
 
 // CheckInvariants verifies the resource's state and returns the first violation found: every
-// list is indexed by its stream; every free and every live block starts on a block boundary
-// inside a held chunk; no block is free twice or both free and live; free plus live blocks equal
-// the chunks' blocks (before Close). O(n log c); meant for tests.
+// list is indexed by its stream and published for the fast paths (a published list that is not
+// indexed was dropped and is empty); every free and every live block starts on a block boundary
+// inside a held chunk; no block is free twice, live twice or both free and live; free plus live
+// blocks equal the chunks' blocks (before Close), and after Close every live block is in the
+// resource's own table. O(n log c); meant for tests.
 func (f *FixedSizeMemoryResource) CheckInvariants() (err error) {
 	defer func() {
 		if err != nil {
@@ -489,6 +781,10 @@ func (f *FixedSizeMemoryResource) CheckInvariants() (err error) {
 	}()
 	f.mu.Lock()
 	defer f.mu.Unlock()
+	for _, l := range f.lists {
+		l.mu.Lock()
+		defer l.mu.Unlock()
+	}
 	for i := 1; i < len(f.chunks); i++ {
 		if f.chunks[i-1].addr+DevicePtr(f.chunkSize) > f.chunks[i].addr {
 			return errorf("chunks %#x and %#x overlap or are out of order", uintptr(f.chunks[i-1].addr), uintptr(f.chunks[i].addr))
@@ -505,9 +801,31 @@ func (f *FixedSizeMemoryResource) CheckInvariants() (err error) {
 		return nil
 	}
 	seen := map[DevicePtr]bool{}
+	live := map[DevicePtr]bool{}
+	addLive := func(p DevicePtr, n int) error {
+		if err := check(p); err != nil {
+			return err
+		}
+		if seen[p] {
+			return errorf("block %#x is both free and live", uintptr(p))
+		}
+		if live[p] {
+			return errorf("block %#x is live twice", uintptr(p))
+		}
+		live[p] = true
+		if n <= 0 || n > f.blockSize {
+			return errorf("block %#x was allocated with %s", uintptr(p), bytesText(n))
+		}
+		return nil
+	}
 	for _, l := range f.lists {
 		if f.byStream[l.stream.id] != l {
 			return errorf("list of %v is not indexed by its stream", l.stream)
+		}
+		if f.fastList(l.stream) != l && !f.closed {
+			if len(f.fast.Load().all()) < streamSetMax {
+				return errorf("list of %v is not published", l.stream)
+			}
 		}
 		for _, p := range l.blocks {
 			if err := check(p); err != nil {
@@ -519,22 +837,44 @@ func (f *FixedSizeMemoryResource) CheckInvariants() (err error) {
 			seen[p] = true
 		}
 	}
+	for _, l := range f.fast.Load().all() {
+		if f.byStream[l.stream.id] != l && (!l.dropped || len(l.blocks) > 0 || l.issued.len() > 0) {
+			return errorf("list of %v is published, not indexed, and not dropped and empty", l.stream)
+		}
+	}
 	if len(f.byStream) != len(f.lists) {
 		return errorf("%d lists, %d indexed", len(f.lists), len(f.byStream))
 	}
-	for p, n := range f.live {
-		if err := check(p); err != nil {
+	for _, l := range f.lists {
+		if err := l.issued.check(); err != nil {
+			return errorf("blocks allocated on %v: %w", l.stream, err)
+		}
+		if f.closed && l.issued.len() > 0 {
+			return errorf("list of %v has blocks allocated after Close", l.stream)
+		}
+		var err error
+		l.issued.each(func(p DevicePtr, n int) {
+			if err == nil {
+				err = addLive(p, n)
+			}
+		})
+		if err != nil {
 			return err
 		}
-		if seen[p] {
-			return errorf("block %#x is both free and live", uintptr(p))
-		}
-		if n <= 0 || n > f.blockSize {
-			return errorf("block %#x was allocated with %s", uintptr(p), bytesText(n))
-		}
 	}
-	if !f.closed && len(seen)+len(f.live) != len(f.chunks)*f.chunkBlocks {
-		return errorf("%d free + %d live blocks != %d chunks × %d blocks", len(seen), len(f.live), len(f.chunks), f.chunkBlocks)
+	if err := f.live.check(); err != nil {
+		return err
+	}
+	f.live.each(func(p DevicePtr, n int) {
+		if err == nil {
+			err = addLive(p, n)
+		}
+	})
+	if err != nil {
+		return err
+	}
+	if !f.closed && len(seen)+len(live) != len(f.chunks)*f.chunkBlocks {
+		return errorf("%d free + %d live blocks != %d chunks × %d blocks", len(seen), len(live), len(f.chunks), f.chunkBlocks)
 	}
 	return nil
 }
