@@ -341,8 +341,11 @@ const w3Batch = 1024
 // samples for benchstat's confidence interval; alternate the builds rather than running one
 // after the other (bench/paired.sh), since the host's load drifts:
 //
-//	go test -c -o new.test . && go test -run '^$' -bench 'W3/' -benchtime 6000000x -count 10 . > new.txt
+//	go test -run '^$' -bench 'W3/(pool|expandable|arena|binning|fixed)/' -benchtime 6000000x -count 10 . > new.txt
 //	benchstat old.txt new.txt
+//
+// (The driver's resources, cuda and async, allocate thousands of times slower: give them a
+// -benchtime of their own.)
 //
 // Each resource is made anew for every sample and the heap is collected before the timer starts,
 // so that no sample pays for garbage an earlier one left.
