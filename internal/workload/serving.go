@@ -84,6 +84,9 @@ const (
 	maxTime = 24*time.Hour - time.Microsecond
 )
 
+// maxBytes bounds the weights and the largest tensor of a configuration: 1 PiB.
+const maxBytes = 1 << 50
+
 // ErrConfig is wrapped by the error of a configuration [NewServing] cannot use.
 var ErrConfig = errors.New("workload: bad configuration")
 
@@ -124,6 +127,14 @@ func (c ServingConfig) withDefaults() (ServingConfig, error) {
 	}
 	if c.MaxContext < 2 {
 		return c, configError("MaxContext %d leaves no room for a prompt and a token", c.MaxContext)
+	}
+	// The weights and the largest tensors (a batch of up to 32 sequences of MaxContext tokens
+	// each, a row per token) must fit in memory that exists, so that no size or address
+	// overflows.
+	d := float64(c.Hidden)
+	weights := 2 * (float64(c.Vocab)*d + float64(c.MaxContext)*d + float64(c.Layers)*(12*d*d+13*d) + 2*d)
+	if weights > maxBytes || 32*float64(c.MaxContext)*max(d, float64(c.Vocab))*8 > maxBytes {
+		return c, configError("the model (Hidden %d, Vocab %d, Layers %d, MaxContext %d) needs more than %d bytes", c.Hidden, c.Vocab, c.Layers, c.MaxContext, int64(maxBytes))
 	}
 	if !(c.SideStream >= 0 && c.SideStream <= 1) {
 		return c, configError("SideStream %v is not a fraction in [0, 1]", c.SideStream)

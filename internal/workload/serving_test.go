@@ -165,3 +165,16 @@ func TestServingNextAfterEnd(t *testing.T) {
 	_, ok := g.Next()
 	require.False(t, ok)
 }
+
+// Sizes that overflow: a configuration whose weights or largest tensors do not fit in memory
+// anyone has is refused, rather than logging negative or wrapped sizes.
+func TestServingHugeSizesAreConfigErrors(t *testing.T) {
+	for _, cfg := range []workload.ServingConfig{
+		{Events: 10, Hidden: 1280000000},
+		{Events: 10, Hidden: 1 << 20, Vocab: 1 << 40},
+		{Events: 10, MaxContext: 1 << 50},
+	} {
+		_, err := workload.NewServing(cfg)
+		require.ErrorIs(t, err, workload.ErrConfig, "%+v", cfg)
+	}
+}
