@@ -47,6 +47,10 @@ type expandable struct {
 	pieceReq  int // with piece: handles of at least n/pieceReq for an n-byte request (noteRequest); 0: none
 	pieceCap  int // with pieceReq: those at most the pool's size/pieceCap; 0: no bound
 	reqPiece  int // the least piece of the growth being mapped (noteRequest; busy token held)
+	// Over host memory, stitching: each handle is a memfd. fdPiece is the least handle that keeps
+	// the pool within maxHandles at its maximum size; growths are rounded up to it, and a growth
+	// that would hold more than maxHandles handles fails as out of memory. 0: no such bound.
+	fdPiece, maxHandles int
 	minChunk  int // the least growth (expandableMinChunk unless poolTuning.minGrowth)
 	growthDiv int // a growth maps at least size/growthDiv (expandableGrowthDivisor unless poolTuning.growthDivisor)
 	threshold int // ReleaseThreshold; 0: never trim by itself
@@ -108,6 +112,7 @@ func newExpandablePool(upstream MemoryResource, vm vmm, o PoolOptions, tune pool
 			// A memfd per piece: at its maximum size the pool holds at most budget of them.
 			if pc, ok := alignUpChecked((e.reserved+budget-1)/budget, e.gran); ok {
 				e.piece = max(e.piece, pc)
+				e.fdPiece, e.maxHandles = pc, budget
 			}
 		}
 		e.pieceFrac = tune.stitchFrac
@@ -115,6 +120,7 @@ func newExpandablePool(upstream MemoryResource, vm vmm, o PoolOptions, tune pool
 		e.pieceCap = tune.stitchPieceCap
 		p.backing = newStitching(e, tune)
 		p.tailLast = true
+		p.name = "PoolMemoryResource (stitching)"
 	}
 	e.resetTrim(0)
 	if o.InitialPoolSize > 0 {
@@ -269,8 +275,20 @@ func (e *expandable) pieceSize(k int) int {
 	if e.pieceFrac > 0 {
 		piece = max(piece, k/e.pieceFrac/e.gran*e.gran)
 	}
-	piece = max(piece, e.reqPiece)
+	piece = e.fdRound(max(piece, e.reqPiece))
 	return min(k, piece)
+}
+
+// fdRound rounds a growth of k bytes up to a multiple of fdPiece (when set), so that every handle
+// it maps is at least fdPiece.
+func (e *expandable) fdRound(k int) int {
+	if e.fdPiece == 0 || k <= 0 {
+		return k
+	}
+	if r, ok := alignUpChecked(k, e.fdPiece); ok {
+		return r
+	}
+	return k
 }
 
 // noteRequest sets the least piece of the growth about to be mapped for an n-byte request: n/pieceReq,
@@ -340,12 +358,13 @@ func (e *expandable) growExpandable(n int, l *freeList, exact int) (*block, erro
 	kNeed, _ := alignUpChecked(need, e.gran)
 	tailK := e.chunkSize(need, p.size)
 	room := min(int(e.base+DevicePtr(e.reserved)-e.top), p.maximum-p.size)
+	tailK = e.fdRound(tailK)
 	if tailK > room {
 		tailK = room / e.gran * e.gran
 	}
 	if exact > 0 {
 		k, _ := alignUpChecked(max(need, exact), e.gran)
-		tailK = min(tailK, k)
+		tailK = min(tailK, e.fdRound(k))
 	}
 	if tailK < kNeed {
 		tailK = math.MaxInt // no room at the end
@@ -365,11 +384,11 @@ func (e *expandable) growExpandable(n int, l *freeList, exact int) (*block, erro
 		switch {
 		case left+h.size >= n || right == 0:
 			k, _ = alignUpChecked(max(n-left, 1), e.gran)
-			k = min(k, h.size)
+			k = min(e.fdRound(k), h.size)
 			at = h.addr
 		default: // fill from the right end, next to the free block after the hole
 			k, _ = alignUpChecked(max(n-right, 1), e.gran)
-			k = min(k, h.size)
+			k = min(e.fdRound(k), h.size)
 			at = h.end() - DevicePtr(k)
 		}
 		if k > tailK || (p.maximum > 0 && p.size+k > p.maximum) {
@@ -427,6 +446,10 @@ func (e *expandable) mapChunk(addr DevicePtr, k int) (*block, error) {
 // pieceSize(k) bytes. On failure every handle it created is unmapped and released.
 func (e *expandable) mapChunkUnlocked(addr DevicePtr, k, size int) ([]vmChunk, error) {
 	piece := e.pieceSize(k)
+	// The busy token keeps e.chunks from changing meanwhile.
+	if held, more := len(e.chunks), (k+piece-1)/piece; e.maxHandles > 0 && held+more > e.maxHandles {
+		return nil, errorf("PoolMemoryResource (expandable): mapping %s would make %d memfds, over half the open-file limit (%d): %w", bytesText(k), held+more, e.maxHandles, ErrOutOfMemory)
+	}
 	var cs []vmChunk
 	undo := func() {
 		for _, c := range cs {

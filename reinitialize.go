@@ -18,8 +18,8 @@ type ReinitializeOptions struct {
 	PoolAllocator bool
 	// Pool is the kind of pool PoolAllocator builds. Default [StitchingPool]. The expandable
 	// kinds need the driver's virtual memory management over device memory, or Linux over host
-	// memory (no CUDA); with managed memory, or where the device or the system lacks it, the
-	// pool is a [PlainPool]. Over host memory a stitching pool holds an open file descriptor
+	// memory (no CUDA, where ManagedMemory changes nothing); over managed memory on a GPU, or
+	// where the device or the system lacks it, the pool is a [PlainPool]. Over host memory a stitching pool holds an open file descriptor
 	// per piece of memory it maps: its pieces are made large enough that it never holds more
 	// than half of the process's limit on open files (RLIMIT_NOFILE) at its maximum size.
 	Pool PoolKind
@@ -29,9 +29,10 @@ type ReinitializeOptions struct {
 	ManagedMemory bool
 	// InitialPoolSize is the pool's initial size in bytes, a multiple of 256 (an expandable pool
 	// rounds it up to the device's granularity, 2 MiB on current GPUs); only with
-	// PoolAllocator. Default 0: half of the device's free memory (rounded down to 256 bytes, and
-	// at most MaximumPoolSize when that is set), as Python's default. Without CUDA the host's
-	// available memory stands for the device's free memory.
+	// PoolAllocator. Default 0: for a [PlainPool], half of the device's free memory (rounded down
+	// to 256 bytes, and at most MaximumPoolSize when that is set), as Python's default (without
+	// CUDA the host's available memory stands for the device's free memory); for the expandable
+	// kinds nothing: they map memory as the program asks for it.
 	InitialPoolSize int
 	// MaximumPoolSize caps each pool, in bytes, a multiple of 256 and at least InitialPoolSize;
 	// only with PoolAllocator. Default 0: unbounded.
@@ -270,22 +271,26 @@ func reinitBuild(d Device, o *ReinitializeOptions, logName string) (mr MemoryRes
 		mr = initialResource(d) // the device's CudaMemoryResource, or host memory
 	}
 	if o.PoolAllocator {
-		initial := o.InitialPoolSize
-		if initial == 0 {
-			if initial, err = reinitDefaultPoolSize(d, o.MaximumPoolSize); err != nil {
-				return nil, made, errorf("the default initial pool size: %w", err)
-			}
-		}
 		po := o.Pool.Options()
-		po.InitialPoolSize, po.MaximumPoolSize = initial, o.MaximumPoolSize
+		initial := o.InitialPoolSize
 		// The kind asked for where its memory can be had: the expandable kinds map device
 		// memory themselves (or host memory through memfds), which managed memory and a device
 		// without virtual memory management cannot give.
 		switch _, overDevice := mr.(*CudaMemoryResource); {
 		case cuda && !(overDevice && vmmSupported(d)), !cuda && !hostVMMSupported:
 			po = PlainPool.Options()
-			po.InitialPoolSize, po.MaximumPoolSize = initial, o.MaximumPoolSize
 		}
+		// librmm's pool grows by upstream allocations that it never splits back: starting it at
+		// half the free memory (Python's default) saves the growths and the fragmentation of
+		// their steps. The expandable pools grow by mapping just what a request lacks and give
+		// memory back, so taking half the device up front would only hold memory the program
+		// may never use (and hide the footprint they are chosen for).
+		if initial == 0 && !po.Expandable {
+			if initial, err = reinitDefaultPoolSize(d, o.MaximumPoolSize); err != nil {
+				return nil, made, errorf("the default initial pool size: %w", err)
+			}
+		}
+		po.InitialPoolSize, po.MaximumPoolSize = initial, o.MaximumPoolSize
 		pool, err := NewPoolMemoryResource(mr, &po)
 		if err != nil {
 			return nil, made, err

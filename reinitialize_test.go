@@ -182,6 +182,33 @@ func TestReinitializeDefaultPoolSize(t *testing.T) {
 	require.Equal(t, 1<<20, n, "capped by the maximum")
 }
 
+// With InitialPoolSize 0 the expandable kinds start empty and grow as asked; librmm's pool
+// starts at half the free memory, as Python's default.
+func TestReinitializeDefaultInitialSizeByKind(t *testing.T) {
+	reinitIsolate(t)
+	if _, _, err := Device(0).MemoryInfo(); err != nil {
+		t.Skipf("no memory figures here: %v", err)
+	}
+	for _, k := range []PoolKind{StitchingPool, ExpandablePool, PlainPool} {
+		require.NoError(t, Reinitialize(&ReinitializeOptions{PoolAllocator: true, Pool: k, MaximumPoolSize: 1 << 30}))
+		pool, ok := CurrentDeviceResource().(*PoolMemoryResource)
+		require.True(t, ok, "got %T", CurrentDeviceResource())
+		if pool.Kind() == PlainPool {
+			want, err := reinitDefaultPoolSize(0, 1<<30)
+			require.NoError(t, err)
+			require.Equal(t, want, pool.PoolSize(), "Pool: %s (built %s): half the free memory, capped by the maximum", k, pool.Kind())
+			continue
+		}
+		require.Zero(t, pool.PoolSize(), "Pool: %s: nothing mapped before the first allocation", k)
+		v, err := NewUvector[byte](3<<20, DefaultStream, nil)
+		require.NoError(t, err)
+		require.GreaterOrEqual(t, pool.PoolSize(), 3<<20)
+		require.Less(t, pool.PoolSize(), 1<<30, "Pool: %s: grew by what the request needed, not to the maximum", k)
+		require.NoError(t, v.Close())
+	}
+	require.NoError(t, Reinitialize(nil))
+}
+
 func TestReinitializeManagedAndDevices(t *testing.T) {
 	reinitIsolate(t)
 	require.NoError(t, Reinitialize(&ReinitializeOptions{ManagedMemory: true}))

@@ -93,7 +93,9 @@ func (r *CudaAsyncManagedMemoryResource) Allocate(nbytes int, s StreamView) (Dev
 
 // Deallocate returns p to the pool, ordered on s (cuMemFreeAsync): the memory is reused only by
 // work ordered after everything queued on s so far. A null p does nothing. It works after Close
-// too, so that memory still allocated can be given back.
+// too, so that memory still allocated can be given back. On a view of a [Stream] that was closed
+// it waits for the device (cuCtxSynchronize) and frees on the legacy default stream. A pointer the
+// pool did not hand out is not detected here: the driver's error comes back as a *[CUDAError].
 func (r *CudaAsyncManagedMemoryResource) Deallocate(p DevicePtr, nbytes int, s StreamView) error {
 	if p == 0 {
 		return nil

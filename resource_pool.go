@@ -106,11 +106,14 @@ type PoolOptions struct {
 	// trim that fails is written to the debug log; the free succeeds. Default 0: never by itself.
 	ReleaseThreshold int
 	// Stitch (Expandable only, else [ErrInvalidArgument]) keeps the memory mapped close to what
-	// is live when request sizes keep changing, for a slower first pass: growths map pieces of
-	// about a granule, and a request that no free block holds is served by mapping free pieces a
-	// second time, back to back, into a range of its own (kept for reuse; [ExportIPC] exports its
-	// pieces). Over host memory each piece is a memfd: one open file descriptor per piece.
-	// Default false. BENCHMARKS.md gives the footprints and the first pass's cost.
+	// is live when request sizes keep changing, for a slower first pass: growths map several
+	// pieces (of a granule at least, larger for large growths and large requests), and a request
+	// that no free block holds is served by mapping free pieces a second time, back to back, into
+	// a range of its own (kept for reuse; [ExportIPC] exports its pieces). Over host memory each
+	// piece is a memfd, one open file descriptor, and pieces are made large enough that the pool
+	// holds at most half of the process's limit on open files at its maximum size. Default false
+	// ([StitchingPool] is the kind Reinitialize builds by default). BENCHMARKS.md gives the
+	// footprints and the first pass's cost.
 	Stitch bool
 	// Exportable (Expandable over device memory only) creates the physical memory exportable as
 	// POSIX file descriptors, for [PoolMemoryResource.ExportIPC]; [ErrNotSupported] when the

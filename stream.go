@@ -99,7 +99,8 @@ func (s StreamView) String() string {
 // The stream belongs to an OS thread, and a goroutine moves between OS threads: call
 // [runtime.LockOSThread] before PerThreadDefaultStream and use the view only from that goroutine,
 // and only while it stays locked. Views from different threads compare unequal, so the pools keep
-// their memory apart. Without CUDA it is a host stream, like [DefaultStream]. It returns
+// their memory apart. Without CUDA it is a host stream of its own (not [DefaultStream]: a pool
+// keeps a free list for it). It returns
 // [ErrNotSupported] where the OS does not give thread ids (Linux does).
 func PerThreadDefaultStream() (StreamView, error) {
 	tid := osThreadID()

@@ -69,7 +69,9 @@ func hostVMMOSDrop(addr uintptr, size int) error {
 // hostVMMErrno wraps a failed system call: ENOMEM as ErrOutOfMemory, anything else as
 // ErrInvalidArgument.
 func hostVMMErrno(call string, err error) error {
-	if errors.Is(err, syscall.ENOMEM) {
+	// Out of descriptors counts as out of memory: the pool then gives back what it can (closing
+	// memfds) and tries again, as for memory.
+	if errors.Is(err, syscall.ENOMEM) || errors.Is(err, syscall.EMFILE) || errors.Is(err, syscall.ENFILE) {
 		return errorf("%s: %w: %w", call, err, ErrOutOfMemory)
 	}
 	return errorf("%s: %w: %w", call, err, ErrInvalidArgument)

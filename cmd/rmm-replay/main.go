@@ -175,12 +175,12 @@ func run(args []string, stdout, stderr io.Writer) error {
 	passes := fs.Int("passes", 1, "replay this many times on the same resource (a pool keeps what it grew); report the median")
 	serial := fs.Bool("serial", false, "replay every event from one goroutine (as librmm's replay benchmark does single-threaded), not one goroutine per logged thread")
 	verbose := fs.Bool("v", false, "print every allocation that fails during the replay")
-	asJSON := fs.Bool("json", false, "write the result as JSON instead of text: an object per resource (name, resource, trace, events, failures, passes, wall_ns, ns_per_event, peak_live_bytes, peak_reserved_bytes, reserved_over_live, pool_at_end, vmm, vmm_per_pass, ...), a list of them when -mr names several")
+	asJSON := fs.Bool("json", false, "write the result as JSON instead of text: an object per resource (name, resource, trace, events, failures, passes, wall_ns, ns_per_event, peak_live_bytes, peak_reserved_bytes, reserved_over_live, pool_at_end, vmm, vmm_per_pass, windows, ...), a list of them when -mr names several; vmm counts a pool's driver calls since it was made (its range's reservation comes before the first pass), vmm_per_pass those of each pass")
 	allowFailures := fs.Bool("allow-failures", false, "exit 0 even when allocations the trace did not log as failures fail in the replay (default: exit 3)")
 	var floor sizeFlag
 	fs.Var(&floor, "floor", "also report the page floor for pages of this size (e.g. 2MiB; at least 4KiB): the most bytes of pages holding part of a live allocation at once, over all passes (slows the replay)")
 	plotPath := fs.String("plot", "", "draw the live bytes and each resource's reserved bytes along the trace into this file (.svg or .png)")
-	window := fs.Int("window", 0, "also report figures per window of this many events, over all passes' events in sequence: wall time per event, live and reserved bytes at the end and at most, a pool's driver calls")
+	window := fs.Int("window", 0, "also report figures per window of this many events, over all passes' events in sequence (a window may span two passes): wall time per event, live and reserved bytes at the end and at most, a pool's driver calls (default 0: no windows)")
 	fs.Usage = func() {
 		fmt.Fprintln(stderr, "usage: rmm-replay [flags] TRACE.csv[.gz]")
 		fmt.Fprintln(stderr, "Sizes are bytes, or a number and a unit: 1073741824, 4GiB, 512MiB, 1.5GB.")
@@ -232,10 +232,8 @@ func run(args []string, stdout, stderr io.Writer) error {
 	if simulate.set && simulate.n <= 0 {
 		return usagef("-simulate %d: the simulated memory needs a positive size", simulate.n)
 	}
-	windowSet := false
-	fs.Visit(func(f *flag.Flag) { windowSet = windowSet || f.Name == "window" })
-	if windowSet && *window < 1 {
-		return usagef("-window %d: a window holds at least 1 event", *window)
+	if *window < 0 {
+		return usagef("-window %d: a window holds at least 1 event (0: no windows)", *window)
 	}
 	if floor.set && floor.n < minFloorPage {
 		return usagef("-floor %d: the page size must be at least %d bytes (4KiB)", floor.n, minFloorPage)

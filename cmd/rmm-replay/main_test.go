@@ -818,7 +818,7 @@ func TestReplayWindowOfOne(t *testing.T) {
 }
 
 func TestReplayWindowBad(t *testing.T) {
-	for _, n := range []string{"0", "-3"} {
+	for _, n := range []string{"-1", "-3"} {
 		var out, errOut bytes.Buffer
 		err := run([]string{"-window", n, cupy}, &out, &errOut)
 		require.ErrorContains(t, err, "-window "+n+": a window holds at least 1 event")
@@ -829,4 +829,8 @@ func TestReplayWindowBad(t *testing.T) {
 	err := run([]string{"-window", "many", cupy}, &out, &errOut)
 	require.Equal(t, 2, exitStatus(err))
 	require.Contains(t, errOut.String(), `invalid value "many" for flag -window`)
+	// -window 0 is the default spelled out: no windows.
+	out.Reset()
+	require.NoError(t, run([]string{"-simulate", "64GiB", "-window", "0", cupy}, &out, &errOut), errOut.String())
+	require.NotContains(t, out.String(), "windows of")
 }

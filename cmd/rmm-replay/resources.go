@@ -267,6 +267,11 @@ func (s *setup) buildPool(t *target) error {
 	t.desc = "PoolMemoryResource over " + over
 	if k := pool.Kind(); k != rmm.PlainPool {
 		t.desc = k.String() + " " + t.desc
+		if _, host := up.(*rmm.SystemMemoryResource); host && k == rmm.StitchingPool {
+			// Its pieces are memfds, made larger where the limit on open files is low: its
+			// footprint can differ from the GPU's and -simulate's.
+			t.desc += ", its pieces memfds sized to hold at most half of the open-file limit"
+		}
 	}
 	t.pool, t.mr, t.close = pool, pool, pool.Close
 	return nil

@@ -120,6 +120,12 @@ def reinitialize(pool="stitching", initial_pool_size=0, maximum_pool_size=0, sta
     for name, v in (("initial_pool_size", initial_pool_size), ("maximum_pool_size", maximum_pool_size)):
         if isinstance(v, bool) or not isinstance(v, int) or v < 0:
             raise ValueError("reinitialize: %s=%r: want a size in bytes (an int >= 0)" % (name, v))
+        if v % 256:
+            raise ValueError("reinitialize: %s=%d: want a multiple of 256 bytes" % (name, v))
+        if v and pool is None:
+            raise ValueError("reinitialize: %s=%d: sizes are only used with a pool (pool=None)" % (name, v))
+    if maximum_pool_size and initial_pool_size > maximum_pool_size:
+        raise ValueError("reinitialize: initial_pool_size=%d exceeds maximum_pool_size=%d" % (initial_pool_size, maximum_pool_size))
     if lib().rmm_reinitialize(n, initial_pool_size, maximum_pool_size, 1 if statistics else 0) != 0:
         raise _fail("rmm_reinitialize")
 

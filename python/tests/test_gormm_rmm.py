@@ -72,11 +72,17 @@ class LibraryTest(unittest.TestCase):
             gormm_rmm.reinitialize(initial_pool_size=-1)
         with self.assertRaises(ValueError):
             gormm_rmm.reinitialize(maximum_pool_size="1GiB")
+        for kw, says in ((dict(initial_pool_size=1000), "multiple of 256"),
+                         (dict(pool=None, initial_pool_size=MiB), "only used with a pool"),
+                         (dict(initial_pool_size=4 * MiB, maximum_pool_size=MiB), "exceeds maximum_pool_size")):
+            with self.assertRaises(ValueError) as cm:
+                gormm_rmm.reinitialize(**kw)
+            self.assertIn(says, str(cm.exception))
 
     def test_library_errors(self):
         with self.assertRaises(gormm_rmm.RMMError) as cm:
-            gormm_rmm.reinitialize(pool=None, initial_pool_size=MiB)
-        self.assertIn("only used with PoolAllocator", str(cm.exception))
+            gormm_rmm.reinitialize(pool="plain", initial_pool_size=1 << 60)
+        self.assertIn("out of memory", str(cm.exception))
         self.assertEqual(str(cm.exception), gormm_rmm.last_error())
         gormm_rmm.reinitialize(pool=None)
         with self.assertRaises(gormm_rmm.RMMError) as cm:
