@@ -51,9 +51,9 @@ type expandable struct {
 	// the pool within maxHandles at its maximum size; growths are rounded up to it, and a growth
 	// that would hold more than maxHandles handles fails as out of memory. 0: no such bound.
 	fdPiece, maxHandles int
-	minChunk  int // the least growth (expandableMinChunk unless poolTuning.minGrowth)
-	growthDiv int // a growth maps at least size/growthDiv (expandableGrowthDivisor unless poolTuning.growthDivisor)
-	threshold int // ReleaseThreshold; 0: never trim by itself
+	minChunk            int // the least growth (expandableMinChunk unless poolTuning.minGrowth)
+	growthDiv           int // a growth maps at least size/growthDiv (expandableGrowthDivisor unless poolTuning.growthDivisor)
+	threshold           int // ReleaseThreshold; 0: never trim by itself
 }
 
 // newExpandablePool makes an expandable pool over vm (nil: the one upstream names, see vmmFor),
