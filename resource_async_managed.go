@@ -69,26 +69,7 @@ func NewCudaAsyncManagedMemoryResource(dev Device) (*CudaAsyncManagedMemoryResou
 // [ErrOutOfMemory]. After Close, or on a view of a [Stream] that was closed, it returns an error
 // wrapping [ErrClosed] without calling the driver.
 func (r *CudaAsyncManagedMemoryResource) Allocate(nbytes int, s StreamView) (DevicePtr, error) {
-	if nbytes <= 0 {
-		if nbytes < 0 {
-			return 0, invalidSize("CudaAsyncManagedMemoryResource", "Allocate", nbytes)
-		}
-		return 0, nil
-	}
-	if r.closed.Load() {
-		return 0, errorf("CudaAsyncManagedMemoryResource.Allocate: called after Close: %w", ErrClosed)
-	}
-	if s.closed() {
-		return 0, errStreamClosed("CudaAsyncManagedMemoryResource.Allocate", s)
-	}
-	p, err := cuMemAllocFromPoolAsync(r.ctx, nbytes, r.pool, s.cu())
-	if err != nil {
-		if isOOM(err) {
-			return 0, outOfMemory("CudaAsyncManagedMemoryResource", nbytes, err)
-		}
-		return 0, errorf("CudaAsyncManagedMemoryResource: allocating %s: %w", bytesText(nbytes), err)
-	}
-	return p, nil
+	return poolAllocate("CudaAsyncManagedMemoryResource", r.ctx, r.pool, &r.closed, nbytes, s)
 }
 
 // Deallocate returns p to the pool, ordered on s (cuMemFreeAsync): the memory is reused only by

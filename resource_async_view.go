@@ -66,24 +66,31 @@ func NewCudaAsyncViewMemoryResource(dev Device, pool uintptr) (*CudaAsyncViewMem
 // [ErrOutOfMemory]. After Close, or on a view of a [Stream] that was closed, it returns an error
 // wrapping [ErrClosed] without calling the driver.
 func (r *CudaAsyncViewMemoryResource) Allocate(nbytes int, s StreamView) (DevicePtr, error) {
+	return poolAllocate("CudaAsyncViewMemoryResource", r.ctx, r.pool, &r.closed, nbytes, s)
+}
+
+// poolAllocate is Allocate of a resource over a CUmemoryPool it does not own (a view, the
+// device's managed pool), named name in errors: cuMemAllocFromPoolAsync on s, after the checks of
+// the size, of Close and of a closed Stream.
+func poolAllocate(name string, ctx, pool uintptr, closed *atomic.Bool, nbytes int, s StreamView) (DevicePtr, error) {
 	if nbytes <= 0 {
 		if nbytes < 0 {
-			return 0, invalidSize("CudaAsyncViewMemoryResource", "Allocate", nbytes)
+			return 0, invalidSize(name, "Allocate", nbytes)
 		}
 		return 0, nil
 	}
-	if r.closed.Load() {
-		return 0, errorf("CudaAsyncViewMemoryResource.Allocate: called after Close: %w", ErrClosed)
+	if closed.Load() {
+		return 0, errorf("%s.Allocate: called after Close: %w", name, ErrClosed)
 	}
 	if s.closed() {
-		return 0, errStreamClosed("CudaAsyncViewMemoryResource.Allocate", s)
+		return 0, errStreamClosed(name+".Allocate", s)
 	}
-	p, err := cuMemAllocFromPoolAsync(r.ctx, nbytes, r.pool, s.cu())
+	p, err := cuMemAllocFromPoolAsync(ctx, nbytes, pool, s.cu())
 	if err != nil {
 		if isOOM(err) {
-			return 0, outOfMemory("CudaAsyncViewMemoryResource", nbytes, err)
+			return 0, outOfMemory(name, nbytes, err)
 		}
-		return 0, errorf("CudaAsyncViewMemoryResource: allocating %s: %w", bytesText(nbytes), err)
+		return 0, errorf("%s: allocating %s: %w", name, bytesText(nbytes), err)
 	}
 	return p, nil
 }

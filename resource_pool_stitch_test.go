@@ -2,44 +2,10 @@ package rmm
 
 import (
 	"errors"
-	"sync"
 	"testing"
 
 	"github.com/stretchr/testify/require"
 )
-
-// reserveCountingVMM counts reservations made and freed on top of what countingVMM counts.
-type reserveCountingVMM struct {
-	vmm
-	mu              sync.Mutex
-	reserves, frees int
-}
-
-func (v *reserveCountingVMM) reserve(n int) (DevicePtr, error) {
-	a, err := v.vmm.reserve(n)
-	if err == nil {
-		v.mu.Lock()
-		v.reserves++
-		v.mu.Unlock()
-	}
-	return a, err
-}
-
-func (v *reserveCountingVMM) free(a DevicePtr, n int) error {
-	err := v.vmm.free(a, n)
-	if err == nil {
-		v.mu.Lock()
-		v.frees++
-		v.mu.Unlock()
-	}
-	return err
-}
-
-func (v *reserveCountingVMM) counts() (reserves, frees int) {
-	v.mu.Lock()
-	defer v.mu.Unlock()
-	return v.reserves, v.frees
-}
 
 // stitchTestPool is an expandable pool that stitches with 2 MiB pieces over an address-only VMM
 // (or host memory), filled with sixteen 2 MiB blocks (one first growth of 32 MiB, sixteen
@@ -47,7 +13,6 @@ func (v *reserveCountingVMM) counts() (reserves, frees int) {
 type stitchTestPool struct {
 	p    *PoolMemoryResource
 	vm   *countingVMM
-	rv   *reserveCountingVMM
 	sim  *simVMM
 	ptrs []DevicePtr
 }
@@ -66,8 +31,7 @@ func newStitchTestPool(t *testing.T, tune poolTuning, host bool, free ...int) *s
 		sim = newSimVMM(hostVMMGranularity, 0)
 		inner = sim
 	}
-	rv := &reserveCountingVMM{vmm: inner}
-	vm := newCountingVMM(rv)
+	vm := newCountingVMM(inner)
 	if tune.stitchPiece == 0 {
 		tune.stitchPiece = 2 * mib
 	}
@@ -79,7 +43,7 @@ func newStitchTestPool(t *testing.T, tune poolTuning, host bool, free ...int) *s
 		require.NoError(t, p.Deallocate(ptrs[i], 2*mib, DefaultStream))
 	}
 	require.NoError(t, p.CheckInvariants())
-	return &stitchTestPool{p: p, vm: vm, rv: rv, sim: sim, ptrs: ptrs}
+	return &stitchTestPool{p: p, vm: vm, sim: sim, ptrs: ptrs}
 }
 
 func (s *stitchTestPool) inPrimary(q DevicePtr) bool {
@@ -94,7 +58,7 @@ func TestStitchServesAndReuses(t *testing.T) {
 	s := newStitchTestPool(t, poolTuning{}, false, 1, 3, 5, 7)
 	p, vm := s.p, s.vm
 	before := vm.counts()
-	r0, _ := s.rv.counts()
+	r0 := s.vm.counts().reserves
 	q, err := p.Allocate(8*mib, DefaultStream)
 	require.NoError(t, err)
 	require.NoError(t, p.CheckInvariants())
@@ -103,7 +67,7 @@ func TestStitchServesAndReuses(t *testing.T) {
 	require.Equal(t, before.creates, vm.counts().creates)
 	require.Equal(t, 4, vm.counts().maps-before.maps, "each free handle mapped once more")
 	require.Equal(t, 1, vm.counts().access-before.access, "access over the four mappings in one call")
-	r1, _ := s.rv.counts()
+	r1 := s.vm.counts().reserves
 	require.Equal(t, r0+1, r1)
 	st := p.Stats()
 	require.Equal(t, 32*mib, st.LiveBytes)
@@ -132,7 +96,7 @@ func TestStitchServesAndReuses(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, q, q2, "the kept alias again")
 	require.Equal(t, c0, vm.counts(), "no driver call")
-	r2, _ := s.rv.counts()
+	r2 := s.vm.counts().reserves
 	require.Equal(t, r1, r2)
 	require.NoError(t, p.CheckInvariants())
 
@@ -224,7 +188,7 @@ func TestStitchReleaseWithKeptAlias(t *testing.T) {
 	charged, mappings, _, _ := s.sim.stats()
 	require.Equal(t, 24*mib, charged, "the handles' memory is gone")
 	require.Equal(t, 12, mappings)
-	r, f := s.rv.counts()
+	r, f := s.vm.counts().reserves, s.vm.counts().frees
 	require.Equal(t, r-1, f, "only the pool's own reservation is left")
 
 	// A new stitch after the release, then Close with it live and a free after Close.
@@ -243,7 +207,7 @@ func TestStitchReleaseWithKeptAlias(t *testing.T) {
 	charged, mappings, _, _ = s.sim.stats()
 	require.Zero(t, charged)
 	require.Zero(t, mappings)
-	r, f = s.rv.counts()
+	r, f = s.vm.counts().reserves, s.vm.counts().frees
 	require.Equal(t, r, f, "every reservation freed")
 }
 
@@ -385,7 +349,7 @@ func TestStitchEvictsLeastRecentlyUsed(t *testing.T) {
 	}
 	require.Len(t, p.stitching().aliases, 2)
 	c0 := vm.counts()
-	_, f0 := s.rv.counts()
+	f0 := s.vm.counts().frees
 	q, err := p.Allocate(8*mib, DefaultStream)
 	require.NoError(t, err)
 	require.NoError(t, p.CheckInvariants())
@@ -394,7 +358,7 @@ func TestStitchEvictsLeastRecentlyUsed(t *testing.T) {
 	require.NotNil(t, p.stitching().aliases[vas[1]])
 	require.NotNil(t, p.stitching().aliases[q])
 	require.Equal(t, 1, vm.counts().unmaps-c0.unmaps)
-	_, f1 := s.rv.counts()
+	f1 := s.vm.counts().frees
 	require.Equal(t, f0+1, f1)
 	require.Equal(t, 1, p.stitching().evicted)
 	require.NoError(t, p.Deallocate(q, 8*mib, DefaultStream))
