@@ -644,6 +644,8 @@ func (f *FixedSizeMemoryResource) Close() error {
 	f.chunks = chunks
 	if n := f.live.len(); n > 0 {
 		DebugLogger().Warn("rmm: FixedSizeMemoryResource closed with live allocations; their chunks go back as they are freed", "live_allocations", n, "block_size", f.blockSize)
+	} else {
+		f.dropHooks()
 	}
 	return firstErr
 }
@@ -656,6 +658,9 @@ func (f *FixedSizeMemoryResource) deallocateAfterClose(p DevicePtr, s StreamView
 		return err
 	}
 	f.live.delAt(f.live.find(p))
+	if f.live.len() == 0 {
+		f.dropHooks() // the last block that outlived Close
+	}
 	i := f.chunkOf(p)
 	f.chunks[i].live--
 	if f.chunks[i].live > 0 {

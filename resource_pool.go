@@ -754,6 +754,8 @@ func (p *PoolMemoryResource) Close() error {
 	if n := p.live.len(); n > 0 {
 		DebugLogger().Warn("rmm: PoolMemoryResource closed with live allocations; their upstream blocks go back as they are freed",
 			"live_allocations", n, "live_bytes", p.liveBytes, "pool_size", p.size)
+	} else {
+		p.dropHooks()
 	}
 	if err != nil {
 		return errorf("PoolMemoryResource.Close: %w", err)
@@ -772,6 +774,9 @@ func (p *PoolMemoryResource) deallocateAfterClose(b *block, s StreamView) error 
 		b.dropSample()
 	}
 	p.live.del(b.addr)
+	if p.live.len() == 0 {
+		p.dropHooks() // the last block that outlived Close
+	}
 	if b.served {
 		b = p.backing.freeServed(p.closedList, b) // its stream is synchronised
 	} else {

@@ -2,6 +2,7 @@ package rmm
 
 import (
 	"fmt"
+	"slices"
 	"sync"
 	"sync/atomic"
 )
@@ -327,6 +328,30 @@ func addStreamCloseHook(v StreamView, h streamCloseHook) bool {
 	}
 	st.hooks = append(st.hooks, h)
 	return true
+}
+
+// removeStreamCloseHook takes h off the Stream with id id, when that Stream is still live, so
+// that the Stream no longer keeps h reachable. A resource calls it once it no longer needs to hear
+// of the Stream's Close (see streamLists.dropHooks). The Stream's mutex is a leaf: Close calls the
+// hooks after unlocking it, and nothing else is locked under it, so the caller may hold its own
+// locks. A Close that took its hooks before this call still tells h, which must then cope with
+// being told after it let go.
+func removeStreamCloseHook(id uint64, h streamCloseHook) {
+	if id == 0 {
+		return
+	}
+	x, ok := streamRegistry.Load(id)
+	if !ok {
+		return
+	}
+	st := x.(*Stream)
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	// DeleteFunc clears the slots it frees, so the array behind hooks keeps no reference to h.
+	st.hooks = slices.DeleteFunc(st.hooks, func(x streamCloseHook) bool { return x == h })
+	if len(st.hooks) == 0 {
+		st.hooks = nil
+	}
 }
 
 // StreamPool hands out views of a fixed set of streams round-robin, as rmm::cuda_stream_pool. Make

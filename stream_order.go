@@ -94,7 +94,8 @@ type streamLists[L streamList] struct {
 	lists   []L           // in order of first use
 	// byStream finds a stream's list by StreamView.ID.
 	byStream map[uint64]L
-	// hooked holds the Streams whose Close will tell the resource (even while they have no list).
+	// hooked holds the Streams whose Close will tell the resource, hook (even while they have no
+	// list). dropHooks empties it and sets hook to nil: no Stream is hooked again.
 	hooked map[uint64]bool
 }
 
@@ -128,6 +129,11 @@ func (r *streamLists[L]) listFor(s StreamView) (L, error) {
 	o := l.order()
 	o.stream, o.lazy = s.deviceView(r.dev), s.lifetimeKnown()
 	if o.lazy && s.id != 0 && !r.hooked[s.id] {
+		if r.hook == nil {
+			// Never reached: nothing names a stream after dropHooks. Should it be, the caller
+			// treats the stream as closed (a free then waits for the device).
+			return zero, errorf("%s: called after Close: %w", r.name, ErrClosed)
+		}
 		if !addStreamCloseHook(s, r.hook) {
 			return zero, errStreamClosed(r.name+".Allocate", s)
 		}
@@ -143,6 +149,29 @@ func (r *streamLists[L]) listFor(s StreamView) (L, error) {
 	r.byStream[s.id] = l
 	r.lists = append(r.lists, l)
 	return l, nil
+}
+
+// dropHooks takes the resource's close hook off every Stream it is on (resource locked). The
+// resource calls it once it is closed and nothing allocated from it is live: from then on
+// Allocate fails and a Deallocate can only be an invalid free, so no call names a stream again,
+// and a Stream's Close has nothing left to tell it (after Close its lists hold no blocks and it
+// has no events). Until then the hooks stay, so that everything a Stream's Close did for the
+// resource before it was closed, and for the frees that outlive its Close, stays as it was;
+// among them, the Close of a Stream waits on the resource's lock for a free after Close that is
+// synchronising that Stream. Without these removals a long-lived Stream (one of a StreamPool)
+// would keep every resource it ever served reachable.
+//
+// Removing the hooks, rather than leaving on the Stream an indirection the resource clears,
+// leaves the Stream holding nothing of the resource at all, and needs no new lock order: the
+// resource's lock, then the Stream's, is the order listFor already takes when it adds a hook.
+// A Stream whose Close took its hooks before this call still tells the resource afterwards;
+// streamClosing, under the resource's lock, then finds it closed (closeStream with closed set).
+func (r *streamLists[L]) dropHooks() {
+	for id := range r.hooked {
+		removeStreamCloseHook(id, r.hook)
+	}
+	clear(r.hooked)
+	r.hook = nil
 }
 
 // dropList forgets list l and destroys its event (the pool: l must not be pinned).
