@@ -170,6 +170,11 @@ type ArenaMemoryResource struct {
 	streams   sync.Map   // stream id -> *arenaSet
 	streamsMu sync.Mutex // creating stream arenas and stream records
 	recs      sync.Map   // stream id -> *arenaStream, for streams that freed into the global arena
+	// hooked holds the Streams whose Close will tell the arena (under streamsMu): the ones
+	// streamArena or streamRec hooked, until they close or dropHooks takes the hooks off. The
+	// arena keeps them apart from streams and recs, which forget a stream at other times
+	// (dropRecs), so that it can find every Stream it is hooked on and hooks none twice.
+	hooked map[uint64]bool
 	// arenas and lazyRecs publish the stream arenas in streams and the records of our Streams
 	// in recs (at most streamSetMax of each) for the fast paths, which read them without a
 	// lock; streamsMu serialises their changes. With closed, they are read on every allocation
@@ -320,6 +325,7 @@ func NewArenaMemoryResource(upstream MemoryResource, opts *ArenaOptions) (*Arena
 		drv:      &cudaCalls,
 		size:     size,
 		shards:   make([]arenaShard, nshards),
+		hooked:   map[uint64]bool{},
 	}
 	r.defRec = arenaStream{stream: DefaultStream.deviceView(r.dev), lazy: true}
 	if o.DumpLogOnFailure {
@@ -603,13 +609,47 @@ func (r *ArenaMemoryResource) streamArena(s StreamView) (*arenaSet, error) {
 	if v, ok := r.streams.Load(s.id); ok {
 		return v.(*arenaSet), nil
 	}
+	if r.closed.Load() {
+		// Close set closed under streamsMu (lockArenas): no Stream is hooked after it, so that
+		// dropHooks finds every hook.
+		return nil, errArenaClosed
+	}
 	a := &(&arenaStreamSet{arenaSet: arenaSet{kind: arenaStreamKind, stream: s.deviceView(r.dev)}}).arenaSet
-	if _, hooked := r.recs.Load(s.id); s.lifetimeKnown() && !hooked && !addStreamCloseHook(s, r) {
-		return nil, errStreamClosed("ArenaMemoryResource.Allocate", s)
+	if err := r.hook(s); err != nil {
+		return nil, err
 	}
 	r.streams.Store(s.id, a)
 	r.arenas.Store(r.arenas.Load().with(s.id, a))
 	return a, nil
+}
+
+// hook asks to be told of s's Close, unless s is a foreign stream or already hooked (streamsMu
+// held, the arena not closed). A Stream that was closed returns ErrClosed.
+func (r *ArenaMemoryResource) hook(s StreamView) error {
+	if s.id == 0 || !s.lifetimeKnown() || r.hooked[s.id] {
+		return nil
+	}
+	if !addStreamCloseHook(s, r) {
+		return errStreamClosed("ArenaMemoryResource.Allocate", s)
+	}
+	r.hooked[s.id] = true
+	return nil
+}
+
+// dropHooks takes the arena's close hook off every Stream it is on, once the arena is closed and
+// nothing allocated from it is live (returnUpstream): Allocate fails from then on and a Deallocate
+// can only be an invalid free, so no call names a stream again and a Stream's Close has nothing
+// left to tell the arena; without it a long-lived Stream would keep every arena it served
+// reachable. The Stream's lock is a leaf, taken under streamsMu as hook takes it. A Stream whose
+// Close took its hooks before this still tells the arena afterwards; streamClosing copes, as it
+// does for any Stream closed after the arena.
+func (r *ArenaMemoryResource) dropHooks() {
+	r.streamsMu.Lock()
+	defer r.streamsMu.Unlock()
+	for id := range r.hooked {
+		removeStreamCloseHook(id, r)
+	}
+	clear(r.hooked)
 }
 
 // liveShard returns the shard of the live index that holds the small block p: the shards take
@@ -1124,6 +1164,7 @@ func (r *ArenaMemoryResource) streamClosing(s StreamView) {
 	// emptied.
 	r.streamsMu.Lock()
 	defer r.streamsMu.Unlock()
+	delete(r.hooked, s.id)
 	v, ok := r.streams.LoadAndDelete(s.id)
 	xv, xok := r.recs.LoadAndDelete(s.id)
 	if ok {
@@ -1215,6 +1256,7 @@ func (r *ArenaMemoryResource) returnUpstream() error {
 	if !r.held {
 		return nil
 	}
+	r.dropHooks()
 	if r.ctx != 0 {
 		if err := r.drv.ctxSynchronize(r.ctx); err != nil {
 			return errorf("ArenaMemoryResource.Close: synchronising the device: %w", err)

@@ -207,7 +207,7 @@ func (r *ArenaMemoryResource) streamRec(s StreamView) (*arenaStream, error) {
 	}
 	x := &arenaStream{stream: s.deviceView(r.dev), lazy: s.lifetimeKnown()}
 	if x.lazy {
-		if _, hooked := r.streams.Load(s.id); !hooked && !addStreamCloseHook(s, r) {
+		if r.hook(s) != nil {
 			return nil, nil
 		}
 	} else {
