@@ -79,6 +79,9 @@ const (
 	arenaDumpLogFile = "rmm_arena_memory_dump.log"
 
 	arenaLiveShards = 64 // a power of two
+	// arenaHintMax bounds the 1 MiB ranges that ArenaMemoryResource.whose tells apart (a power
+	// of two): beyond, ranges share hints.
+	arenaHintMax = 1 << 18
 	// arenaLiveRegionShift gives the size of the ranges of the arena that the shards of the live
 	// index take in turn: 1 MiB, the size of the superblocks that small requests take.
 	arenaLiveRegionShift = 20
@@ -186,8 +189,14 @@ type ArenaMemoryResource struct {
 	closed   atomic.Bool
 	_        [64]byte
 	defRec   arenaStream
-	multiMu  sync.Mutex                      // serialises the operations that lock every arena
-	live     [arenaLiveShards]arenaLiveShard // live allocations of up to 1 MiB
+	multiMu  sync.Mutex // serialises the operations that lock every arena
+	// live is the live allocations of up to 1 MiB that no arena's own table holds: those whose
+	// superblock went back to the global arena while they were live (see arenaSet.live).
+	live [arenaLiveShards]arenaLiveShard
+	// whose holds, per 1 MiB range of the arena (wrapping around past arenaHintMax ranges), the
+	// arena that last allocated a small block there: where a free looks for the block first. A
+	// hint only; the tables are the truth (see Deallocate).
+	whose []atomic.Pointer[arenaSet]
 	// large is the live allocations above 1 MiB (large requests), under the global arena's lock,
 	// which a large request and a free into the global arena hold anyway.
 	large   arenaLiveSet
@@ -211,8 +220,15 @@ const (
 // arenaSet is an arena: a set of superblocks under one lock. The global arena, the sharded
 // default-stream arenas and the stream arenas are all arenaSets.
 type arenaSet struct {
-	mu      sync.Mutex
-	tree    arenaIndex // superblocks by address, with their largest free blocks
+	mu   sync.Mutex
+	tree arenaIndex // superblocks by address, with their largest free blocks
+	// live is the live small allocations made from this arena (never the global arena's, which
+	// has none), under its lock: an allocation and a free on the arena's stream take that lock
+	// alone. An entry stays while its superblock is in the arena; when the superblock goes back
+	// to the global arena (moveAllToGlobal) the arena's entries move to the resource's shards,
+	// under streamsMu, and never back. So every small live block is in exactly one table: its
+	// superblock owner's, or its shard.
+	live    arenaLiveSet
 	kind    arenaKind
 	index   int        // shard number
 	stream  StreamView // the stream whose work is ordered before reuse (DefaultStream for shards)
@@ -327,6 +343,11 @@ func NewArenaMemoryResource(upstream MemoryResource, opts *ArenaOptions) (*Arena
 		shards:   make([]arenaShard, nshards),
 		hooked:   map[uint64]bool{},
 	}
+	hints := 1
+	for hints < size>>arenaLiveRegionShift+1 && hints < arenaHintMax {
+		hints <<= 1
+	}
+	r.whose = make([]atomic.Pointer[arenaSet], hints)
 	r.defRec = arenaStream{stream: DefaultStream.deviceView(r.dev), lazy: true}
 	if o.DumpLogOnFailure {
 		r.dumpPath = o.DumpLogPath
@@ -512,7 +533,10 @@ func (r *ArenaMemoryResource) allocateFrom(a *arenaSet, n, asked int) (DevicePtr
 	}
 	p, _ := sb.firstFit(n)
 	a.tree.fix(sb)
-	r.addLive(p, sb, asked, n)
+	a.live.add(p, sb, asked, n)
+	if h := r.hint(p); h.Load() != a {
+		h.Store(a)
+	}
 	return p, nil
 }
 
@@ -652,29 +676,29 @@ func (r *ArenaMemoryResource) dropHooks() {
 	clear(r.hooked)
 }
 
-// liveShard returns the shard of the live index that holds the small block p: the shards take
-// the arena's 1 MiB ranges in turn, so the blocks of one superblock of a small request lie in
-// one shard (two when the superblock straddles a range), and a stream allocating and freeing in
-// its own superblocks shares its shard's lock and table with no other as long as the arena's
-// superblocks in use are fewer than the shards. (A shard chosen by a hash of the pointer mixed
-// every stream's blocks into every shard, so each pair on one stream wrote the lines that
-// other streams' pairs wrote too.)
+// liveShard returns the shard of the live index that holds the small block p once its entry has
+// left its arena's own table: the shards take the arena's 1 MiB ranges in turn, so the blocks of
+// one superblock of a small request lie in one shard (two when the superblock straddles a range),
+// and frees of blocks of different superblocks seldom share a shard's lock.
 func (r *ArenaMemoryResource) liveShard(p DevicePtr) *arenaLiveShard {
 	return &r.live[uint64(p-r.base)>>arenaLiveRegionShift&(arenaLiveShards-1)]
 }
 
-// addLive records a small live allocation; the caller holds the lock of sb's owner.
-func (r *ArenaMemoryResource) addLive(p DevicePtr, sb *arenaSuperblock, asked, n int) {
-	ls := r.liveShard(p)
-	ls.mu.Lock()
-	ls.add(p, sb, asked, n)
-	ls.mu.Unlock()
+// hint returns the slot of whose for p, which must lie in the arena.
+func (r *ArenaMemoryResource) hint(p DevicePtr) *atomic.Pointer[arenaSet] {
+	return &r.whose[uint64(p-r.base)>>arenaLiveRegionShift&uint64(len(r.whose)-1)]
 }
 
+// liveCount returns the number of live allocations. It locks every arena.
 func (r *ArenaMemoryResource) liveCount() int {
+	arenas, unlock := r.lockArenas()
+	defer unlock()
 	r.lockGlobal()
 	n := r.large.count
 	r.global.mu.Unlock()
+	for _, a := range arenas {
+		n += a.live.count
+	}
 	for i := range r.live {
 		ls := &r.live[i]
 		ls.mu.Lock()
@@ -709,20 +733,117 @@ func (r *ArenaMemoryResource) Deallocate(ptr DevicePtr, nbytes int, s StreamView
 	if nbytes > arenaMinSuperblockSize {
 		return r.deallocateLarge(ptr, nbytes, s)
 	}
+	// Common case: the block is in the table of the arena that last allocated in its 1 MiB
+	// range, and the free is on that arena's stream: that arena's lock is the only one taken.
+	a := r.hint(ptr).Load()
+	if a != nil {
+		if found, err := r.freeOwned(a, ptr, nbytes, s, false); found {
+			return err
+		}
+	}
+	// Next, s's own arena (another arena may have allocated in the range since).
+	if s.id != 0 {
+		if b, ok := r.arenas.Load().find(s.id); ok && b != a {
+			if found, err := r.freeOwned(b, ptr, nbytes, s, false); found {
+				return err
+			}
+		}
+	}
+	return r.deallocateShared(ptr, nbytes, s, false)
+}
+
+// freeOwned frees ptr when arena a's own table holds it, and reports whether it did; false means
+// nothing was changed. synced: s was synchronised already.
+func (r *ArenaMemoryResource) freeOwned(a *arenaSet, ptr DevicePtr, nbytes int, s StreamView, synced bool) (bool, error) {
+	a.mu.Lock()
+	i := a.live.m.find(ptr)
+	if i < 0 {
+		a.mu.Unlock()
+		return false, nil
+	}
+	return true, r.freeFound(a, i, ptr, nbytes, s, synced)
+}
+
+// freeFound frees ptr, in slot i of the table of arena a (locked, and unlocked here), whose
+// superblock a therefore holds. synced: s was synchronised already.
+func (r *ArenaMemoryResource) freeFound(a *arenaSet, i int, ptr DevicePtr, nbytes int, s StreamView, synced bool) error {
+	e := a.live.m.slots[i].v
+	if e.size != nbytes {
+		a.mu.Unlock()
+		return arenaWrongSize(ptr, nbytes, e.size)
+	}
+	n, _ := alignSize(nbytes)
+	if !synced && r.crossArena(a, s) {
+		// A block of another stream's arena: s is synchronised first, without a lock held, then
+		// the block is looked up again, wherever it is by then.
+		a.mu.Unlock()
+		if err := r.syncStream(s); err != nil {
+			return errorf("ArenaMemoryResource.Deallocate: synchronising %v before freeing into another arena: %w", s, err)
+		}
+		if found, err := r.freeOwned(a, ptr, nbytes, s, true); found {
+			return err
+		}
+		return r.deallocateShared(ptr, nbytes, s, true)
+	}
+	a.live.remove(i, n)
+	return r.freeIn(a, e.sb, ptr, n)
+}
+
+// findOwned looks for the small block ptr in every arena's own table; it returns the arena that
+// holds it, locked, and the slot, or nil. Under streamsMu no table's entries move to the shards
+// (moveAllToGlobal runs under it), and every arena whose table may hold entries is listed, so
+// ptr, live all along, is found here or, afterwards, in its shard (whose entries stay until
+// freed).
+func (r *ArenaMemoryResource) findOwned(ptr DevicePtr) (*arenaSet, int) {
+	r.streamsMu.Lock()
+	defer r.streamsMu.Unlock()
+	var found *arenaSet
+	i := -1
+	look := func(a *arenaSet) bool {
+		a.mu.Lock()
+		if i = a.live.m.find(ptr); i >= 0 {
+			found = a
+			return false
+		}
+		a.mu.Unlock()
+		return true
+	}
+	for k := range r.shards {
+		if !look(&r.shards[k].arenaSet) {
+			return found, i
+		}
+	}
+	r.streams.Range(func(_, v any) bool { return look(v.(*arenaSet)) })
+	return found, i
+}
+
+// deallocateShared is Deallocate of a small block that neither the arena of its range's hint
+// nor s's arena holds: one whose superblock went back to the global arena while it was live (in
+// its shard of r.live), one of another arena, or no live block. synced: s was synchronised
+// already.
+func (r *ArenaMemoryResource) deallocateShared(ptr DevicePtr, nbytes int, s StreamView, synced bool) error {
 	ls := r.liveShard(ptr)
 	ls.mu.Lock()
+	i := ls.m.find(ptr)
+	if i < 0 {
+		ls.mu.Unlock()
+		if a, i := r.findOwned(ptr); a != nil {
+			return r.freeFound(a, i, ptr, nbytes, s, synced)
+		}
+		ls.mu.Lock()
+	}
 	i, e, err := r.findLive(&ls.arenaLiveSet, ptr, nbytes, false, &ls.mu)
 	if err != nil {
 		return err
 	}
 	n, _ := alignSize(nbytes)
 	sb := e.sb
-	// Common case: the owner's lock is free, and the free needs neither a synchronisation nor a
-	// CUDA call nor a stream record to make (a free into s's own arena, or into the global arena
-	// on DefaultStream or on one of our Streams whose record is published in lazyRecs). The lock
-	// order is the owner's lock, then the live shard's; TryLock never waits, so it may be taken
-	// while the shard is held, and the entry found stays valid.
-	if o := sb.owner.Load(); o != nil {
+	// Common case here: the owner's lock is free, and the free needs neither a synchronisation
+	// nor a CUDA call nor a stream record to make (a free into s's own arena, or into the global
+	// arena on DefaultStream or on one of our Streams whose record is published in lazyRecs). The
+	// lock order is the owner's lock, then the live shard's; TryLock never waits, so it may be
+	// taken while the shard is held, and the entry found stays valid.
+	if o := sb.owner.Load(); o != nil && !synced {
 		if x, ok := r.freeFast(o, s); ok && o.mu.TryLock() {
 			r.settleIn(o)
 			if sb.owner.Load() == o && r.noteLazy(o, sb, x) {
@@ -734,7 +855,7 @@ func (r *ArenaMemoryResource) Deallocate(ptr DevicePtr, nbytes int, s StreamView
 		}
 	}
 	ls.mu.Unlock()
-	return r.deallocateSlow(ptr, nbytes, n, s, e, &ls.arenaLiveSet, &ls.mu)
+	return r.deallocateSlow(ptr, nbytes, n, s, e, &ls.arenaLiveSet, &ls.mu, synced)
 }
 
 // deallocateLarge is Deallocate of a block above 1 MiB, whose live entry is in r.large. Its
@@ -768,7 +889,7 @@ func (r *ArenaMemoryResource) deallocateLarge(ptr DevicePtr, nbytes int, s Strea
 		}
 	}
 	g.mu.Unlock()
-	return r.deallocateSlow(ptr, nbytes, n, s, e, l, nil)
+	return r.deallocateSlow(ptr, nbytes, n, s, e, l, nil, false)
 }
 
 // lockLive locks the live table of deallocateSlow: mu, or when mu is nil (the table of large
@@ -795,12 +916,12 @@ func (r *ArenaMemoryResource) unlockLive(mu *sync.Mutex, o *arenaSet) {
 // deallocateSlow is Deallocate past its common case: it looks s's record up, synchronises s
 // where that is due, and waits for the owner's lock. e is the live entry found for ptr (n: its
 // rounded size) in l, a shard of small blocks guarded by mu or, when mu is nil, the table of
-// large blocks guarded by the global arena's lock; neither is held.
-func (r *ArenaMemoryResource) deallocateSlow(ptr DevicePtr, nbytes, n int, s StreamView, e arenaLive, l *arenaLiveSet, mu *sync.Mutex) error {
+// large blocks guarded by the global arena's lock; neither is held. synced: s was synchronised
+// already, so the free needs no ordering any more.
+func (r *ArenaMemoryResource) deallocateSlow(ptr DevicePtr, nbytes, n int, s StreamView, e arenaLive, l *arenaLiveSet, mu *sync.Mutex, synced bool) error {
 	sb := e.sb
 	large := mu == nil
 	var x *arenaStream // s's record, once the superblock is seen in the global arena
-	synced := false    // s was synchronised: the free needs no ordering any more
 	for {
 		o := sb.owner.Load()
 		if o == nil {
@@ -944,6 +1065,11 @@ func (r *ArenaMemoryResource) findLive(l *arenaLiveSet, ptr DevicePtr, nbytes in
 func (r *ArenaMemoryResource) notAllocated(ptr DevicePtr, nbytes int, large bool) error {
 	var l *arenaLiveSet
 	if large {
+		if a, i := r.findOwned(ptr); a != nil {
+			size := a.live.m.slots[i].v.size
+			a.mu.Unlock()
+			return arenaWrongSize(ptr, nbytes, size)
+		}
 		ls := r.liveShard(ptr)
 		ls.mu.Lock()
 		defer ls.mu.Unlock()
@@ -1091,6 +1217,29 @@ func (r *ArenaMemoryResource) moveAllToGlobal(a *arenaSet) {
 	for _, x := range nodes {
 		r.globalAdd(x.sb)
 	}
+	r.unown(a)
+}
+
+// unown moves the entries of a's own table to the shards, a's superblocks having gone to the
+// global arena (a and the global arena locked, with streamsMu held: see findOwned).
+func (r *ArenaMemoryResource) unown(a *arenaSet) {
+	if a.live.count == 0 {
+		return
+	}
+	var ls *arenaLiveShard
+	a.live.m.each(func(p DevicePtr, e arenaLive) {
+		if next := r.liveShard(p); next != ls {
+			if ls != nil {
+				ls.mu.Unlock()
+			}
+			ls = next
+			ls.mu.Lock()
+		}
+		n, _ := alignSize(e.size)
+		ls.add(p, e.sb, e.size, n)
+	})
+	ls.mu.Unlock()
+	a.live = arenaLiveSet{}
 }
 
 // lockArenas takes multiMu and every arena's lock (not the global arena's) and returns the
@@ -1338,6 +1487,10 @@ func (r *ArenaMemoryResource) Stats() ArenaStats {
 	}
 	slices.SortFunc(st.PerStream[1:], func(x, y StreamFreeStats) int { return cmp.Compare(x.Stream.ID(), y.Stream.ID()) })
 	st.LiveAllocations, st.LiveBytes = r.large.count, r.large.bytes
+	for _, a := range arenas {
+		st.LiveAllocations += a.live.count
+		st.LiveBytes += a.live.bytes
+	}
 	for i := range r.live {
 		ls := &r.live[i]
 		ls.mu.Lock()
@@ -1436,7 +1589,8 @@ func (r *ArenaMemoryResource) dump(nbytes int) {
 // bytes; live allocations lie in their superblock and overlap nothing; free plus live bytes
 // equal each superblock's size; no two empty neighbours in the global arena are left unmerged;
 // only superblocks of the global arena name pending streams, each at most once; the live tables
-// are well formed, blocks above 1 MiB in the table of large blocks and the others in the shards.
+// are well formed, blocks above 1 MiB in the table of large blocks and the others in the shards
+// or in the own table of the arena that holds their superblock.
 // It locks everything (completing a merge put off by a free, as every use of the global arena
 // does), takes O(n log n) time and is meant for tests.
 func (r *ArenaMemoryResource) CheckInvariants() (err error) {
@@ -1485,10 +1639,15 @@ func (r *ArenaMemoryResource) CheckInvariants() (err error) {
 	slices.SortFunc(sbs, func(x, y *arenaSuperblock) int { return cmp.Compare(x.addr(), y.addr()) })
 	live := map[*arenaSuperblock][]arenaNode{}
 	liveCount := 0
-	for i := 0; i <= len(r.live); i++ {
+	for i := 0; i <= len(r.live)+len(arenas); i++ {
 		ls, name := &r.large, "the table of large blocks"
-		if i < len(r.live) {
+		var own *arenaSet // the arena whose own table ls is
+		switch {
+		case i < len(r.live):
 			ls, name = &r.live[i].arenaLiveSet, fmt.Sprintf("live shard %d", i)
+		case i < len(r.live)+len(arenas):
+			own = arenas[i-len(r.live)]
+			ls, name = &own.live, "the table of arena "+own.name()
 		}
 		c, b := 0, 0
 		var err error
@@ -1496,6 +1655,9 @@ func (r *ArenaMemoryResource) CheckInvariants() (err error) {
 			n, _ := alignSize(e.size)
 			if large := n > arenaMinSuperblockSize; large != (ls == &r.large) && err == nil {
 				err = errorf("%s holds the allocation %#x of %s", name, uintptr(p), bytesText(e.size))
+			}
+			if own != nil && e.sb.owner.Load() != own && err == nil {
+				err = errorf("%s holds the allocation %#x, whose superblock %#x is not in that arena", name, uintptr(p), uintptr(e.sb.addr()))
 			}
 			live[e.sb] = append(live[e.sb], arenaNode{addr: p, size: n})
 			c++

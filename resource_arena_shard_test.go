@@ -81,6 +81,15 @@ func brkShardSize(r *rand.Rand) int {
 // brkShardShardOf returns the index of the default-stream shard holding the small live block p,
 // or -1 when the block's superblock is elsewhere.
 func brkShardShardOf(a *ArenaMemoryResource, p DevicePtr) int {
+	// The block is in the own table of the arena that allocated it, which its range's hint
+	// names; that arena is not held by the caller (TryLock: a held one answers -1).
+	if o := a.hint(p).Load(); o != nil && o.mu.TryLock() {
+		defer o.mu.Unlock()
+		if i := o.live.m.find(p); i >= 0 && o.kind == arenaShardKind && o.live.m.slots[i].v.sb.owner.Load() == o {
+			return o.index
+		}
+		return -1
+	}
 	ls := a.liveShard(p)
 	ls.mu.Lock()
 	defer ls.mu.Unlock()
