@@ -38,7 +38,7 @@
 //	                              ManagedMemoryResource: these need a GPU
 //	                  system      SystemMemoryResource (host memory)
 //	                  The pools run over the GPU, over host memory where there is none, or over
-//	                  -simulate's memory. An expandable pool's peak upstream is its peak mapped
+//	                  -simulate's memory. An expandable pool's peak reserved is its peak mapped
 //	                  size; librmm's pool's the most it held from the upstream.
 //	-initial SIZE     pool initial size, or the async pool's priming size (default 0); for
 //	                  the pools a multiple of 256 bytes
@@ -597,7 +597,7 @@ func (r *replayRun) report(w io.Writer, path string) {
 		fmt.Fprintf(w, "                 (the trace's peak: %d allocations failed, so less was live in the replay and the ratio below understates)\n", r.failures)
 	}
 	if r.reserved > 0 {
-		fmt.Fprintf(w, "peak upstream    %d bytes (%s), %.3f x peak live\n", r.reserved, rmm.FormatBytes(r.reserved), float64(r.reserved)/float64(max(x.PeakLiveBytes, 1)))
+		fmt.Fprintf(w, "peak reserved    %d bytes (%s), %.3f x peak live\n", r.reserved, rmm.FormatBytes(r.reserved), float64(r.reserved)/float64(max(x.PeakLiveBytes, 1)))
 	}
 	if r.floor != nil {
 		f := r.floorBytes()

@@ -29,7 +29,7 @@ func TestReplaySimulated(t *testing.T) {
 	require.Contains(t, s, "failures         0\n")
 	require.Contains(t, s, "peak live        618135910 bytes")
 	// librmm's pool reaches 1579564032 bytes on this trace.
-	require.Contains(t, s, "peak upstream    1579564032 bytes (1.471 GiB), 2.555 x peak live\n")
+	require.Contains(t, s, "peak reserved    1579564032 bytes (1.471 GiB), 2.555 x peak live\n")
 	require.Contains(t, s, "left allocated   0 allocations, 0 bytes")
 	require.Regexp(t, regexp.MustCompile(`median wall time \S+ \(\d+ ns/event\)`), s)
 	require.Regexp(t, regexp.MustCompile(`passes           2, wall times \S+ \S+\n`), s)
@@ -43,7 +43,7 @@ func TestReplaySerialFlag(t *testing.T) {
 	require.NoError(t, run([]string{"-simulate", "16GiB", "-mr", "expandable", "-serial", "-passes", "2", cupy}, &out, &errOut), errOut.String())
 	s := out.String()
 	require.Contains(t, s, "events           110156 (allocations 55078, frees 55078, logged failures 0; 2 threads, replayed from one goroutine)\n")
-	require.Contains(t, s, "peak upstream    771751936 bytes (736 MiB), 1.249 x peak live\n")
+	require.Contains(t, s, "peak reserved    771751936 bytes (736 MiB), 1.249 x peak live\n")
 	out.Reset()
 	require.NoError(t, run([]string{"-json", "-simulate", "16GiB", "-serial", cupy}, &out, &errOut), errOut.String())
 	var j struct {
@@ -63,7 +63,7 @@ func TestReplayDefaultStitching(t *testing.T) {
 	require.NoError(t, run([]string{"-simulate", "16GiB", "-passes", "3", cupy}, &out, &errOut), errOut.String())
 	s := out.String()
 	require.True(t, strings.HasPrefix(s, "rmm-replay: stitching PoolMemoryResource over SimulatedMemoryResource (17179869184 bytes, address-only)\n"), s)
-	require.Contains(t, s, "peak upstream    645922816 bytes (616 MiB), 1.045 x peak live\n")
+	require.Contains(t, s, "peak reserved    645922816 bytes (616 MiB), 1.045 x peak live\n")
 }
 
 // The pool is picked by -mr alone: the flags that chose it before are unknown (a bad command
@@ -243,7 +243,7 @@ func TestReplayFloor(t *testing.T) {
 	floor, _ := strconv.Atoi(m[1])
 	require.Zero(t, floor%(2<<20))
 	require.GreaterOrEqual(t, floor, 618135910, "at least the peak live bytes")
-	up := regexp.MustCompile(`peak upstream    (\d+) bytes`).FindStringSubmatch(out.String())
+	up := regexp.MustCompile(`peak reserved    (\d+) bytes`).FindStringSubmatch(out.String())
 	require.NotNil(t, up)
 	mapped, _ := strconv.Atoi(up[1])
 	require.LessOrEqual(t, floor, mapped, "at most what the pool mapped")
