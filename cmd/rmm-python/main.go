@@ -29,11 +29,13 @@
 // with statistics != 0, counts its allocations; it returns 0, or -1 with the message. statistics
 // writes the current, peak and total bytes and counts (rmm.Statistics: CurrentBytes,
 // CurrentCount, PeakBytes, PeakCount, TotalBytes, TotalCount) of the device's statistics
-// adaptor. pool_stats writes RMM_POOL_STATS_LEN (10; rmm_pool_stats_len returns it) values of
+// adaptor. pool_stats writes RMM_POOL_STATS_LEN (17; rmm_pool_stats_len returns it) values of
 // the PoolMemoryResource under the device's resource, in this order: the pool size, peak pool
 // size, live bytes, live allocations (rmm.PoolStats), the pool's kind (1 stitching, 2
-// expandable, 3 plain: the numbers reinitialize takes), then the driver calls of
-// rmm.PoolStats.VMM: creates, maps, unmaps, releases and stitched ranges (all 0 for a plain
+// expandable, 3 plain: the numbers reinitialize takes), the driver calls of rmm.PoolStats.VMM:
+// creates, maps, unmaps, releases and stitched ranges made; then the maximum pool size and the
+// free bytes (rmm.PoolStats), cuMemSetAccess calls, address reservations, the address space
+// reserved in bytes, and the stitched ranges kept and evicted (the VMM figures all 0 for a plain
 // pool). The array must hold that many; later versions may only append. Both return 0, or -1
 // when there is none. check_pool runs that pool's CheckInvariants (every block accounted for,
 // free neighbours coalesced, the figures consistent): 0, or -1 with what is wrong.
@@ -43,7 +45,7 @@ package main
 #include <stddef.h>
 
 // The number of values rmm_pool_stats writes.
-#define RMM_POOL_STATS_LEN 10
+#define RMM_POOL_STATS_LEN 17
 */
 import "C"
 
@@ -138,7 +140,9 @@ func rmm_pool_stats(device C.int, out *C.longlong) C.int {
 func poolStatsRow(k rmm.PoolKind, st rmm.PoolStats) []int64 {
 	row := []int64{int64(st.PoolSize), int64(st.PeakPoolSize), int64(st.LiveBytes), int64(st.LiveAllocations),
 		int64(poolNumber(k)), int64(st.VMM.Creates), int64(st.VMM.Maps), int64(st.VMM.Unmaps), int64(st.VMM.Releases),
-		int64(st.VMM.StitchedRanges)}
+		int64(st.VMM.StitchedRanges),
+		int64(st.MaximumPoolSize), int64(st.FreeBytes), int64(st.VMM.SetAccess), int64(st.VMM.Reserves),
+		int64(st.VMM.AddressReserved), int64(st.VMM.StitchedKept), int64(st.VMM.StitchedEvicted)}
 	if len(row) != C.RMM_POOL_STATS_LEN {
 		panic("rmm_pool_stats: the row and RMM_POOL_STATS_LEN disagree")
 	}

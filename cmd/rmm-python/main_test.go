@@ -27,9 +27,10 @@ func TestPoolKind(t *testing.T) {
 // rmm_pool_stats's row: the figures in the documented order, the kind as reinitialize numbers
 // it, and as many values as RMM_POOL_STATS_LEN says.
 func TestPoolStatsRow(t *testing.T) {
-	st := rmm.PoolStats{PoolSize: 1, PeakPoolSize: 2, LiveBytes: 3, LiveAllocations: 4,
-		VMM: rmm.VMMStats{Creates: 5, Maps: 6, Unmaps: 7, Releases: 8, StitchedRanges: 9, SetAccess: 100}}
-	require.Equal(t, []int64{1, 2, 3, 4, 2, 5, 6, 7, 8, 9}, poolStatsRow(rmm.ExpandablePool, st))
+	st := rmm.PoolStats{PoolSize: 1, PeakPoolSize: 2, LiveBytes: 3, LiveAllocations: 4, MaximumPoolSize: 10, FreeBytes: 11,
+		VMM: rmm.VMMStats{Creates: 5, Maps: 6, Unmaps: 7, Releases: 8, StitchedRanges: 9, SetAccess: 12, Reserves: 13,
+			AddressFrees: 100, AddressReserved: 14, StitchedKept: 15, StitchedEvicted: 16}}
+	require.Equal(t, []int64{1, 2, 3, 4, 2, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16}, poolStatsRow(rmm.ExpandablePool, st))
 	require.Len(t, poolStatsRow(rmm.PlainPool, rmm.PoolStats{}), int(rmm_pool_stats_len()))
 	for k, n := range map[rmm.PoolKind]int{rmm.StitchingPool: 1, rmm.ExpandablePool: 2, rmm.PlainPool: 3} {
 		require.Equal(t, n, poolNumber(k))

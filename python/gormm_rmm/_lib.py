@@ -11,7 +11,9 @@ POOL_KINDS = ("stitching", "expandable", "plain")
 
 STATISTICS_FIELDS = ("current_bytes", "current_count", "peak_bytes", "peak_count", "total_bytes", "total_count")
 POOL_STATS_FIELDS = ("pool_size", "peak_pool_size", "live_bytes", "live_allocations", "kind",
-                     "vmm_creates", "vmm_maps", "vmm_unmaps", "vmm_releases", "stitched_ranges")
+                     "vmm_creates", "vmm_maps", "vmm_unmaps", "vmm_releases", "stitched_ranges",
+                     "maximum_pool_size", "free_bytes", "vmm_set_access", "vmm_reserves",
+                     "address_reserved", "stitched_kept", "stitched_evicted")
 
 
 class RMMError(RuntimeError):
@@ -143,7 +145,8 @@ def pool_stats(device=0):
     """The figures of the pool under device's resource as a dict: pool_size, peak_pool_size,
     live_bytes, live_allocations, kind ("stitching", "expandable" or "plain") and the driver calls
     of an expandable or stitching pool (vmm_creates, vmm_maps, vmm_unmaps, vmm_releases,
-    stitched_ranges; 0 for a plain pool)."""
+    stitched_ranges, vmm_set_access, vmm_reserves, address_reserved in bytes, stitched_kept,
+    stitched_evicted; 0 for a plain pool), maximum_pool_size and free_bytes."""
     so = lib()
     # The library says how many values it writes, so that a newer one that appends more never
     # writes past the array.
