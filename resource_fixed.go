@@ -105,6 +105,19 @@ func newFixedList(int) *fixedList {
 	return &fixedList{blocks: make([]DevicePtr, 0, fixedListMinCap)}
 }
 
+// pop hands out the block l's stream freed last, for a request of asked bytes, recording it in
+// l's table of blocks handed out; false when l has none (l locked).
+func (l *fixedList) pop(asked int) (DevicePtr, bool) {
+	k := len(l.blocks) - 1
+	if k < 0 {
+		return 0, false
+	}
+	p := l.blocks[k]
+	l.blocks = l.blocks[:k]
+	l.issued.put(p, asked)
+	return p, true
+}
+
 func (l *fixedList) idle() bool { return len(l.blocks) == 0 }
 
 // NewFixedSizeMemoryResource returns a fixed-size resource over upstream (nil opts: the
@@ -260,12 +273,11 @@ func (f *FixedSizeMemoryResource) Allocate(nbytes int, s StreamView) (DevicePtr,
 		// blocks for other streams; Close and a dropped list leave the list empty.
 		if l := f.fastList(s); l != nil {
 			l.mu.Lock()
-			if k := len(l.blocks) - 1; k >= 0 && !l.closed {
-				p := l.blocks[k]
-				l.blocks = l.blocks[:k]
-				l.issued.put(p, nbytes)
-				l.mu.Unlock()
-				return p, nil
+			if !l.closed {
+				if p, ok := l.pop(nbytes); ok {
+					l.mu.Unlock()
+					return p, nil
+				}
 			}
 			l.mu.Unlock()
 		}
@@ -288,10 +300,7 @@ func (f *FixedSizeMemoryResource) allocateSlow(nbytes int, s StreamView) (Device
 		return 0, err
 	}
 	l.mu.Lock()
-	if k := len(l.blocks) - 1; k >= 0 {
-		p := l.blocks[k]
-		l.blocks = l.blocks[:k]
-		l.issued.put(p, nbytes)
+	if p, ok := l.pop(nbytes); ok {
 		l.mu.Unlock()
 		return p, nil
 	}

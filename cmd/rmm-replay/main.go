@@ -99,6 +99,7 @@ import (
 	"time"
 
 	"github.com/gormm/rmm"
+	"github.com/gormm/rmm/internal/cli"
 	"golang.org/x/term"
 )
 
@@ -119,49 +120,26 @@ func (f *sizeFlag) Set(s string) error {
 	return nil
 }
 
-func main() {
-	err := run(os.Args[1:], os.Stdout, os.Stderr)
-	if err != nil && !errors.Is(err, flag.ErrHelp) && !errors.Is(err, errPrinted) {
-		fmt.Fprintln(os.Stderr, "rmm-replay:", err)
-	}
-	os.Exit(exitStatus(err))
-}
+func main() { cli.Main("rmm-replay", run, exitStatus) }
 
 // exitStatus is the exit status for run's error: 0 for none (or -h), 2 for a bad command line, 3
 // when allocations failed, 1 for any other error.
 func exitStatus(err error) int {
-	switch {
-	case err == nil, errors.Is(err, flag.ErrHelp):
-		return 0
-	case errors.Is(err, errUsage):
-		return 2
-	case errors.Is(err, errFailures):
+	if errors.Is(err, errFailures) && !errors.Is(err, errUsage) {
 		return 3
 	}
-	return 1
+	return cli.Status(err)
 }
 
 var (
-	// errUsage marks a bad command line.
-	errUsage = errors.New("usage")
+	errUsage   = cli.ErrUsage
+	errPrinted = cli.ErrPrinted
 	// errFailures marks a replay in which allocations failed that the trace did not log as
 	// failures (the report was printed).
 	errFailures = errors.New("allocations failed")
-	// errPrinted marks an error already written to stderr (the flag package writes a flag it
-	// cannot parse, with the usage): main does not write it again.
-	errPrinted = errors.New("already printed")
 )
 
-// printedError is an error that was already written to stderr: it matches errPrinted, and what
-// it wraps.
-type printedError struct{ error }
-
-func (e printedError) Unwrap() []error { return []error{e.error, errPrinted} }
-
-// usagef returns a bad command line's error: "usage: " and the message, matching errUsage.
-func usagef(format string, a ...any) error {
-	return fmt.Errorf("%w: %s", errUsage, fmt.Sprintf(format, a...))
-}
+var usagef = cli.Usagef
 
 func run(args []string, stdout, stderr io.Writer) error {
 	fs := flag.NewFlagSet("rmm-replay", flag.ContinueOnError)
@@ -191,7 +169,7 @@ func run(args []string, stdout, stderr io.Writer) error {
 		if errors.Is(err, flag.ErrHelp) {
 			return err
 		}
-		return printedError{fmt.Errorf("%w: %w", errUsage, err)}
+		return cli.Printed(fmt.Errorf("%w: %w", errUsage, err))
 	}
 	if fs.NArg() != 1 {
 		fs.Usage()

@@ -52,44 +52,20 @@ import (
 	"strings"
 
 	"github.com/gormm/rmm"
+	"github.com/gormm/rmm/internal/cli"
 	"github.com/gormm/rmm/internal/workload"
 )
 
-func main() {
-	err := run(os.Args[1:], os.Stdout, os.Stderr)
-	if err != nil && !errors.Is(err, flag.ErrHelp) && !errors.Is(err, errPrinted) {
-		fmt.Fprintln(os.Stderr, "rmm-workload:", err)
-	}
-	os.Exit(exitStatus(err))
-}
+func main() { cli.Main("rmm-workload", run, exitStatus) }
 
 // exitStatus is the exit status for run's error: 0 for none (or -h), 2 for a bad command line,
 // 1 for any other error.
-func exitStatus(err error) int {
-	switch {
-	case err == nil, errors.Is(err, flag.ErrHelp):
-		return 0
-	case errors.Is(err, errUsage):
-		return 2
-	}
-	return 1
-}
+var exitStatus = cli.Status
 
 var (
-	// errUsage marks a bad command line.
-	errUsage = errors.New("usage")
-	// errPrinted marks an error the flag package already wrote to stderr, with the usage.
-	errPrinted = errors.New("already printed")
+	errUsage = cli.ErrUsage
+	usagef   = cli.Usagef
 )
-
-// printedError is an error already written to stderr: it matches errPrinted and what it wraps.
-type printedError struct{ error }
-
-func (e printedError) Unwrap() []error { return []error{e.error, errPrinted} }
-
-func usagef(format string, a ...any) error {
-	return fmt.Errorf("%w: %s", errUsage, fmt.Sprintf(format, a...))
-}
 
 func run(args []string, stdout, stderr io.Writer) error {
 	fs := flag.NewFlagSet("rmm-workload", flag.ContinueOnError)
@@ -115,7 +91,7 @@ func run(args []string, stdout, stderr io.Writer) error {
 		if errors.Is(err, flag.ErrHelp) {
 			return err
 		}
-		return printedError{fmt.Errorf("%w: %w", errUsage, err)}
+		return cli.Printed(fmt.Errorf("%w: %w", errUsage, err))
 	}
 	if fs.NArg() != 0 {
 		return usagef("unexpected arguments %q: the log goes to -o", fs.Args())
