@@ -46,6 +46,10 @@ func fixedStressRun(t *testing.T, mr MemoryResource, maxSize int, closeMR func()
 	var shadow liveSet
 	var c fixedStressCounts
 	var closed atomic.Bool
+	// Racing frees of one block hold reuse off: once the first free succeeds, another goroutine's
+	// Allocate could be handed the same block, and the second free would then rightly free that
+	// goroutine's block. Allocations take the read side, the racing pair the write side.
+	var reuse sync.RWMutex
 	var wg, held sync.WaitGroup
 	release := make(chan struct{})
 	held.Add(goroutines)
@@ -93,7 +97,9 @@ func fixedStressRun(t *testing.T, mr MemoryResource, maxSize int, closeMR func()
 			}
 			alloc := func(s StreamView) (fixedStressAlloc, bool) {
 				n := 1 + r.IntN(maxSize)
+				reuse.RLock()
 				p, err := mr.Allocate(n, s)
+				reuse.RUnlock()
 				if err != nil {
 					if errors.Is(err, ErrClosed) && (closed.Load() || s.closed()) {
 						return fixedStressAlloc{}, false
@@ -126,7 +132,8 @@ func fixedStressRun(t *testing.T, mr MemoryResource, maxSize int, closeMR func()
 						return
 					}
 				case v < 95:
-					// Two frees of one block race: exactly one succeeds.
+					// Two frees of one block race: exactly one succeeds (no allocation runs
+					// meanwhile, see reuse).
 					i := r.IntN(len(mine))
 					x := mine[i]
 					mine[i] = mine[len(mine)-1]
@@ -134,6 +141,7 @@ func fixedStressRun(t *testing.T, mr MemoryResource, maxSize int, closeMR func()
 					shadow.remove(x.p)
 					var errs [2]error
 					var race sync.WaitGroup
+					reuse.Lock()
 					for j := range errs {
 						s := x.s
 						if j == 1 {
@@ -142,6 +150,7 @@ func fixedStressRun(t *testing.T, mr MemoryResource, maxSize int, closeMR func()
 						race.Go(func() { errs[j] = mr.Deallocate(x.p, x.n, s) })
 					}
 					race.Wait()
+					reuse.Unlock()
 					ok := 0
 					for _, err := range errs {
 						if err == nil {
