@@ -2,8 +2,11 @@ package rmm
 
 import (
 	"fmt"
+	"reflect"
+	"runtime"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -29,6 +32,8 @@ func adpEnableStatistics(t *testing.T) *StatisticsResourceAdaptor {
 //   - On the default profiler: f4 allocates 10 buffers of 10 → {1, 100, 100}; a block "b1 and b2"
 //     allocates two of 100 and, inside a nested block "del b1 and b2", frees them →
 //     {1, 200, 200} and {1, 0, 0}.
+var defaultProfilerRuns atomic.Int64
+
 func TestProfilerLibrmmSequence(t *testing.T) {
 	adpEnableStatistics(t)
 	mr := CurrentDeviceResource()
@@ -78,27 +83,30 @@ func TestProfilerLibrmmSequence(t *testing.T) {
 		"f3": {NumCalls: 1, MemoryTotal: 10000, MemoryPeak: 10000},
 	}, prof.Records())
 
+	// The default profiler lives as long as the process: names of this run's own, so that the
+	// test also holds under -count.
 	def := DefaultProfiler()
+	run := fmt.Sprint(defaultProfilerRuns.Add(1))
 	var f4 []DevicePtr
-	require.NoError(t, def.Profile("adp f4", func() {
+	require.NoError(t, def.Profile("adp f4"+run, func() {
 		for range 10 {
 			f4 = append(f4, alloc(10))
 		}
 	}))
 	func() {
-		defer def.Start("adp b1 and b2")()
+		defer def.Start("adp b1 and b2" + run)()
 		b1 := alloc(100)
 		b2 := alloc(100)
 		func() {
-			defer def.Start("adp del b1 and b2")()
+			defer def.Start("adp del b1 and b2" + run)()
 			free(b1, 100)
 			free(b2, 100)
 		}()
 	}()
 	rec := def.Records()
-	require.Equal(t, ProfilerRecord{1, 100, 100}, rec["adp f4"])
-	require.Equal(t, ProfilerRecord{1, 200, 200}, rec["adp b1 and b2"])
-	require.Equal(t, ProfilerRecord{1, 0, 0}, rec["adp del b1 and b2"])
+	require.Equal(t, ProfilerRecord{1, 100, 100}, rec["adp f4"+run])
+	require.Equal(t, ProfilerRecord{1, 200, 200}, rec["adp b1 and b2"+run])
+	require.Equal(t, ProfilerRecord{1, 0, 0}, rec["adp del b1 and b2"+run])
 
 	for _, p := range kept {
 		free(p, 10)
@@ -198,7 +206,12 @@ func TestProfilerNames(t *testing.T) {
 	require.Equal(t, ProfilerRecord{1, 64, 64}, p.Records()[fmt.Sprintf("%s:%d(github.com/gormm/rmm.adpProfiledFunction)", adpThisFile(), adpProfiledFunctionLine)])
 }
 
-const adpProfiledFunctionLine = 203 // the line of adpProfiledFunction's declaration below
+// adpProfiledFunctionLine is the line of adpProfiledFunction's declaration, as the runtime gives
+// it (not written out, so that edits above it do not break the test).
+var adpProfiledFunctionLine = func() int {
+	_, line := runtime.FuncForPC(reflect.ValueOf(adpProfiledFunction).Pointer()).FileLine(reflect.ValueOf(adpProfiledFunction).Pointer())
+	return line
+}()
 
 func adpProfiledFunction() {
 	mr := CurrentDeviceResource()
