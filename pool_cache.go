@@ -39,6 +39,13 @@ import (
 // Memory in a cache is reused only by its own stream, so no event is needed (as for a stream's
 // own free list). Streams made from foreign handles (NewStreamView) have no cache: their frees
 // record an event each, under the pool's mutex.
+//
+// Blocks above poolCacheMaxBlock are not cached, though a large pair would skip the mutex too: a
+// cached block is out of the free lists until its stream's next miss, so it neither coalesces
+// with its neighbours nor serves best fit for other sizes, and for large blocks that changes
+// placement enough to raise the expandable and stitching pools' footprints on the bundled traces
+// (go test -run TestPoolGolden -rmm.golden and -run TestFirstPass -rmm.firstpass show it). Small
+// blocks are many and alike, so holding a few out of the lists costs no footprint.
 const (
 	poolCacheSlots    = 16
 	poolCacheMaxBlock = 1 << 20 // bytes
