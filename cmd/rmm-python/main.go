@@ -12,6 +12,7 @@
 // functions:
 //
 //	void *rmm_alloc(size_t size, int device, cudaStream_t stream);
+//	void *rmm_torch_alloc(size_t size, int device, cudaStream_t stream);
 //	void  rmm_free(void *ptr, size_t size, int device, cudaStream_t stream);
 //	const char *rmm_last_error(void);
 //	int   rmm_reinitialize(int pool, size_t initial_pool_size, size_t maximum_pool_size, int statistics);
@@ -22,7 +23,10 @@
 //
 // alloc and free are PyTorch's signatures (package callocator says what they do on failure:
 // NULL, and a message for rmm_last_error on the same thread; a request of 0 bytes returns NULL
-// without asking the resource, and a free of NULL does nothing). reinitialize sets up device 0 as
+// without asking the resource, and a free of NULL does nothing). rmm_torch_alloc is rmm_alloc for
+// PyTorch (torch_alloc.cpp): where rmm_alloc would return NULL for a request of at least a byte it
+// throws a C++ std::bad_alloc whose what() is that message, since PyTorch takes a NULL as the
+// allocation. reinitialize sets up device 0 as
 // rmm.Reinitialize does (pool 0: no pool; 1: the default pool, a stitching pool where the
 // driver's virtual memory management is available, rmm.StitchingPool; 2: rmm.ExpandablePool; 3:
 // rmm.PlainPool, librmm's; another value is an error; the sizes 0 meaning the defaults) and,

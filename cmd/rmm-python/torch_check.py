@@ -74,7 +74,7 @@ def child(mode, lib, steps):
         so.rmm_reinitialize.argtypes = [ctypes.c_int, ctypes.c_size_t, ctypes.c_size_t, ctypes.c_int]
         if so.rmm_reinitialize(1, 0, 0, 1) != 0:
             raise SystemExit("rmm_reinitialize: %s" % so.rmm_last_error())
-        alloc = torch.cuda.memory.CUDAPluggableAllocator(lib, "rmm_alloc", "rmm_free")
+        alloc = torch.cuda.memory.CUDAPluggableAllocator(lib, "rmm_torch_alloc", "rmm_free")
         torch.cuda.memory.change_current_allocator(alloc)
     losses, step = work(steps)
     out["losses"], out["step_s"] = losses, step

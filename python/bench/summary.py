@@ -8,7 +8,15 @@ import sys
 
 
 def main(path):
-    rows = [json.loads(line) for line in open(path) if line.strip().startswith("{")]
+    rows = []
+    for line in open(path, errors="replace"):
+        try:
+            r = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(r, dict) and "suite" in r and "workload" in r:
+            rows.append(r)
+    bad = 0
     groups = {}
     for r in rows:
         groups.setdefault((r["suite"], r["workload"], r.get("seed", 0)), []).append(r)
@@ -20,12 +28,16 @@ def main(path):
             if "error" in r:
                 last = r["error"].strip().splitlines()
                 print("%-6s %-9s %-4s %-17s  FAILED: %s" % (suite, w, seed, r["allocator"], last[-1] if last else ""))
+                bad += 1
                 continue
             mib = lambda v: "%.1f MiB" % (v / 2**20) if isinstance(v, int) else "-"
             print("%-6s %-9s %-4s %-17s %12s %14s %14s  %s" % (
                 suite, w, seed, r["allocator"], r["median_step_ms"], mib(r.get("peak_reserved")),
-                mib(r.get("device_used_peak")), "same" if r["hash"] == ref else "DIFFERS"))
+                mib(r.get("device_used_peak")), "same" if r["hash"] == ref else "DIFFERS")
+                + ("" if r.get("go_pool_invariants", "hold") == "hold" else "  INVARIANTS: %s" % r["go_pool_invariants"]))
+            bad += r["hash"] != ref or r.get("go_pool_invariants", "hold") != "hold"
+    return 1 if bad else 0
 
 
 if __name__ == "__main__":
-    main(sys.argv[1])
+    sys.exit(main(sys.argv[1]))

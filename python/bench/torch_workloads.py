@@ -33,11 +33,12 @@ ALLOCATORS = ("torch-default", "torch-expandable", "go")
 def setup_env(a):
     """The environment PyTorch reads when it is imported or starts CUDA."""
     os.environ["CUBLAS_WORKSPACE_CONFIG"] = ":4096:8"
-    if a.allocator == "torch-expandable":
-        os.environ["PYTORCH_CUDA_ALLOC_CONF"] = "expandable_segments:True"
-    elif "PYTORCH_CUDA_ALLOC_CONF" in os.environ:
-        # Another setting would change the baseline (or, for go, be ignored).
-        del os.environ["PYTORCH_CUDA_ALLOC_CONF"]
+    # PyTorch >= 2.9 reads PYTORCH_ALLOC_CONF as well as the older PYTORCH_CUDA_ALLOC_CONF: an
+    # inherited setting under either name would change the baseline (or, for go, be ignored).
+    for k in ("PYTORCH_ALLOC_CONF", "PYTORCH_CUDA_ALLOC_CONF"):
+        os.environ.pop(k, None)
+        if a.allocator == "torch-expandable":
+            os.environ[k] = "expandable_segments:True"
 
 
 def main(argv=None):
@@ -68,7 +69,9 @@ def main(argv=None):
         free, total = torch.cuda.mem_get_info()
         return total - free
 
-    base = used()
+    # What the Go pool took at reinitialize (a plain pool: half the free memory) is in use too.
+    pool0 = rmm.pool_stats()["pool_size"] if rmm is not None else 0
+    base = used() - pool0
     peak_used = [0]
 
     def sample():
@@ -79,7 +82,8 @@ def main(argv=None):
     rec = {"suite": "torch", "workload": a.workload, "allocator": a.allocator, "steps": a.steps,
            "seed": a.seed, "hash": common.hash_floats(values, fmt), "n_values": len(values),
            "median_step_ms": steps.median_ms(common.warmup_of(a)), "device_used_peak": peak_used[0],
-           "torch": torch.__version__, "device": torch.cuda.get_device_name()}
+           "torch": torch.__version__, "device": torch.cuda.get_device_name(),
+           "alloc_conf": {k: os.environ.get(k) for k in ("PYTORCH_ALLOC_CONF", "PYTORCH_CUDA_ALLOC_CONF")}}
     if rmm is None:
         rec["peak_reserved"] = torch.cuda.max_memory_reserved()
         rec["peak_allocated"] = torch.cuda.max_memory_allocated()
@@ -92,8 +96,9 @@ def main(argv=None):
         try:
             rec["torch_native_reserved"] = torch.cuda.max_memory_reserved()
         except Exception as e:  # PyTorch keeps no figures for a pluggable allocator
-            rec["torch_native_reserved"] = 0
+            rec["torch_native_reserved"] = None  # unknown, not 0: getDeviceStats raises
             rec["torch_native_note"] = repr(e)[:200]
+        rec["go_last_error"] = rmm.last_error()  # the main thread's last failure, if any
         try:
             rmm.check_pool()
             rec["go_pool_invariants"] = "hold"

@@ -280,7 +280,7 @@ class TorchAllocatorTest(unittest.TestCase):
         def body(state):
             a = gormm_rmm.use_torch(pool="expandable", **SIZES)
             self.assertIs(state.current, a)
-            self.assertEqual(state.made, [(_lib.loaded_path(), "rmm_alloc", "rmm_free")])
+            self.assertEqual(state.made, [(_lib.loaded_path(), "rmm_torch_alloc", "rmm_free")])
             from gormm_rmm.allocators.torch import rmm_torch_allocator
             self.assertIs(rmm_torch_allocator, a)
             self.assertEqual(gormm_rmm.pool_stats()["kind"], "expandable")

@@ -3,8 +3,10 @@
     from gormm_rmm.allocators.torch import rmm_torch_allocator
     torch.cuda.memory.change_current_allocator(rmm_torch_allocator)
 
-rmm_torch_allocator is a torch.cuda.memory.CUDAPluggableAllocator over the library's rmm_alloc and
-rmm_free, made at its first use (importing this module does not import torch).
+rmm_torch_allocator is a torch.cuda.memory.CUDAPluggableAllocator over the library's
+rmm_torch_alloc and rmm_free, made at its first use (importing this module does not import
+torch). A request the pool refuses raises an error with the library's message (rmm_torch_alloc
+throws a std::bad_alloc, which PyTorch raises in Python) rather than giving PyTorch a NULL pointer.
 gormm_rmm.use_torch() reinitializes the pool and makes the change in one call.
 """
 import threading
@@ -23,7 +25,7 @@ def _make():
                 from torch.cuda.memory import CUDAPluggableAllocator
             except ImportError as e:
                 raise ModuleNotFoundError("No module named 'torch' (or it has no CUDAPluggableAllocator): %s" % e) from e
-            _allocator = CUDAPluggableAllocator(_lib.loaded_path(), "rmm_alloc", "rmm_free")
+            _allocator = CUDAPluggableAllocator(_lib.loaded_path(), "rmm_torch_alloc", "rmm_free")
     return _allocator
 
 
