@@ -68,6 +68,49 @@ func TestPythonWorkloadsOnGPU(t *testing.T) {
 	}
 }
 
+// On the GPU, a tensor larger than the pool's maximum raises an error in Python with the pool's
+// message (rmm_torch_alloc throws; a NULL would become a tensor at address 0), and PyTorch goes on
+// working on the pool afterwards. Skipped as TestPythonWorkloadsOnGPU is.
+func TestTorchRefusalRaisesOnGPU(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs PyTorch on the GPU")
+	}
+	py := needPython(t)
+	probe := exec.Command(py, "-c", "import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)")
+	if out, err := probe.CombinedOutput(); err != nil {
+		t.Skipf("python3 cannot import torch, or sees no GPU: %v\n%s", err, lastLines(out, 3))
+	}
+	root := repoRoot(t)
+	lib := buildLibrary(t, root)
+	const script = `
+import sys
+sys.path.insert(0, sys.argv[1])
+import gormm_rmm, torch
+gormm_rmm.use_torch(maximum_pool_size=1 << 30)
+try:
+    x = torch.empty(2 << 30, dtype=torch.uint8, device="cuda")
+    print("no error: tensor at %#x" % x.data_ptr())
+except RuntimeError as e:
+    print("raised:", str(e).splitlines()[0])
+y = torch.ones(1 << 20, device="cuda")
+print("after:", int(y.sum().item()))
+`
+	cmd := exec.Command(py, "-c", script, filepath.Join(root, "python"))
+	cmd.Env = pythonEnv(lib)
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		t.Fatalf("%v\n%s", err, lastLines(out, 30))
+	}
+	s := string(out)
+	t.Log(s)
+	if !strings.Contains(s, "raised:") || !strings.Contains(s, "out of memory") {
+		t.Errorf("the refused tensor raised no error with the pool's message:\n%s", s)
+	}
+	if !strings.Contains(s, "after: 1048576") {
+		t.Errorf("PyTorch did not go on working on the pool:\n%s", s)
+	}
+}
+
 func lastLines(b []byte, n int) string {
 	l := strings.Split(strings.TrimRight(string(b), "\n"), "\n")
 	if len(l) > n {
