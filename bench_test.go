@@ -62,6 +62,7 @@ func benchResources(b *testing.B) []benchResource {
 			}},
 			{"pool", poolOver(cuda, 8<<30)},
 			{"expandable", expandableOver(cuda, 8<<30)},
+			{"stitching", stitchingOver(cuda, 8<<30)},
 			{"arena", arenaOver(cuda, 8<<30)},
 			{"binning", binningOverPool(cuda, 8<<30)},
 			{"fixed", fixedOver(cuda)},
@@ -73,6 +74,7 @@ func benchResources(b *testing.B) []benchResource {
 		{"pool-system", poolOver(NewSystemMemoryResource(), 8<<30)},
 		{"pool-simulated", poolOver(sim, 8<<30)},
 		{"expandable-simulated", expandableOver(sim, 8<<30)},
+		{"stitching-simulated", stitchingOver(sim, 8<<30)},
 		{"arena-simulated", arenaOver(sim, 8<<30)},
 		{"binning-simulated", binningOverPool(sim, 8<<30)},
 		{"fixed-simulated", fixedOver(sim)},
@@ -96,8 +98,20 @@ func fixedOver(up MemoryResource) func(b *testing.B) (MemoryResource, func()) {
 // expandableOver builds an expandable pool (at most 64 GiB, or the initial size) with the given initial size, its
 // memory from where up names (see PoolOptions.Expandable).
 func expandableOver(up MemoryResource, initial int) func(b *testing.B) (MemoryResource, func()) {
+	return kindOver(up, initial, ExpandablePool)
+}
+
+// stitchingOver builds the default pool, a stitching pool, as expandableOver does.
+func stitchingOver(up MemoryResource, initial int) func(b *testing.B) (MemoryResource, func()) {
+	return kindOver(up, initial, StitchingPool)
+}
+
+// kindOver builds a pool of kind k (expandable or stitching) as expandableOver describes.
+func kindOver(up MemoryResource, initial int, k PoolKind) func(b *testing.B) (MemoryResource, func()) {
 	return func(b *testing.B) (MemoryResource, func()) {
-		p, err := NewPoolMemoryResource(up, &PoolOptions{InitialPoolSize: initial, MaximumPoolSize: max(64<<30, (initial+2<<20-1)/(2<<20)*(2<<20)), Expandable: true})
+		o := k.Options()
+		o.InitialPoolSize, o.MaximumPoolSize = initial, max(64<<30, (initial+2<<20-1)/(2<<20)*(2<<20))
+		p, err := NewPoolMemoryResource(up, &o)
 		if err != nil {
 			b.Fatal(err)
 		}
@@ -341,7 +355,7 @@ const w3Batch = 1024
 // samples for benchstat's confidence interval; alternate the builds rather than running one
 // after the other (bench/paired.sh), since the host's load drifts:
 //
-//	go test -run '^$' -bench 'W3/(pool|expandable|arena|binning|fixed)/' -benchtime 6000000x -count 10 . > new.txt
+//	go test -run '^$' -bench 'W3/(pool|expandable|stitching|arena|binning|fixed)/' -benchtime 6000000x -count 10 . > new.txt
 //	benchstat old.txt new.txt
 //
 // (The driver's resources, cuda and async, allocate thousands of times slower: give them a

@@ -303,6 +303,9 @@ func bestFitBut(o *freeList, n int, x *block) *block {
 	if b == nil || b != x {
 		return b
 	}
+	if o.count == 1 {
+		return nil // x is o's only block (the common case: a stream whose free memory is the end)
+	}
 	o.remove(x)
 	b = o.bestFit(n)
 	o.insert(x)
