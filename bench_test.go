@@ -261,6 +261,7 @@ func w2Resources(b *testing.B) []benchResource {
 			}},
 			{"pool", poolOver(cuda, half)},
 			{"expandable", expandableOver(cuda, half)},
+			{"stitching", stitchingOver(cuda, half)},
 			{"arena", func(b *testing.B) (MemoryResource, func()) {
 				free, _, err := AvailableDeviceMemory() // now, after the previous resource's Close
 				if err != nil {
@@ -276,6 +277,7 @@ func w2Resources(b *testing.B) []benchResource {
 	return []benchResource{
 		{"pool-simulated", poolOver(sim, free/2)},
 		{"expandable-simulated", expandableOver(sim, free/2)},
+		{"stitching-simulated", stitchingOver(sim, free/2)},
 		{"arena-simulated", arenaOver(sim, free-w2ArenaReserve)},
 		{"binning-simulated", binningOverPool(sim, free/2)},
 	}
