@@ -2,7 +2,7 @@
 
 It builds a wheel of the pure-Python package plus librmm_go.so, which it builds from the Go
 module around this directory with `go build -buildmode=c-shared ./cmd/rmm-python`. Where Go (or
-cgo's C compiler) is missing, or the Go module is not found, the wheel holds the package alone
+cgo's C and C++ compilers) is missing, or the Go module is not found, the wheel holds the package alone
 and the build says so on stderr (`pip install -v` shows it): set GORMM_RMM_LIBRARY to a prebuilt
 librmm_go.so then. GORMM_RMM_REQUIRE_LIBRARY=1 makes that case an error instead, and
 GORMM_RMM_SOURCE names the Go module's directory where it is not an ancestor of this one.

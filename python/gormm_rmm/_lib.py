@@ -36,7 +36,7 @@ def library_path():
     if os.path.isfile(here):
         return here
     raise RMMError(
-        "gormm_rmm was installed without %s (Go or a C compiler was missing when it was built): "
+        "gormm_rmm was installed without %s (Go or a C or C++ compiler was missing when it was built): "
         "build it with `go build -buildmode=c-shared -o %s ./cmd/rmm-python` in the repository "
         "and set %s to its path, or reinstall the package where Go is on the PATH"
         % (LIBRARY_NAME, LIBRARY_NAME, LIBRARY_ENV))
