@@ -16,4 +16,9 @@ rmm_last_error_fn rmm_callocator_last_error_fn(void);
 // unsafe.Pointer it did not come from).
 void *rmm_callocator_ptr(unsigned long long p);
 
+// The calling thread's last error: set takes msg (from malloc) and frees the one it replaces;
+// get returns it, or NULL.
+void rmm_callocator_set_error(char *msg);
+const char *rmm_callocator_get_error(void);
+
 #endif

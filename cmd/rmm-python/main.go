@@ -50,6 +50,16 @@ package main
 
 // The number of values rmm_pool_stats writes.
 #define RMM_POOL_STATS_LEN 17
+
+// rmm_alloc for PyTorch, in torch_alloc.cpp (C++): declared here so that the generated header
+// declares it too, with C linkage for C++ callers.
+#ifdef __cplusplus
+extern "C" {
+#endif
+void *rmm_torch_alloc(size_t size, int device, void *stream);
+#ifdef __cplusplus
+}
+#endif
 */
 import "C"
 

@@ -1,5 +1,0 @@
-package callocator
-
-import "syscall"
-
-func threadID() int { return syscall.Gettid() }
