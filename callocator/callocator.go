@@ -16,7 +16,8 @@
 // where stream is a CUstream / cudaStream_t (NULL: the legacy default stream) and ctx the value
 // Allocator.Funcs returns. alloc returns NULL on failure, and for size 0 without asking the
 // resource (as free(NULL) does nothing); the failure's message
-// is then what last_error returns on the same C thread, until that thread's next failing call.
+// is then what last_error returns on the same C thread, until that thread's next failing call or
+// its exit (NULL on a thread that has had no failure).
 // free reports a failure only that way. A Go panic never unwinds into C: it becomes the error.
 // The functions may be called from any C thread, concurrently.
 package callocator
