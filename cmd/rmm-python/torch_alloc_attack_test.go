@@ -35,16 +35,11 @@ int main() {
 `
 
 // The header the build writes declares every C function of the package comment, rmm_torch_alloc
-// included: a C++ caller that includes librmm_go.h and links the library can call it. Today the
-// header declares only the //export functions, so the program does not compile ("rmm_torch_alloc
-// was not declared in this scope").
+// (which is C++, not a Go export) included, with C linkage: a C++ caller that includes
+// librmm_go.h and links the library can call it.
 func TestTorchAllocDeclaredInHeader(t *testing.T) {
 	if testing.Short() {
 		t.Skip("builds the library")
-	}
-	cxx, err := exec.LookPath("g++")
-	if err != nil {
-		t.Skip("no g++ to build the harness")
 	}
 	needGo(t)
 	root := repoRoot(t)
@@ -59,11 +54,7 @@ func TestTorchAllocDeclaredInHeader(t *testing.T) {
 	require.NoError(t, err)
 	require.True(t, strings.Contains(string(header), "rmm_torch_alloc("), "librmm_go.h does not declare rmm_torch_alloc")
 
-	src := filepath.Join(dir, "caller.cpp")
-	require.NoError(t, os.WriteFile(src, []byte(headerCallerHarness), 0o644))
-	bin := filepath.Join(dir, "caller")
-	out, err = exec.Command(cxx, "-I", dir, "-o", bin, src, "-L", dir, "-lrmm_go", "-Wl,-rpath,"+dir).CombinedOutput()
-	require.NoError(t, err, "a C++ caller of rmm_torch_alloc through librmm_go.h: %s", out)
+	bin := cxxHarness(t, dir, "caller", headerCallerHarness, "-I", dir, "-L", dir, "-lrmm_go", "-Wl,-rpath,"+dir)
 	out, err = exec.Command(bin).CombinedOutput()
 	require.NoError(t, err, "%s", out)
 	lines := strings.Split(strings.TrimSpace(string(out)), "\n")
@@ -143,19 +134,13 @@ int main(int argc, char** argv) {
 `
 
 // rmm_last_error is "the message of the calling OS thread's last failed call, or nil if it has had
-// none" (package callocator). The messages are kept by thread id and never dropped when a thread
-// exits, so a new thread that the kernel gives a dead thread's id reads that thread's message as
-// its own before it has failed at all (and a caller that reads it after a refusal it did not see,
-// or rmm_torch_alloc in a path that sets no message, would report another thread's request). The
-// test runs more threads than there are thread ids (kernel.pid_max; skipped where that is too
-// large to cycle through quickly), so ids must be reused: none of those threads may see a message.
+// none" (package callocator): a new thread that the kernel gives an exited thread's id must not
+// read that thread's message as its own. The test runs more threads than there are thread ids
+// (kernel.pid_max; skipped where that is too large to cycle through quickly), so ids must be
+// reused: none of those threads may see a message.
 func TestLastErrorNotInheritedByReusedThreadID(t *testing.T) {
 	if testing.Short() {
 		t.Skip("builds the library and cycles through the thread ids")
-	}
-	cxx, err := exec.LookPath("g++")
-	if err != nil {
-		t.Skip("no g++ to build the harness")
 	}
 	raw, err := os.ReadFile("/proc/sys/kernel/pid_max")
 	if err != nil {
@@ -166,15 +151,10 @@ func TestLastErrorNotInheritedByReusedThreadID(t *testing.T) {
 	if pidMax > 1<<17 {
 		t.Skipf("kernel.pid_max is %d: too many threads to cycle through", pidMax)
 	}
+	bin := cxxHarness(t, t.TempDir(), "stale", staleErrorHarness, "-O1", "-pthread", "-ldl")
 	lib := buildLibrary(t, repoRoot(t))
-	dir := t.TempDir()
-	src := filepath.Join(dir, "stale.cpp")
-	require.NoError(t, os.WriteFile(src, []byte(staleErrorHarness), 0o644))
-	bin := filepath.Join(dir, "stale")
-	out, err := exec.Command(cxx, "-O1", "-pthread", "-o", bin, src, "-ldl").CombinedOutput()
-	require.NoError(t, err, "%s", out)
 	n := pidMax + 4096
-	out, err = exec.Command(bin, lib, strconv.Itoa(n)).CombinedOutput()
+	out, err := exec.Command(bin, lib, strconv.Itoa(n)).CombinedOutput()
 	require.NoError(t, err, "%s", out)
 	lines := strings.Split(strings.TrimSpace(string(out)), "\n")
 	var threads, reused, stale, wrong int

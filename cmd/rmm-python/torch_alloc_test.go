@@ -49,18 +49,9 @@ func TestTorchAllocThrowsOnRefusal(t *testing.T) {
 	if testing.Short() {
 		t.Skip("builds the library")
 	}
-	cxx, err := exec.LookPath("g++")
-	if err != nil {
-		t.Skip("no g++ to build the harness")
-	}
+	bin := cxxHarness(t, t.TempDir(), "harness", torchAllocHarness, "-ldl")
 	lib := buildLibrary(t, repoRoot(t))
-	dir := t.TempDir()
-	src := filepath.Join(dir, "harness.cpp")
-	require.NoError(t, os.WriteFile(src, []byte(torchAllocHarness), 0o644))
-	bin := filepath.Join(dir, "harness")
-	out, err := exec.Command(cxx, "-o", bin, src, "-ldl").CombinedOutput()
-	require.NoError(t, err, "%s", out)
-	out, err = exec.Command(bin, lib).CombinedOutput()
+	out, err := exec.Command(bin, lib).CombinedOutput()
 	require.NoError(t, err, "%s", out)
 	lines := strings.Split(strings.TrimSpace(string(out)), "\n")
 	require.Len(t, lines, 4, "%s", out)
@@ -70,4 +61,20 @@ func TestTorchAllocThrowsOnRefusal(t *testing.T) {
 	require.Contains(t, lines[2], "1152921504606846976")
 	require.Contains(t, lines[2], "out of memory")
 	require.Equal(t, "granted after 1", lines[3])
+}
+
+// cxxHarness compiles the C++ program src with g++ into dir as name (skipping the test where there
+// is no g++) and returns the binary's path; args follow the source on g++'s command line.
+func cxxHarness(t *testing.T, dir, name, src string, args ...string) string {
+	t.Helper()
+	cxx, err := exec.LookPath("g++")
+	if err != nil {
+		t.Skip("no g++ to build the harness")
+	}
+	file := filepath.Join(dir, name+".cpp")
+	require.NoError(t, os.WriteFile(file, []byte(src), 0o644))
+	bin := filepath.Join(dir, name)
+	out, err := exec.Command(cxx, append([]string{"-o", bin, file}, args...)...).CombinedOutput()
+	require.NoError(t, err, "g++ %s: %s", name, out)
+	return bin
 }
