@@ -20,12 +20,10 @@
 package rmm
 
 import (
-	"bytes"
 	"errors"
 	"fmt"
 	"math/rand"
 	"slices"
-	"strings"
 	"sync/atomic"
 	"testing"
 
@@ -533,13 +531,7 @@ func TestAdaptorStackProperty(t *testing.T) {
 			}
 		},
 	}
-	props := gopter.NewProperties(params)
-	props.Property("statistics over tracking over limiting over aligned", commands.Prop(cmds))
-	var out bytes.Buffer
-	if !props.Run(gopter.NewFormatedReporter(true, 160, &out)) {
-		t.Fatalf("%s\nseed %d: replay with RMM_PROPERTY_SEED=%d go test -race -run '^%s$'", out.String(), seed, seed, t.Name())
-	}
-	t.Log(strings.TrimSpace(out.String()))
+	runCommandsProperty(t, seed, params, "statistics over tracking over limiting over aligned", cmds)
 	require.Positive(t, cov.refused.Load(), "no allocation went past the limit")
 	require.Positive(t, cov.wrongFrees.Load(), "no free with a wrong size")
 	require.Positive(t, cov.lastPops.Load(), "the last level was never popped")

@@ -1,10 +1,8 @@
 package rmm
 
 import (
-	"bytes"
 	"fmt"
 	"slices"
-	"strings"
 	"testing"
 
 	"github.com/leanovate/gopter"
@@ -206,11 +204,5 @@ func TestHostVectorProperty(t *testing.T) {
 			return gen.OneGenOf(gens...)
 		},
 	}
-	props := gopter.NewProperties(params)
-	props.Property("HostVector against a model", commands.Prop(cmds))
-	var out bytes.Buffer
-	if !props.Run(gopter.NewFormatedReporter(true, 160, &out)) {
-		t.Fatalf("%s\nseed %d: replay with RMM_PROPERTY_SEED=%d go test -race -run '^%s$'", out.String(), seed, seed, t.Name())
-	}
-	t.Log(strings.TrimSpace(out.String()))
+	runCommandsProperty(t, seed, params, "HostVector against a model", cmds)
 }

@@ -14,12 +14,10 @@
 package rmm
 
 import (
-	"bytes"
 	"errors"
 	"fmt"
 	"math/rand"
 	"slices"
-	"strings"
 	"sync/atomic"
 	"testing"
 
@@ -478,13 +476,7 @@ func TestFixedSizeProperty(t *testing.T) {
 			}
 		},
 	}
-	props := gopter.NewProperties(params)
-	props.Property("fixed-size resource against its model", commands.Prop(cmds))
-	var out bytes.Buffer
-	if !props.Run(gopter.NewFormatedReporter(true, 160, &out)) {
-		t.Fatalf("%s\nseed %d: replay with RMM_PROPERTY_SEED=%d go test -race -run '^%s$'", out.String(), seed, seed, t.Name())
-	}
-	t.Log(strings.TrimSpace(out.String()))
+	runCommandsProperty(t, seed, params, "fixed-size resource against its model", cmds)
 	require.Positive(t, cov.cross.Load(), "no free on another stream")
 	require.Positive(t, cov.doubles.Load(), "no double free")
 	require.Positive(t, cov.bogus.Load(), "no free of a pointer never handed out")

@@ -18,6 +18,7 @@ package rmm
 // one.
 
 import (
+	"bytes"
 	"flag"
 	"fmt"
 	"math"
@@ -32,6 +33,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/leanovate/gopter"
+	"github.com/leanovate/gopter/commands"
 	"github.com/stretchr/testify/require"
 )
 
@@ -213,4 +216,18 @@ func (l *liveSet) remove(p DevicePtr) {
 	defer l.mu.Unlock()
 	i := sort.Search(len(l.spans), func(i int) bool { return l.spans[i].addr >= p })
 	l.spans = slices.Delete(l.spans, i, i+1)
+}
+
+// runCommandsProperty checks cmds (a gopter state machine) as the property name with params,
+// made from seed: on a failure it fails t with gopter's report (the shrunk sequence) and the
+// command that replays the seed; else it logs the report.
+func runCommandsProperty(t *testing.T, seed int64, params *gopter.TestParameters, name string, cmds *commands.ProtoCommands) {
+	t.Helper()
+	props := gopter.NewProperties(params)
+	props.Property(name, commands.Prop(cmds))
+	var out bytes.Buffer
+	if !props.Run(gopter.NewFormatedReporter(true, 160, &out)) {
+		t.Fatalf("%s\nseed %d: replay with RMM_PROPERTY_SEED=%d go test -race -run '^%s$'", out.String(), seed, seed, t.Name())
+	}
+	t.Log(strings.TrimSpace(out.String()))
 }
