@@ -17,16 +17,7 @@ import (
 // rmm_last_error) and the pool's invariants must hold. Skipped
 // unless python3 imports torch and cupy and PyTorch sees a GPU.
 func TestPythonWorkloadsOnGPU(t *testing.T) {
-	if testing.Short() {
-		t.Skip("runs PyTorch and CuPy workloads on the GPU")
-	}
-	py := needPython(t)
-	probe := exec.Command(py, "-c", "import sys, torch, cupy; sys.exit(0 if torch.cuda.is_available() else 1)")
-	if out, err := probe.CombinedOutput(); err != nil {
-		t.Skipf("python3 cannot import torch and cupy, or sees no GPU: %v\n%s", err, lastLines(out, 3))
-	}
-	root := repoRoot(t)
-	lib := buildLibrary(t, root)
+	py, root, lib := needTorchOnGPU(t, "torch, cupy")
 	run := func(script, workload, allocator string) map[string]any {
 		t.Helper()
 		cmd := exec.Command(py, filepath.Join(root, "python", "bench", script), "--workload", workload,
@@ -72,16 +63,7 @@ func TestPythonWorkloadsOnGPU(t *testing.T) {
 // message (rmm_torch_alloc throws; a NULL would become a tensor at address 0), and PyTorch goes on
 // working on the pool afterwards. Skipped as TestPythonWorkloadsOnGPU is.
 func TestTorchRefusalRaisesOnGPU(t *testing.T) {
-	if testing.Short() {
-		t.Skip("runs PyTorch on the GPU")
-	}
-	py := needPython(t)
-	probe := exec.Command(py, "-c", "import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)")
-	if out, err := probe.CombinedOutput(); err != nil {
-		t.Skipf("python3 cannot import torch, or sees no GPU: %v\n%s", err, lastLines(out, 3))
-	}
-	root := repoRoot(t)
-	lib := buildLibrary(t, root)
+	py, root, lib := needTorchOnGPU(t, "torch")
 	const script = `
 import sys
 sys.path.insert(0, sys.argv[1])
@@ -109,6 +91,23 @@ print("after:", int(y.sum().item()))
 	if !strings.Contains(s, "after: 1048576") {
 		t.Errorf("PyTorch did not go on working on the pool:\n%s", s)
 	}
+}
+
+// needTorchOnGPU skips the test in -short runs and unless python3 imports modules (a
+// comma-separated list, torch among them) and PyTorch sees a GPU; it returns python3's path, the
+// repository's root and the library (buildLibrary).
+func needTorchOnGPU(t *testing.T, modules string) (py, root, lib string) {
+	t.Helper()
+	if testing.Short() {
+		t.Skip("runs Python's GPU libraries on the GPU")
+	}
+	py = needPython(t)
+	probe := exec.Command(py, "-c", "import sys, "+modules+"; sys.exit(0 if torch.cuda.is_available() else 1)")
+	if out, err := probe.CombinedOutput(); err != nil {
+		t.Skipf("python3 cannot import %s, or sees no GPU: %v\n%s", modules, err, lastLines(out, 3))
+	}
+	root = repoRoot(t)
+	return py, root, buildLibrary(t, root)
 }
 
 func lastLines(b []byte, n int) string {
